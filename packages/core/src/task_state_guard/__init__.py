@@ -1,1 +1,43 @@
-"""TaskStateGuard."""
+"""TaskStateGuard: an embedded SQLite ledger that reconciles stale task and delivery state.
+
+It keeps each task's terminal state apart from its delivery state, reconciles stale state after
+a restart with explicit deadlines, heartbeats, owner liveness and grace periods, never guesses
+that unknown work succeeded, previews changes as counts, and checks itself with a counts-only
+doctor.
+"""
+
+from .heartbeat import Heartbeater
+from .ledger import Ledger
+from .model import (
+    DeliveryStatus,
+    InvalidInput,
+    LedgerBusy,
+    LedgerError,
+    StateConflict,
+    StorageError,
+    Task,
+    TaskNotFound,
+    TaskStatus,
+    payload_fingerprint,
+)
+from .reconcile import ReconcilePolicy, reconcile_restart
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeliveryStatus",
+    "Heartbeater",
+    "InvalidInput",
+    "Ledger",
+    "LedgerBusy",
+    "LedgerError",
+    "ReconcilePolicy",
+    "StateConflict",
+    "StorageError",
+    "Task",
+    "TaskNotFound",
+    "TaskStatus",
+    "__version__",
+    "payload_fingerprint",
+    "reconcile_restart",
+]

@@ -1,0 +1,196 @@
+"""SQLite connection handling: pragmas, read-only snapshots and error translation."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import urllib.parse
+
+from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
+
+_HEADER = b"SQLite format 3\x00"
+_CHUNK = 1 << 20
+
+
+def translate(exc: BaseException) -> LedgerError:
+    """Map a sqlite3 or OS error to a LedgerError subclass (message never echoes values)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    text = str(exc).lower()
+    if "locked" in text or "busy" in text:
+        return LedgerBusy("the database stayed locked past the busy timeout")
+    if "readonly" in text or "read-only" in text or "read only" in text:
+        return StorageError("the database is not writable")
+    if "full" in text:
+        return StorageError("the disk is full")
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return StorageError("the database file is not a valid ledger")
+    if isinstance(exc, sqlite3.IntegrityError):
+        return StorageError("the database rejected the write")
+    return StorageError("the database could not be used")
+
+
+def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    """Open a read-write connection with the ledger's pragmas."""
+    try:
+        conn = sqlite3.connect(
+            path,
+            timeout=busy_timeout_ms / 1000.0,
+            isolation_level=None,
+            check_same_thread=False,
+            cached_statements=128,
+        )
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+    except sqlite3.Error as exc:
+        raise translate(exc) from None
+
+
+def ensure_wal(conn: sqlite3.Connection) -> None:
+    """Switch the database to WAL mode (a no-op when it already is)."""
+    try:
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    except sqlite3.Error as exc:
+        raise translate(exc) from None
+    if str(mode).lower() != "wal":
+        raise StorageError("the database could not be switched to WAL mode")
+
+
+def _read_header(path: str) -> bytes:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise StorageError("the database file cannot be read") from exc
+    try:
+        return os.read(fd, 100)
+    finally:
+        os.close(fd)
+
+
+def _capture(path: str, max_bytes: int) -> tuple[os.stat_result, str, bytearray | None]:
+    """Read the file once; return its stat, SHA-256 and (optionally) its bytes."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise StorageError("the database is not a regular file")
+        if before.st_size > max_bytes:
+            raise StorageError("the closed database is larger than the snapshot limit")
+        digest = hashlib.sha256()
+        buffer = bytearray(before.st_size)
+        view = memoryview(buffer)
+        offset = 0
+        while offset < before.st_size:
+            got = os.readv(fd, [view[offset : offset + _CHUNK]])
+            if got == 0:
+                break
+            digest.update(view[offset : offset + got])
+            offset += got
+        view.release()
+        if offset != before.st_size or os.read(fd, 1):
+            raise StorageError("the database changed while it was read")
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if (before.st_ino, before.st_size, before.st_mtime_ns) != (
+        after.st_ino,
+        after.st_size,
+        after.st_mtime_ns,
+    ):
+        raise StorageError("the database changed while it was read")
+    return after, digest.hexdigest(), buffer
+
+
+def _wipe(buffer: bytearray) -> None:
+    zeros = bytes(min(len(buffer), _CHUNK))
+    for start in range(0, len(buffer), _CHUNK):
+        end = min(start + _CHUNK, len(buffer))
+        buffer[start:end] = zeros[: end - start]
+
+
+def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
+    """Load a verified private in-memory copy of a cleanly closed WAL database."""
+    try:
+        first_stat, first_hash, first = _capture(path, max_bytes)
+        assert first is not None
+        _wipe(first)
+        del first
+        second_stat, second_hash, data = _capture(path, max_bytes)
+    except OSError as exc:
+        raise StorageError("the database file cannot be read") from exc
+    assert data is not None
+    try:
+        same = (
+            first_hash == second_hash
+            and (first_stat.st_dev, first_stat.st_ino, first_stat.st_size, first_stat.st_mtime_ns)
+            == (second_stat.st_dev, second_stat.st_ino, second_stat.st_size, second_stat.st_mtime_ns)
+        )
+        if not same:
+            raise StorageError("the database changed between the two snapshot reads")
+        for suffix in ("-wal", "-shm", "-journal"):
+            if os.path.lexists(path + suffix):
+                raise StorageError("a writer appeared while the snapshot was taken")
+        if len(data) < 100 or bytes(data[:16]) != _HEADER:
+            raise StorageError("the database file is not a valid ledger")
+        data[18] = 1  # WAL read/write versions -> rollback journal, for the private copy only
+        data[19] = 1
+        if not hasattr(sqlite3.Connection, "deserialize"):
+            raise StorageError("in-memory snapshots are unavailable on this Python")
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        try:
+            conn.deserialize(data)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise translate(exc) from None
+        return conn
+    finally:
+        _wipe(data)
+
+
+def connect_read_only(path: str, busy_timeout_ms: int, snapshot_max_bytes: int) -> sqlite3.Connection:
+    """Open an existing WAL ledger without creating, migrating or tightening anything."""
+    header = _read_header(path)
+    if len(header) < 100 or header[:16] != _HEADER:
+        raise StorageError("the database file is not a valid ledger")
+    if header[18] != 2 or header[19] != 2:
+        raise StorageError("read-only access needs a ledger in WAL mode")
+    present = {s: os.path.lexists(path + s) for s in ("-wal", "-shm", "-journal")}
+    if present["-journal"]:
+        raise StorageError("a rollback journal is present")
+    if present["-wal"] != present["-shm"]:
+        raise StorageError("an incomplete WAL/SHM pair is present")
+    if present["-wal"]:
+        uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
+        try:
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=busy_timeout_ms / 1000.0,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise translate(exc) from None
+    else:
+        conn = _snapshot(path, snapshot_max_bytes)
+    try:
+        conn.execute("PRAGMA query_only=1")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise translate(exc) from None
+    return conn
+
+
+def check_snapshot_limit(value: object) -> int:
+    """Validate the snapshot size limit (bytes)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 4096:
+        raise InvalidInput("snapshot_max_bytes must be an integer of at least 4096")
+    return value
+

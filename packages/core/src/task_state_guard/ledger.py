@@ -1,0 +1,587 @@
+"""The Ledger: connections (one per thread, per process) and task transitions."""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from . import connections, owners, schema, storage
+from .model import (
+    DELIVERY_CLOSED,
+    DELIVERY_CODES,
+    TASK_CODES,
+    TASK_STATES,
+    TERMINAL_STATES,
+    InvalidInput,
+    LedgerError,
+    StateConflict,
+    StorageError,
+    Task,
+    TaskNotFound,
+    canonical_id,
+    check_code,
+    check_code_shape,
+    check_name,
+    check_payload_hash,
+    check_seconds,
+    check_state,
+)
+
+if TYPE_CHECKING:
+    from .reconcile import ReconcilePolicy
+
+TASK_COLUMNS = (
+    "seq, id, parent_id, name, status, code, delivery_required, delivery_status, delivery_code, "
+    "timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, closed_at, "
+    "delivery_closed_at, updated_at, owner, payload_hash"
+)
+_SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
+_INSERT_EVENT = "INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES (?, ?, ?, ?, ?)"
+
+# Connections inherited across fork() are parked here and never touched or closed again.
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def row_to_task(row: tuple[Any, ...]) -> Task:
+    """Build a Task from a row selected with TASK_COLUMNS."""
+    return Task(
+        id=row[1],
+        parent_id=row[2],
+        name=row[3],
+        status=row[4],
+        code=row[5],
+        delivery_required=bool(row[6]),
+        delivery_status=row[7],
+        delivery_code=row[8],
+        timeout_seconds=row[9],
+        deadline_at=row[10],
+        created_at=row[11],
+        started_at=row[12],
+        heartbeat_at=row[13],
+        closed_at=row[14],
+        delivery_closed_at=row[15],
+        updated_at=row[16],
+        has_owner=row[17] is not None,
+        payload_hash=row[18],
+    )
+
+
+def _latest_time(row: tuple[Any, ...]) -> float:
+    return max(t for t in (row[11], row[12], row[13], row[14], row[15], row[16]) if t is not None)
+
+
+class Ledger:
+    """An embedded SQLite task ledger.
+
+    Safe to share between threads (one connection per thread, opened lazily) and to use from
+    many processes at once; a connection is never reused across ``fork()``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] | None = None,
+        busy_timeout_ms: int = 5000,
+        allow_external_acl: bool = False,
+        read_only: bool = False,
+        snapshot_max_bytes: int = 1 << 30,
+        _check_schema: bool = True,
+    ) -> None:
+        if clock is not None and not callable(clock):
+            raise InvalidInput("clock must be callable")
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
+            raise InvalidInput("busy_timeout_ms must be an integer")
+        if not 0 <= busy_timeout_ms <= 600_000:
+            raise InvalidInput("busy_timeout_ms is out of range")
+        for flag in (allow_external_acl, read_only):
+            if not isinstance(flag, bool):
+                raise InvalidInput("flags must be booleans")
+        self._path = storage.normalize_path(path)
+        self._clock = clock or time.time
+        self._busy_timeout_ms = busy_timeout_ms
+        self._allow_external_acl = allow_external_acl
+        self._read_only = read_only
+        self._snapshot_max_bytes = connections.check_snapshot_limit(snapshot_max_bytes)
+        self._check_schema = _check_schema
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._open_conns: list[sqlite3.Connection] = []
+        self._identity: storage.FileIdentity | None = None
+        self._shared: sqlite3.Connection | None = None  # read-only snapshot connection
+        self._closed = False
+        self.schema_version: int | None = None
+        self._conn()  # run every safety check now
+
+    # ----------------------------------------------------------------- connections
+    @property
+    def path(self) -> str:
+        """Absolute path of the database file."""
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        """True when this ledger was opened with ``read_only=True``."""
+        return self._read_only
+
+    def _conn(self) -> sqlite3.Connection:
+        pid = os.getpid()
+        entry = getattr(self._local, "entry", None)
+        if entry is not None and entry[0] == pid:
+            conn: sqlite3.Connection = entry[1]
+            return conn
+        if self._closed:
+            raise StorageError("the ledger is closed")
+        with self._lock:
+            if pid != self._pid:  # forked: park inherited handles, never close them here
+                _INHERITED.extend(self._open_conns)
+                if self._shared is not None:
+                    _INHERITED.append(self._shared)
+                self._open_conns, self._shared, self._pid = [], None, pid
+                self._lock = threading.Lock()
+            if self._read_only and self._shared is not None:
+                conn = self._shared
+            else:
+                conn = self._open()
+                self._open_conns.append(conn)
+                if self._read_only and self._identity is not None and self._snapshot_mode:
+                    self._shared = conn
+        self._local.entry = (pid, conn)
+        return conn
+
+    _snapshot_mode = False
+
+    def _open(self) -> sqlite3.Connection:
+        if self._read_only:
+            return self._open_read_only()
+        identity = storage.prepare(
+            self._path, create=True, allow_external_acl=self._allow_external_acl, read_only=False
+        )
+        if identity is None:
+            identity = storage.create_database_file(self._path)
+        if self._identity is not None and identity != self._identity:
+            raise StorageError("the database file was replaced")
+        conn = connections.connect_writable(self._path, self._busy_timeout_ms)
+        try:
+            if self._identity is None:
+                self._initialize(conn)
+                self._identity = identity
+            storage.tighten_sidecars(self._path)
+            if storage.current_identity(self._path) != identity:
+                raise StorageError("the database file was replaced")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _initialize(self, conn: sqlite3.Connection) -> None:
+        connections.ensure_wal(conn)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = schema.detect_version(conn)
+                if version == 0:
+                    schema.create(conn)
+                    version = schema.SCHEMA_VERSION
+                elif version == 1:
+                    schema.migrate_v1(conn)
+                    version = schema.SCHEMA_VERSION
+                elif version is None:
+                    raise StorageError("the database holds a foreign or tampered schema")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        self.schema_version = version
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        identity = storage.prepare(
+            self._path, create=False, allow_external_acl=self._allow_external_acl, read_only=True
+        )
+        if self._identity is not None and identity != self._identity:
+            raise StorageError("the database file was replaced")
+        snapshot = not os.path.lexists(self._path + "-wal")
+        conn = connections.connect_read_only(
+            self._path, self._busy_timeout_ms, self._snapshot_max_bytes
+        )
+        try:
+            version = schema.detect_version(conn)
+            if version == 1:
+                conn.execute("PRAGMA query_only=0")
+                conn.execute(schema.V1_COMPAT_VIEW)
+                conn.execute("PRAGMA query_only=1")
+            elif version not in (2,) and self._check_schema:
+                raise StorageError("the database holds a foreign or tampered schema")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise connections.translate(exc) from None
+        except BaseException:
+            conn.close()
+            raise
+        self.schema_version = version
+        self._identity = identity
+        self._snapshot_mode = snapshot
+        return conn
+
+    def close(self) -> None:
+        """Close every connection this process opened; the ledger cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            if os.getpid() == self._pid:
+                for conn in self._open_conns:
+                    try:
+                        conn.close()
+                    except sqlite3.Error:
+                        pass
+            self._open_conns = []
+            self._shared = None
+        self._local = threading.local()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_identity(self) -> None:
+        if self._identity is not None and not self._snapshot_mode:
+            if storage.current_identity(self._path) != self._identity:
+                raise StorageError("the database file was replaced or removed")
+
+    def _now(self) -> float:
+        value = self._clock()
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput("clock returned a non-number")
+        now = float(value)
+        if not math.isfinite(now) or now < 0:
+            raise InvalidInput("clock returned an invalid time")
+        return now
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction; commits on success, rolls back on any error."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        conn = self._conn()
+        self._check_identity()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if isinstance(exc, sqlite3.Error):
+                raise connections.translate(exc) from None
+            raise
+
+    @contextmanager
+    def _read(self, *, query_only: bool = False) -> Iterator[sqlite3.Connection]:
+        """One read transaction whose snapshot is fixed before the caller reads the clock."""
+        conn = self._conn()
+        self._check_identity()
+        toggled = query_only and not self._read_only
+        try:
+            if toggled:
+                conn.execute("PRAGMA query_only=1")
+            conn.execute("BEGIN")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            if toggled:
+                conn.execute("PRAGMA query_only=0")
+            raise connections.translate(exc) from None
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        finally:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if toggled:
+                conn.execute("PRAGMA query_only=0")
+
+    # ----------------------------------------------------------------- transitions
+    def create_task(
+        self,
+        *,
+        task_id: str | uuid.UUID | None = None,
+        parent_id: str | uuid.UUID | None = None,
+        timeout_seconds: float | None = None,
+        delivery_required: bool = True,
+        name: str | None = None,
+        payload_hash: str | None = None,
+    ) -> Task:
+        """Create a queued task; with an explicit ``task_id`` an identical repeat is a no-op."""
+        tid = str(uuid.uuid4()) if task_id is None else canonical_id(task_id)
+        parent = None if parent_id is None else canonical_id(parent_id, "parent id")
+        timeout = (
+            None
+            if timeout_seconds is None
+            else check_seconds(timeout_seconds, "timeout_seconds", allow_zero=False)
+        )
+        if not isinstance(delivery_required, bool):
+            raise InvalidInput("delivery_required must be a boolean")
+        label = check_name(name)
+        fingerprint = check_payload_hash(payload_hash)
+        with self._write() as conn:
+            now = self._now()
+            if task_id is not None:
+                row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+                if row is not None:
+                    same = (row[2], bool(row[6]), row[3], row[9], row[18]) == (
+                        parent, delivery_required, label, timeout, fingerprint
+                    )
+                    if not same:
+                        raise StateConflict("a task with this id exists with other attributes")
+                    return row_to_task(row)
+            if parent is not None:
+                prow = conn.execute(
+                    "SELECT created_at FROM tsg_tasks WHERE id = ?", (parent,)
+                ).fetchone()
+                if prow is None:
+                    raise TaskNotFound("parent task not found")
+                if now < prow[0]:
+                    raise StateConflict("clock is earlier than the parent's creation")
+            cur = conn.execute(
+                "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, "
+                "delivery_status, payload_hash, timeout_seconds, created_at, updated_at) "
+                "VALUES (?, ?, ?, 'queued', ?, 'pending', ?, ?, ?, ?)",
+                (tid, parent, label, int(delivery_required), fingerprint, timeout, now, now),
+            )
+            seq = cur.lastrowid
+            conn.execute(_INSERT_EVENT, (seq, "created", "queued", "created", now))
+        return Task(
+            id=tid, parent_id=parent, name=label, status="queued", code=None,
+            delivery_required=delivery_required, delivery_status="pending", delivery_code=None,
+            timeout_seconds=timeout, deadline_at=None, created_at=now, started_at=None,
+            heartbeat_at=None, closed_at=None, delivery_closed_at=None, updated_at=now,
+            has_owner=False, payload_hash=fingerprint,
+        )
+
+    def start_task(self, task_id: str | uuid.UUID, *, owner: bool = True) -> Task:
+        """Move a queued task to running; ``owner=True`` records this process as its owner."""
+        tid = canonical_id(task_id)
+        if not isinstance(owner, bool):
+            raise InvalidInput("owner must be a boolean")
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        token = owners.own_token(self._path) if owner else None
+        with self._write() as conn:
+            now = self._now()
+            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+            if row is None:
+                raise TaskNotFound("task not found")
+            if row[4] != "queued":
+                raise StateConflict("only a queued task can start")
+            if now < _latest_time(row):
+                raise StateConflict("clock is earlier than the task's stored times")
+            deadline = None if row[9] is None else now + row[9]
+            conn.execute(
+                "UPDATE tsg_tasks SET status = 'running', started_at = ?, deadline_at = ?, "
+                "owner = ?, updated_at = ? WHERE seq = ?",
+                (now, deadline, token, now, row[0]),
+            )
+            conn.execute(_INSERT_EVENT, (row[0], "started", "running", "started", now))
+        return row_to_task(
+            (*row[:4], "running", *row[5:10], deadline, row[11], now, *row[13:16], now, token, row[18])
+        )
+
+    def heartbeat(self, task_id: str | uuid.UUID) -> Task:
+        """Record that a running task is alive (no event is written)."""
+        tid = canonical_id(task_id)
+        with self._write() as conn:
+            now = self._now()
+            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+            if row is None:
+                raise TaskNotFound("task not found")
+            if row[4] != "running":
+                raise StateConflict("only a running task can heartbeat")
+            if now < _latest_time(row):
+                raise StateConflict("clock is earlier than the task's stored times")
+            conn.execute("UPDATE tsg_tasks SET heartbeat_at = ? WHERE seq = ?", (now, row[0]))
+        return row_to_task((*row[:13], now, *row[14:]))
+
+    def heartbeat_many(self, task_ids: Iterable[str | uuid.UUID]) -> int:
+        """Heartbeat every running task among ``task_ids`` in one transaction; return the count."""
+        ids = [canonical_id(t) for t in task_ids]
+        if not ids:
+            return 0
+        with self._write() as conn:
+            now = self._now()
+            before = conn.total_changes
+            conn.executemany(
+                "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
+                "AND ?1 >= coalesce(heartbeat_at, started_at) AND ?1 >= updated_at",
+                [(now, tid) for tid in ids],
+            )
+            return conn.total_changes - before
+
+    def close_task(self, task_id: str | uuid.UUID, status: str, *, code: str | None = None) -> Task:
+        """Close a queued or running task; repeating the same terminal state is a no-op."""
+        tid = canonical_id(task_id)
+        state = check_state(status, TERMINAL_STATES, "terminal task status")
+        reason = check_code_shape(code)
+        with self._write() as conn:
+            now = self._now()
+            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+            if row is None:
+                raise TaskNotFound("task not found")
+            if row[4] in TERMINAL_STATES:
+                if row[4] != state:
+                    raise StateConflict("the task already closed with another state")
+                check_code(reason, state, TASK_CODES)
+                return row_to_task(row)
+            if now < _latest_time(row):
+                raise StateConflict("clock is earlier than the task's stored times")
+            check_code(reason, state, TASK_CODES)
+            conn.execute(
+                "UPDATE tsg_tasks SET status = ?, code = ?, closed_at = ?, updated_at = ? "
+                "WHERE seq = ?",
+                (state, reason, now, now, row[0]),
+            )
+            conn.execute(_INSERT_EVENT, (row[0], "closed", state, reason, now))
+        return row_to_task((*row[:4], state, reason, *row[6:14], now, row[15], now, *row[17:]))
+
+    def set_delivery(
+        self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
+    ) -> Task:
+        """Close the delivery of a terminal task; repeating the same state is a no-op."""
+        tid = canonical_id(task_id)
+        state = check_state(status, DELIVERY_CLOSED, "delivery status")
+        reason = check_code_shape(code)
+        with self._write() as conn:
+            now = self._now()
+            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+            if row is None:
+                raise TaskNotFound("task not found")
+            if row[4] not in TERMINAL_STATES:
+                raise StateConflict("delivery can close only after the task is terminal")
+            if row[7] != "pending":
+                if row[7] != state:
+                    raise StateConflict("the delivery already closed with another state")
+                check_code(reason, state, DELIVERY_CODES)
+                return row_to_task(row)
+            if bool(row[6]) == (state == "not_applicable"):
+                raise StateConflict(
+                    "delivering tasks cannot be not_applicable; internal tasks can only be"
+                )
+            if now < _latest_time(row):
+                raise StateConflict("clock is earlier than the task's stored times")
+            check_code(reason, state, DELIVERY_CODES)
+            conn.execute(
+                "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, "
+                "delivery_closed_at = ?, updated_at = ? WHERE seq = ?",
+                (state, reason, now, now, row[0]),
+            )
+            conn.execute(_INSERT_EVENT, (row[0], "delivery", state, reason, now))
+        return row_to_task((*row[:7], state, reason, *row[9:15], now, now, *row[17:]))
+
+    # ----------------------------------------------------------------- reads
+    def get_task(self, task_id: str | uuid.UUID) -> Task:
+        """Return one task."""
+        tid = canonical_id(task_id)
+        with self._read() as conn:
+            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+        if row is None:
+            raise TaskNotFound("task not found")
+        return row_to_task(row)
+
+    def children_of(self, task_id: str | uuid.UUID) -> list[Task]:
+        """Return the direct children of a task, oldest first."""
+        tid = canonical_id(task_id)
+        with self._read() as conn:
+            if conn.execute("SELECT 1 FROM tsg_tasks WHERE id = ?", (tid,)).fetchone() is None:
+                raise TaskNotFound("task not found")
+            rows = conn.execute(
+                f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = ? ORDER BY seq", (tid,)
+            ).fetchall()
+        return [row_to_task(r) for r in rows]
+
+    def find_task_ids(
+        self, status: str, *, stale_seconds: float | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Return ids of tasks in ``status``; with ``stale_seconds`` only those idle that long.
+
+        Idle time counts from the last heartbeat or start (running), creation (queued) or the
+        last change (terminal).
+        """
+        state = check_state(status, TASK_STATES, "task status")
+        stale = None if stale_seconds is None else check_seconds(
+            stale_seconds, "stale_seconds", allow_zero=True
+        )
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidInput("limit must be a positive integer")
+        activity = {
+            "running": "coalesce(heartbeat_at, started_at)",
+            "queued": "created_at",
+        }.get(state, "updated_at")
+        where = "status IN ('queued','running') AND status = ?" if state in (
+            "queued", "running") else "status = ?"
+        with self._read() as conn:
+            now = self._now()
+            sql = f"SELECT id FROM tsg_tasks WHERE {where}"
+            params: list[Any] = [state]
+            if stale is not None:
+                sql += f" AND {activity} <= ?"
+                params.append(now - stale)
+            sql += " ORDER BY seq"
+            if limit is not None:
+                sql += " LIMIT ?"
+                params.append(limit)
+            return [r[0] for r in conn.execute(sql, params)]
+
+    # ----------------------------------------------------------------- aggregates
+    def reconcile(
+        self, policy: ReconcilePolicy | None = None, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Reconcile stale state; see :func:`task_state_guard.reconcile_restart`."""
+        from .reconcile import ReconcilePolicy, reconcile_restart
+
+        return reconcile_restart(self, policy or ReconcilePolicy(), dry_run=dry_run)
+
+    def doctor(self) -> dict[str, Any]:
+        """Check the ledger's health; counts only."""
+        from .doctor import run_doctor
+
+        return run_doctor(self)
+
+    def status(self, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
+        """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
+        from .status import collect_status
+
+        return collect_status(self, active_grace_seconds=active_grace_seconds)
+
+    def prune(self, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
+        """Delete closed task trees whose latest change is older than the cut-off."""
+        from .prune import prune
+
+        return prune(self, older_than_seconds, dry_run=dry_run)
+
+    def storage_info(self) -> dict[str, Any]:
+        """Describe the storage permission model in force (no paths)."""
+        info = storage.storage_info(
+            self._path, allow_external_acl=self._allow_external_acl, read_only=self._read_only
+        )
+        info["schema_version"] = self.schema_version
+        info["read_snapshot"] = bool(self._read_only and self._snapshot_mode)
+        return info
+
+
+__all__ = ["TASK_COLUMNS", "Ledger", "LedgerError", "row_to_task"]

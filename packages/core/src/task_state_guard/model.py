@@ -1,0 +1,226 @@
+"""States, reason codes, the Task record, errors and input validation."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class TaskStatus(StrEnum):
+    """Task lifecycle states."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+class DeliveryStatus(StrEnum):
+    """Delivery lifecycle states."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    NOT_APPLICABLE = "not_applicable"
+
+
+ACTIVE_STATES = frozenset({"queued", "running"})
+TERMINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+TASK_STATES = ACTIVE_STATES | TERMINAL_STATES
+DELIVERY_CLOSED = frozenset({"delivered", "failed", "not_applicable"})
+DELIVERY_STATES = DELIVERY_CLOSED | {"pending"}
+
+#: Reason codes accepted for each terminal task state.
+TASK_CODES: dict[str, frozenset[str]] = {
+    "succeeded": frozenset({"completed", "worker_completed"}),
+    "failed": frozenset({"worker_failed", "retry_scheduled", "worker_lost"}),
+    "timed_out": frozenset(
+        {"deadline_exceeded", "restart_stale", "time_limit_exceeded", "owner_lost"}
+    ),
+    "cancelled": frozenset(
+        {"caller_cancelled", "revoked", "interrupted", "skipped", "rejected", "ignored"}
+    ),
+}
+#: Reason codes accepted for each closed delivery state.
+DELIVERY_CODES: dict[str, frozenset[str]] = {
+    "delivered": frozenset({"transport_acknowledged"}),
+    "failed": frozenset({"delivery_grace_expired", "transport_failed"}),
+    "not_applicable": frozenset({"internal_task"}),
+}
+#: Codes only the ledger itself writes, on its own events.
+RESERVED_CODES = frozenset({"created", "started"})
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
+_HASH_RE = re.compile(r"[0-9a-f]{64}")
+MAX_SECONDS = 10.0**10  # about 317 years: bounds every duration input
+
+
+class LedgerError(Exception):
+    """Base class of every error the ledger raises on purpose."""
+
+
+class InvalidInput(LedgerError):
+    """An argument is malformed, out of range or not allowed for the requested state."""
+
+
+class TaskNotFound(LedgerError):
+    """No task has the given id."""
+
+
+class StateConflict(LedgerError):
+    """The transition is not allowed from the task's current state."""
+
+
+class StorageError(LedgerError):
+    """The database or its location is unsafe, unusable, foreign or unwritable."""
+
+
+class LedgerBusy(StorageError):
+    """Another connection held the database lock past the busy timeout."""
+
+
+def canonical_id(value: object, what: str = "task id") -> str:
+    """Return the canonical lowercase hyphenated form of a UUID, or raise InvalidInput."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str) or len(value) != 36:
+        raise InvalidInput(f"{what} must be a canonical UUID")
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        raise InvalidInput(f"{what} must be a canonical UUID") from None
+    text = str(parsed)
+    if text != value.lower():
+        raise InvalidInput(f"{what} must be a canonical UUID")
+    return text
+
+
+def check_state(value: object, allowed: frozenset[str], what: str) -> str:
+    """Return ``value`` as a plain string when it is one of ``allowed``."""
+    if isinstance(value, str) and value in allowed:
+        return str(value)
+    raise InvalidInput(f"unknown {what}")
+
+
+def check_code_shape(code: object) -> str | None:
+    """Reject codes that are not strings (registry membership is checked later)."""
+    if code is None:
+        return None
+    if not isinstance(code, str):
+        raise InvalidInput("code must be a string")
+    return str(code)
+
+
+def check_code(code: str | None, state: str, registry: dict[str, frozenset[str]]) -> None:
+    """Raise InvalidInput unless ``code`` belongs to ``state`` in ``registry``."""
+    if code is not None and code not in registry.get(state, frozenset()):
+        raise InvalidInput("reason code does not belong to the requested state")
+
+
+def check_seconds(value: object, what: str, *, allow_zero: bool) -> float:
+    """Return a finite, bounded, non-negative duration in seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be a number")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or number > MAX_SECONDS:
+        raise InvalidInput(f"{what} is out of range")
+    if number == 0 and not allow_zero:
+        raise InvalidInput(f"{what} must be positive")
+    return number
+
+
+def check_name(value: object) -> str | None:
+    """Return a valid name label (framework task, actor, graph or node name) or None."""
+    if value is None:
+        return None
+    if isinstance(value, str) and _NAME_RE.fullmatch(value):
+        return str(value)
+    raise InvalidInput("name must be an identifier label")
+
+
+def check_payload_hash(value: object) -> str | None:
+    """Return a lowercase SHA-256 hex digest or None."""
+    if value is None:
+        return None
+    if isinstance(value, str) and _HASH_RE.fullmatch(value):
+        return str(value)
+    raise InvalidInput("payload_hash must be a lowercase SHA-256 hex digest")
+
+
+def is_valid_name(value: str) -> bool:
+    """Tell whether ``value`` is an acceptable name label."""
+    return bool(_NAME_RE.fullmatch(value))
+
+
+def payload_fingerprint(data: bytes) -> str:
+    """Return the SHA-256 hex digest of ``data`` (pseudonymous, not anonymous)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidInput("payload must be bytes")
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task row as stored in the ledger."""
+
+    id: str
+    parent_id: str | None
+    name: str | None
+    status: str
+    code: str | None
+    delivery_required: bool
+    delivery_status: str
+    delivery_code: str | None
+    timeout_seconds: float | None
+    deadline_at: float | None
+    created_at: float
+    started_at: float | None
+    heartbeat_at: float | None
+    closed_at: float | None
+    delivery_closed_at: float | None
+    updated_at: float
+    has_owner: bool
+    payload_hash: str | None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the task reached a terminal state."""
+        return self.status in TERMINAL_STATES
+
+    @property
+    def has_payload_hash(self) -> bool:
+        """True when an optional payload fingerprint is stored."""
+        return self.payload_hash is not None
+
+    def to_dict(self, include_payload_hash: bool = False) -> dict[str, Any]:
+        """Return a JSON-ready mapping; the fingerprint only on explicit request."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "parent_id": self.parent_id,
+            "name": self.name,
+            "status": self.status,
+            "code": self.code,
+            "delivery_required": self.delivery_required,
+            "delivery_status": self.delivery_status,
+            "delivery_code": self.delivery_code,
+            "timeout_seconds": self.timeout_seconds,
+            "deadline_at": self.deadline_at,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "heartbeat_at": self.heartbeat_at,
+            "closed_at": self.closed_at,
+            "delivery_closed_at": self.delivery_closed_at,
+            "updated_at": self.updated_at,
+            "has_owner": self.has_owner,
+            "has_payload_hash": self.has_payload_hash,
+        }
+        if include_payload_hash:
+            out["payload_hash"] = self.payload_hash
+        return out

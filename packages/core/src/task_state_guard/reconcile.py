@@ -1,0 +1,231 @@
+"""Restart reconciliation: one atomic pass over active tasks and pending deliveries.
+
+Dry-run and apply share every decision; dry-run runs in a query-only read transaction and only
+counts. Candidates are read through partial indexes in bounded batches, so memory stays flat
+whatever the ledger size. A row that fails validation is skipped (doctor reports it) so one
+corrupt row never blocks the others.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import owners
+from .model import InvalidInput, check_seconds
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+BATCH = 2000
+
+_ACTIVE_BATCH = (
+    "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
+    "delivery_required "
+    "FROM tsg_tasks WHERE status IN ('queued','running') AND seq < ? ORDER BY seq DESC LIMIT ?"
+)
+_ACTIVE_CHILDREN = (
+    "SELECT seq, status FROM tsg_tasks WHERE parent_id = ? AND status IN ('queued','running')"
+)
+_PENDING_BATCH = (
+    "SELECT seq, closed_at, delivery_required, status FROM tsg_tasks "
+    "WHERE delivery_status = 'pending' AND closed_at IS NOT NULL "
+    "AND (closed_at > ? OR (closed_at = ? AND seq > ?)) ORDER BY closed_at, seq LIMIT ?"
+)
+_TIME_OUT = (
+    "UPDATE tsg_tasks SET status = 'timed_out', code = ?, closed_at = ?, updated_at = ? "
+    "WHERE seq = ?"
+)
+_CLOSE_DELIVERY = (
+    "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_closed_at = ?, "
+    "updated_at = ? WHERE seq = ?"
+)
+_EVENT = "INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES (?, ?, ?, ?, ?)"
+_TERMINAL = ("succeeded", "failed", "timed_out", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePolicy:
+    """Grace periods for restart reconciliation, in seconds."""
+
+    active_grace_seconds: float = 600.0
+    delivery_grace_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        check_seconds(self.active_grace_seconds, "active_grace_seconds", allow_zero=True)
+        check_seconds(self.delivery_grace_seconds, "delivery_grace_seconds", allow_zero=True)
+
+
+def _finite(*values: Any) -> bool:
+    return all(
+        v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))
+        for v in values
+    )
+
+
+class _Pass:
+    """The state of one reconcile pass."""
+
+    def __init__(self, ledger: Ledger, conn: sqlite3.Connection, policy: ReconcilePolicy,
+                 now: float, dry_run: bool) -> None:
+        self.ledger = ledger
+        self.conn = conn
+        self.now = now
+        self.dry_run = dry_run
+        self.active_cutoff = now - float(policy.active_grace_seconds)
+        self.delivery_cutoff = now - float(policy.delivery_grace_seconds)
+        self.timed_out: set[int] = set()
+        self.timed_out_required = 0
+        self.liveness: dict[str, owners.Liveness] = {}
+        self.counts = dict.fromkeys(
+            (
+                "active_examined", "tasks_timed_out", "fresh_active_retained",
+                "pending_delivery_examined", "deliveries_failed",
+                "deliveries_not_applicable", "pending_delivery_retained",
+            ),
+            0,
+        )
+
+    def owner_dead(self, token: Any) -> bool:
+        if not isinstance(token, str):
+            return False
+        state = self.liveness.get(token)
+        if state is None:
+            state = owners.probe(self.ledger.path, token)
+            self.liveness[token] = state
+        return state is owners.Liveness.DEAD
+
+    def has_active_child(self, task_id: str) -> bool:
+        for seq, status in self.conn.execute(_ACTIVE_CHILDREN, (task_id,)):
+            if status == "queued" or seq not in self.timed_out:
+                return True
+        return False
+
+    def decide(self, row: tuple[Any, ...]) -> str | None:
+        """Return the timed_out code for a running task, or None to keep it."""
+        created, started, heartbeat, deadline, owner, task_id = row[2:8]
+        latest = max(t for t in (created, started, heartbeat) if t is not None)
+        if latest > self.now:
+            return None  # stored times ahead of this clock: never close before them
+        if deadline is not None and deadline <= self.now:
+            return "deadline_exceeded"
+        dead = self.owner_dead(owner)
+        stale = max(t for t in (started, heartbeat) if t is not None) <= self.active_cutoff
+        if not (dead or stale):
+            return None
+        if self.has_active_child(task_id):
+            return None
+        return "owner_lost" if dead else "restart_stale"
+
+    def active(self) -> None:
+        cursor = 1 << 62
+        conn, counts, now = self.conn, self.counts, self.now
+        while True:
+            rows = conn.execute(_ACTIVE_BATCH, (cursor, BATCH)).fetchall()
+            if not rows:
+                return
+            cursor = rows[-1][0]
+            updates: list[tuple[str, float, float, int]] = []
+            for row in rows:
+                seq, status, created, started, heartbeat, deadline = row[:6]
+                if not isinstance(seq, int) or not _finite(created, started, heartbeat, deadline):
+                    continue
+                if created is None or (status == "running" and started is None):
+                    continue
+                counts["active_examined"] += 1
+                code = self.decide(row) if status == "running" else None
+                if code is None:
+                    counts["fresh_active_retained"] += 1
+                    continue
+                counts["tasks_timed_out"] += 1
+                self.timed_out.add(seq)
+                self.timed_out_required += row[8] == 1
+                updates.append((code, now, now, seq))
+            if updates and not self.dry_run:
+                conn.executemany(_TIME_OUT, updates)
+                conn.executemany(
+                    _EVENT, [(seq, "closed", "timed_out", code, now) for code, _, _, seq in updates]
+                )
+
+    def deliveries(self) -> None:
+        conn, counts, now = self.conn, self.counts, self.now
+        if self.dry_run:
+            # Tasks this preview would time out become pending deliveries closed "now".
+            simulated = len(self.timed_out)
+            counts["pending_delivery_examined"] += simulated
+            if simulated and now <= self.delivery_cutoff:
+                counts["deliveries_failed"] += self.timed_out_required
+                counts["deliveries_not_applicable"] += simulated - self.timed_out_required
+            else:
+                counts["pending_delivery_retained"] += simulated
+        last_closed, last_seq = -math.inf, -1
+        while True:
+            rows = conn.execute(
+                _PENDING_BATCH, (last_closed, last_closed, last_seq, BATCH)
+            ).fetchall()
+            if not rows:
+                return
+            last_closed, last_seq = rows[-1][1], rows[-1][0]
+            updates: list[tuple[str, str, float, float, int]] = []
+            for seq, closed_at, required, status in rows:
+                if status not in _TERMINAL or not _finite(closed_at) or required not in (0, 1):
+                    continue
+                counts["pending_delivery_examined"] += 1
+                if closed_at > self.delivery_cutoff:
+                    counts["pending_delivery_retained"] += 1
+                elif required:
+                    counts["deliveries_failed"] += 1
+                    updates.append(("failed", "delivery_grace_expired", now, now, seq))
+                else:
+                    counts["deliveries_not_applicable"] += 1
+                    updates.append(("not_applicable", "internal_task", now, now, seq))
+            if updates and not self.dry_run:
+                conn.executemany(_CLOSE_DELIVERY, updates)
+                conn.executemany(
+                    _EVENT, [(u[4], "delivery", u[0], u[1], now) for u in updates]
+                )
+
+
+def reconcile_restart(
+    ledger: Ledger, policy: ReconcilePolicy | None = None, dry_run: bool = False
+) -> dict[str, Any]:
+    """Time out stale running tasks and settle overdue deliveries in one atomic pass.
+
+    Returns exactly nine keys: the seven counts plus ``dry_run`` and ``applied``; never ids.
+    """
+    if policy is None:
+        policy = ReconcilePolicy()
+    if not isinstance(policy, ReconcilePolicy):
+        raise InvalidInput("policy must be a ReconcilePolicy")
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("dry_run must be a boolean")
+    context = ledger._read(query_only=True) if dry_run else ledger._write()
+    with context as conn:
+        now = ledger._now()
+        run = _Pass(ledger, conn, policy, now, dry_run)
+        run.active()
+        run.deliveries()
+    if not dry_run:
+        _remove_dead_owner_files(ledger)
+    report: dict[str, Any] = dict(run.counts)
+    report["dry_run"] = dry_run
+    report["applied"] = not dry_run
+    return report
+
+
+def _remove_dead_owner_files(ledger: Ledger) -> None:
+    """Delete lock files of dead owners that no running task references any more."""
+    conn = ledger._conn()
+
+    def referenced(token: str) -> bool:
+        row = conn.execute(
+            "SELECT 1 FROM tsg_tasks WHERE owner = ? AND status = 'running' LIMIT 1", (token,)
+        ).fetchone()
+        return row is not None
+
+    try:
+        owners.remove_dead(ledger.path, referenced)
+    except (OSError, sqlite3.Error):
+        pass  # housekeeping only: the next reconcile tries again

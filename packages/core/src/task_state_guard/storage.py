@@ -1,0 +1,250 @@
+"""Path and permission safety for the database file and its SQLite sidecars.
+
+POSIX hosts: the database's directory must be owned by this user and not writable by others;
+every ancestor must be owned by this user or root and not writable by others unless sticky;
+the database and sidecars must be regular, single-link, non-symlink files and are tightened to
+0600. Other hosts need the caller's explicit acknowledgement of an externally managed ACL.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from .model import InvalidInput, StorageError
+
+SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
+_REMOTE_FS = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "ncpfs", "afs", "9p",
+        "fuse.sshfs", "sshfs", "davfs", "fuse.davfs2", "glusterfs", "fuse.glusterfs",
+        "ceph", "fuse.ceph", "lustre", "gpfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone",
+    }
+)
+POSIX = os.name == "posix"
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """Device and inode of the opened database file."""
+
+    dev: int
+    ino: int
+
+
+def normalize_path(path: object) -> str:
+    """Return an absolute, normalized database path or raise InvalidInput."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidInput("database path must be a non-empty string")
+    if path.startswith("file:") or path == ":memory:":
+        raise InvalidInput("database path must be a filesystem path")
+    if path.startswith("\\\\"):
+        raise StorageError("network paths are not supported")
+    return os.path.abspath(path)
+
+
+def _check_ancestors(directory: str) -> None:
+    """Every existing ancestor of the leaf must be safe against other users."""
+    uid = os.geteuid()
+    current = os.path.dirname(directory)
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            raise StorageError("database ancestor directory is not accessible") from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise StorageError("database ancestor is not a directory")
+        writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable_by_others and not st.st_mode & stat.S_ISVTX:
+            raise StorageError("a database ancestor directory is writable by other users")
+        if st.st_uid not in (0, uid):
+            raise StorageError("a database ancestor directory is owned by another user")
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
+
+
+def _check_leaf(directory: str, *, tighten: bool) -> None:
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise InvalidInput("database directory does not exist") from None
+    except OSError as exc:
+        raise StorageError("database directory is not accessible") from exc
+    if stat.S_ISLNK(st.st_mode):
+        # A symlinked leaf is only accepted when its target passes the same checks.
+        _check_leaf(os.path.realpath(directory), tighten=tighten)
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorageError("database directory is not a directory")
+    if st.st_uid != os.geteuid():
+        raise StorageError("database directory is owned by another user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StorageError("database directory is writable by other users")
+
+
+def make_directories(directory: str) -> None:
+    """Create missing directories with mode 0700."""
+    missing = []
+    current = directory
+    while not os.path.exists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise StorageError("cannot create the database directory") from exc
+        os.chmod(path, 0o700)
+
+
+def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result | None:
+    """Validate an existing database or sidecar file; return its stat or None if absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"{what} is not accessible") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise StorageError(f"{what} is a symbolic link")
+    if not stat.S_ISREG(st.st_mode):
+        raise StorageError(f"{what} is not a regular file")
+    if st.st_nlink != 1:
+        raise StorageError(f"{what} has more than one hard link")
+    if POSIX:
+        if st.st_uid != os.geteuid():
+            raise StorageError(f"{what} is owned by another user")
+        if st.st_mode & 0o077:
+            if not tighten:
+                raise StorageError(f"{what} is readable or writable by other users")
+            try:
+                os.chmod(path, 0o600, follow_symlinks=False)
+            except (OSError, NotImplementedError) as exc:
+                raise StorageError(f"cannot tighten the mode of the {what}") from exc
+    return st
+
+
+def check_sidecars(db_path: str, *, tighten: bool) -> dict[str, bool]:
+    """Validate existing -wal, -shm and -journal files; report which exist."""
+    present = {}
+    for suffix in SIDECAR_SUFFIXES:
+        st = check_regular_file(db_path + suffix, what="database sidecar", tighten=tighten)
+        present[suffix] = st is not None
+    return present
+
+
+def _filesystem_type(path: str) -> str | None:
+    """Return the filesystem type of the mount holding ``path`` (Linux only)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            lines = handle.readlines()
+    except OSError:
+        return None
+    best, best_type = "", None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        rest = right.split()
+        if len(fields) < 5 or not rest:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        if (path == mount_point or path.startswith(mount_point.rstrip("/") + "/")) and len(
+            mount_point
+        ) >= len(best):
+            best, best_type = mount_point, rest[0]
+    return best_type
+
+
+def check_local_filesystem(directory: str) -> None:
+    """Reject databases on filesystems known to be remote."""
+    fs_type = _filesystem_type(os.path.realpath(directory))
+    if fs_type is not None and fs_type.lower() in _REMOTE_FS:
+        raise StorageError("the database must be on a local filesystem")
+
+
+def prepare(
+    path: str, *, create: bool, allow_external_acl: bool, read_only: bool
+) -> FileIdentity | None:
+    """Check (and, for writers, create and tighten) the database location.
+
+    Returns the identity of the existing database file, or None when it does not exist yet.
+    """
+    directory = os.path.dirname(path)
+    if not POSIX:
+        if not allow_external_acl:
+            raise StorageError("non-POSIX hosts require allow_external_acl=True")
+        if not os.path.isdir(directory):
+            raise InvalidInput("database directory does not exist")
+    else:
+        if create and not read_only:
+            _check_ancestors(directory)
+            make_directories(directory)
+        elif not os.path.isdir(directory):
+            raise InvalidInput("database directory does not exist")
+        _check_ancestors(directory)
+        _check_leaf(directory, tighten=not read_only)
+        check_local_filesystem(directory)
+    st = check_regular_file(path, what="database file", tighten=not read_only)
+    check_sidecars(path, tighten=not read_only)
+    if st is None:
+        if read_only or not create:
+            raise InvalidInput("database does not exist")
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def create_database_file(path: str) -> FileIdentity:
+    """Create an empty private database file without following links."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        st = check_regular_file(path, what="database file", tighten=True)
+        assert st is not None
+        return FileIdentity(st.st_dev, st.st_ino)
+    except OSError as exc:
+        raise StorageError("cannot create the database file") from exc
+    try:
+        st = os.fstat(fd)
+        if POSIX:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def current_identity(path: str) -> FileIdentity | None:
+    """Return the identity of the file now at ``path`` (None when missing)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def tighten_sidecars(path: str) -> None:
+    """Tighten sidecars SQLite may have created since the last check."""
+    if POSIX:
+        check_sidecars(path, tighten=True)
+
+
+def storage_info(path: str, *, allow_external_acl: bool, read_only: bool) -> dict[str, object]:
+    """Describe the active permission model (no paths)."""
+    return {
+        "permission_model": "posix-modes" if POSIX else "external-acl",
+        "external_acl_acknowledged": bool(allow_external_acl) and not POSIX,
+        "database_mode": oct(os.stat(path).st_mode & 0o777) if POSIX else None,
+        "read_only": read_only,
+        "local_filesystem_required": True,
+    }
