@@ -1,1 +1,23 @@
-"""Adapter."""
+"""TaskStateGuard adapter for LangGraph.
+
+``guard(compiled_graph, db=...)`` records every invocation as a delivering parent task and
+every node attempt as an internal child task in a TaskStateGuard ledger. See README.md.
+"""
+
+from ._guard import METADATA_KEY, GuardedGraph, Recovery, guard
+from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
+from .callbacks import GuardCallbackHandler
+from .heartbeat import heartbeat
+
+__all__ = [
+    "METADATA_KEY",
+    "NAMESPACE",
+    "GuardCallbackHandler",
+    "GuardedGraph",
+    "Recovery",
+    "attempt_task_id",
+    "guard",
+    "heartbeat",
+    "logical_task_id",
+    "recovery_invocation_id",
+]

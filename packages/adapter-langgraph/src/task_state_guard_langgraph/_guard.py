@@ -1,0 +1,526 @@
+"""``guard()``: a compiled LangGraph graph whose invocations are recorded in the ledger."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.callbacks import BaseCallbackManager
+from langgraph.types import Command
+
+from . import _recorder as rc
+from ._errors import ErrorLog, logger
+from ._ids import logical_task_id, recovery_invocation_id
+from ._recorder import Recorder
+from .callbacks import GuardCallbackHandler, RetryOracle, classify_error
+
+#: Key under ``config["metadata"]`` (and so in every checkpoint's metadata) that holds the
+#: invocation id. Deliberately not ``run_id``: LangGraph treats a repeated metadata
+#: ``run_id`` as re-entry and ignores new input.
+METADATA_KEY = "tsg_invocation_id"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One thread handled by :meth:`GuardedGraph.recover`."""
+
+    thread_id: str
+    #: Invocation id of the new (recovering) invocation.
+    invocation_id: str
+    #: Invocation id of the lost invocation it recovers (its ledger parent).
+    recovers: str
+    #: ``"succeeded"``, ``"interrupted"``, ``"failed"`` or ``"cancelled"``.
+    outcome: str
+    #: Exception class name when the resumed run raised (the run's error is not re-raised).
+    error: str | None = None
+
+
+class _Invocation:
+    """Book-keeping for one running invocation."""
+
+    def __init__(
+        self,
+        invocation_id: str,
+        task_id: str | None,
+        handler: GuardCallbackHandler,
+        config: dict[str, Any],
+        recorder: Recorder,
+    ) -> None:
+        self.invocation_id = invocation_id
+        self.task_id = task_id
+        self.handler = handler
+        self.config = config
+        self._rec = recorder
+        self._done = False
+
+    def finish(self, exc: BaseException | None) -> str:
+        """Close leftover attempts and the invocation; returns the outcome label."""
+        if self._done:
+            return "done"
+        self._done = True
+        if exc is None:
+            status, code = "succeeded", rc.INVOCATION_COMPLETED
+            outcome = "interrupted" if self.handler.interrupted else "succeeded"
+            leftover: tuple[str, str | None] = ("cancelled", None)
+        else:
+            status, code = classify_error(exc)
+            if status == "succeeded":  # a stray ParentCommand at the top is a failure
+                status, code = "failed", rc.WORKER_FAILED
+            outcome = status
+            leftover = ("cancelled", rc.CALLER_CANCELLED if status == "cancelled" else None)
+        self.handler.close_open(*leftover)
+        if self.task_id is not None:
+            self._rec.close(self.task_id, status, code, internal=False)
+        return outcome
+
+
+def _with_handler(
+    config: dict[str, Any] | None, handler: GuardCallbackHandler, invocation_id: str
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = dict(config or {})
+    callbacks = cfg.get("callbacks")
+    if callbacks is None:
+        cfg["callbacks"] = [handler]
+    elif isinstance(callbacks, list):
+        cfg["callbacks"] = [*callbacks, handler]
+    elif isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(handler, inherit=True)
+        cfg["callbacks"] = manager
+    else:
+        cfg["callbacks"] = [*callbacks, handler]
+    metadata = dict(cfg.get("metadata") or {})
+    metadata[METADATA_KEY] = invocation_id
+    cfg["metadata"] = metadata
+    return cfg
+
+
+def _thread_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    configurable = (config or {}).get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    if thread_id is None:
+        return None
+    inner: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+    if configurable.get("checkpoint_id"):
+        inner["checkpoint_id"] = configurable["checkpoint_id"]
+    return {"configurable": inner}
+
+
+class GuardedGraph:
+    """A compiled graph whose invocations and node attempts are recorded in the ledger.
+
+    Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
+    arguments as the compiled graph plus an optional ``invocation_id``; every other attribute
+    (``get_state``, ``update_state``, ``nodes``...) is the compiled graph's.
+    """
+
+    def __init__(
+        self,
+        graph: Any,
+        recorder: Recorder,
+        *,
+        owns_ledger: bool,
+        name: str | None,
+    ) -> None:
+        self._graph = graph
+        self._rec = recorder
+        self._owns_ledger = owns_ledger
+        self._name = name if name is not None else getattr(graph, "name", None)
+        self._oracle = RetryOracle(graph)
+        self._local = threading.local()
+        self.last_reconcile: dict[str, Any] | None = None
+
+    # -- pass-through -----------------------------------------------------------------------
+
+    @property
+    def graph(self) -> Any:
+        """The wrapped compiled graph (calls on it are not recorded)."""
+        return self._graph
+
+    @property
+    def ledger(self) -> Any:
+        """The ledger (``None`` when it could not be opened)."""
+        return self._rec.ledger
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._graph, name)
+
+    # -- ids, delivery, errors --------------------------------------------------------------
+
+    @staticmethod
+    def logical_task_id(invocation_id: str) -> str:
+        """Ledger id of the invocation task for ``invocation_id`` (deterministic uuid5)."""
+        return logical_task_id(invocation_id)
+
+    def mark_delivered(self, invocation_id: str) -> bool:
+        """Record that the invocation's result (or interrupt question) reached its recipient.
+
+        Call it after your transport acknowledged. Returns True when the ledger recorded it.
+        """
+        return self._set_delivery(invocation_id, "delivered", "transport_acknowledged")
+
+    def mark_delivery_failed(self, invocation_id: str) -> bool:
+        """Record that delivering the invocation's result failed."""
+        return self._set_delivery(invocation_id, "failed", "transport_failed")
+
+    def _set_delivery(self, invocation_id: str, status: str, code: str) -> bool:
+        ledger = self._rec.ledger
+        if ledger is None:
+            return False
+        task_id = logical_task_id(invocation_id)
+        done = self._rec.errors.call(
+            "delivery", lambda: ledger.set_delivery(task_id, status, code=code)
+        )
+        return done is not None
+
+    @property
+    def ledger_errors(self) -> dict[str, int]:
+        """Ledger errors seen so far, counted by ``"<operation>:<ExceptionClass>"``."""
+        return self._rec.errors.counts()
+
+    @property
+    def last_invocation_id(self) -> str | None:
+        """Invocation id of the last invocation started by the calling thread."""
+        return getattr(self._local, "invocation_id", None)
+
+    @property
+    def last_outcome(self) -> str | None:
+        """Outcome of the calling thread's last finished invocation: ``succeeded``,
+        ``interrupted``, ``failed`` or ``cancelled``."""
+        return getattr(self._local, "outcome", None)
+
+    def reconcile(self) -> dict[str, Any] | None:
+        """Run the ledger's restart reconcile (done once by :func:`guard`)."""
+        ledger = self._rec.ledger
+        if ledger is None:
+            return None
+        report = self._rec.errors.call("reconcile", lambda: ledger.reconcile(self._policy))
+        self.last_reconcile = report
+        return report
+
+    _policy: Any = None
+
+    def close(self) -> None:
+        """Stop the heartbeat thread; close the ledger if :func:`guard` opened it."""
+        self._rec.stop()
+        ledger = self._rec.ledger
+        if self._owns_ledger and ledger is not None:
+            self._rec.errors.call("close", ledger.close)
+
+    def __enter__(self) -> GuardedGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- invocation lifecycle ---------------------------------------------------------------
+
+    def _begin(
+        self,
+        input: Any,
+        config: dict[str, Any] | None,
+        invocation_id: str | None,
+        previous: str | None,
+        *,
+        claim: bool = False,
+    ) -> _Invocation | None:
+        inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
+        self._local.invocation_id = inv
+        task_id: str | None = logical_task_id(inv)
+        parent: str | None = None
+        if previous is not None:
+            candidate = logical_task_id(previous)
+            if candidate != task_id and self._rec.exists(candidate):
+                parent = candidate
+        opened = self._rec.open(
+            task_id,  # type: ignore[arg-type]
+            parent_id=parent,
+            delivery_required=True,
+            name=self._name,
+            claim_errors=not claim,
+        )
+        if not opened:
+            if claim:
+                return None
+            task_id = None  # run unrecorded (ledger down, or invocation id reused)
+        if task_id is None:
+            recorder = Recorder(None, self._rec.errors)
+            handler = GuardCallbackHandler._bound(recorder, inv, None, None)
+        else:
+            handler = GuardCallbackHandler._bound(self._rec, inv, task_id, self._oracle)
+        return _Invocation(inv, task_id, handler, _with_handler(config, handler, inv), self._rec)
+
+    def _end(self, run: _Invocation, exc: BaseException | None) -> None:
+        self._local.outcome = run.finish(exc)
+
+    def _previous(self, input: Any, config: dict[str, Any] | None) -> str | None:
+        if not (input is None or isinstance(input, Command)):
+            return None
+        saver = getattr(self._graph, "checkpointer", None)
+        lookup = _thread_config(config)
+        if lookup is None or saver is None or isinstance(saver, bool):
+            return None
+
+        def _get() -> str | None:
+            tup = saver.get_tuple(lookup)
+            value = (tup.metadata or {}).get(METADATA_KEY) if tup is not None else None
+            return str(value) if value is not None else None
+
+        return self._rec.errors.call("link", _get)
+
+    async def _aprevious(self, input: Any, config: dict[str, Any] | None) -> str | None:
+        if not (input is None or isinstance(input, Command)):
+            return None
+        saver = getattr(self._graph, "checkpointer", None)
+        lookup = _thread_config(config)
+        if lookup is None or saver is None or isinstance(saver, bool):
+            return None
+        try:
+            try:
+                tup = await saver.aget_tuple(lookup)
+            except NotImplementedError:
+                tup = saver.get_tuple(lookup)
+        except Exception as exc:
+            self._rec.errors.record("link", exc)
+            if self._rec.errors.strict:
+                raise
+            return None
+        value = (tup.metadata or {}).get(METADATA_KEY) if tup is not None else None
+        return str(value) if value is not None else None
+
+    # -- the four entry points --------------------------------------------------------------
+
+    def invoke(
+        self,
+        input: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        invocation_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``graph.invoke`` recorded as one invocation (see the package README)."""
+        run = self._begin(input, config, invocation_id, self._previous(input, config))
+        assert run is not None
+        try:
+            out = self._graph.invoke(input, run.config, **kwargs)
+        except BaseException as exc:
+            self._end(run, exc)
+            raise
+        self._end(run, None)
+        return out
+
+    async def ainvoke(
+        self,
+        input: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        invocation_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
+        previous = await self._aprevious(input, config)
+        run = self._begin(input, config, invocation_id, previous)
+        assert run is not None
+        try:
+            out = await self._graph.ainvoke(input, run.config, **kwargs)
+        except BaseException as exc:
+            self._end(run, exc)
+            raise
+        self._end(run, None)
+        return out
+
+    def stream(
+        self,
+        input: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        invocation_id: str | None = None,
+        **kwargs: Any,
+    ) -> Iterator[Any]:
+        """``graph.stream`` recorded as one invocation.
+
+        The invocation starts at the first ``next()``; closing the iterator early ends it
+        ``cancelled/caller_cancelled``.
+        """
+        run = self._begin(input, config, invocation_id, self._previous(input, config))
+        assert run is not None
+        try:
+            yield from self._graph.stream(input, run.config, **kwargs)
+        except BaseException as exc:
+            self._end(run, exc)
+            raise
+        self._end(run, None)
+
+    async def astream(
+        self,
+        input: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        invocation_id: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
+        previous = await self._aprevious(input, config)
+        run = self._begin(input, config, invocation_id, previous)
+        assert run is not None
+        try:
+            async for chunk in self._graph.astream(input, run.config, **kwargs):
+                yield chunk
+        except BaseException as exc:
+            self._end(run, exc)
+            raise
+        self._end(run, None)
+
+    # -- crash recovery ---------------------------------------------------------------------
+
+    def _thread_ids(self, saver: Any) -> list[str]:
+        conn = getattr(saver, "conn", None)
+        cursor = getattr(saver, "cursor", None)
+        if conn is not None and callable(cursor) and type(saver).__name__ == "SqliteSaver":
+            with cursor(transaction=False) as cur:
+                cur.execute(
+                    "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = ''"
+                    " ORDER BY thread_id"
+                )
+                return [str(row[0]) for row in cur.fetchall()]
+        seen: dict[str, None] = {}
+        for tup in saver.list(None):
+            cfg = tup.config.get("configurable", {})
+            if cfg.get("checkpoint_ns", "") == "":
+                seen.setdefault(str(cfg["thread_id"]), None)
+        return list(seen)
+
+    def _lost_invocation(self, saver: Any, thread_id: str) -> str | None:
+        """Invocation id of the thread's last invocation when it is lost and resumable."""
+        lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+        tup = saver.get_tuple(lookup)
+        if tup is None:
+            return None
+        lost = (tup.metadata or {}).get(METADATA_KEY)
+        if lost is None:
+            return None  # never ran under the guard: no proof it is not running elsewhere
+        task = self._rec.get(logical_task_id(str(lost)))
+        if task is None or str(task.status) != "timed_out":
+            return None  # unknown, or still running / closed by its own process
+        state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
+        if not state.next:
+            return None  # the thread finished
+        for pending in state.tasks:
+            if pending.interrupts or pending.error is not None:
+                return None  # waits for a human, or failed: not a crash
+        return str(lost)
+
+    def recover(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[Recovery]:
+        """Resume the threads whose last invocation was lost in a crash.
+
+        Reconciles the ledger first (a dead owner's invocation becomes
+        ``timed_out/owner_lost``), then, for every checkpointer thread whose last checkpoint
+        was written by an invocation the ledger shows ``timed_out`` and that still has work
+        (not finished, not waiting at an interrupt, not failed), runs ``invoke(None, ...)`` as
+        a new invocation with id :func:`recovery_invocation_id` (lost id), recorded as a child
+        of the lost invocation. Two processes recovering at once: only one wins each thread.
+        ``config`` (callbacks, tags...) and ``kwargs`` (e.g. ``durability``) are passed to
+        every resumed run. Errors of a resumed run are reported in the result, not raised.
+        """
+        saver = getattr(self._graph, "checkpointer", None)
+        if saver is None or isinstance(saver, bool) or self._rec.ledger is None:
+            return []
+        self.reconcile()
+        ids = thread_ids
+        if ids is None:
+            ids = self._rec.errors.call("recover", lambda: self._thread_ids(saver)) or []
+        results: list[Recovery] = []
+        for thread_id in ids:
+            lost = self._rec.errors.call(
+                "recover", lambda t=thread_id: self._lost_invocation(saver, t)
+            )
+            if lost is None:
+                continue
+            base = dict(config or {})
+            base["configurable"] = {**(base.get("configurable") or {}), "thread_id": thread_id}
+            new_id = recovery_invocation_id(lost)
+            run = self._begin(None, base, new_id, lost, claim=True)
+            if run is None:
+                continue  # another process claimed this recovery
+            error: str | None = None
+            try:
+                self._graph.invoke(None, run.config, **kwargs)
+            except Exception as exc:
+                error = type(exc).__name__
+                self._end(run, exc)
+                logger.warning("recover(): the resumed run raised %s", error)
+            else:
+                self._end(run, None)
+            results.append(Recovery(thread_id, new_id, lost, str(self.last_outcome), error))
+        return results
+
+
+def guard(
+    graph: Any,
+    db: str | os.PathLike[str] | None = None,
+    *,
+    ledger: Any = None,
+    strict: bool = False,
+    heartbeat_interval: float | None = None,
+    active_grace_seconds: float | None = None,
+    delivery_grace_seconds: float | None = None,
+    reconcile: bool = True,
+    owner: bool = True,
+    name: str | None = None,
+) -> GuardedGraph:
+    """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
+
+    ``db`` is the ledger path (default: ``$TSG_DB``); or pass an open ``ledger``. On creation
+    the ledger is reconciled (``active_grace_seconds``/``delivery_grace_seconds``, default
+    ``$TSG_ACTIVE_GRACE_SECONDS``/``$TSG_DELIVERY_GRACE_SECONDS``, else 600), which closes the
+    tasks of a dead process ``timed_out/owner_lost`` at once. ``heartbeat_interval`` (default
+    ``$TSG_HEARTBEAT_SECONDS`` or 30 s) must stay well under the active grace. ``owner=True``
+    records this process as owner of the tasks it starts. Ledger errors are logged once per
+    kind and counted (:attr:`GuardedGraph.ledger_errors`); ``strict=True`` raises them.
+    """
+    from task_state_guard import Ledger, ReconcilePolicy
+
+    errors = ErrorLog(strict=strict)
+    owns = False
+    if ledger is None:
+        path = db if db is not None else os.environ.get("TSG_DB")
+        if path is None:
+            raise ValueError("guard(): pass db=... or ledger=..., or set TSG_DB")
+        ledger = errors.call("open", lambda: Ledger(path))
+        owns = ledger is not None
+    if heartbeat_interval is None:
+        heartbeat_interval = _env_float("TSG_HEARTBEAT_SECONDS", 30.0)
+    recorder = Recorder(ledger, errors, heartbeat_interval=heartbeat_interval, owner=owner)
+    app = GuardedGraph(graph, recorder, owns_ledger=owns, name=name)
+    active = active_grace_seconds
+    if active is None:
+        active = _env_float("TSG_ACTIVE_GRACE_SECONDS", 600.0)
+    delivery = delivery_grace_seconds
+    if delivery is None:
+        delivery = _env_float("TSG_DELIVERY_GRACE_SECONDS", 600.0)
+    app._policy = ReconcilePolicy(active_grace_seconds=active, delivery_grace_seconds=delivery)
+    if reconcile:
+        app.reconcile()
+    return app
+
+
+def _env_float(key: str, default: float) -> float:
+    raw = os.environ.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        return default

@@ -1,0 +1,350 @@
+"""LangChain/LangGraph callback handler that records node attempts in the ledger.
+
+The wrapper returned by :func:`task_state_guard_langgraph.guard` installs one of these per
+invocation. It can also be used on its own (``config["callbacks"]``) to record a graph run
+without the wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
+from langgraph.errors import GraphBubbleUp, ParentCommand
+
+from . import _recorder as rc
+from ._errors import ErrorLog
+from ._ids import attempt_task_id, logical_task_id
+from ._recorder import Recorder
+
+
+class RetryOracle:
+    """Predicts, when a node attempt raises, whether LangGraph's ``RetryPolicy`` retries it.
+
+    Mirrors ``langgraph.pregel._retry.run_with_retry``: the node's own policy or the graph's
+    default; the first policy whose ``retry_on`` matches; retry while the failed attempts are
+    fewer than ``max_attempts``. Subgraph nodes are found through ``get_subgraphs``.
+    """
+
+    def __init__(self, graph: Any) -> None:
+        self._graph = graph
+        self._subgraphs: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    def _graph_at(self, path: tuple[str, ...]) -> Any:
+        if not path:
+            return self._graph
+        if self._subgraphs is None:
+            with self._lock:
+                if self._subgraphs is None:
+                    try:
+                        found = dict(self._graph.get_subgraphs(recurse=True))
+                    except Exception:
+                        found = {}
+                    self._subgraphs = found
+        return self._subgraphs.get("|".join(path))
+
+    def policies(self, checkpoint_ns: str) -> Sequence[Any]:
+        """The retry policies that apply to the node at ``checkpoint_ns``."""
+        names = tuple(seg.rpartition(":")[0] or seg for seg in checkpoint_ns.split("|"))
+        if not names:
+            return ()
+        graph = self._graph_at(names[:-1])
+        if graph is None:
+            return ()
+        node = getattr(graph, "nodes", {}).get(names[-1])
+        own = getattr(node, "retry_policy", None) if node is not None else None
+        policy = own or getattr(graph, "retry_policy", None) or ()
+        if not isinstance(policy, Sequence):
+            policy = (policy,)
+        return tuple(policy)
+
+    def will_retry(self, checkpoint_ns: str, failed_attempts: int, exc: BaseException) -> bool:
+        """True when LangGraph will run another attempt after this failure."""
+        if not isinstance(exc, Exception):
+            return False
+        for policy in self.policies(checkpoint_ns):
+            if _retry_on(policy, exc):
+                return failed_attempts < int(getattr(policy, "max_attempts", 1))
+        return False
+
+
+def _retry_on(policy: Any, exc: Exception) -> bool:
+    retry_on = getattr(policy, "retry_on", None)
+    try:
+        if isinstance(retry_on, Sequence):
+            return isinstance(exc, tuple(retry_on))
+        if isinstance(retry_on, type) and issubclass(retry_on, Exception):
+            return isinstance(exc, retry_on)
+        if callable(retry_on):
+            return bool(retry_on(exc))
+    except Exception:
+        return False
+    return False
+
+
+def classify_error(exc: BaseException) -> tuple[str, str]:
+    """Ledger ``(status, code)`` for a run that ended with ``exc`` (no retry considered)."""
+    if isinstance(exc, ParentCommand):
+        return "succeeded", rc.ATTEMPT_COMPLETED
+    if isinstance(exc, GraphBubbleUp):
+        # GraphInterrupt (interrupt()), GraphDrained (cooperative shutdown): control flow.
+        return "cancelled", rc.INTERRUPTED
+    if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit)):
+        return "cancelled", rc.CALLER_CANCELLED
+    return "failed", rc.WORKER_FAILED
+
+
+def _is_node_run(tags: list[str] | None, metadata: dict[str, Any] | None) -> bool:
+    if not metadata or "langgraph_node" not in metadata or not tags:
+        return False
+    if "langsmith:hidden" in tags:
+        return False
+    return any(t.startswith("graph:step:") for t in tags)
+
+
+@dataclass
+class _Run:
+    parent: uuid.UUID | None
+    invocation: str
+    # Ledger task ids from this run's own attempt (if any) up to the invocation task.
+    chain: tuple[str, ...]
+    task: str | None = None
+    ns: str | None = None
+    attempt: int = 0
+    root: bool = False
+    children: set[str] = field(default_factory=set)
+
+
+class GuardCallbackHandler(GraphCallbackHandler):
+    """Records every LangGraph node attempt as an internal child task.
+
+    Stand-alone use (without :func:`guard`)::
+
+        handler = GuardCallbackHandler(Ledger("tasks.sqlite"), invocation_id="req-42",
+                                       graph=compiled)
+        compiled.invoke(inputs, {"configurable": {...}, "callbacks": [handler]})
+
+    The graph's root run becomes the invocation task (``logical_task_id(invocation_id)``,
+    delivering) and each node attempt an internal child; nodes of subgraphs are nested under
+    the attempt of the node that runs the subgraph. ``graph`` (optional) lets the handler tell
+    a failure LangGraph will retry (``failed/retry_scheduled``) from a final one
+    (``failed/worker_failed``). Use one handler per invocation, or omit ``invocation_id`` to
+    use the root callback run id as invocation id.
+    """
+
+    run_inline = True
+
+    def __init__(
+        self,
+        ledger: Any,
+        *,
+        invocation_id: str | None = None,
+        graph: Any = None,
+        strict: bool = False,
+        heartbeat_interval: float | None = 30.0,
+        owner: bool = True,
+    ) -> None:
+        super().__init__()
+        errors = ErrorLog(strict=strict)
+        self._init(
+            Recorder(ledger, errors, heartbeat_interval=heartbeat_interval, owner=owner),
+            invocation_id=invocation_id,
+            invocation_task=None,
+            oracle=RetryOracle(graph) if graph is not None else None,
+            owns_root=True,
+        )
+
+    def _init(
+        self,
+        recorder: Recorder,
+        *,
+        invocation_id: str | None,
+        invocation_task: str | None,
+        oracle: RetryOracle | None,
+        owns_root: bool,
+    ) -> None:
+        self._rec = recorder
+        self.raise_error = recorder.errors.strict
+        self._invocation_id = invocation_id
+        self._invocation_task = invocation_task
+        self._oracle = oracle
+        self._owns_root = owns_root
+        self._lock = threading.Lock()
+        self._runs: dict[uuid.UUID, _Run] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self.interrupted = False
+
+    @classmethod
+    def _bound(
+        cls,
+        recorder: Recorder,
+        invocation_id: str,
+        invocation_task: str | None,
+        oracle: RetryOracle | None,
+    ) -> GuardCallbackHandler:
+        """Handler for one wrapper invocation (the wrapper records the invocation itself)."""
+        self = cls.__new__(cls)
+        GraphCallbackHandler.__init__(self)
+        self._init(
+            recorder,
+            invocation_id=invocation_id,
+            invocation_task=invocation_task,
+            oracle=oracle,
+            owns_root=False,
+        )
+        return self
+
+    # -- public helpers ---------------------------------------------------------------------
+
+    @property
+    def errors(self) -> ErrorLog:
+        """The error counters of this handler's recorder."""
+        return self._rec.errors
+
+    def open_task_ids(self) -> list[str]:
+        """Ledger ids of node attempts started and not yet closed by this handler."""
+        with self._lock:
+            return [r.task for r in self._runs.values() if r.task is not None]
+
+    def beat_run(self, run_id: uuid.UUID | None) -> int:
+        """Heartbeat the attempt of callback run ``run_id`` and its ancestors."""
+        with self._lock:
+            run = self._runs.get(run_id) if run_id is not None else None
+            chain = run.chain if run is not None else ()
+        return self._rec.beat(chain)
+
+    def close_open(self, status: str, code: str | None) -> None:
+        """Close every attempt still open (the run ended without telling us about them)."""
+        with self._lock:
+            open_runs = [r for r in self._runs.values() if r.task is not None]
+            self._runs.clear()
+        # Innermost first, so a parent never closes before its child.
+        for run in sorted(open_runs, key=lambda r: len(r.chain), reverse=True):
+            assert run.task is not None
+            self._rec.close(run.task, status, code, internal=True)
+
+    # -- callbacks --------------------------------------------------------------------------
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: uuid.UUID,
+        parent_run_id: uuid.UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        with self._lock:
+            parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
+            is_node = _is_node_run(tags, metadata)
+            if parent is None:
+                if is_node:
+                    return  # a node of a graph whose root we never saw: not ours
+                self._start_root(run_id, parent_run_id, kwargs.get("name"))
+                return
+            if not is_node:
+                self._runs[run_id] = _Run(parent_run_id, parent.invocation, parent.chain)
+                return
+            assert metadata is not None
+            ns = str(metadata.get("langgraph_checkpoint_ns") or metadata["langgraph_node"])
+            key = (parent.invocation, ns)
+            attempt = self._counts.get(key, 0) + 1
+            self._counts[key] = attempt
+            task = attempt_task_id(parent.invocation, ns, attempt)
+            parent_task = parent.chain[0] if parent.chain else None
+            run = _Run(
+                parent_run_id,
+                parent.invocation,
+                (task, *parent.chain),
+                task=task,
+                ns=ns,
+                attempt=attempt,
+            )
+            self._runs[run_id] = run
+        opened = self._rec.open(
+            task,
+            parent_id=parent_task,
+            delivery_required=False,
+            name=metadata.get("langgraph_node"),
+        )
+        if not opened:
+            with self._lock:
+                run.task = None
+
+    def _start_root(
+        self, run_id: uuid.UUID, parent_run_id: uuid.UUID | None, name: object
+    ) -> None:
+        # Called with the lock held.
+        if self._owns_root:
+            invocation = self._invocation_id or str(run_id)
+            task = logical_task_id(invocation)
+            run = _Run(parent_run_id, invocation, (task,), task=None, root=True)
+            self._runs[run_id] = run
+            self._lock.release()
+            try:
+                opened = self._rec.open(task, parent_id=None, delivery_required=True, name=name)
+            finally:
+                self._lock.acquire()
+            if not opened:
+                run.chain = ()
+            return
+        assert self._invocation_id is not None
+        chain = (self._invocation_task,) if self._invocation_task else ()
+        self._runs[run_id] = _Run(parent_run_id, self._invocation_id, chain, root=True)
+
+    def on_chain_end(self, outputs: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._runs.pop(run_id, None)
+        if run is None:
+            return
+        if run.task is not None:
+            self._rec.close(run.task, "succeeded", rc.ATTEMPT_COMPLETED, internal=True)
+        elif run.root:
+            self._end_root(run, "succeeded", rc.INVOCATION_COMPLETED)
+
+    def on_chain_error(self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._runs.pop(run_id, None)
+        if run is None:
+            return
+        status, code = classify_error(error)
+        if run.task is not None:
+            if (
+                status == "failed"
+                and run.ns is not None
+                and self._oracle is not None
+                and self._oracle.will_retry(run.ns, run.attempt, error)
+            ):
+                code = rc.RETRY_SCHEDULED
+            self._rec.close(run.task, status, code, internal=True)
+        elif run.root:
+            self._end_root(run, status, code)
+
+    def _end_root(self, run: _Run, status: str, code: str) -> None:
+        if not self._owns_root:
+            return
+        with self._lock:
+            leftovers = [
+                r for r in self._runs.values() if r.task is not None and r.invocation == run.invocation
+            ]
+            for key in [k for k in self._counts if k[0] == run.invocation]:
+                del self._counts[key]
+        for left in sorted(leftovers, key=lambda r: len(r.chain), reverse=True):
+            assert left.task is not None
+            self._rec.close(left.task, "cancelled", rc.CALLER_CANCELLED, internal=True)
+        if run.chain:
+            self._rec.close(run.chain[0], status, code, internal=False)
+
+    def on_interrupt(self, event: GraphInterruptEvent) -> None:
+        self.interrupted = True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

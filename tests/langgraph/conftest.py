@@ -1,0 +1,42 @@
+"""Fixtures for the LangGraph adapter tests (real graphs, real SqliteSaver, real ledger)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A private directory for the ledger and the checkpointer."""
+    d = tmp_path / "lg"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def db(work: Path) -> str:
+    return str(work / "tasks.sqlite")
+
+
+@pytest.fixture
+def saver(work: Path) -> Iterator[SqliteSaver]:
+    conn = sqlite3.connect(str(work / "checkpoints.sqlite"), check_same_thread=False)
+    try:
+        yield SqliteSaver(conn)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def apps() -> Iterator[list[Any]]:
+    """Guarded graphs registered here are closed after the test (stops heartbeat threads)."""
+    made: list[Any] = []
+    yield made
+    for app in made:
+        app.close()

@@ -1,0 +1,150 @@
+"""Invocation completes; delivery; name labels; privacy; no run_id in checkpoints."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+from langgraph.graph import END, START, StateGraph
+from lg_helpers import State, assert_healthy, shape, tree
+
+from task_state_guard_langgraph import METADATA_KEY, NAMESPACE, guard
+
+SECRET = "s3cr3t-prompt-value-7f1e"
+
+
+def _linear(name: str | None = None) -> StateGraph:
+    def plan(state: State) -> dict[str, Any]:
+        return {"log": ["plan"]}
+
+    def act(state: State) -> dict[str, Any]:
+        return {"log": ["act"], "answer": SECRET + "-answer"}
+
+    builder = StateGraph(State)
+    builder.add_node("plan", plan)
+    builder.add_node("act", act)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "act")
+    builder.add_edge("act", END)
+    return builder
+
+
+def test_invocation_completes(db: str, saver: Any, apps: list[Any]) -> None:
+    app = guard(_linear().compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+    out = app.invoke(
+        {"log": [SECRET]}, {"configurable": {"thread_id": "t1"}}, invocation_id="req-1"
+    )
+    assert out["log"] == [SECRET, "plan", "act"]
+    assert app.last_outcome == "succeeded"
+    task_id = app.logical_task_id("req-1")
+    assert task_id == str(uuid.uuid5(NAMESPACE, "req-1"))
+    root = tree(app.ledger, task_id)
+    assert root["delivery_required"] is True
+    assert root["delivery"] == "pending"
+    assert shape(root) == (
+        "LangGraph",
+        "succeeded",
+        "completed",
+        (
+            ("plan", "succeeded", "worker_completed", ()),
+            ("act", "succeeded", "worker_completed", ()),
+        ),
+    )
+    for child in root["children"]:
+        assert child["delivery_required"] is False
+        assert child["delivery"] == "not_applicable"
+    assert_healthy(app.ledger)
+
+    assert app.mark_delivered("req-1") is True
+    task = app.ledger.get_task(task_id)
+    assert (str(task.delivery_status), task.delivery_code) == ("delivered", "transport_acknowledged")
+    assert app.mark_delivered("req-1") is True  # idempotent
+    assert app.ledger_errors == {}
+    assert_healthy(app.ledger)
+
+
+def test_mark_delivery_failed_and_generated_id(db: str, saver: Any, apps: list[Any]) -> None:
+    app = guard(_linear().compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+    app.invoke({"log": []}, {"configurable": {"thread_id": "t2"}})
+    generated = app.last_invocation_id
+    assert generated
+    assert app.mark_delivery_failed(generated) is True
+    task = app.ledger.get_task(app.logical_task_id(generated))
+    assert (str(task.status), str(task.delivery_status), task.delivery_code) == (
+        "succeeded",
+        "failed",
+        "transport_failed",
+    )
+    assert_healthy(app.ledger)
+
+
+def test_unknown_invocation_delivery_is_counted_not_raised(
+    db: str, saver: Any, apps: list[Any]
+) -> None:
+    app = guard(_linear().compile(checkpointer=saver), db=db)
+    apps.append(app)
+    assert app.mark_delivered("never-ran") is False
+    assert app.ledger_errors == {"delivery:TaskNotFound": 1}
+
+
+def test_names_are_sanitized_labels(db: str, saver: Any, apps: list[Any]) -> None:
+    def step(state: State) -> dict[str, Any]:
+        return {"log": ["x"]}
+
+    builder = StateGraph(State)
+    builder.add_node("résumé step!", step)
+    builder.add_edge(START, "résumé step!")
+    graph = builder.compile(checkpointer=saver, name="my agent (v2)")
+    app = guard(graph, db=db, strict=True)
+    apps.append(app)
+    app.invoke({"log": []}, {"configurable": {"thread_id": "t3"}}, invocation_id="n1")
+    root = tree(app.ledger, app.logical_task_id("n1"))
+    assert root["name"] == "my_agent__v2_"
+    assert [c["name"] for c in root["children"]] == ["r_sum__step_"]
+    assert_healthy(app.ledger)
+
+
+def test_no_state_values_reach_the_ledger_and_no_run_id_in_checkpoints(
+    db: str, saver: Any, work: Path, apps: list[Any]
+) -> None:
+    app = guard(_linear().compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+    config = {"configurable": {"thread_id": "t4"}, "metadata": {"caller": "test"}}
+    app.invoke({"log": [SECRET]}, config, invocation_id="p1")
+    app.close()
+    apps.clear()
+    for path in work.rglob("*"):
+        if path.name.startswith("tasks.sqlite") and path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path.name
+    # The checkpointer holds the state, but never a run_id; our id is under METADATA_KEY.
+    conn = sqlite3.connect(str(work / "checkpoints.sqlite"))
+    try:
+        rows = conn.execute("SELECT metadata FROM checkpoints").fetchall()
+    finally:
+        conn.close()
+    assert rows
+    for (metadata,) in rows:
+        text = metadata.decode() if isinstance(metadata, bytes) else str(metadata)
+        assert '"run_id"' not in text
+        assert f'"{METADATA_KEY}": "p1"' in text or f'"{METADATA_KEY}":"p1"' in text
+    # The caller's config is not mutated.
+    assert config == {"configurable": {"thread_id": "t4"}, "metadata": {"caller": "test"}}
+
+
+def test_reused_invocation_id_runs_the_graph_and_counts_a_conflict(
+    db: str, saver: Any, apps: list[Any]
+) -> None:
+    app = guard(_linear().compile(checkpointer=saver), db=db)
+    apps.append(app)
+    cfg = {"configurable": {"thread_id": "t5"}}
+    app.invoke({"log": []}, cfg, invocation_id="dup")
+    out = app.invoke({"log": []}, cfg, invocation_id="dup")
+    assert out["log"][-2:] == ["plan", "act"]
+    assert app.ledger_errors == {"start:StateConflict": 1}
+    root = tree(app.ledger, app.logical_task_id("dup"))
+    assert len(root["children"]) == 2  # the second run was not recorded over the first
+    assert_healthy(app.ledger)
