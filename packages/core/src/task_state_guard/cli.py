@@ -1,0 +1,226 @@
+"""The ``task-state-guard`` / ``tsg`` command line.
+
+Except for ``--help``, ``--version`` and ``metrics``/``status --format text``, every outcome is one
+compact, key-sorted JSON line on stdout and nothing on stderr. Exit codes: 0 success (healthy
+doctor), 1 unhealthy doctor, 2 input/storage/state error, 3 unexpected internal error. Rejected
+values, paths and exception texts are never echoed: errors name only their class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from . import __version__
+from .ledger import Ledger
+from .model import InvalidInput, LedgerError, check_seconds
+from .reconcile import ReconcilePolicy, reconcile_restart
+from .status import format_prometheus, format_text
+
+DEFAULT_ACTIVE_GRACE = 600.0
+DEFAULT_DELIVERY_GRACE = 600.0
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError()
+
+
+def _seconds(value: str | None, env: str, default: float, what: str) -> float:
+    text = value if value is not None else os.environ.get(env)
+    if text is None:
+        return default
+    try:
+        number = float(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be a number") from None
+    return check_seconds(number, what, allow_zero=True)
+
+
+def _positive_int(text: str | None, what: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be an integer") from None
+    if value < 1 or value > 10**9:
+        raise InvalidInput(f"{what} is out of range")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser (exposed for documentation and tests)."""
+    parser = _Parser(
+        prog="task-state-guard",
+        description="Embedded SQLite ledger that reconciles stale task and delivery state.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"task-state-guard {__version__}")
+    parser.add_argument("--db", help="database path (default: $TSG_DB)")
+    parser.add_argument("--allow-external-acl", action="store_true",
+                        help="non-POSIX hosts: acknowledge an externally managed private ACL")
+    parser.add_argument("--busy-timeout-ms", help="lock wait before LedgerBusy (default 5000)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("init", help="create (or migrate) the ledger")
+    create = sub.add_parser("create", help="create a queued task")
+    create.add_argument("--id", dest="task_id")
+    create.add_argument("--parent")
+    create.add_argument("--timeout-seconds")
+    create.add_argument("--internal", action="store_true", help="no direct delivery obligation")
+    create.add_argument("--name", help="identifier label (framework task/actor/graph name)")
+    create.add_argument("--payload-hash", help="optional SHA-256 hex fingerprint")
+    for name, text in (("start", "queued -> running"), ("heartbeat", "refresh a running task")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("task_id")
+    for name, text in (("close", "close a task"), ("delivery", "close a task's delivery")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("task_id")
+        cmd.add_argument("state")
+        cmd.add_argument("--code")
+    reconcile = sub.add_parser("reconcile", help="time out stale tasks, settle overdue deliveries")
+    reconcile.add_argument("--active-grace-seconds")
+    reconcile.add_argument("--delivery-grace-seconds")
+    reconcile.add_argument("--dry-run", action="store_true")
+    sub.add_parser("doctor", help="counts-only health check (exit 1 when unhealthy)")
+    for name in ("get", "children"):
+        cmd = sub.add_parser(name, help=f"{name} by task id")
+        cmd.add_argument("task_id")
+    tasks = sub.add_parser("tasks", help="ids of tasks in a state")
+    tasks.add_argument("--status", required=True)
+    tasks.add_argument("--stale-seconds")
+    tasks.add_argument("--limit")
+    status = sub.add_parser("status", help="counts by state, delivery state and name")
+    status.add_argument("--format", choices=("json", "text"), default="json")
+    status.add_argument("--active-grace-seconds")
+    metrics = sub.add_parser("metrics", help="Prometheus text exposition of status")
+    metrics.add_argument("--active-grace-seconds")
+    prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
+    prune.add_argument("--older-than", required=True, help="seconds")
+    prune.add_argument("--dry-run", action="store_true")
+    return parser
+
+
+_READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "doctor"})
+
+
+def _open(args: argparse.Namespace) -> Ledger:
+    path = args.db if args.db is not None else os.environ.get("TSG_DB")
+    if not path:
+        raise InvalidInput("no database: pass --db or set TSG_DB")
+    busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+    read_only = args.command in _READ_ONLY or bool(getattr(args, "dry_run", False))
+    return Ledger(
+        path,
+        busy_timeout_ms=busy if busy is not None else 5000,
+        allow_external_acl=bool(args.allow_external_acl),
+        read_only=read_only,
+        _check_schema=args.command != "doctor",
+    )
+
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
+    command = args.command
+    ledger = _open(args)
+    try:
+        if command == "init":
+            return {"ok": True, "init": {"schema_version": ledger.schema_version}}, 0
+        if command == "create":
+            timeout = None if args.timeout_seconds is None else _seconds(
+                args.timeout_seconds, "", 0.0, "timeout_seconds")
+            task = ledger.create_task(
+                task_id=args.task_id, parent_id=args.parent, timeout_seconds=timeout,
+                delivery_required=not args.internal, name=args.name,
+                payload_hash=args.payload_hash,
+            )
+        elif command == "start":
+            task = ledger.start_task(args.task_id, owner=False)
+        elif command == "heartbeat":
+            task = ledger.heartbeat(args.task_id)
+        elif command == "close":
+            task = ledger.close_task(args.task_id, args.state, code=args.code)
+        elif command == "delivery":
+            task = ledger.set_delivery(args.task_id, args.state, code=args.code)
+        elif command == "get":
+            task = ledger.get_task(args.task_id)
+        elif command == "children":
+            children = [t.to_dict() for t in ledger.children_of(args.task_id)]
+            return {"ok": True, "children": children}, 0
+        elif command == "tasks":
+            stale = None if args.stale_seconds is None else _seconds(
+                args.stale_seconds, "", 0.0, "stale_seconds")
+            ids = ledger.find_task_ids(
+                args.status, stale_seconds=stale, limit=_positive_int(args.limit, "limit"))
+            return {"ok": True, "task_ids": ids}, 0
+        elif command == "reconcile":
+            policy = ReconcilePolicy(
+                active_grace_seconds=_seconds(args.active_grace_seconds,
+                                              "TSG_ACTIVE_GRACE_SECONDS",
+                                              DEFAULT_ACTIVE_GRACE, "active grace"),
+                delivery_grace_seconds=_seconds(args.delivery_grace_seconds,
+                                                "TSG_DELIVERY_GRACE_SECONDS",
+                                                DEFAULT_DELIVERY_GRACE, "delivery grace"),
+            )
+            report = reconcile_restart(ledger, policy, dry_run=bool(args.dry_run))
+            return {"ok": True, "reconcile": report}, 0
+        elif command == "doctor":
+            report = ledger.doctor()
+            return {"ok": report["healthy"], "doctor": report}, 0 if report["healthy"] else 1
+        elif command in ("status", "metrics"):
+            grace = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
+                             DEFAULT_ACTIVE_GRACE, "active grace")
+            report = ledger.status(active_grace_seconds=grace)
+            if command == "metrics":
+                return format_prometheus(report), 0
+            if args.format == "text":
+                return format_text(report) + "\n", 0
+            return {"ok": True, "status": report}, 0
+        elif command == "prune":
+            older = _seconds(args.older_than, "", 0.0, "older-than")
+            return {"ok": True, "prune": ledger.prune(older, dry_run=bool(args.dry_run))}, 0
+        else:  # pragma: no cover - argparse restricts commands
+            raise InvalidInput("unknown command")
+        return {"ok": True, "task": task.to_dict()}, 0
+    finally:
+        ledger.close()
+
+
+def _emit(payload: dict[str, Any] | str) -> None:
+    if isinstance(payload, str):
+        sys.stdout.write(payload)
+    else:
+        sys.stdout.write(json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError:
+        _emit({"error": "InvalidInput", "ok": False})
+        return 2
+    try:
+        payload, code = _run(args)
+    except LedgerError as exc:
+        _emit({"error": type(exc).__name__, "ok": False})
+        return 2
+    except Exception:
+        _emit({"error": "InternalError", "ok": False})
+        return 3
+    _emit(payload)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
