@@ -1,0 +1,89 @@
+"""``install`` / ``uninstall``: put the middleware outermost on a broker, idempotently."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
+
+if TYPE_CHECKING:
+    from dramatiq.broker import Broker
+
+__all__ = ["find", "install", "uninstall"]
+
+logger = logging.getLogger("task_state_guard_dramatiq")
+
+
+def find(broker: Broker) -> TaskStateGuardMiddleware | None:
+    """The TaskStateGuard middleware installed on ``broker``, if any."""
+    for mw in broker.middleware:
+        if isinstance(mw, TaskStateGuardMiddleware):
+            return mw
+    return None
+
+
+def install(
+    broker: Broker,
+    db: str | os.PathLike[str] | None = None,
+    *,
+    active_grace_seconds: float | None = None,
+    delivery_grace_seconds: float | None = None,
+    heartbeat_interval_seconds: float | None = None,
+    reconcile_on_boot: bool | None = None,
+    reconcile_interval_seconds: float | None = None,
+    strict: bool | None = None,
+) -> TaskStateGuardMiddleware:
+    """Add a :class:`TaskStateGuardMiddleware` as the **outermost** middleware of ``broker``.
+
+    Idempotent: if the broker already has one, that instance is returned unchanged (a
+    warning is logged when different settings were asked for). Settings come from the
+    arguments, then from ``TSG_*`` environment variables. Call it where the broker is
+    built, **before** any actor module is imported: ``@dramatiq.actor(tsg_delivery=True)``
+    is validated against the broker's actor options at declaration time.
+
+    No ledger connection is opened here (each worker process opens its own after fork).
+    """
+    middleware = TaskStateGuardMiddleware(
+        db,
+        active_grace_seconds=active_grace_seconds,
+        delivery_grace_seconds=delivery_grace_seconds,
+        heartbeat_interval_seconds=heartbeat_interval_seconds,
+        reconcile_on_boot=reconcile_on_boot,
+        reconcile_interval_seconds=reconcile_interval_seconds,
+        strict=strict,
+    )
+    existing = find(broker)
+    if existing is not None:
+        if existing.settings != middleware.settings:
+            logger.warning(
+                "TaskStateGuard is already installed on this broker with other settings; "
+                "keeping the installed middleware (uninstall first to change them)."
+            )
+        return existing
+    if broker.middleware:
+        broker.add_middleware(middleware, before=type(broker.middleware[0]))
+        if broker.middleware[0] is not middleware:  # pragma: no cover - defensive
+            broker.middleware.remove(middleware)
+            broker.middleware.insert(0, middleware)
+    else:
+        broker.add_middleware(middleware)
+    return middleware
+
+
+def uninstall(broker: Broker) -> bool:
+    """Remove the middleware that :func:`install` added; ``True`` if there was one.
+
+    Stops its heartbeat and periodic-reconcile threads in this process and withdraws the
+    ``tsg_delivery`` actor option unless another middleware still declares it. Actors
+    already declared keep their options (Dramatiq does not re-validate them).
+    """
+    middleware = find(broker)
+    if middleware is None:
+        return False
+    broker.middleware.remove(middleware)
+    middleware.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
+    if not any(ACTOR_OPTION in mw.actor_options for mw in broker.middleware):
+        broker.actor_options.discard(ACTOR_OPTION)
+    return True

@@ -1,0 +1,262 @@
+"""Issue rows against one real ``dramatiq`` CLI (2 processes x 2 threads) on Redis.
+
+One worker serves the whole module (its boot is the slow part); every test uses its own
+messages, and every test ends with a healthy ``doctor``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from _dramatiq_helpers import (
+    BackgroundReconciler,
+    BrokerEnv,
+    CliWorker,
+    Producer,
+    assert_healthy,
+    attempts_of,
+    db_bytes,
+    outcomes,
+    parent_of,
+    wait_closed,
+)
+from task_state_guard import Ledger, ReconcilePolicy
+
+from task_state_guard_dramatiq import TaskStateGuardMiddleware, logical_task_id
+
+WORKER_GRACE = 2.0  # the worker's own active grace (boot reconcile)
+BACKOFF_MS = 2000  # Retries backoff of flaky actors: 1.0-2.0 s, longer than SHORT_GRACE
+SHORT_GRACE = 0.5  # the grace of the operator's reconcile running "elsewhere"
+
+
+class Shared:
+    def __init__(self, env: BrokerEnv, worker: CliWorker) -> None:
+        self.env = env
+        self.worker = worker
+        self.producer = Producer(env)
+        self.ledger = Ledger(str(env.db))
+
+    def send(self, actor: str, *args: object, **options: object) -> str:
+        return self.producer.send(actor, *args, **options)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, redis_available: None) -> Iterator[Shared]:
+    env = BrokerEnv.new("redis", tmp_path_factory.mktemp("dramatiq_shared"))
+    worker = CliWorker(
+        env,
+        extra_env={
+            "TSG_ACTIVE_GRACE_SECONDS": str(WORKER_GRACE),
+            "TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2",
+            "TSG_TEST_BACKOFF_MS": str(BACKOFF_MS),
+        },
+    ).start()
+    state = Shared(env, worker)
+    try:
+        yield state
+    finally:
+        worker.stop()
+        state.producer.close()
+        log = worker.log()
+        state.ledger.close()
+        env.cleanup()
+        # No ledger error was logged by any hook during the whole module.
+        assert "TaskStateGuard ledger error" not in log, log
+        assert "Unexpected failure" not in log, log
+
+
+@pytest.fixture(autouse=True)
+def _healthy_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "shared" in request.fixturenames:
+        assert_healthy(request.getfixturevalue("shared").ledger)
+
+
+def test_boot_reconciles_in_every_worker_process(shared: Shared) -> None:
+    log = shared.worker.log()
+    assert log.count("TaskStateGuard reconcile (before_worker_boot)") == 2, log
+
+
+def test_success_and_delivery(shared: Shared) -> None:
+    ledger = shared.ledger
+    internal = shared.send("ok")
+    marked = shared.send("deliver")
+    unmarked = shared.send("deliver")
+    inside = shared.send("deliver_inside")
+    for mid in (internal, marked, unmarked, inside):
+        parent = wait_closed(ledger, mid)
+        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        assert parent.delivery_status == ("delivered" if mid == inside else "pending")
+        attempts = attempts_of(ledger, mid)
+        assert outcomes(attempts) == [("succeeded", "worker_completed")]
+        assert attempts[0].delivery_required is False
+        assert attempts[0].has_owner is True
+        assert parent.has_owner is False
+    assert parent_of(ledger, internal).delivery_required is False  # type: ignore[union-attr]
+    assert parent_of(ledger, marked).delivery_required is True  # type: ignore[union-attr]
+    assert parent_of(ledger, internal).name == "ok"  # type: ignore[union-attr]
+    assert parent_of(ledger, marked).name == "deliver"  # type: ignore[union-attr]
+
+    # A web handler (another process) marks the delivery once its transport acknowledged.
+    guard = TaskStateGuardMiddleware(db=shared.env.db)
+    task = guard.mark_delivered(marked)
+    assert task is not None
+    assert (task.delivery_status, task.delivery_code) == ("delivered", "transport_acknowledged")
+    assert guard.logical_task_id(marked) == logical_task_id(marked) == task.id
+
+    # Broker acks are not deliveries: the others stay pending until the delivery grace.
+    time.sleep(0.6)
+    ledger.reconcile(ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=0.5))
+    internal_parent = parent_of(ledger, internal)
+    unmarked_parent = parent_of(ledger, unmarked)
+    assert internal_parent is not None and unmarked_parent is not None
+    assert (internal_parent.delivery_status, internal_parent.delivery_code) == (
+        "not_applicable",
+        "internal_task",
+    )
+    assert (unmarked_parent.delivery_status, unmarked_parent.delivery_code) == (
+        "failed",
+        "delivery_grace_expired",
+    )
+    for attempt in attempts_of(ledger, marked):
+        assert attempt.delivery_status == "not_applicable"
+
+
+def test_retry_then_success_parent_never_timed_out(shared: Shared) -> None:
+    ledger = shared.ledger
+    seen_waiting = 0
+    with BackgroundReconciler(shared.env.db, active_grace=SHORT_GRACE) as reconciler:
+        mid = shared.send("flaky", 2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            parent = parent_of(ledger, mid)
+            if parent is not None and parent.status != "running":
+                break
+            attempts = attempts_of(ledger, mid)
+            if parent is not None and [a.status for a in attempts][-1:] == ["queued"]:
+                seen_waiting += 1
+            time.sleep(0.05)
+    parent = wait_closed(ledger, mid, timeout=1)
+    assert reconciler.runs >= 5
+    assert seen_waiting > 0, "never observed the parent waiting on a queued attempt"
+    # The backoff (>= 1 s) was longer than the reconcile grace (0.5 s), yet:
+    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert outcomes(attempts_of(ledger, mid)) == [
+        ("failed", "retry_scheduled"),
+        ("failed", "retry_scheduled"),
+        ("succeeded", "worker_completed"),
+    ]
+
+
+def test_retries_exhausted_dead_lettered(shared: Shared) -> None:
+    ledger = shared.ledger
+    mid = shared.send("always_fail")
+    parent = wait_closed(ledger, mid)
+    assert (parent.status, parent.code) == ("failed", "worker_failed")
+    assert outcomes(attempts_of(ledger, mid)) == [
+        ("failed", "retry_scheduled"),
+        ("failed", "retry_scheduled"),
+        ("failed", "worker_failed"),
+    ]
+    client = redis.Redis.from_url(shared.env.url)
+    dead = client.hvals(f"{shared.env.namespace}:{shared.env.queue}.XQ.msgs")
+    client.close()
+    assert any(mid.encode() in item for item in dead)  # Dramatiq dead-lettered it
+
+
+def test_throws_and_retry_when_fail_without_retry(shared: Shared) -> None:
+    ledger = shared.ledger
+    for actor in ("throws_match", "retry_when_no"):
+        mid = shared.send(actor)
+        parent = wait_closed(ledger, mid)
+        assert (parent.status, parent.code) == ("failed", "worker_failed"), actor
+        assert outcomes(attempts_of(ledger, mid)) == [("failed", "worker_failed")], actor
+
+
+def test_time_limit_exceeded(shared: Shared) -> None:
+    ledger = shared.ledger
+    always = shared.send("too_slow")
+    once = shared.send("slow_first")
+    parent = wait_closed(ledger, always)
+    assert (parent.status, parent.code) == ("failed", "worker_failed")
+    assert outcomes(attempts_of(ledger, always)) == [
+        ("timed_out", "time_limit_exceeded"),
+        ("timed_out", "time_limit_exceeded"),
+    ]
+    parent = wait_closed(ledger, once)
+    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert outcomes(attempts_of(ledger, once)) == [
+        ("timed_out", "time_limit_exceeded"),
+        ("succeeded", "worker_completed"),
+    ]
+
+
+def test_skip_message_and_age_limit(shared: Shared) -> None:
+    ledger = shared.ledger
+    skipped = shared.send("skip_me")
+    parent = wait_closed(ledger, skipped)
+    assert (parent.status, parent.code) == ("cancelled", "skipped")
+    assert outcomes(attempts_of(ledger, skipped)) == [("cancelled", "skipped")]
+
+    msg = shared.producer.message("aged", timestamp_ms=int(time.time() * 1000) - 60_000)
+    shared.producer.broker.enqueue(msg)
+    parent = wait_closed(ledger, msg.message_id)
+    assert parent.status == "failed"  # AgeLimit fails the message: dead-lettered
+    assert outcomes(attempts_of(ledger, msg.message_id)) == [("cancelled", "skipped")]
+
+
+def test_async_actors(shared: Shared) -> None:
+    ledger = shared.ledger
+    good = shared.send("async_ok")
+    tag = uuid.uuid4().hex
+    flaky = shared.send("async_flaky", tag, 1)
+    bad = shared.send("async_fail")
+    parent = wait_closed(ledger, good)
+    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert outcomes(attempts_of(ledger, good)) == [("succeeded", "worker_completed")]
+    parent = wait_closed(ledger, flaky)
+    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert outcomes(attempts_of(ledger, flaky)) == [
+        ("failed", "retry_scheduled"),
+        ("succeeded", "worker_completed"),
+    ]
+    parent = wait_closed(ledger, bad)
+    assert (parent.status, parent.code) == ("failed", "worker_failed")
+    assert outcomes(attempts_of(ledger, bad)) == [("failed", "worker_failed")]
+
+
+def test_long_actor_survives_periodic_reconcile(shared: Shared) -> None:
+    ledger = shared.ledger
+    with BackgroundReconciler(shared.env.db, active_grace=WORKER_GRACE) as reconciler:
+        mid = shared.send("sleeper", 3 * WORKER_GRACE)
+        parent = wait_closed(ledger, mid, timeout=30)
+    assert reconciler.runs >= 10
+    assert sum(r["tasks_timed_out"] for r in reconciler.reports) == 0
+    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    attempts = attempts_of(ledger, mid)
+    assert outcomes(attempts) == [("succeeded", "worker_completed")]
+    assert attempts[0].heartbeat_at is not None  # the worker's heartbeater kept it fresh
+
+
+def test_nothing_private_reaches_the_ledger(shared: Shared) -> None:
+    ledger = shared.ledger
+    secret = "tsg-secret-" + uuid.uuid4().hex
+    # Arguments and kwargs are message content; the actor fails with an exception text.
+    msg = shared.producer.message("flaky", 1)
+    msg = msg.copy(kwargs={}, args=(1,), options={"secret_option": secret})
+    shared.producer.broker.enqueue(msg)
+    with_arg = shared.send("crash_once", secret, 0.0)
+    wait_closed(ledger, msg.message_id)
+    wait_closed(ledger, with_arg)
+    raw = db_bytes(shared.env.db)
+    assert secret.encode() not in raw
+    assert b"planned failure" not in raw  # the exception text
+    import socket
+
+    assert socket.gethostname().encode() not in raw
+    for mid in (msg.message_id, with_arg):
+        assert mid.encode() not in raw  # only the derived uuid5 is stored

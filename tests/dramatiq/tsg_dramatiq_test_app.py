@@ -1,0 +1,193 @@
+"""Dramatiq app run by the tests with the real CLI: ``dramatiq tsg_dramatiq_test_app -p 2 -t 2``.
+
+Configured entirely from the environment so every test gets its own broker namespace,
+queue and ledger:
+
+TSG_TEST_BROKER     redis | rabbitmq
+TSG_TEST_URL        broker URL
+TSG_TEST_NAMESPACE  Redis key namespace
+TSG_TEST_QUEUE      queue of every actor
+TSG_TEST_DIR        scratch directory (pid / marker files)
+TSG_TEST_BACKOFF_MS min_backoff of the retrying actors
+TSG_TEST_REDIS_HEARTBEAT_MS  Redis broker heartbeat_timeout (redelivery after a crash)
+TSG_DB, TSG_ACTIVE_GRACE_SECONDS, TSG_HEARTBEAT_INTERVAL_SECONDS, TSG_STRICT ...  adapter
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import AsyncIO, CurrentMessage, Middleware, SkipMessage
+
+from task_state_guard_dramatiq import install
+
+QUEUE = os.environ["TSG_TEST_QUEUE"]
+SCRATCH = Path(os.environ["TSG_TEST_DIR"])
+BACKOFF_MS = int(os.environ.get("TSG_TEST_BACKOFF_MS", "100"))
+
+
+class SkipByName(Middleware):
+    """Raises SkipMessage (without failing the message) for actors named ``skip_*``."""
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        if message.actor_name.startswith("skip_"):
+            raise SkipMessage("skipped by test middleware")
+
+
+def _broker() -> dramatiq.Broker:
+    kind = os.environ["TSG_TEST_BROKER"]
+    url = os.environ["TSG_TEST_URL"]
+    broker: dramatiq.Broker
+    if kind == "redis":
+        broker = RedisBroker(
+            url=url,
+            namespace=os.environ["TSG_TEST_NAMESPACE"],
+            heartbeat_timeout=int(os.environ.get("TSG_TEST_REDIS_HEARTBEAT_MS", "60000")),
+            maintenance_chance=int(os.environ.get("TSG_TEST_REDIS_MAINTENANCE", "1000")),
+        )
+    elif kind == "rabbitmq":
+        broker = RabbitmqBroker(url=url)
+    else:  # pragma: no cover
+        raise RuntimeError(kind)
+    broker.add_middleware(AsyncIO())
+    broker.add_middleware(CurrentMessage())
+    broker.add_middleware(SkipByName())
+    return broker
+
+
+broker = _broker()
+guard = install(broker)  # settings from TSG_* environment
+dramatiq.set_broker(broker)
+
+
+def _retries() -> int:
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    return int(message.options.get("retries") or 0)
+
+
+def _touch(name: str, text: str = "") -> None:
+    (SCRATCH / name).write_text(text)
+
+
+def _sleep(seconds: float) -> None:
+    # Small steps so that async exceptions (TimeLimit, Shutdown) land promptly.
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def ok() -> None:
+    """Succeeds at once."""
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, tsg_delivery=True)
+def deliver() -> None:
+    """Succeeds; its logical task owes the user a delivery."""
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, tsg_delivery=True)
+def deliver_inside() -> None:
+    """Delivers from inside the actor (deferred until the logical task closes)."""
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    guard.mark_delivered(message.message_id)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=BACKOFF_MS, max_backoff=BACKOFF_MS)
+def flaky(failures: int) -> None:
+    """Fails its first ``failures`` attempts."""
+    if _retries() < failures:
+        raise ValueError("planned failure")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=2, min_backoff=100, max_backoff=100)
+def always_fail() -> None:
+    raise ValueError("always")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=100, throws=(KeyError,))
+def throws_match() -> None:
+    raise KeyError("expected")
+
+
+@dramatiq.actor(queue_name=QUEUE, min_backoff=100, retry_when=lambda retries, exc: False)
+def retry_when_no() -> None:
+    raise ValueError("not retried")
+
+
+@dramatiq.actor(queue_name=QUEUE, time_limit=400, max_retries=1, min_backoff=100, max_backoff=100)
+def too_slow() -> None:
+    _sleep(10)
+
+
+@dramatiq.actor(queue_name=QUEUE, time_limit=400, max_retries=1, min_backoff=100, max_backoff=100)
+def slow_first() -> None:
+    """Exceeds its time limit on the first attempt only."""
+    if _retries() == 0:
+        _sleep(10)
+
+
+@dramatiq.actor(
+    queue_name=QUEUE, notify_shutdown=True, max_retries=3, min_backoff=100, max_backoff=100
+)
+def notified(tag: str) -> None:
+    """Runs until a shutdown interrupts it (first attempt); later attempts finish at once."""
+    if _retries() == 0:
+        _touch(f"started-{tag}", str(os.getpid()))
+        _sleep(30)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_age=1000, max_retries=0)
+def aged() -> None:
+    """Never runs when its message is older than 1 s (AgeLimit)."""
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def skip_me() -> None:
+    """Skipped by SkipByName before it runs."""
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def crash_once(tag: str, seconds: float) -> None:
+    """Writes its pid, then works; the test SIGKILLs the first run."""
+    marker = SCRATCH / f"run-{tag}"
+    runs = int(marker.read_text()) if marker.exists() else 0
+    marker.write_text(str(runs + 1))
+    _touch(f"pid-{tag}-{runs + 1}", str(os.getpid()))
+    _sleep(seconds)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def sleeper(seconds: float) -> None:
+    _sleep(seconds)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+async def async_ok() -> None:
+    await asyncio.sleep(0.01)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=BACKOFF_MS, max_backoff=BACKOFF_MS)
+async def async_flaky(tag: str, failures: int) -> None:
+    # CurrentMessage's context does not reach the event loop thread: count in a file.
+    await asyncio.sleep(0.01)
+    marker = SCRATCH / f"async-{tag}"
+    runs = int(marker.read_text()) if marker.exists() else 0
+    marker.write_text(str(runs + 1))
+    if runs < failures:
+        raise ValueError("planned failure")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+async def async_fail() -> None:
+    await asyncio.sleep(0.01)
+    raise ValueError("async failure")
