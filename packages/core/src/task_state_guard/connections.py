@@ -108,6 +108,10 @@ def _capture(path: str, max_bytes: int) -> tuple[os.stat_result, str, bytearray 
     return after, digest.hexdigest(), buffer
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _wipe(buffer: bytearray) -> None:
     zeros = bytes(min(len(buffer), _CHUNK))
     for start in range(0, len(buffer), _CHUNK):
@@ -129,8 +133,7 @@ def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
     try:
         same = (
             first_hash == second_hash
-            and (first_stat.st_dev, first_stat.st_ino, first_stat.st_size, first_stat.st_mtime_ns)
-            == (second_stat.st_dev, second_stat.st_ino, second_stat.st_size, second_stat.st_mtime_ns)
+            and _identity(first_stat) == _identity(second_stat)
         )
         if not same:
             raise StorageError("the database changed between the two snapshot reads")
@@ -154,7 +157,9 @@ def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
         _wipe(data)
 
 
-def connect_read_only(path: str, busy_timeout_ms: int, snapshot_max_bytes: int) -> sqlite3.Connection:
+def connect_read_only(
+    path: str, busy_timeout_ms: int, snapshot_max_bytes: int
+) -> sqlite3.Connection:
     """Open an existing WAL ledger without creating, migrating or tightening anything."""
     header = _read_header(path)
     if len(header) < 100 or header[:16] != _HEADER:

@@ -6,6 +6,7 @@ Findings are counts; no id, code, hash or stored value ever appears in the repor
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import sqlite3
@@ -49,7 +50,7 @@ _TASKS = (
     "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
     "closed_at, delivery_closed_at, updated_at, owner, payload_hash FROM tsg_tasks ORDER BY seq"
 )
-_EVENTS = "SELECT task_seq, kind, state, code, at, seq FROM tsg_events ORDER BY task_seq, seq"
+_EVENTS = "SELECT task_seq, step, kind, state, code, at FROM tsg_events ORDER BY task_seq, step"
 
 
 def _is_time(value: Any) -> bool:
@@ -108,40 +109,40 @@ def _times_ok(row: tuple[Any, ...]) -> bool:
     if not _is_time(created) or not _is_time(updated) or updated < created:
         return False
     chain = [t for t in (created, started, closed, delivery_closed) if t is not None]
-    if any(a > b for a, b in zip(chain, chain[1:], strict=False)):
+    if any(a > b for a, b in itertools.pairwise(chain)) or max(chain) > updated:
         return False
-    if heartbeat is not None:
-        if started is None or heartbeat < started or (closed is not None and heartbeat > closed):
-            return False
-    if max(chain) > updated:
+    if heartbeat is not None and (
+        started is None or heartbeat < started or (closed is not None and heartbeat > closed)
+    ):
         return False
-    if deadline is not None:
-        if started is None or timeout is None or deadline != started + timeout:
-            return False
+    if deadline is not None and (
+        started is None or timeout is None or deadline != started + timeout
+    ):
+        return False
     return not (started is not None and timeout is not None and deadline is None)
 
 
 def _expected_chain(row: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     status, code, delivery, dcode = row[4], row[5], row[7], row[8]
-    chain: list[tuple[Any, ...]] = [("created", "queued", "created", row[11])]
+    chain: list[tuple[Any, ...]] = [(1, "created", "queued", "created", row[11])]
     if row[12] is not None:
-        chain.append(("started", "running", "started", row[12]))
+        chain.append((2, "started", "running", "started", row[12]))
     if status in TERMINAL_STATES:
-        chain.append(("closed", status, code, row[14]))
+        chain.append((3, "closed", status, code, row[14]))
     if delivery != "pending":
-        chain.append(("delivery", delivery, dcode, row[15]))
+        chain.append((4, "delivery", delivery, dcode, row[15]))
     return chain
 
 
 def _events_by_task(conn: sqlite3.Connection) -> Iterator[tuple[Any, list[tuple[Any, ...]]]]:
     current: Any = None
     group: list[tuple[Any, ...]] = []
-    for task_seq, kind, state, code, at, _seq in conn.execute(_EVENTS):
+    for task_seq, step, kind, state, code, at in conn.execute(_EVENTS):
         if task_seq != current and group:
             yield current, group
             group = []
         current = task_seq
-        group.append((kind, state, code, at))
+        group.append((step, kind, state, code, at))
     if group:
         yield current, group
 
@@ -175,7 +176,8 @@ def run_doctor(ledger: Ledger) -> dict[str, Any]:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
             findings["integrity_errors"] = 0 if integrity == ["ok"] else len(integrity)
-            findings["foreign_key_violations"] = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+            violations = conn.execute("PRAGMA foreign_key_check").fetchall()
+            findings["foreign_key_violations"] = len(violations)
             version = schema.detect_version(conn, "main")
             findings["schema_mismatch"] = 0 if version in (1, 2) else 1
         except sqlite3.DatabaseError as exc:

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from . import connections, owners, schema, storage
@@ -43,7 +43,37 @@ TASK_COLUMNS = (
     "delivery_closed_at, updated_at, owner, payload_hash"
 )
 _SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
-_INSERT_EVENT = "INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES (?, ?, ?, ?, ?)"
+_RETURNING = f" RETURNING {TASK_COLUMNS}"
+# Events are written by the schema's triggers in the same statement as each state change.
+_INSERT_TASK = (
+    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+    "payload_hash, timeout_seconds, created_at, updated_at) "
+    "VALUES (?, ?, ?, 'queued', ?, 'pending', ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING"
+)
+_START = (
+    "UPDATE tsg_tasks SET status = 'running', started_at = ?1, deadline_at = ?1 + timeout_seconds, "
+    "owner = ?2, updated_at = ?1 WHERE id = ?3 AND status = 'queued' AND ?1 >= updated_at"
+    + _RETURNING
+)
+_HEARTBEAT = (
+    "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
+    "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
+)
+_HEARTBEAT_MANY = (
+    "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
+    "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)"
+)
+_CLOSE = (
+    "UPDATE tsg_tasks SET status = ?1, code = ?2, closed_at = ?3, updated_at = ?3 "
+    "WHERE id = ?4 AND status IN ('queued','running') AND ?3 >= updated_at "
+    "AND ?3 >= coalesce(heartbeat_at, 0)" + _RETURNING
+)
+_DELIVER = (
+    "UPDATE tsg_tasks SET delivery_status = ?1, delivery_code = ?2, delivery_closed_at = ?3, "
+    "updated_at = ?3 WHERE id = ?4 AND delivery_status = 'pending' "
+    "AND status IN ('succeeded','failed','timed_out','cancelled') AND delivery_required = ?5 "
+    "AND ?3 >= updated_at" + _RETURNING
+)
 
 # Connections inherited across fork() are parked here and never touched or closed again.
 _INHERITED: list[sqlite3.Connection] = []
@@ -71,10 +101,6 @@ def row_to_task(row: tuple[Any, ...]) -> Task:
         has_owner=row[17] is not None,
         payload_hash=row[18],
     )
-
-
-def _latest_time(row: tuple[Any, ...]) -> float:
-    return max(t for t in (row[11], row[12], row[13], row[14], row[15], row[16]) if t is not None)
 
 
 class Ledger:
@@ -239,10 +265,8 @@ class Ledger:
             self._closed = True
             if os.getpid() == self._pid:
                 for conn in self._open_conns:
-                    try:
+                    with suppress(sqlite3.Error):
                         conn.close()
-                    except sqlite3.Error:
-                        pass
             self._open_conns = []
             self._shared = None
         self._local = threading.local()
@@ -282,10 +306,8 @@ class Ledger:
             yield conn
             conn.execute("COMMIT")
         except BaseException as exc:
-            try:
+            with suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             if isinstance(exc, sqlite3.Error):
                 raise connections.translate(exc) from None
             raise
@@ -310,12 +332,45 @@ class Ledger:
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         finally:
-            try:
+            with suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             if toggled:
                 conn.execute("PRAGMA query_only=0")
+
+    def _begin(self) -> sqlite3.Connection:
+        """Start an IMMEDIATE write transaction on this thread's connection."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        conn = self._conn()
+        self._check_identity()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        return conn
+
+    @staticmethod
+    def _commit(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+
+    @staticmethod
+    def _abort(conn: sqlite3.Connection, exc: BaseException) -> BaseException:
+        """Roll back and return the exception to raise (sqlite3 errors translated)."""
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            return connections.translate(exc)
+        return exc
+
+    @staticmethod
+    def _existing(conn: sqlite3.Connection, tid: str) -> tuple[Any, ...]:
+        row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+        if row is None:
+            raise TaskNotFound("task not found")
+        return tuple(row)
 
     # ----------------------------------------------------------------- transitions
     def create_task(
@@ -340,17 +395,9 @@ class Ledger:
             raise InvalidInput("delivery_required must be a boolean")
         label = check_name(name)
         fingerprint = check_payload_hash(payload_hash)
-        with self._write() as conn:
+        conn = self._begin()
+        try:
             now = self._now()
-            if task_id is not None:
-                row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-                if row is not None:
-                    same = (row[2], bool(row[6]), row[3], row[9], row[18]) == (
-                        parent, delivery_required, label, timeout, fingerprint
-                    )
-                    if not same:
-                        raise StateConflict("a task with this id exists with other attributes")
-                    return row_to_task(row)
             if parent is not None:
                 prow = conn.execute(
                     "SELECT created_at FROM tsg_tasks WHERE id = ?", (parent,)
@@ -360,13 +407,20 @@ class Ledger:
                 if now < prow[0]:
                     raise StateConflict("clock is earlier than the parent's creation")
             cur = conn.execute(
-                "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, "
-                "delivery_status, payload_hash, timeout_seconds, created_at, updated_at) "
-                "VALUES (?, ?, ?, 'queued', ?, 'pending', ?, ?, ?, ?)",
+                _INSERT_TASK,
                 (tid, parent, label, int(delivery_required), fingerprint, timeout, now, now),
             )
-            seq = cur.lastrowid
-            conn.execute(_INSERT_EVENT, (seq, "created", "queued", "created", now))
+            if cur.rowcount != 1:  # explicit id that already exists
+                row = self._existing(conn, tid)
+                if (row[2], bool(row[6]), row[3], row[9], row[18]) != (
+                    parent, delivery_required, label, timeout, fingerprint
+                ):
+                    raise StateConflict("a task with this id exists with other attributes")
+                self._commit(conn)
+                return row_to_task(row)
+            self._commit(conn)
+        except BaseException as exc:
+            raise self._abort(conn, exc) from None
         return Task(
             id=tid, parent_id=parent, name=label, status="queued", code=None,
             delivery_required=delivery_required, delivery_status="pending", delivery_code=None,
@@ -383,81 +437,76 @@ class Ledger:
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         token = owners.own_token(self._path) if owner else None
-        with self._write() as conn:
+        conn = self._begin()
+        try:
             now = self._now()
-            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-            if row is None:
-                raise TaskNotFound("task not found")
-            if row[4] != "queued":
-                raise StateConflict("only a queued task can start")
-            if now < _latest_time(row):
+            rows = conn.execute(_START, (now, token, tid)).fetchall()
+            if not rows:
+                row = self._existing(conn, tid)
+                if row[4] != "queued":
+                    raise StateConflict("only a queued task can start")
                 raise StateConflict("clock is earlier than the task's stored times")
-            deadline = None if row[9] is None else now + row[9]
-            conn.execute(
-                "UPDATE tsg_tasks SET status = 'running', started_at = ?, deadline_at = ?, "
-                "owner = ?, updated_at = ? WHERE seq = ?",
-                (now, deadline, token, now, row[0]),
-            )
-            conn.execute(_INSERT_EVENT, (row[0], "started", "running", "started", now))
-        return row_to_task(
-            (*row[:4], "running", *row[5:10], deadline, row[11], now, *row[13:16], now, token, row[18])
-        )
+            self._commit(conn)
+        except BaseException as exc:
+            raise self._abort(conn, exc) from None
+        return row_to_task(rows[0])
 
     def heartbeat(self, task_id: str | uuid.UUID) -> Task:
         """Record that a running task is alive (no event is written)."""
         tid = canonical_id(task_id)
-        with self._write() as conn:
+        conn = self._begin()
+        try:
             now = self._now()
-            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-            if row is None:
-                raise TaskNotFound("task not found")
-            if row[4] != "running":
-                raise StateConflict("only a running task can heartbeat")
-            if now < _latest_time(row):
+            rows = conn.execute(_HEARTBEAT, (now, tid)).fetchall()
+            if not rows:
+                row = self._existing(conn, tid)
+                if row[4] != "running":
+                    raise StateConflict("only a running task can heartbeat")
                 raise StateConflict("clock is earlier than the task's stored times")
-            conn.execute("UPDATE tsg_tasks SET heartbeat_at = ? WHERE seq = ?", (now, row[0]))
-        return row_to_task((*row[:13], now, *row[14:]))
+            self._commit(conn)
+        except BaseException as exc:
+            raise self._abort(conn, exc) from None
+        return row_to_task(rows[0])
 
     def heartbeat_many(self, task_ids: Iterable[str | uuid.UUID]) -> int:
         """Heartbeat every running task among ``task_ids`` in one transaction; return the count."""
         ids = [canonical_id(t) for t in task_ids]
         if not ids:
             return 0
-        with self._write() as conn:
+        conn = self._begin()
+        try:
             now = self._now()
             before = conn.total_changes
-            conn.executemany(
-                "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
-                "AND ?1 >= coalesce(heartbeat_at, started_at) AND ?1 >= updated_at",
-                [(now, tid) for tid in ids],
-            )
-            return conn.total_changes - before
+            conn.executemany(_HEARTBEAT_MANY, [(now, tid) for tid in ids])
+            count = conn.total_changes - before
+            self._commit(conn)
+        except BaseException as exc:
+            raise self._abort(conn, exc) from None
+        return count
 
     def close_task(self, task_id: str | uuid.UUID, status: str, *, code: str | None = None) -> Task:
         """Close a queued or running task; repeating the same terminal state is a no-op."""
         tid = canonical_id(task_id)
         state = check_state(status, TERMINAL_STATES, "terminal task status")
         reason = check_code_shape(code)
-        with self._write() as conn:
+        code_ok = reason is None or reason in TASK_CODES[state]
+        conn = self._begin()
+        try:
             now = self._now()
-            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-            if row is None:
-                raise TaskNotFound("task not found")
-            if row[4] in TERMINAL_STATES:
-                if row[4] != state:
+            rows = conn.execute(_CLOSE, (state, reason, now, tid)).fetchall() if code_ok else []
+            if not rows:  # explain why, in the contract's precedence order
+                row = self._existing(conn, tid)
+                if row[4] in TERMINAL_STATES and row[4] != state:
                     raise StateConflict("the task already closed with another state")
+                if row[4] not in TERMINAL_STATES and code_ok:
+                    raise StateConflict("clock is earlier than the task's stored times")
                 check_code(reason, state, TASK_CODES)
-                return row_to_task(row)
-            if now < _latest_time(row):
-                raise StateConflict("clock is earlier than the task's stored times")
-            check_code(reason, state, TASK_CODES)
-            conn.execute(
-                "UPDATE tsg_tasks SET status = ?, code = ?, closed_at = ?, updated_at = ? "
-                "WHERE seq = ?",
-                (state, reason, now, now, row[0]),
-            )
-            conn.execute(_INSERT_EVENT, (row[0], "closed", state, reason, now))
-        return row_to_task((*row[:4], state, reason, *row[6:14], now, row[15], now, *row[17:]))
+                self._commit(conn)
+                return row_to_task(row)  # identical repeat: the original is kept
+            self._commit(conn)
+        except BaseException as exc:
+            raise self._abort(conn, exc) from None
+        return row_to_task(rows[0])
 
     def set_delivery(
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
@@ -466,32 +515,36 @@ class Ledger:
         tid = canonical_id(task_id)
         state = check_state(status, DELIVERY_CLOSED, "delivery status")
         reason = check_code_shape(code)
-        with self._write() as conn:
+        code_ok = reason is None or reason in DELIVERY_CODES[state]
+        required = int(state != "not_applicable")
+        conn = self._begin()
+        try:
             now = self._now()
-            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-            if row is None:
-                raise TaskNotFound("task not found")
-            if row[4] not in TERMINAL_STATES:
-                raise StateConflict("delivery can close only after the task is terminal")
-            if row[7] != "pending":
-                if row[7] != state:
-                    raise StateConflict("the delivery already closed with another state")
-                check_code(reason, state, DELIVERY_CODES)
-                return row_to_task(row)
-            if bool(row[6]) == (state == "not_applicable"):
-                raise StateConflict(
-                    "delivering tasks cannot be not_applicable; internal tasks can only be"
-                )
-            if now < _latest_time(row):
-                raise StateConflict("clock is earlier than the task's stored times")
-            check_code(reason, state, DELIVERY_CODES)
-            conn.execute(
-                "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, "
-                "delivery_closed_at = ?, updated_at = ? WHERE seq = ?",
-                (state, reason, now, now, row[0]),
+            rows = (
+                conn.execute(_DELIVER, (state, reason, now, tid, required)).fetchall()
+                if code_ok
+                else []
             )
-            conn.execute(_INSERT_EVENT, (row[0], "delivery", state, reason, now))
-        return row_to_task((*row[:7], state, reason, *row[9:15], now, now, *row[17:]))
+            if not rows:  # explain why, in the contract's precedence order
+                row = self._existing(conn, tid)
+                if row[4] not in TERMINAL_STATES:
+                    raise StateConflict("delivery can close only after the task is terminal")
+                if row[7] != "pending" and row[7] != state:
+                    raise StateConflict("the delivery already closed with another state")
+                if row[7] == "pending":
+                    if row[6] != required:
+                        raise StateConflict(
+                            "delivering tasks cannot be not_applicable; internal tasks can only be"
+                        )
+                    if code_ok:
+                        raise StateConflict("clock is earlier than the task's stored times")
+                check_code(reason, state, DELIVERY_CODES)
+                self._commit(conn)
+                return row_to_task(row)  # identical repeat: the original is kept
+            self._commit(conn)
+        except BaseException as exc:
+            raise self._abort(conn, exc) from None
+        return row_to_task(rows[0])
 
     # ----------------------------------------------------------------- reads
     def get_task(self, task_id: str | uuid.UUID) -> Task:
@@ -526,13 +579,15 @@ class Ledger:
         stale = None if stale_seconds is None else check_seconds(
             stale_seconds, "stale_seconds", allow_zero=True
         )
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
             raise InvalidInput("limit must be a positive integer")
         activity = {
             "running": "coalesce(heartbeat_at, started_at)",
             "queued": "created_at",
         }.get(state, "updated_at")
-        where = "status IN ('queued','running') AND status = ?" if state in (
+        where = "delivery_closed_at IS NULL AND status = ?" if state in (
             "queued", "running") else "status = ?"
         with self._read() as conn:
             now = self._now()

@@ -14,6 +14,7 @@ so that a parent's lock never outlives the parent, and get their own token when 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fcntl
 import os
@@ -51,10 +52,8 @@ class _Registry:
 
     def reset_after_fork(self) -> None:
         for _token, fd in self.held.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.held = {}
         self.pid = os.getpid()
         self.lock = threading.Lock()

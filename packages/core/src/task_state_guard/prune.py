@@ -14,7 +14,7 @@ BATCH = 500
 
 _ROOTS = (
     "SELECT seq, id, updated_at FROM tsg_tasks "
-    "WHERE parent_id IS NULL AND delivery_status != 'pending' AND updated_at <= ? "
+    "WHERE parent_id IS NULL AND delivery_closed_at IS NOT NULL AND updated_at <= ? "
     "AND (updated_at > ? OR (updated_at = ? AND seq > ?)) ORDER BY updated_at, seq LIMIT ?"
 )
 _TREE = (

@@ -8,6 +8,7 @@ corrupt row never blocks the others.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 from dataclasses import dataclass
@@ -21,19 +22,17 @@ if TYPE_CHECKING:
 
 BATCH = 2000
 
-_ACTIVE_BATCH = (
+# Open work = every task whose delivery is not closed yet, newest first (children before
+# their parents, so a parent sees this pass's decisions about its children).
+_OPEN_BATCH = (
     "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
-    "delivery_required "
-    "FROM tsg_tasks WHERE status IN ('queued','running') AND seq < ? ORDER BY seq DESC LIMIT ?"
+    "delivery_required, delivery_status, closed_at FROM tsg_tasks "
+    "WHERE delivery_closed_at IS NULL AND seq < ? ORDER BY seq DESC LIMIT ?"
 )
 _ACTIVE_CHILDREN = (
     "SELECT seq, status FROM tsg_tasks WHERE parent_id = ? AND status IN ('queued','running')"
 )
-_PENDING_BATCH = (
-    "SELECT seq, closed_at, delivery_required, status FROM tsg_tasks "
-    "WHERE delivery_status = 'pending' AND closed_at IS NOT NULL "
-    "AND (closed_at > ? OR (closed_at = ? AND seq > ?)) ORDER BY closed_at, seq LIMIT ?"
-)
+# The schema's triggers write the matching events.
 _TIME_OUT = (
     "UPDATE tsg_tasks SET status = 'timed_out', code = ?, closed_at = ?, updated_at = ? "
     "WHERE seq = ?"
@@ -42,8 +41,7 @@ _CLOSE_DELIVERY = (
     "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_closed_at = ?, "
     "updated_at = ? WHERE seq = ?"
 )
-_EVENT = "INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES (?, ?, ?, ?, ?)"
-_TERMINAL = ("succeeded", "failed", "timed_out", "cancelled")
+_TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +75,6 @@ class _Pass:
         self.active_cutoff = now - float(policy.active_grace_seconds)
         self.delivery_cutoff = now - float(policy.delivery_grace_seconds)
         self.timed_out: set[int] = set()
-        self.timed_out_required = 0
         self.liveness: dict[str, owners.Liveness] = {}
         self.counts = dict.fromkeys(
             (
@@ -119,73 +116,52 @@ class _Pass:
             return None
         return "owner_lost" if dead else "restart_stale"
 
-    def active(self) -> None:
+    def scan(self) -> None:
+        """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
         conn, counts, now = self.conn, self.counts, self.now
         while True:
-            rows = conn.execute(_ACTIVE_BATCH, (cursor, BATCH)).fetchall()
+            rows = conn.execute(_OPEN_BATCH, (cursor, BATCH)).fetchall()
             if not rows:
                 return
             cursor = rows[-1][0]
-            updates: list[tuple[str, float, float, int]] = []
+            timeouts: list[tuple[str, float, float, int]] = []
+            deliveries: list[tuple[str, str, float, float, int]] = []
             for row in rows:
                 seq, status, created, started, heartbeat, deadline = row[:6]
-                if not isinstance(seq, int) or not _finite(created, started, heartbeat, deadline):
+                required, delivery, closed = row[8], row[9], row[10]
+                if not isinstance(seq, int) or required not in (0, 1) or delivery != "pending":
                     continue
-                if created is None or (status == "running" and started is None):
+                if not _finite(created, started, heartbeat, deadline, closed) or created is None:
                     continue
-                counts["active_examined"] += 1
-                code = self.decide(row) if status == "running" else None
-                if code is None:
-                    counts["fresh_active_retained"] += 1
-                    continue
-                counts["tasks_timed_out"] += 1
-                self.timed_out.add(seq)
-                self.timed_out_required += row[8] == 1
-                updates.append((code, now, now, seq))
-            if updates and not self.dry_run:
-                conn.executemany(_TIME_OUT, updates)
-                conn.executemany(
-                    _EVENT, [(seq, "closed", "timed_out", code, now) for code, _, _, seq in updates]
-                )
-
-    def deliveries(self) -> None:
-        conn, counts, now = self.conn, self.counts, self.now
-        if self.dry_run:
-            # Tasks this preview would time out become pending deliveries closed "now".
-            simulated = len(self.timed_out)
-            counts["pending_delivery_examined"] += simulated
-            if simulated and now <= self.delivery_cutoff:
-                counts["deliveries_failed"] += self.timed_out_required
-                counts["deliveries_not_applicable"] += simulated - self.timed_out_required
-            else:
-                counts["pending_delivery_retained"] += simulated
-        last_closed, last_seq = -math.inf, -1
-        while True:
-            rows = conn.execute(
-                _PENDING_BATCH, (last_closed, last_closed, last_seq, BATCH)
-            ).fetchall()
-            if not rows:
-                return
-            last_closed, last_seq = rows[-1][1], rows[-1][0]
-            updates: list[tuple[str, str, float, float, int]] = []
-            for seq, closed_at, required, status in rows:
-                if status not in _TERMINAL or not _finite(closed_at) or required not in (0, 1):
+                if status in ("queued", "running"):
+                    if closed is not None or (status == "running" and started is None):
+                        continue
+                    counts["active_examined"] += 1
+                    code = self.decide(row) if status == "running" else None
+                    if code is None:
+                        counts["fresh_active_retained"] += 1
+                        continue
+                    counts["tasks_timed_out"] += 1
+                    self.timed_out.add(seq)
+                    timeouts.append((code, now, now, seq))
+                    closed = now  # its delivery is judged in this same pass
+                elif status not in _TERMINAL or closed is None:
                     continue
                 counts["pending_delivery_examined"] += 1
-                if closed_at > self.delivery_cutoff:
+                if closed > self.delivery_cutoff:
                     counts["pending_delivery_retained"] += 1
                 elif required:
                     counts["deliveries_failed"] += 1
-                    updates.append(("failed", "delivery_grace_expired", now, now, seq))
+                    deliveries.append(("failed", "delivery_grace_expired", now, now, seq))
                 else:
                     counts["deliveries_not_applicable"] += 1
-                    updates.append(("not_applicable", "internal_task", now, now, seq))
-            if updates and not self.dry_run:
-                conn.executemany(_CLOSE_DELIVERY, updates)
-                conn.executemany(
-                    _EVENT, [(u[4], "delivery", u[0], u[1], now) for u in updates]
-                )
+                    deliveries.append(("not_applicable", "internal_task", now, now, seq))
+            if not self.dry_run:
+                if timeouts:
+                    conn.executemany(_TIME_OUT, timeouts)
+                if deliveries:
+                    conn.executemany(_CLOSE_DELIVERY, deliveries)
 
 
 def reconcile_restart(
@@ -205,8 +181,7 @@ def reconcile_restart(
     with context as conn:
         now = ledger._now()
         run = _Pass(ledger, conn, policy, now, dry_run)
-        run.active()
-        run.deliveries()
+        run.scan()
     if not dry_run:
         _remove_dead_owner_files(ledger)
     report: dict[str, Any] = dict(run.counts)
@@ -221,11 +196,11 @@ def _remove_dead_owner_files(ledger: Ledger) -> None:
 
     def referenced(token: str) -> bool:
         row = conn.execute(
-            "SELECT 1 FROM tsg_tasks WHERE owner = ? AND status = 'running' LIMIT 1", (token,)
+            "SELECT 1 FROM tsg_tasks WHERE delivery_closed_at IS NULL AND status = 'running' "
+            "AND owner = ? LIMIT 1",
+            (token,),
         ).fetchone()
         return row is not None
 
-    try:
+    with contextlib.suppress(OSError, sqlite3.Error):  # housekeeping: the next pass retries
         owners.remove_dead(ledger.path, referenced)
-    except (OSError, sqlite3.Error):
-        pass  # housekeeping only: the next reconcile tries again

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from functools import cache
 
-from .model import TASK_CODES, DELIVERY_CODES, StorageError
+from .model import DELIVERY_CODES, TASK_CODES, StorageError
 
 SCHEMA_VERSION = 2
 APPLICATION = "task-state-guard"
@@ -33,30 +33,57 @@ _TASK_COLUMNS_V1 = """
 
 _COMMON = [
     "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    # Events are clustered by task: one B-tree page per transition, read in chain order.
     """CREATE TABLE tsg_events (
-    seq INTEGER PRIMARY KEY,
     task_seq INTEGER NOT NULL REFERENCES tsg_tasks(seq),
+    step INTEGER NOT NULL CHECK (step IN (1, 2, 3, 4)),
     kind TEXT NOT NULL CHECK (kind IN ('created','started','closed','delivery')),
     state TEXT NOT NULL,
     code TEXT,
-    at REAL NOT NULL
-)""",
-    "CREATE INDEX tsg_events_task ON tsg_events(task_seq, seq)",
-    "CREATE INDEX tsg_tasks_active ON tsg_tasks(seq) WHERE status IN ('queued','running')",
-    """CREATE INDEX tsg_tasks_pending_delivery ON tsg_tasks(closed_at)
-    WHERE delivery_status = 'pending' AND closed_at IS NOT NULL""",
-    "CREATE INDEX tsg_tasks_parent ON tsg_tasks(parent_id, status) WHERE parent_id IS NOT NULL",
+    at REAL NOT NULL,
+    PRIMARY KEY (task_seq, step)
+) WITHOUT ROWID""",
+    # Open work: every task whose delivery is still pending (active or awaiting delivery).
+    # start/close never touch this index; only creation and the delivery close do.
+    "CREATE INDEX tsg_tasks_open ON tsg_tasks(seq) WHERE delivery_closed_at IS NULL",
+    "CREATE INDEX tsg_tasks_parent ON tsg_tasks(parent_id) WHERE parent_id IS NOT NULL",
 ]
 
 DDL_V1 = [f"CREATE TABLE tsg_tasks ({_TASK_COLUMNS_V1}\n)", *_COMMON]
 
+
+def _event_trigger(name: str, when: str, step: int, kind: str, state: str, code: str,
+                   at: str, event: str = "UPDATE OF status") -> str:
+    return (
+        f"CREATE TRIGGER {name} AFTER {event} ON tsg_tasks{when} BEGIN "
+        "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
+        f"VALUES (NEW.seq, {step}, '{kind}', {state}, {code}, {at}); END"
+    )
+
+
+# Every state change writes its event in the same statement, enforced by the database.
+_TRIGGERS = [
+    _event_trigger("tsg_event_created", "", 1, "created", "'queued'", "'created'",
+                   "NEW.created_at", event="INSERT"),
+    _event_trigger("tsg_event_started",
+                   " WHEN OLD.status = 'queued' AND NEW.status = 'running'",
+                   2, "started", "'running'", "'started'", "NEW.started_at"),
+    _event_trigger("tsg_event_closed",
+                   " WHEN OLD.status IN ('queued','running') AND NEW.status IN "
+                   "('succeeded','failed','timed_out','cancelled')",
+                   3, "closed", "NEW.status", "NEW.code", "NEW.closed_at"),
+    _event_trigger("tsg_event_delivery",
+                   " WHEN OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
+                   4, "delivery", "NEW.delivery_status", "NEW.delivery_code",
+                   "NEW.delivery_closed_at", event="UPDATE OF delivery_status"),
+]
+
 _V2_ADDITIONS = [
     "ALTER TABLE tsg_tasks ADD COLUMN name TEXT",
     "ALTER TABLE tsg_tasks ADD COLUMN owner TEXT",
-    "CREATE INDEX tsg_tasks_owner ON tsg_tasks(owner) WHERE status = 'running'",
     """CREATE INDEX tsg_tasks_prunable ON tsg_tasks(updated_at)
-    WHERE parent_id IS NULL AND delivery_status != 'pending'""",
-    "CREATE INDEX tsg_tasks_summary ON tsg_tasks(status, delivery_status, name)",
+    WHERE parent_id IS NULL AND delivery_closed_at IS NOT NULL""",
+    *_TRIGGERS,
 ]
 
 # v2 is v1 plus the additions, so a fresh v2 ledger and a migrated v1 ledger are identical.
@@ -126,8 +153,12 @@ def _legacy_codes_valid(conn: sqlite3.Connection) -> bool:
     for kind, state, code in conn.execute(
         "SELECT DISTINCT kind, state, code FROM tsg_events WHERE code IS NOT NULL"
     ):
+        if kind in ("created", "started"):
+            if code != kind:
+                return False
+            continue
         registry = DELIVERY_CODES if kind == "delivery" else TASK_CODES
-        if kind in ("created", "started") or code not in registry.get(state, frozenset()):
+        if code not in registry.get(state, frozenset()):
             return False
     return True
 
@@ -138,7 +169,9 @@ def migrate_v1(conn: sqlite3.Connection) -> None:
         raise StorageError("schema v1 holds reason text outside the registry; migrate explicitly")
     for statement in _V2_ADDITIONS:
         conn.execute(statement)
-    conn.execute("UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    conn.execute(
+        "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+    )
 
 
 V1_COMPAT_VIEW = """CREATE TEMP VIEW tsg_tasks AS SELECT seq, id, parent_id, status, code,

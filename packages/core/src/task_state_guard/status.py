@@ -38,21 +38,21 @@ def collect_status(ledger: Ledger, *, active_grace_seconds: float | None = None)
         for state, column in (("queued", "created_at"), ("running", "started_at")):
             value = conn.execute(
                 f"SELECT min({column}) FROM tsg_tasks "
-                f"WHERE status IN ('queued','running') AND status = '{state}'"
+                f"WHERE delivery_closed_at IS NULL AND status = '{state}'"
             ).fetchone()[0]
             oldest[state] = None if value is None else round(max(0.0, now - value), 3)
         past_deadline = conn.execute(
-            "SELECT count(*) FROM tsg_tasks WHERE status IN ('queued','running') "
+            "SELECT count(*) FROM tsg_tasks WHERE delivery_closed_at IS NULL "
             "AND status = 'running' AND deadline_at <= ?", (now,)
         ).fetchone()[0]
         stale = conn.execute(
-            "SELECT count(*) FROM tsg_tasks WHERE status IN ('queued','running') "
+            "SELECT count(*) FROM tsg_tasks WHERE delivery_closed_at IS NULL "
             "AND status = 'running' AND coalesce(heartbeat_at, started_at) <= ?", (now - grace,)
         ).fetchone()[0]
         owner_dead = 0
         for token, count in conn.execute(
-            "SELECT owner, count(*) FROM tsg_tasks WHERE status = 'running' "
-            "AND owner IS NOT NULL GROUP BY owner"
+            "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_closed_at IS NULL "
+            "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
             if owners.probe(ledger.path, token) is owners.Liveness.DEAD:
                 owner_dead += count
@@ -89,7 +89,10 @@ def format_text(report: dict[str, Any]) -> str:
     )
     lines.append(f"  {'owner process dead':<28}{report['running_owner_dead']:>10}")
     lines.append("OLDEST ACTIVE")
-    for key, label in (("oldest_queued_age_seconds", "queued"), ("oldest_running_age_seconds", "running")):
+    for key, label in (
+        ("oldest_queued_age_seconds", "queued"),
+        ("oldest_running_age_seconds", "running"),
+    ):
         value = report[key]
         lines.append(f"  {label:<28}{'-' if value is None else f'{value:.1f} s':>10}")
     return "\n".join(lines)
