@@ -87,10 +87,10 @@ def _state_ok(row: tuple[Any, ...]) -> bool:
     if status in TERMINAL_STATES and closed is None:
         return False
     if delivery == "pending":
-        return delivery_closed is None
+        return bool(delivery_closed is None)
     if delivery_closed is None:
         return False
-    return (delivery == "not_applicable") != bool(required)
+    return bool((delivery == "not_applicable") != bool(required))
 
 
 def _codes_ok(row: tuple[Any, ...]) -> bool:
