@@ -1,0 +1,171 @@
+"""Helpers for the black-box core tests (public API and the real CLI only)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from task_state_guard import Ledger
+
+T0 = 1_000_000.0  # a synthetic, exactly representable start time
+
+REPORT_KEYS = frozenset(
+    {
+        "active_examined",
+        "applied",
+        "deliveries_failed",
+        "deliveries_not_applicable",
+        "dry_run",
+        "fresh_active_retained",
+        "pending_delivery_examined",
+        "pending_delivery_retained",
+        "tasks_timed_out",
+    }
+)
+
+
+class Clock:
+    """An injected, manually advanced clock."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def set(self, t: float) -> None:
+        self.t = t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def without_counts_flags(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k not in ("dry_run", "applied")}
+
+
+def check_report(report: dict[str, Any], *, dry_run: bool) -> None:
+    """The nine keys, the two invariants and the flags."""
+    assert set(report) == REPORT_KEYS
+    assert report["dry_run"] is dry_run
+    assert report["applied"] is (not dry_run)
+    for key in REPORT_KEYS - {"dry_run", "applied"}:
+        assert isinstance(report[key], int) and not isinstance(report[key], bool)
+        assert report[key] >= 0
+    assert report["active_examined"] == report["tasks_timed_out"] + report["fresh_active_retained"]
+    assert report["pending_delivery_examined"] == (
+        report["deliveries_failed"]
+        + report["deliveries_not_applicable"]
+        + report["pending_delivery_retained"]
+    )
+
+
+def event_count(led: Ledger) -> int:
+    return int(led.doctor()["event_count"])
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def cli_env(extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TSG_") and k not in drop
+    }
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    proc = subprocess.run(
+        [sys.executable, "-m", "task_state_guard", *args],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else cli_env(),
+        timeout=timeout,
+        check=False,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_json_line(result: CliResult) -> Any:
+    """Exactly one compact, key-sorted JSON line on stdout and nothing on stderr."""
+    assert result.stderr == ""
+    assert result.stdout.endswith("\n")
+    assert result.stdout.count("\n") == 1
+    payload = json.loads(result.stdout)
+    assert result.stdout == json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n"
+    return payload
+
+
+def assert_cli_error(result: CliResult, error: str, code: int = 2) -> None:
+    payload = assert_json_line(result)
+    assert result.code == code
+    assert payload == {"error": error, "ok": False}
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def snapshot_tree(directory: str) -> dict[str, tuple[Any, ...]]:
+    """Every entry under ``directory`` with type, mode, mtime, size and content hash."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            digest = None
+            if stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+            out[os.path.relpath(path, directory)] = (
+                stat.S_IFMT(st.st_mode),
+                stat.S_IMODE(st.st_mode),
+                st.st_mtime_ns,
+                st.st_size,
+                st.st_ino,
+                digest,
+            )
+    st = os.lstat(directory)
+    out["."] = (stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+    return out
+
+
+def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> None:
+    """Edit the SQLite file directly (tamper fixtures), committing and closing."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        for statement in statements:
+            if isinstance(statement, tuple):
+                conn.execute(statement[0], statement[1])
+            else:
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def sidecars(path: str) -> list[str]:
+    return [path + s for s in ("-wal", "-shm", "-journal") if os.path.lexists(path + s)]
