@@ -1,0 +1,140 @@
+"""A long node (3x the active grace) with periodic reconcile elsewhere stays running."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from langgraph.graph import START, StateGraph
+from lg_helpers import State, assert_healthy, shape, tree
+
+from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard_langgraph import guard, heartbeat
+
+GRACE = 0.6
+LONG = 3 * GRACE
+
+
+@contextmanager
+def reconciling_elsewhere(db: str) -> Iterator[list[dict[str, Any]]]:
+    """Another component reconciles the same ledger every 0.1 s with a short active grace."""
+    reports: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with Ledger(db) as ledger:
+            policy = ReconcilePolicy(active_grace_seconds=GRACE, delivery_grace_seconds=3600)
+            while not stop.is_set():
+                reports.append(ledger.reconcile(policy))
+                stop.wait(0.1)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield reports
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def _graph(body: Any) -> Any:
+    builder = StateGraph(State)
+    builder.add_node("long", body)
+    builder.add_edge(START, "long")
+    return builder
+
+
+def test_long_node_stays_running_with_background_heartbeats(
+    db: str, saver: Any, apps: list[Any]
+) -> None:
+    seen: list[str] = []
+
+    def long(state: State) -> dict[str, Any]:
+        end = time.monotonic() + LONG
+        with Ledger(db) as reader:
+            while time.monotonic() < end:
+                time.sleep(0.15)
+                inv = reader.get_task(app.logical_task_id("long-1"))
+                seen.append(str(inv.status))
+        return {"log": ["long"]}
+
+    app = guard(
+        _graph(long).compile(checkpointer=saver),
+        db=db,
+        strict=True,
+        heartbeat_interval=0.1,
+        active_grace_seconds=GRACE,
+    )
+    apps.append(app)
+    with reconciling_elsewhere(db) as reports:
+        app.invoke({"log": []}, {"configurable": {"thread_id": "hb"}}, invocation_id="long-1")
+    assert len(reports) >= 10
+    assert sum(r["tasks_timed_out"] for r in reports) == 0
+    assert set(seen) == {"running"}
+    assert shape(tree(app.ledger, app.logical_task_id("long-1"))) == (
+        "LangGraph",
+        "succeeded",
+        "completed",
+        (("long", "succeeded", "worker_completed", ()),),
+    )
+    assert_healthy(app.ledger)
+
+
+def test_heartbeat_helper_keeps_a_long_node_fresh(db: str, saver: Any, apps: list[Any]) -> None:
+    beats: list[bool] = []
+
+    def long(state: State) -> dict[str, Any]:
+        end = time.monotonic() + LONG
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            beats.append(heartbeat())
+        return {"log": ["long"]}
+
+    # No background heartbeater: only the node's own heartbeat() calls keep it fresh.
+    app = guard(
+        _graph(long).compile(checkpointer=saver),
+        db=db,
+        strict=True,
+        heartbeat_interval=0,
+        active_grace_seconds=GRACE,
+    )
+    apps.append(app)
+    with reconciling_elsewhere(db) as reports:
+        app.invoke({"log": []}, {"configurable": {"thread_id": "hh"}}, invocation_id="long-2")
+    assert beats and all(beats)
+    assert sum(r["tasks_timed_out"] for r in reports) == 0
+    root = tree(app.ledger, app.logical_task_id("long-2"))
+    assert (root["status"], root["children"][0]["status"]) == ("succeeded", "succeeded")
+    assert heartbeat() is False  # outside a graph: no-op
+    assert_healthy(app.ledger)
+
+
+def test_without_heartbeats_a_late_completion_is_a_rejected_conflict(
+    db: str, saver: Any, apps: list[Any]
+) -> None:
+    def long(state: State) -> dict[str, Any]:
+        time.sleep(LONG)
+        return {"log": ["long"]}
+
+    app = guard(
+        _graph(long).compile(checkpointer=saver),
+        db=db,
+        heartbeat_interval=0,
+        active_grace_seconds=GRACE,
+    )
+    apps.append(app)
+    with reconciling_elsewhere(db):
+        out = app.invoke({"log": []}, {"configurable": {"thread_id": "nh"}}, invocation_id="nh")
+    assert out["log"] == ["long"]  # the graph itself is unaffected
+    # The stale records were timed out elsewhere; the late completion does not rewrite them.
+    assert shape(tree(app.ledger, app.logical_task_id("nh"))) == (
+        "LangGraph",
+        "timed_out",
+        "restart_stale",
+        (("long", "timed_out", "restart_stale", ()),),
+    )
+    assert app.ledger_errors == {"close:StateConflict": 2}
+    assert_healthy(app.ledger)
