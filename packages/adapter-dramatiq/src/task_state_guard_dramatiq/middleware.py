@@ -169,7 +169,7 @@ class TaskStateGuardMiddleware(Middleware):
                 "Further errors of this kind are counted, not logged.",
                 kind,
                 type(exc).__name__,
-                exc_info=exc if self.settings.strict else None,
+                exc_info=exc,
             )
         if self.settings.strict:
             raise exc
