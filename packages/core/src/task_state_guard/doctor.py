@@ -1,158 +1,169 @@
 """Counts-only health check: integrity, exact schema, state semantics, timestamps, event chains.
 
-Tasks and events are streamed side by side in (task, event) order, so memory stays bounded.
-Findings are counts; no id, code, hash or stored value ever appears in the report.
+Memory stays bounded whatever the ledger size: state and code rules are judged once per distinct
+row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
+evaluated inside SQLite, and identifiers are checked in one streaming pass. Findings are counts;
+no id, code, hash or stored value ever appears in the report.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import re
 import sqlite3
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import schema
 from .connections import translate
-from .model import (
-    ACTIVE_STATES,
-    DELIVERY_CODES,
-    DELIVERY_STATES,
-    TASK_CODES,
-    TASK_STATES,
-    TERMINAL_STATES,
-    LedgerError,
-    canonical_id,
-    is_valid_name,
-)
+from .model import DELIVERY_CODES, DELIVERY_STATES, TASK_CODES, TASK_STATES, TERMINAL_STATES
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX32 = re.compile(r"[0-9a-f]{32}")
 _FINDINGS = (
     "integrity_errors",
-    "foreign_key_violations",
     "schema_mismatch",
+    "foreign_key_violations",
+    "orphan_events",
     "invalid_ids",
+    "invalid_values",
     "invalid_states",
     "invalid_codes",
     "invalid_timestamps",
     "parent_order_violations",
     "parent_cycles",
     "event_chain_mismatches",
-    "orphan_events",
 )
-_TASKS = (
-    "SELECT seq, id, parent_id, name, status, code, delivery_required, delivery_status, "
-    "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
-    "closed_at, delivery_closed_at, updated_at, owner, payload_hash FROM tsg_tasks ORDER BY seq"
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_NAME = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_TERMINAL = ",".join(f"'{s}'" for s in sorted(TERMINAL_STATES))
+
+
+def _fin(column: str) -> str:
+    return f"(typeof({column}) IN ('real','integer') AND {column} BETWEEN 0 AND 1e300)"
+
+
+_TIMES_OK = f"""coalesce((
+    {_fin("created_at")} AND {_fin("updated_at")} AND updated_at >= created_at
+    AND (timeout_seconds IS NULL OR ({_fin("timeout_seconds")} AND timeout_seconds > 0
+         AND timeout_seconds <= 1e10))
+    AND (started_at IS NULL OR ({_fin("started_at")} AND started_at >= created_at
+         AND updated_at >= started_at))
+    AND (closed_at IS NULL OR ({_fin("closed_at")}
+         AND closed_at >= coalesce(started_at, created_at) AND updated_at >= closed_at))
+    AND (delivery_closed_at IS NULL OR ({_fin("delivery_closed_at")}
+         AND delivery_closed_at >= coalesce(closed_at, started_at, created_at)
+         AND updated_at >= delivery_closed_at))
+    AND (heartbeat_at IS NULL OR ({_fin("heartbeat_at")} AND started_at IS NOT NULL
+         AND heartbeat_at >= started_at AND (closed_at IS NULL OR heartbeat_at <= closed_at)))
+    AND (deadline_at IS NULL OR ({_fin("deadline_at")} AND started_at IS NOT NULL
+         AND timeout_seconds IS NOT NULL AND deadline_at = started_at + timeout_seconds))
+    AND NOT (started_at IS NOT NULL AND timeout_seconds IS NOT NULL AND deadline_at IS NULL)
+    ), 0)"""
+
+# One row per distinct shape: states, codes, which optional fields are set, timestamps valid.
+_SHAPES = f"""SELECT status, code, delivery_status, delivery_code, delivery_required,
+    started_at IS NULL, heartbeat_at IS NULL, closed_at IS NULL, delivery_closed_at IS NULL,
+    deadline_at IS NULL, owner IS NULL, {_TIMES_OK}, count(*)
+    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"""
+
+_VALUES = "SELECT id, parent_id, name, owner, payload_hash FROM tsg_tasks"
+
+# A task's events must be exactly: created, started (if it started), closed (if terminal),
+# delivery (if its delivery closed), each with the task's own state, code and time.
+_EVENT_CHAINS = f"""SELECT count(*) FROM (
+    SELECT 1 + (t.started_at IS NOT NULL) + (t.status IN ({_TERMINAL}))
+          + (t.delivery_status != 'pending') AS expected,
+        count(e.task_seq) AS actual,
+        coalesce(sum(CASE e.step
+            WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
+                 AND e.at = t.created_at
+            WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
+                 AND e.at = t.started_at
+            WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
+                 AND t.status IN ({_TERMINAL}) AND e.code IS t.code AND e.at = t.closed_at
+            WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
+                 AND t.delivery_status != 'pending' AND e.code IS t.delivery_code
+                 AND e.at = t.delivery_closed_at
+            ELSE 0 END), 0) AS matching
+    FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
+    GROUP BY t.seq)
+    WHERE actual != expected OR matching != expected"""
+
+_PARENT_ORDER = (
+    "SELECT c.id FROM tsg_tasks c JOIN tsg_tasks p ON p.id = c.parent_id "
+    "WHERE NOT (p.seq < c.seq AND p.created_at <= c.created_at)"
 )
-_EVENTS = "SELECT task_seq, step, kind, state, code, at FROM tsg_events ORDER BY task_seq, step"
 
 
-def _is_time(value: Any) -> bool:
-    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _canonical(value: Any) -> bool:
-    try:
-        return isinstance(value, str) and canonical_id(value) == value
-    except LedgerError:
-        return False
-
-
-def _state_ok(row: tuple[Any, ...]) -> bool:
-    (_seq, _id, _parent, name, status, _code, required, delivery, _dcode, timeout, deadline,
-     _created, started, heartbeat, closed, delivery_closed, _updated, owner, payload) = row
+def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
+    """Judge one distinct shape: (states consistent, codes in the registry)."""
+    (status, code, delivery, dcode, required, no_start, no_beat, no_close, no_dclose,
+     no_deadline, no_owner) = shape
+    codes_ok = (code is None or code in TASK_CODES.get(status, ())) and (
+        dcode is None or dcode in DELIVERY_CODES.get(delivery, ())
+    )
     if status not in TASK_STATES or delivery not in DELIVERY_STATES or required not in (0, 1):
-        return False
-    if name is not None and not (isinstance(name, str) and is_valid_name(name)):
-        return False
-    if payload is not None and not (isinstance(payload, str) and _HEX64.fullmatch(payload)):
-        return False
-    if owner is not None and not (isinstance(owner, str) and _HEX32.fullmatch(owner)):
-        return False
-    if timeout is not None and not (_is_time(timeout) and timeout > 0):
-        return False
-    if status == "queued" and (started is not None or heartbeat is not None or owner is not None
-                               or deadline is not None):
-        return False
-    if status != "queued" and started is None and status == "running":
-        return False
-    if status in ACTIVE_STATES and (closed is not None or delivery != "pending"):
-        return False
-    if status in TERMINAL_STATES and closed is None:
-        return False
+        return False, codes_ok
+    if status == "queued":
+        ok = no_start and no_beat and no_close and no_deadline and no_owner and code is None
+    elif status == "running":
+        ok = not no_start and no_close and code is None
+    else:
+        ok = not no_close
+    if status in ("queued", "running") and delivery != "pending":
+        ok = False
     if delivery == "pending":
-        return bool(delivery_closed is None)
-    if delivery_closed is None:
-        return False
-    return bool((delivery == "not_applicable") != bool(required))
+        ok = ok and no_dclose and dcode is None
+    else:
+        ok = ok and not no_dclose and (delivery == "not_applicable") != (required == 1)
+    return bool(ok), bool(codes_ok)
 
 
-def _codes_ok(row: tuple[Any, ...]) -> bool:
-    status, code, delivery, dcode = row[4], row[5], row[7], row[8]
-    if code is not None and code not in TASK_CODES.get(status, frozenset()):
-        return False
-    return dcode is None or dcode in DELIVERY_CODES.get(delivery, frozenset())
+def _count(conn: sqlite3.Connection, sql: str) -> int:
+    return int(conn.execute(sql).fetchone()[0])
 
 
-def _times_ok(row: tuple[Any, ...]) -> bool:
-    (timeout, deadline, created, started, heartbeat, closed, delivery_closed, updated) = (
-        row[9], row[10], row[11], row[12], row[13], row[14], row[15], row[16])
-    for value in (deadline, started, heartbeat, closed, delivery_closed):
-        if value is not None and not _is_time(value):
-            return False
-    if not _is_time(created) or not _is_time(updated) or updated < created:
-        return False
-    chain = [t for t in (created, started, closed, delivery_closed) if t is not None]
-    if any(a > b for a, b in itertools.pairwise(chain)) or max(chain) > updated:
-        return False
-    if heartbeat is not None and (
-        started is None or heartbeat < started or (closed is not None and heartbeat > closed)
-    ):
-        return False
-    if deadline is not None and (
-        started is None or timeout is None or deadline != started + timeout
-    ):
-        return False
-    return not (started is not None and timeout is not None and deadline is None)
+def _check_shapes(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
+    for *shape, times_ok, count in conn.execute(_SHAPES):
+        states_ok, codes_ok = _shape_ok(tuple(shape))
+        findings["invalid_states"] += 0 if states_ok else count
+        findings["invalid_codes"] += 0 if codes_ok else count
+        findings["invalid_timestamps"] += 0 if times_ok else count
 
 
-def _expected_chain(row: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    status, code, delivery, dcode = row[4], row[5], row[7], row[8]
-    chain: list[tuple[Any, ...]] = [(1, "created", "queued", "created", row[11])]
-    if row[12] is not None:
-        chain.append((2, "started", "running", "started", row[12]))
-    if status in TERMINAL_STATES:
-        chain.append((3, "closed", status, code, row[14]))
-    if delivery != "pending":
-        chain.append((4, "delivery", delivery, dcode, row[15]))
-    return chain
-
-
-def _events_by_task(conn: sqlite3.Connection) -> Iterator[tuple[Any, list[tuple[Any, ...]]]]:
-    current: Any = None
-    group: list[tuple[Any, ...]] = []
-    for task_seq, step, kind, state, code, at in conn.execute(_EVENTS):
-        if task_seq != current and group:
-            yield current, group
-            group = []
-        current = task_seq
-        group.append((step, kind, state, code, at))
-    if group:
-        yield current, group
+def _check_values(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
+    uuid_ok, name_ok = _UUID.fullmatch, _NAME.fullmatch
+    known_names: set[str] = set()
+    bad_ids = bad_values = 0
+    for task_id, parent, name, owner, payload in conn.execute(_VALUES):
+        if not (type(task_id) is str and uuid_ok(task_id)) or (
+            parent is not None and not (type(parent) is str and uuid_ok(parent))
+        ):
+            bad_ids += 1
+        if name is not None and name not in known_names:
+            if type(name) is str and name_ok(name):
+                if len(known_names) < 10_000:
+                    known_names.add(name)
+            else:
+                bad_values += 1
+                continue
+        if (owner is not None and not (type(owner) is str and _HEX32.fullmatch(owner))) or (
+            payload is not None and not (type(payload) is str and _HEX64.fullmatch(payload))
+        ):
+            bad_values += 1
+    findings["invalid_ids"] = bad_ids
+    findings["invalid_values"] = bad_values
 
 
 def _cycles(conn: sqlite3.Connection) -> tuple[int, int]:
-    """Count parent-order violations and the distinct cycles reachable from them."""
-    suspects = conn.execute(
-        "SELECT c.id FROM tsg_tasks c JOIN tsg_tasks p ON p.id = c.parent_id "
-        "WHERE NOT (p.seq < c.seq AND p.created_at <= c.created_at)"
-    ).fetchall()
+    """Count parent-order violations and the distinct cycles reachable from them.
+
+    The API only links a child to an existing, older parent, so a cycle always contains an
+    order violation: walking up from the violators alone finds every cycle.
+    """
+    suspects = conn.execute(_PARENT_ORDER).fetchall()
     cycles: set[frozenset[str]] = set()
     for (start,) in suspects:
         path: list[str] = []
@@ -164,7 +175,7 @@ def _cycles(conn: sqlite3.Connection) -> tuple[int, int]:
             row = conn.execute("SELECT parent_id FROM tsg_tasks WHERE id = ?", (node,)).fetchone()
             node = None if row is None else row[0]
         if node is not None and node in seen:
-            cycles.add(frozenset(path[path.index(node):]))
+            cycles.add(frozenset(path[path.index(node) :]))
     return len(suspects), len(cycles)
 
 
@@ -172,61 +183,31 @@ def run_doctor(ledger: Ledger) -> dict[str, Any]:
     """Check the whole ledger and return counts only."""
     findings = dict.fromkeys(_FINDINGS, 0)
     task_count = event_count = 0
+    version: int | None = None
     with ledger._read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
             findings["integrity_errors"] = 0 if integrity == ["ok"] else len(integrity)
-            violations = conn.execute("PRAGMA foreign_key_check").fetchall()
-            findings["foreign_key_violations"] = len(violations)
             version = schema.detect_version(conn, "main")
             findings["schema_mismatch"] = 0 if version in (1, 2) else 1
+            if not findings["schema_mismatch"]:
+                task_count = _count(conn, "SELECT count(*) FROM tsg_tasks")
+                event_count = _count(conn, "SELECT count(*) FROM tsg_events")
+                for table, *_rest in conn.execute("PRAGMA foreign_key_check"):
+                    key = "orphan_events" if table == "tsg_events" else "foreign_key_violations"
+                    findings[key] += 1
+                _check_shapes(conn, findings)
+                _check_values(conn, findings)
+                findings["event_chain_mismatches"] = _count(conn, _EVENT_CHAINS)
+                findings["parent_order_violations"], findings["parent_cycles"] = _cycles(conn)
         except sqlite3.DatabaseError as exc:
-            raise translate(exc) from None
-        if findings["schema_mismatch"] or findings["integrity_errors"]:
-            try:
-                task_count = int(conn.execute("SELECT count(*) FROM tsg_tasks").fetchone()[0])
-                event_count = int(conn.execute("SELECT count(*) FROM tsg_events").fetchone()[0])
-            except sqlite3.Error:
-                pass
-        else:
-            task_count, event_count = _scan(conn, findings)
-            findings["parent_order_violations"], findings["parent_cycles"] = _cycles(conn)
-    healthy = not any(findings.values())
+            if version is None:
+                raise translate(exc) from None
+            findings["integrity_errors"] += 1  # damaged beyond what the checks could read
     return {
-        "healthy": healthy,
+        "healthy": not any(findings.values()),
         "schema_version": version if version in (1, 2) else None,
         "task_count": task_count,
         "event_count": event_count,
         "findings": findings,
     }
-
-
-def _scan(conn: sqlite3.Connection, findings: dict[str, int]) -> tuple[int, int]:
-    task_count = event_count = 0
-    events = _events_by_task(conn)
-    pending = next(events, None)
-    for row in conn.execute(_TASKS):
-        task_count += 1
-        seq = row[0]
-        while pending is not None and pending[0] < seq:
-            findings["orphan_events"] += 1
-            event_count += len(pending[1])
-            pending = next(events, None)
-        actual: list[tuple[Any, ...]] = []
-        if pending is not None and pending[0] == seq:
-            actual = pending[1]
-            event_count += len(actual)
-            pending = next(events, None)
-        ids_ok = _canonical(row[1]) and (row[2] is None or _canonical(row[2]))
-        findings["invalid_ids"] += not ids_ok
-        state_ok = _state_ok(row)
-        findings["invalid_states"] += not state_ok
-        findings["invalid_codes"] += not _codes_ok(row)
-        times_ok = _times_ok(row)
-        findings["invalid_timestamps"] += not times_ok
-        findings["event_chain_mismatches"] += actual != _expected_chain(row)
-    while pending is not None:
-        findings["orphan_events"] += 1
-        event_count += len(pending[1])
-        pending = next(events, None)
-    return task_count, event_count

@@ -278,9 +278,12 @@ class Ledger:
         self.close()
 
     def _check_identity(self) -> None:
-        if self._identity is not None and not self._snapshot_mode:
-            if storage.current_identity(self._path) != self._identity:
-                raise StorageError("the database file was replaced or removed")
+        if (
+            self._identity is not None
+            and not self._snapshot_mode
+            and storage.current_identity(self._path) != self._identity
+        ):
+            raise StorageError("the database file was replaced or removed")
 
     def _now(self) -> float:
         value = self._clock()
