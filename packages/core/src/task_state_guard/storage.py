@@ -50,6 +50,11 @@ def _check_ancestors(directory: str) -> None:
     """Every existing ancestor of the leaf must be safe against other users."""
     uid = os.geteuid()
     current = os.path.dirname(directory)
+    while not os.path.lexists(current):  # not created yet: judge the nearest existing one
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
     while True:
         try:
             st = os.stat(current)
