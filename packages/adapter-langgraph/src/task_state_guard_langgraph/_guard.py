@@ -7,6 +7,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -46,7 +47,7 @@ class _Invocation:
         self,
         invocation_id: str,
         task_id: str | None,
-        handler: GuardCallbackHandler,
+        handler: GuardCallbackHandler | None,
         config: dict[str, Any],
         recorder: Recorder,
     ) -> None:
@@ -57,14 +58,21 @@ class _Invocation:
         self._rec = recorder
         self._done = False
 
-    def finish(self, exc: BaseException | None) -> str:
+    def finish(self, exc: BaseException | None, output: Any = None) -> str:
         """Close leftover attempts and the invocation; returns the outcome label."""
         if self._done:
             return "done"
         self._done = True
         if exc is None:
             status, code = "succeeded", rc.INVOCATION_COMPLETED
-            outcome = "interrupted" if self.handler.interrupted else "succeeded"
+            if self.handler is not None:
+                interrupted = self.handler.interrupted
+            else:
+                interrupted = bool(
+                    getattr(output, "interrupts", None)
+                    or (isinstance(output, dict) and output.get("__interrupt__"))
+                )
+            outcome = "interrupted" if interrupted else "succeeded"
             leftover: tuple[str, str | None] = ("cancelled", None)
         else:
             status, code = classify_error(exc)
@@ -72,18 +80,21 @@ class _Invocation:
                 status, code = "failed", rc.WORKER_FAILED
             outcome = status
             leftover = ("cancelled", rc.CALLER_CANCELLED if status == "cancelled" else None)
-        self.handler.close_open(*leftover)
+        if self.handler is not None:
+            self.handler.close_open(*leftover)
         if self.task_id is not None:
             self._rec.close(self.task_id, status, code, internal=False)
         return outcome
 
 
 def _with_handler(
-    config: dict[str, Any] | None, handler: GuardCallbackHandler, invocation_id: str
+    config: dict[str, Any] | None, handler: GuardCallbackHandler | None, invocation_id: str
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(config or {})
     callbacks = cfg.get("callbacks")
-    if callbacks is None:
+    if handler is None:
+        pass
+    elif callbacks is None:
         cfg["callbacks"] = [handler]
     elif isinstance(callbacks, list):
         cfg["callbacks"] = [*callbacks, handler]
@@ -125,8 +136,10 @@ class GuardedGraph:
         *,
         owns_ledger: bool,
         name: str | None,
+        record_nodes: bool = True,
     ) -> None:
         self._graph = graph
+        self._record_nodes = record_nodes
         self._rec = recorder
         self._owns_ledger = owns_ledger
         self._name = name if name is not None else getattr(graph, "name", None)
@@ -249,15 +262,16 @@ class GuardedGraph:
             if claim:
                 return None
             task_id = None  # run unrecorded (ledger down, or invocation id reused)
+        handler: GuardCallbackHandler | None = None
         if task_id is None:
             recorder = Recorder(None, self._rec.errors)
             handler = GuardCallbackHandler._bound(recorder, inv, None, None)
-        else:
+        elif self._record_nodes:
             handler = GuardCallbackHandler._bound(self._rec, inv, task_id, self._oracle)
         return _Invocation(inv, task_id, handler, _with_handler(config, handler, inv), self._rec)
 
-    def _end(self, run: _Invocation, exc: BaseException | None) -> None:
-        self._local.outcome = run.finish(exc)
+    def _end(self, run: _Invocation, exc: BaseException | None, output: Any = None) -> None:
+        self._local.outcome = run.finish(exc, output)
 
     def _previous(self, input: Any, config: dict[str, Any] | None) -> str | None:
         if not (input is None or isinstance(input, Command)):
@@ -312,7 +326,7 @@ class GuardedGraph:
         except BaseException as exc:
             self._end(run, exc)
             raise
-        self._end(run, None)
+        self._end(run, None, out)
         return out
 
     async def ainvoke(
@@ -332,7 +346,7 @@ class GuardedGraph:
         except BaseException as exc:
             self._end(run, exc)
             raise
-        self._end(run, None)
+        self._end(run, None, out)
         return out
 
     def stream(
@@ -444,7 +458,7 @@ class GuardedGraph:
         results: list[Recovery] = []
         for thread_id in ids:
             lost = self._rec.errors.call(
-                "recover", lambda t=thread_id: self._lost_invocation(saver, t)
+                "recover", partial(self._lost_invocation, saver, thread_id)
             )
             if lost is None:
                 continue
@@ -456,13 +470,13 @@ class GuardedGraph:
                 continue  # another process claimed this recovery
             error: str | None = None
             try:
-                self._graph.invoke(None, run.config, **kwargs)
+                out = self._graph.invoke(None, run.config, **kwargs)
             except Exception as exc:
                 error = type(exc).__name__
                 self._end(run, exc)
                 logger.warning("recover(): the resumed run raised %s", error)
             else:
-                self._end(run, None)
+                self._end(run, None, out)
             results.append(Recovery(thread_id, new_id, lost, str(self.last_outcome), error))
         return results
 
@@ -479,6 +493,7 @@ def guard(
     reconcile: bool = True,
     owner: bool = True,
     name: str | None = None,
+    record_nodes: bool = True,
 ) -> GuardedGraph:
     """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
 
@@ -487,7 +502,9 @@ def guard(
     ``$TSG_ACTIVE_GRACE_SECONDS``/``$TSG_DELIVERY_GRACE_SECONDS``, else 600), which closes the
     tasks of a dead process ``timed_out/owner_lost`` at once. ``heartbeat_interval`` (default
     ``$TSG_HEARTBEAT_SECONDS`` or 30 s) must stay well under the active grace. ``owner=True``
-    records this process as owner of the tasks it starts. Ledger errors are logged once per
+    records this process as owner of the tasks it starts. ``record_nodes=False`` records
+    only invocations (no callback handler, far less overhead). ``name`` overrides the graph
+    name used as the invocation's label. Ledger errors are logged once per
     kind and counted (:attr:`GuardedGraph.ledger_errors`); ``strict=True`` raises them.
     """
     from task_state_guard import Ledger, ReconcilePolicy
@@ -503,7 +520,7 @@ def guard(
     if heartbeat_interval is None:
         heartbeat_interval = _env_float("TSG_HEARTBEAT_SECONDS", 30.0)
     recorder = Recorder(ledger, errors, heartbeat_interval=heartbeat_interval, owner=owner)
-    app = GuardedGraph(graph, recorder, owns_ledger=owns, name=name)
+    app = GuardedGraph(graph, recorder, owns_ledger=owns, name=name, record_nodes=record_nodes)
     active = active_grace_seconds
     if active is None:
         active = _env_float("TSG_ACTIVE_GRACE_SECONDS", 600.0)

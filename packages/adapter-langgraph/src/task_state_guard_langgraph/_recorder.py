@@ -152,7 +152,9 @@ class Recorder:
         if self.errors.call("create", _create) is None:
             return False
         if claim_errors:
-            started = self.errors.call("start", lambda: ledger.start_task(task_id, owner=self.owner))
+            started = self.errors.call(
+                "start", lambda: ledger.start_task(task_id, owner=self.owner)
+            )
         else:
             from task_state_guard import StateConflict
 

@@ -82,7 +82,8 @@ def _retry_on(policy: Any, exc: Exception) -> bool:
         if isinstance(retry_on, type) and issubclass(retry_on, Exception):
             return isinstance(exc, retry_on)
         if callable(retry_on):
-            return bool(retry_on(exc))
+            predicate: Any = retry_on
+            return bool(predicate(exc))
     except Exception:
         return False
     return False
@@ -279,9 +280,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
             with self._lock:
                 run.task = None
 
-    def _start_root(
-        self, run_id: uuid.UUID, parent_run_id: uuid.UUID | None, name: object
-    ) -> None:
+    def _start_root(self, run_id: uuid.UUID, parent_run_id: uuid.UUID | None, name: object) -> None:
         # Called with the lock held.
         if self._owns_root:
             invocation = self._invocation_id or str(run_id)
@@ -333,7 +332,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
             return
         with self._lock:
             leftovers = [
-                r for r in self._runs.values() if r.task is not None and r.invocation == run.invocation
+                r
+                for r in self._runs.values()
+                if r.task is not None and r.invocation == run.invocation
             ]
             for key in [k for k in self._counts if k[0] == run.invocation]:
                 del self._counts[key]

@@ -1,0 +1,110 @@
+"""Overhead of the TaskStateGuard LangGraph adapter on a 10-node graph of no-op nodes.
+
+Runs plain ``graph.invoke``, guarded ``app.invoke`` (every node attempt recorded) and
+guarded with ``record_nodes=False`` (invocations only) in rotating order, in rounds, in one
+process, and prints one JSON object: median invocations per second of each and the ratios to
+plain (the target is >= 0.8). Not a test: nothing is asserted.
+
+    .venv/bin/python benchmarks/langgraph_overhead.py [--rounds 10] [--per-round 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+from langgraph.graph import START, StateGraph
+from task_state_guard_langgraph import guard
+
+NODES = 10
+
+
+class State(TypedDict, total=False):
+    n: int
+
+
+def build() -> Any:
+    def noop(state: State) -> dict[str, Any]:
+        return {}
+
+    builder = StateGraph(State)
+    previous = START
+    for i in range(NODES):
+        name = f"node_{i}"
+        builder.add_node(name, noop)
+        builder.add_edge(previous, name)
+        previous = name
+    return builder.compile()
+
+
+def rate(fn: Any, count: int) -> float:
+    start = time.perf_counter()
+    for _ in range(count):
+        fn()
+    return count / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--per-round", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+
+    graph = build()
+    with tempfile.TemporaryDirectory() as tmp:
+        full = guard(graph, db=str(Path(tmp) / "full.sqlite"), strict=True)
+        light = guard(graph, db=str(Path(tmp) / "light.sqlite"), strict=True, record_nodes=False)
+        calls = {
+            "plain": lambda: graph.invoke({"n": 0}),
+            "guarded": lambda: full.invoke({"n": 0}),
+            "guarded_invocations_only": lambda: light.invoke({"n": 0}),
+        }
+        try:
+            for call in calls.values():
+                rate(call, args.warmup)
+            rates: dict[str, list[float]] = {label: [] for label in calls}
+            labels = list(calls)
+            for i in range(args.rounds):
+                # Rotate which side goes first so drift affects all equally.
+                shift = i % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    rates[label].append(rate(calls[label], args.per_round))
+            errors = sum(full.ledger_errors.values()) + sum(light.ledger_errors.values())
+        finally:
+            full.close()
+            light.close()
+    med = {label: statistics.median(values) for label, values in rates.items()}
+    print(
+        json.dumps(
+            {
+                "benchmark": "langgraph_overhead",
+                "nodes": NODES,
+                "rounds": args.rounds,
+                "invocations_per_round": args.per_round,
+                "plain_invocations_per_s": round(med["plain"], 1),
+                "guarded_invocations_per_s": round(med["guarded"], 1),
+                "ratio": round(med["guarded"] / med["plain"], 3),
+                "guarded_invocations_only_per_s": round(med["guarded_invocations_only"], 1),
+                "ratio_invocations_only": round(med["guarded_invocations_only"] / med["plain"], 3),
+                "target_ratio": 0.8,
+                "ledger_transactions_per_invocation": {
+                    "guarded": 3 + 4 * NODES,
+                    "guarded_invocations_only": 3,
+                },
+                "ledger_errors": errors,
+                "python": platform.python_version(),
+            },
+            sort_keys=True,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
