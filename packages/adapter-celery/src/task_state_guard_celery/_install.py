@@ -1,0 +1,104 @@
+"""install()/uninstall() and the worker boot step that reconciles before consuming."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from celery import bootsteps
+
+from ._config import resolve
+from ._guard import CeleryGuard
+
+_lock = threading.RLock()
+_guards: dict[int, CeleryGuard] = {}
+
+
+class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker boot step: reconcile the ledger in the main process before consuming.
+
+    Custom worker steps start before the Consumer step (which is ``last``), so this
+    runs before the worker receives its first message. Reconcile is idempotent, so
+    several workers booting at once on one host are fine.
+    """
+
+    name = "task_state_guard_celery.ReconcileOnBoot"
+
+    def start(self, parent: Any) -> None:
+        guard = guard_for(getattr(parent, "app", None))
+        if guard is not None:
+            guard._boot_reconcile()
+
+
+def guard_for(app: Any) -> CeleryGuard | None:
+    """The guard installed on ``app`` in this process, if any."""
+    if app is None:
+        return None
+    with _lock:
+        guard = _guards.get(id(app))
+    return guard if guard is not None and guard.app is app else None
+
+
+def installed_guards() -> list[CeleryGuard]:
+    """Every guard installed in this process."""
+    with _lock:
+        return list(_guards.values())
+
+
+def install(
+    app: Any,
+    db: str | os.PathLike[str] | None = None,
+    *,
+    active_grace_seconds: float | None = None,
+    delivery_grace_seconds: float | None = None,
+    heartbeat_seconds: float | None = None,
+    reconcile_on_boot: bool | None = None,
+    strict: bool | None = None,
+    busy_timeout_ms: int | None = None,
+) -> CeleryGuard:
+    """Record ``app``'s tasks in the ledger at ``db``; idempotent per app.
+
+    Settings come from the arguments, then ``app.conf.tsg_<name>``, then the
+    ``TSG_<NAME>`` environment variable (``TSG_DB``, ``TSG_ACTIVE_GRACE_SECONDS``,
+    ``TSG_DELIVERY_GRACE_SECONDS``, ``TSG_HEARTBEAT_SECONDS``,
+    ``TSG_RECONCILE_ON_BOOT``, ``TSG_STRICT``, ``TSG_BUSY_TIMEOUT_MS``).
+    Call it in the module that defines the app: the worker's main process and every
+    pool child then record. A second call for the same app returns the first guard.
+    """
+    with _lock:
+        existing = guard_for(app)
+        if existing is not None:
+            return existing
+        settings = resolve(
+            app,
+            db=db,
+            active_grace_seconds=active_grace_seconds,
+            delivery_grace_seconds=delivery_grace_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+            reconcile_on_boot=reconcile_on_boot,
+            strict=strict,
+            busy_timeout_ms=busy_timeout_ms,
+        )
+        guard = CeleryGuard(app, settings)
+        guard._connect()
+        app.steps["worker"].add(ReconcileOnBoot)
+        _guards[id(app)] = guard
+        return guard
+
+
+def uninstall_guard(guard: CeleryGuard) -> None:
+    """Undo :func:`install` for ``guard``'s app (idempotent)."""
+    with _lock:
+        if _guards.get(id(guard.app)) is guard:
+            del _guards[id(guard.app)]
+            guard.app.steps["worker"].discard(ReconcileOnBoot)
+        if guard.installed:
+            guard._disconnect()
+
+
+def uninstall(app: Any) -> None:
+    """Uninstall the guard of ``app`` if one is installed (idempotent)."""
+    guard = guard_for(app)
+    if guard is not None:
+        uninstall_guard(guard)

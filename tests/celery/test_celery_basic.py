@@ -1,0 +1,193 @@
+"""Scenario rows: success, failure, retries, delivery, pools, names, privacy."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+from conftest import Scenario, wait_for
+
+import task_state_guard_celery
+
+
+def test_success_then_mark_delivered(scenario: Scenario) -> None:
+    """task succeeds: attempt and parent succeeded; delivery pending until mark_delivered."""
+    scenario.start_worker()
+    plain = scenario.send("tsgt.ok")
+    delivering = scenario.send("tsgt.deliver")
+    assert plain.get(timeout=20) == "ok"
+    assert delivering.get(timeout=20) == "answer"
+    for result in (plain, delivering):
+        scenario.wait_parent(result.id, "succeeded")
+        assert scenario.outcome(result.id) == (
+            ("succeeded", "worker_completed"),
+            [("succeeded", "worker_completed")],
+        )
+    parent = scenario.parent(delivering.id)
+    assert parent.delivery_required and str(parent.delivery_status) == "pending"
+    assert parent.name == "tsgt.deliver"
+    assert all(a.name == "tsgt.deliver" for a in scenario.attempts(delivering.id))
+    assert all(not a.delivery_required for a in scenario.attempts(delivering.id))
+    # A broker ack or a stored result is not a delivery; a reconcile inside the grace
+    # keeps it pending.
+    scenario.reconcile()
+    assert str(scenario.parent(delivering.id).delivery_status) == "pending"
+
+    guard = task_state_guard_celery.install(scenario.client, db=scenario.db)
+    try:
+        updated = guard.mark_delivered(delivering.id)
+        assert updated is not None and str(updated.delivery_status) == "delivered"
+        assert updated.delivery_code == "transport_acknowledged"
+    finally:
+        guard.uninstall()
+
+    # The non-delivering task's delivery becomes not_applicable after the grace.
+    assert str(scenario.parent(plain.id).delivery_status) == "pending"
+    scenario.reconcile(delivery_grace=0)
+    parent = scenario.parent(plain.id)
+    assert (str(parent.delivery_status), parent.delivery_code) == ("not_applicable", "internal_task")
+    assert str(scenario.parent(delivering.id).delivery_status) == "delivered"
+    scenario.assert_healthy()
+
+
+def test_mark_delivery_failed(scenario: Scenario) -> None:
+    scenario.start_worker(pool="solo", concurrency=1)
+    result = scenario.send("tsgt.deliver")
+    result.get(timeout=20)
+    scenario.wait_parent(result.id, "succeeded")
+    guard = task_state_guard_celery.install(scenario.client, db=scenario.db)
+    try:
+        updated = guard.mark_delivery_failed(result.id)
+        assert updated is not None
+        assert (str(updated.delivery_status), updated.delivery_code) == ("failed", "transport_failed")
+        # Delivered after failed is a conflict: counted, never a rewrite.
+        assert guard.mark_delivered(result.id) is None
+        assert guard.stats()["conflicts"] == {"delivery_delivered": 1}
+    finally:
+        guard.uninstall()
+    assert str(scenario.parent(result.id).delivery_status) == "failed"
+    scenario.assert_healthy()
+
+
+def test_task_raises(scenario: Scenario) -> None:
+    """task raises: attempt and parent failed/worker_failed."""
+    worker = scenario.start_worker()
+    result = scenario.send("tsgt.fail")
+    with pytest.raises(ValueError):
+        result.get(timeout=20)
+    scenario.wait_parent(result.id, "failed")
+    assert scenario.outcome(result.id) == (
+        ("failed", "worker_failed"),
+        [("failed", "worker_failed")],
+    )
+    scenario.assert_healthy()
+    # No exception text, args or results reach the ledger.
+    worker.stop()
+    scenario.ledger.close()
+    scenario._ledger = None
+    with sqlite3.connect(scenario.db) as raw:
+        dump = "\n".join(raw.iterdump())
+    assert "secret" not in dump and "ValueError" not in dump
+
+
+def _watch_reconcile(
+    scenario: Scenario, grace: float, stop: threading.Event
+) -> tuple[threading.Thread, list[dict]]:
+    """Reconcile every 0.2 s from another process's point of view (its own Ledger)."""
+    reports: list[dict] = []
+
+    def loop() -> None:
+        from task_state_guard import Ledger, ReconcilePolicy
+
+        with Ledger(scenario.db) as ledger:
+            policy = ReconcilePolicy(active_grace_seconds=grace, delivery_grace_seconds=600)
+            while not stop.is_set():
+                reports.append(ledger.reconcile(policy))
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread, reports
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_retries_twice_then_succeeds(scenario: Scenario, pool: str) -> None:
+    """Retries with a countdown longer than the active grace never time the parent out."""
+    scenario.grace = 1.0
+    scenario.heartbeat = 0.2
+    scenario.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
+    stop = threading.Event()
+    thread, reports = _watch_reconcile(scenario, grace=1.0, stop=stop)
+    try:
+        result = scenario.send("tsgt.retry_twice", 1.6)
+        assert result.get(timeout=30) == "done"
+        scenario.wait_parent(result.id, "succeeded")
+    finally:
+        stop.set()
+        thread.join(5)
+    assert scenario.outcome(result.id) == (
+        ("succeeded", "worker_completed"),
+        [
+            ("failed", "retry_scheduled"),
+            ("failed", "retry_scheduled"),
+            ("succeeded", "worker_completed"),
+        ],
+    )
+    assert len(reports) > 5
+    assert sum(r["tasks_timed_out"] for r in reports) == 0
+    scenario.assert_healthy()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_retries_exhausted_autoretry(scenario: Scenario, pool: str) -> None:
+    """autoretry_for with max_retries=2: three attempts, parent failed."""
+    scenario.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
+    result = scenario.send("tsgt.autoretry")
+    with pytest.raises(KeyError):
+        result.get(timeout=30)
+    scenario.wait_parent(result.id, "failed")
+    assert scenario.outcome(result.id) == (
+        ("failed", "worker_failed"),
+        [
+            ("failed", "retry_scheduled"),
+            ("failed", "retry_scheduled"),
+            ("failed", "worker_failed"),
+        ],
+    )
+    scenario.assert_healthy()
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_other_pools_success_and_failure(scenario: Scenario, pool: str) -> None:
+    """threads and solo pools: same outcomes as prefork for success and failure."""
+    scenario.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
+    ok = scenario.send("tsgt.ok")
+    bad = scenario.send("tsgt.fail")
+    assert ok.get(timeout=20) == "ok"
+    with pytest.raises(ValueError):
+        bad.get(timeout=20)
+    scenario.wait_parent(ok.id, "succeeded")
+    scenario.wait_parent(bad.id, "failed")
+    assert scenario.outcome(ok.id) == (
+        ("succeeded", "worker_completed"),
+        [("succeeded", "worker_completed")],
+    )
+    assert scenario.outcome(bad.id) == (("failed", "worker_failed"), [("failed", "worker_failed")])
+    scenario.assert_healthy()
+
+
+def test_name_that_does_not_fit_is_dropped(scenario: Scenario) -> None:
+    scenario.start_worker()
+    result = scenario.send("tsgt bad name!")
+    assert result.get(timeout=20) == "ok"
+    parent = scenario.wait_parent(result.id, "succeeded")
+    assert parent.name is None
+    assert [a.name for a in scenario.attempts(result.id)] == [None]
+    scenario.assert_healthy()
+
+
+def test_wait_for_helper_fails_loudly() -> None:
+    with pytest.raises(AssertionError):
+        wait_for(lambda: False, timeout=0.1)

@@ -1,0 +1,167 @@
+"""Celery app run by the real `celery worker` subprocesses of tests/celery.
+
+Configured from the environment so that each test gets its own Redis queue and ledger:
+TSGT_BROKER (redis URL), TSGT_QUEUE, TSGT_MARKERS (directory for marker files),
+TSGT_VISIBILITY (Redis visibility timeout, seconds), TSGT_INSTALL (0 = no adapter),
+TSGT_EAGER (1 = task_always_eager), and the adapter's own TSG_* variables.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+import task_state_guard_celery
+
+
+def make_app(
+    broker: str,
+    queue: str,
+    *,
+    visibility_timeout: float | None = None,
+    eager: bool = False,
+) -> Celery:
+    """A Celery app bound to one queue, with the Redis result backend."""
+    app = Celery("tsgt", broker=broker, backend=broker, set_as_current=False)
+    transport: dict[str, Any] = {}
+    if visibility_timeout is not None:
+        transport = {
+            "visibility_timeout": visibility_timeout,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
+    app.conf.update(
+        task_default_queue=queue,
+        task_default_routing_key=queue,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
+        result_expires=600,
+        task_always_eager=eager,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=True,
+        worker_redirect_stdouts=False,
+    )
+    _register(app)
+    return app
+
+
+def _marker(name: str, text: str) -> None:
+    directory = os.environ.get("TSGT_MARKERS")
+    if directory:
+        path = os.path.join(directory, name)
+        with open(path + ".tmp", "w") as fh:
+            fh.write(text)
+        os.replace(path + ".tmp", path)
+
+
+def _register(app: Celery) -> None:
+    @app.task(name="tsgt.ok")
+    def ok() -> str:
+        return "ok"
+
+    @app.task(name="tsgt.deliver", tsg_delivery=True)
+    def deliver() -> str:
+        return "answer"
+
+    @app.task(name="tsgt.fail")
+    def fail() -> None:
+        raise ValueError("user secret that must never reach the ledger")
+
+    @app.task(name="tsgt.retry_twice", bind=True, max_retries=5)
+    def retry_twice(self: Any, countdown: float = 0.2) -> str:
+        if self.request.retries < 2:
+            raise self.retry(countdown=countdown)
+        return "done"
+
+    @app.task(
+        name="tsgt.autoretry",
+        autoretry_for=(KeyError,),
+        max_retries=2,
+        retry_kwargs={"countdown": 0.2},
+        retry_backoff=False,
+        retry_jitter=False,
+    )
+    def autoretry() -> None:
+        raise KeyError("always")
+
+    @app.task(name="tsgt.sleep", bind=True)
+    def sleep(self: Any, seconds: float, marker: str = "") -> str:
+        if marker:
+            _marker(marker, str(os.getpid()))
+        time.sleep(seconds)
+        return "slept"
+
+    @app.task(
+        name="tsgt.sleep_late",
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
+    def sleep_late(self: Any, seconds: float, marker: str = "", again: float = 0.0) -> str:
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+        if redelivered:
+            if marker:
+                _marker(marker + ".again", str(os.getpid()))
+            time.sleep(again)
+            return "second"
+        if marker:
+            _marker(marker, str(os.getpid()))
+        time.sleep(seconds)
+        return "first"
+
+    @app.task(name="tsgt.soft_limited", soft_time_limit=0.5)
+    def soft_limited() -> None:
+        try:
+            time.sleep(10)
+        except SoftTimeLimitExceeded:
+            raise
+
+    @app.task(name="tsgt.hard_limited", time_limit=1)
+    def hard_limited() -> None:
+        time.sleep(10)
+
+    @app.task(name="tsgt.reject")
+    def reject() -> None:
+        raise Reject("no", requeue=False)
+
+    @app.task(name="tsgt.reject_once", bind=True)
+    def reject_once(self: Any) -> str:
+        if not (self.request.delivery_info or {}).get("redelivered"):
+            raise Reject("again", requeue=True)
+        return "accepted"
+
+    @app.task(name="tsgt.ignore")
+    def ignore() -> None:
+        raise Ignore()
+
+    @app.task(name="tsgt.deadline", tsg_timeout=0.5)
+    def deadline(seconds: float, marker: str = "") -> str:
+        if marker:
+            _marker(marker, str(os.getpid()))
+        time.sleep(seconds)
+        return "late"
+
+    @app.task(name="tsgt bad name!")
+    def badly_named() -> str:
+        return "ok"
+
+
+def _from_env() -> Celery:
+    vis = os.environ.get("TSGT_VISIBILITY")
+    app = make_app(
+        os.environ.get("TSGT_BROKER", "redis://127.0.0.1:6379/5"),
+        os.environ.get("TSGT_QUEUE", "tsgt-default"),
+        visibility_timeout=float(vis) if vis else None,
+        eager=os.environ.get("TSGT_EAGER") == "1",
+    )
+    if os.environ.get("TSGT_INSTALL", "1") == "1":
+        task_state_guard_celery.install(app)
+    return app
+
+
+app = _from_env() if os.environ.get("TSG_DB") else None
