@@ -172,7 +172,7 @@ def connect_read_only(
     if present["-wal"] != present["-shm"]:
         raise StorageError("an incomplete WAL/SHM pair is present")
     if present["-wal"]:
-        uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
+        uri = "file:" + urllib.parse.quote(path) + "?mode=ro&readonly_shm=1"
         try:
             conn = sqlite3.connect(
                 uri,
