@@ -1,0 +1,305 @@
+"""The real CLI as a subprocess: one compact key-sorted JSON line, empty stderr, exit codes
+0/1/2/3, no echo of rejected values or paths, TSG_* configuration, read commands never create."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from core_helpers import (
+    REPORT_KEYS,
+    Clock,
+    assert_cli_error,
+    assert_json_line,
+    cli_env,
+    run_cli,
+)
+from task_state_guard import Ledger, payload_fingerprint
+
+CANARY = "CANARYq7x9zz"
+BIN = os.path.dirname(sys.executable)
+
+
+def ok(result, code: int = 0):
+    payload = assert_json_line(result)
+    assert result.code == code, result.stdout
+    return payload
+
+
+def test_full_lifecycle_through_cli(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    init = ok(run_cli("--db", db, "init"))
+    assert init == {"init": {"schema_version": 2}, "ok": True}
+    parent = ok(run_cli("--db", db, "create", "--name", "app.job", "--timeout-seconds", "900"))
+    task = parent["task"]
+    assert parent["ok"] is True and task["status"] == "queued" and task["name"] == "app.job"
+    assert task["timeout_seconds"] == 900 and task["delivery_required"] is True
+    pid = task["id"]
+    child = ok(run_cli("--db", db, "create", "--parent", pid, "--internal"))["task"]
+    assert child["parent_id"] == pid and child["delivery_required"] is False
+    started = ok(run_cli("--db", db, "start", pid))["task"]
+    assert started["status"] == "running" and started["has_owner"] is False
+    assert started["deadline_at"] == started["started_at"] + 900
+    assert ok(run_cli("--db", db, "heartbeat", pid))["task"]["heartbeat_at"] is not None
+    assert ok(run_cli("--db", db, "get", pid))["task"]["id"] == pid
+    kids = ok(run_cli("--db", db, "children", pid))["children"]
+    assert [k["id"] for k in kids] == [child["id"]]
+    assert ok(run_cli("--db", db, "tasks", "--status", "running"))["task_ids"] == [pid]
+    assert ok(run_cli("--db", db, "tasks", "--status", "queued", "--limit", "5"))[
+        "task_ids"] == [child["id"]]
+    closed = ok(run_cli("--db", db, "close", child["id"], "cancelled", "--code", "skipped"))
+    assert closed["task"]["code"] == "skipped"
+    again = ok(run_cli("--db", db, "close", child["id"], "cancelled", "--code", "revoked"))
+    assert again["task"]["code"] == "skipped"  # idempotent, original code kept
+    ok(run_cli("--db", db, "delivery", child["id"], "not_applicable", "--code", "internal_task"))
+    ok(run_cli("--db", db, "close", pid, "succeeded", "--code", "worker_completed"))
+    done = ok(run_cli("--db", db, "delivery", pid, "delivered", "--code",
+                      "transport_acknowledged"))["task"]
+    assert done["delivery_status"] == "delivered"
+    doctor = ok(run_cli("--db", db, "doctor"))
+    assert doctor["ok"] is True and doctor["doctor"]["healthy"] is True
+    assert doctor["doctor"]["task_count"] == 2 and doctor["doctor"]["event_count"] == 7
+    for args in (["reconcile"], ["reconcile", "--dry-run"]):
+        report = ok(run_cli("--db", db, *args))["reconcile"]
+        assert set(report) == REPORT_KEYS
+    status = ok(run_cli("--db", db, "status"))["status"]
+    assert status["tasks"]["succeeded"] == 1 and status["tasks"]["cancelled"] == 1
+    prune = ok(run_cli("--db", db, "prune", "--older-than", "0", "--dry-run"))["prune"]
+    assert prune["dry_run"] is True and prune["tasks_deleted"] == 2
+    prune = ok(run_cli("--db", db, "prune", "--older-than", "0"))["prune"]
+    assert prune["applied"] is True and prune["trees_deleted"] == 1
+    assert ok(run_cli("--db", db, "doctor"))["doctor"]["task_count"] == 0
+
+
+def test_console_scripts_share_the_entry_point(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    for script in ("task-state-guard", "tsg"):
+        path = os.path.join(BIN, script)
+        if not os.path.exists(path):
+            pytest.skip(f"{script} console script not installed in this environment")
+        proc = subprocess.run([path, "--db", db, "init"], capture_output=True, text=True,
+                              env=cli_env(), check=False, timeout=60)
+        assert proc.returncode == 0 and proc.stderr == ""
+        assert proc.stdout == '{"init":{"schema_version":2},"ok":true}\n'
+
+
+def test_help_and_version_exit_zero() -> None:
+    assert run_cli("--help").code == 0
+    version = run_cli("--version")
+    assert version.code == 0 and "task-state-guard" in version.stdout
+
+
+def test_payload_hash_never_printed(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    digest = payload_fingerprint(b"some payload")
+    created = ok(run_cli("--db", db, "create", "--payload-hash", digest))
+    assert created["task"]["has_payload_hash"] is True
+    assert digest not in run_cli("--db", db, "get", created["task"]["id"]).stdout
+    assert digest not in created.__repr__()
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_state_errors_exit_2(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    tid = ok(run_cli("--db", db, "create"))["task"]["id"]
+    unknown = str(uuid.uuid4())
+    assert_cli_error(run_cli("--db", db, "get", unknown), "TaskNotFound")
+    assert_cli_error(run_cli("--db", db, "heartbeat", tid), "StateConflict")
+    assert_cli_error(run_cli("--db", db, "delivery", tid, "delivered"), "StateConflict")
+    ok(run_cli("--db", db, "close", tid, "failed"))
+    assert_cli_error(run_cli("--db", db, "close", tid, "succeeded"), "StateConflict")
+    assert_cli_error(run_cli("--db", db, "delivery", tid, "not_applicable"), "StateConflict")
+    assert_cli_error(run_cli("--db", db, "close", unknown, "succeeded", "--code", "bogus"),
+                     "TaskNotFound")
+
+
+def _bad_invocations(db: str, tid: str) -> list[tuple[list[str], dict[str, str], str]]:
+    c = CANARY
+    return [
+        (["--db", db, "get", c], {}, "InvalidInput"),
+        (["--db", db, "get", c + "-0000-4000-8000-000000000000"], {}, "InvalidInput"),
+        (["--db", db, "get", tid, c], {}, "InvalidInput"),
+        (["--db", db, "close", tid, c], {}, "InvalidInput"),
+        (["--db", db, "close", tid, "succeeded", "--code", c], {}, "InvalidInput"),
+        (["--db", db, "delivery", tid, c], {}, "InvalidInput"),
+        (["--db", db, "create", "--name", c + " with spaces"], {}, "InvalidInput"),
+        (["--db", db, "create", "--timeout-seconds", c], {}, "InvalidInput"),
+        (["--db", db, "create", "--timeout-seconds", "nan"], {}, "InvalidInput"),
+        (["--db", db, "create", "--payload-hash", c], {}, "InvalidInput"),
+        (["--db", db, "create", "--parent", c], {}, "InvalidInput"),
+        (["--db", db, "create", "--id", c], {}, "InvalidInput"),
+        (["--db", db, "--" + c], {}, "InvalidInput"),
+        (["--db", db, c], {}, "InvalidInput"),
+        ([c], {}, "InvalidInput"),
+        ([], {}, "InvalidInput"),
+        (["--db", db, "reconcile", "--active-grace-seconds", c], {}, "InvalidInput"),
+        (["--db", db, "reconcile", "--delivery-grace-seconds", "-5"], {}, "InvalidInput"),
+        (["--db", db, "reconcile", "--dry-run", "--" + c], {}, "InvalidInput"),
+        (["--db", db, "tasks", "--status", c], {}, "InvalidInput"),
+        (["--db", db, "tasks", "--status", "queued", "--stale-seconds", c], {}, "InvalidInput"),
+        (["--db", db, "tasks", "--status", "queued", "--limit", c], {}, "InvalidInput"),
+        (["--db", db, "tasks"], {}, "InvalidInput"),
+        (["--db", db, "status", "--format", c], {}, "InvalidInput"),
+        (["--db", db, "prune", "--older-than", c], {}, "InvalidInput"),
+        (["--db", db, "prune"], {}, "InvalidInput"),
+        (["--db", db, "--busy-timeout-ms", c, "doctor"], {}, "InvalidInput"),
+        (["--db", db, "reconcile"], {"TSG_ACTIVE_GRACE_SECONDS": c}, "InvalidInput"),
+        (["--db", db, "reconcile", "--dry-run"], {"TSG_DELIVERY_GRACE_SECONDS": c},
+         "InvalidInput"),
+        (["get", tid], {"TSG_DB": db + c}, "InvalidInput"),
+        (["--db", os.path.join(os.path.dirname(db), c, "x.sqlite"), "doctor"], {},
+         "InvalidInput"),
+        (["doctor"], {}, "InvalidInput"),
+    ]
+
+
+def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    tid = ok(run_cli("--db", db, "create"))["task"]["id"]
+    cases = _bad_invocations(db, tid)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda c: run_cli(*c[0], env=cli_env(c[1])), cases))
+    for (args, _extra, error), result in zip(cases, results, strict=True):
+        assert_cli_error(result, error)
+        assert CANARY not in result.stdout and CANARY not in result.stderr, args
+        assert db not in result.stdout
+    # unsafe paths: the storage error names only its class
+    link = os.path.join(os.path.dirname(db), CANARY + ".sqlite")
+    os.symlink(db, link)
+    for args in (["init"], ["doctor"], ["create"]):
+        result = run_cli("--db", link, *args)
+        assert_cli_error(result, "StorageError")
+        assert CANARY not in result.stdout + result.stderr
+    assert ok(run_cli("--db", db, "get", tid))["task"]["status"] == "queued"
+
+
+def test_unexpected_error_is_internal_error_exit_3(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    tid = ok(run_cli("--db", db, "create"))["task"]["id"]
+    script = (
+        "import runpy, sys\n"
+        "import task_state_guard.ledger as ledger_module\n"
+        "def boom(*args, **kwargs):\n"
+        f"    raise RuntimeError('{CANARY} ' + repr(args))\n"
+        "ledger_module.Ledger.get_task = boom\n"
+        "sys.argv[0] = 'task_state_guard'\n"
+        "runpy.run_module('task_state_guard', run_name='__main__', alter_sys=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "--db", db, "get", tid],
+        capture_output=True, text=True, env=cli_env(), check=False, timeout=60,
+    )
+    assert proc.returncode == 3
+    assert proc.stderr == ""
+    assert proc.stdout == '{"error":"InternalError","ok":false}\n'
+    assert CANARY not in proc.stdout and tid not in proc.stdout
+
+
+def test_unhealthy_doctor_exits_1(tmp_path) -> None:
+    import sqlite3
+
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ok(run_cli("--db", db, "create"))
+    conn = sqlite3.connect(db)
+    conn.execute("DELETE FROM tsg_events")
+    conn.commit()
+    conn.close()
+    payload = ok(run_cli("--db", db, "doctor"), code=1)
+    assert payload["ok"] is False and payload["doctor"]["healthy"] is False
+
+
+# ----------------------------------------------------------------------------- never create
+
+
+READ_COMMANDS = [
+    ["get", "00000000-0000-4000-8000-000000000000"],
+    ["children", "00000000-0000-4000-8000-000000000000"],
+    ["tasks", "--status", "queued"],
+    ["status"],
+    ["status", "--format", "text"],
+    ["metrics"],
+    ["doctor"],
+    ["reconcile", "--dry-run"],
+    ["prune", "--older-than", "10", "--dry-run"],
+]
+
+
+@pytest.mark.parametrize("args", READ_COMMANDS, ids=lambda a: "-".join(a[:2]))
+def test_read_commands_never_create_a_database(tmp_path, args: list[str]) -> None:
+    missing_dir = tmp_path / "missing" / "tasks.sqlite"
+    assert_cli_error(run_cli("--db", str(missing_dir), *args), "InvalidInput")
+    assert not os.path.exists(tmp_path / "missing")
+    existing = tmp_path / "present"
+    existing.mkdir(mode=0o700)
+    before = sorted(os.listdir(existing))
+    assert_cli_error(run_cli("--db", str(existing / "tasks.sqlite"), *args), "InvalidInput")
+    assert sorted(os.listdir(existing)) == before == []
+    result = run_cli(*args, env=cli_env({"TSG_DB": str(existing / "tasks.sqlite")}))
+    assert_cli_error(result, "InvalidInput")
+    assert os.listdir(existing) == []
+
+
+# ----------------------------------------------------------------------------- env (E8)
+
+
+def test_tsg_db_env_and_flag_precedence(tmp_path) -> None:
+    env_db = str(tmp_path / "env" / "tasks.sqlite")
+    flag_db = str(tmp_path / "flag" / "tasks.sqlite")
+    env = cli_env({"TSG_DB": env_db})
+    tid = ok(run_cli("create", env=env))["task"]["id"]
+    assert ok(run_cli("get", tid, env=env))["task"]["id"] == tid
+    ok(run_cli("--db", flag_db, "init", env=env))
+    assert_cli_error(run_cli("--db", flag_db, "get", tid, env=env), "TaskNotFound")
+    assert ok(run_cli("--db", env_db, "get", tid))["task"]["id"] == tid
+
+
+def _ledger_with_stale_work(db: str, age: float) -> None:
+    """A running task last seen ``age`` seconds ago and a pending delivery of that age."""
+    with Ledger(db, clock=Clock(time.time() - age)) as led:
+        running = led.create_task()
+        led.start_task(running.id, owner=False)
+        done = led.create_task()
+        led.close_task(done.id, "succeeded")
+
+
+def test_grace_from_env_and_flags(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    _ledger_with_stale_work(db, 1000)
+
+    def preview(*flags: str, **env: str) -> dict:
+        result = run_cli("--db", db, "reconcile", "--dry-run", *flags, env=cli_env(env))
+        return ok(result)["reconcile"]
+
+    assert preview()["tasks_timed_out"] == 1  # default 600 s grace
+    assert preview(TSG_ACTIVE_GRACE_SECONDS="5000")["tasks_timed_out"] == 0
+    assert preview(TSG_ACTIVE_GRACE_SECONDS="500")["tasks_timed_out"] == 1
+    assert preview("--active-grace-seconds", "5000",
+                   TSG_ACTIVE_GRACE_SECONDS="500")["tasks_timed_out"] == 0
+    report = preview(TSG_DELIVERY_GRACE_SECONDS="5000")
+    assert report["deliveries_failed"] == 0 and report["pending_delivery_retained"] == 2
+    report = preview(TSG_DELIVERY_GRACE_SECONDS="500", TSG_ACTIVE_GRACE_SECONDS="5000")
+    assert report["deliveries_failed"] == 1
+    report = preview("--delivery-grace-seconds", "5000", TSG_DELIVERY_GRACE_SECONDS="500")
+    assert report["deliveries_failed"] == 0
+    applied = ok(run_cli("--db", db, "reconcile",
+                         env=cli_env({"TSG_ACTIVE_GRACE_SECONDS": "5000"})))["reconcile"]
+    assert applied["tasks_timed_out"] == 0 and applied["applied"] is True
+    applied = ok(run_cli("--db", db, "reconcile", "--active-grace-seconds", "900"))["reconcile"]
+    assert applied["tasks_timed_out"] == 1
+
+
+def test_status_and_metrics_text_outputs(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    tid = ok(run_cli("--db", db, "create", "--name", "app.job"))["task"]["id"]
+    for args in (["status", "--format", "text"], ["metrics"]):
+        result = run_cli("--db", db, *args)
+        assert result.code == 0 and result.stderr == ""
+        assert tid not in result.stdout and db not in result.stdout
+        assert "app.job" in result.stdout
