@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,12 +16,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import dramatiq
-import pika
+import pika  # type: ignore[import-untyped]
 import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from task_state_guard import Ledger, ReconcilePolicy, Task, TaskNotFound
-
 from task_state_guard_dramatiq import logical_task_id
 
 REDIS_URL = "redis://127.0.0.1:6379/13"  # DB 13: never shared with the Celery suite
@@ -32,9 +32,7 @@ TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 T = TypeVar("T")
 
 
-def wait_for(
-    fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
-) -> T:
+def wait_for(fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -111,7 +109,9 @@ class Producer:
         self.env = env
         self.broker: dramatiq.Broker
         if env.kind == "redis":
-            self.broker = RedisBroker(url=env.url, namespace=env.namespace, middleware=[])
+            self.broker = RedisBroker(  # type: ignore[no-untyped-call]
+                url=env.url, namespace=env.namespace, middleware=[]
+            )
         else:
             self.broker = RabbitmqBroker(url=env.url, middleware=[])
         self.broker.declare_queue(env.queue)
@@ -217,10 +217,8 @@ class CliWorker:
 
     def kill_group(self) -> None:
         assert self.proc is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
 
     def wait_exit(self, timeout: float) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import pika
+import pika  # type: ignore[import-untyped]
 import pytest
 import redis
 from _dramatiq_helpers import RABBIT_URL, REDIS_URL, BrokerEnv

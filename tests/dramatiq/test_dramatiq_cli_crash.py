@@ -22,7 +22,6 @@ from _dramatiq_helpers import (
     wait_for,
 )
 from task_state_guard import Ledger
-
 from task_state_guard_dramatiq import attempt_task_id
 
 
@@ -145,7 +144,10 @@ def test_shutdown_interrupts_notified_actor(redis_env: BrokerEnv) -> None:
         parent = wait_closed(ledger, mid)
         assert (parent.status, parent.code) == ("succeeded", "worker_completed")
         attempts = attempts_of(ledger, mid)
-        assert outcomes(attempts) == [("cancelled", "interrupted"), ("succeeded", "worker_completed")]
+        assert outcomes(attempts) == [
+            ("cancelled", "interrupted"),
+            ("succeeded", "worker_completed"),
+        ]
         assert attempts[1].id == attempt_task_id(mid, 1)  # the queued attempt was claimed
         assert "TaskStateGuard ledger error" not in first.log()
         assert_healthy(ledger)
@@ -180,14 +182,13 @@ def test_unwritable_ledger_never_breaks_messages(redis_env: BrokerEnv) -> None:
         producer.close()
     log = worker.log()
     per_message = list(
-        line for line in log.splitlines()
+        line
+        for line in log.splitlines()
         if "TaskStateGuard ledger error in before_process_message" in line
     )
     # Logged once per kind and process (2 processes), however many messages failed.
     assert 1 <= len(per_message) <= 2, log
-    counted = sum(
-        int(n) for n in re.findall(r"\('before_process_message:\w+', (\d+)\)", log)
-    )
+    counted = sum(int(n) for n in re.findall(r"\('before_process_message:\w+', (\d+)\)", log))
     assert counted >= len(tags) + 2, log
     assert not bad_db.exists()
 

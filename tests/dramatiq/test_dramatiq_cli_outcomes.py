@@ -25,7 +25,6 @@ from _dramatiq_helpers import (
     wait_closed,
 )
 from task_state_guard import Ledger, ReconcilePolicy
-
 from task_state_guard_dramatiq import TaskStateGuardMiddleware, logical_task_id
 
 WORKER_GRACE = 2.0  # the worker's own active grace (boot reconcile)

@@ -25,7 +25,6 @@ import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import AsyncIO, CurrentMessage, Middleware, SkipMessage
-
 from task_state_guard_dramatiq import install
 
 QUEUE = os.environ["TSG_TEST_QUEUE"]
@@ -46,7 +45,7 @@ def _broker() -> dramatiq.Broker:
     url = os.environ["TSG_TEST_URL"]
     broker: dramatiq.Broker
     if kind == "redis":
-        broker = RedisBroker(
+        broker = RedisBroker(  # type: ignore[no-untyped-call]
             url=url,
             namespace=os.environ["TSG_TEST_NAMESPACE"],
             heartbeat_timeout=int(os.environ.get("TSG_TEST_REDIS_HEARTBEAT_MS", "60000")),

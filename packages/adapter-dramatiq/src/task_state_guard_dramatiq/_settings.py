@@ -75,17 +75,14 @@ def resolve_settings(
 ) -> Settings:
     """Resolve every setting from its argument, else its ``TSG_*`` variable, else the default.
 
-    ====================================  ===================================  =========
-    argument                              environment variable                 default
-    ====================================  ===================================  =========
-    ``db``                                ``TSG_DB``                           required
-    ``active_grace_seconds``              ``TSG_ACTIVE_GRACE_SECONDS``         600
-    ``delivery_grace_seconds``            ``TSG_DELIVERY_GRACE_SECONDS``       600
-    ``heartbeat_interval_seconds``        ``TSG_HEARTBEAT_INTERVAL_SECONDS``   min(30, active grace / 5)
-    ``reconcile_on_boot``                 ``TSG_RECONCILE_ON_BOOT``            true
-    ``reconcile_interval_seconds``        ``TSG_RECONCILE_INTERVAL_SECONDS``   off
-    ``strict``                            ``TSG_STRICT``                       false
-    ====================================  ===================================  =========
+    - ``db`` / ``TSG_DB``: required.
+    - ``active_grace_seconds`` / ``TSG_ACTIVE_GRACE_SECONDS``: 600.
+    - ``delivery_grace_seconds`` / ``TSG_DELIVERY_GRACE_SECONDS``: 600.
+    - ``heartbeat_interval_seconds`` / ``TSG_HEARTBEAT_INTERVAL_SECONDS``:
+      min(30, active grace / 5).
+    - ``reconcile_on_boot`` / ``TSG_RECONCILE_ON_BOOT``: true.
+    - ``reconcile_interval_seconds`` / ``TSG_RECONCILE_INTERVAL_SECONDS``: off (0).
+    - ``strict`` / ``TSG_STRICT``: false.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
 
@@ -107,7 +104,9 @@ def resolve_settings(
     if delivery_grace_seconds is None:
         delivery_grace_seconds = _env_float(env, "TSG_DELIVERY_GRACE_SECONDS")
     delivery = _positive(
-        DEFAULT_DELIVERY_GRACE_SECONDS if delivery_grace_seconds is None else delivery_grace_seconds,
+        DEFAULT_DELIVERY_GRACE_SECONDS
+        if delivery_grace_seconds is None
+        else delivery_grace_seconds,
         "delivery_grace_seconds",
     )
 

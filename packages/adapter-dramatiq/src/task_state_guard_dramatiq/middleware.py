@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -344,12 +345,11 @@ class TaskStateGuardMiddleware(Middleware):
             # deployments): keep the existing logical task as it is.
             parent = ledger.get_task(parent_id)
         if parent.status == "queued":
-            try:
-                # owner=False: the broker redelivers an unacked message after a crash, so
-                # the logical task outlives the process that happens to run an attempt.
+            # owner=False: the broker redelivers an unacked message after a crash, so the
+            # logical task outlives the process that happens to run an attempt. A
+            # StateConflict means another delivery started it first.
+            with contextlib.suppress(StateConflict):
                 ledger.start_task(parent_id, owner=False)
-            except StateConflict:
-                pass  # another delivery started it first
 
         retries = int(options.get("retries") or 0)
         attempt = self._claim_attempt(ledger, parent_id, attempt_task_id(message_id, retries), name)
