@@ -86,8 +86,13 @@ class LedgerBusy(StorageError):
     """Another connection held the database lock past the busy timeout."""
 
 
+_CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def canonical_id(value: object, what: str = "task id") -> str:
     """Return the canonical lowercase hyphenated form of a UUID, or raise InvalidInput."""
+    if type(value) is str and _CANONICAL.fullmatch(value):
+        return value
     if isinstance(value, uuid.UUID):
         return str(value)
     if not isinstance(value, str) or len(value) != 36:

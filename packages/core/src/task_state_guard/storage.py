@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .model import InvalidInput, StorageError
 
@@ -25,8 +25,7 @@ _REMOTE_FS = frozenset(
 POSIX = os.name == "posix"
 
 
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
+class FileIdentity(NamedTuple):
     """Device and inode of the opened database file."""
 
     dev: int
