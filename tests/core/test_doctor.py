@@ -1,0 +1,241 @@
+"""Doctor: counts only, exit 0 healthy / 1 unhealthy, and tamper fixtures written with a raw
+sqlite3 connection; no task id ever appears in the output."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+import pytest
+from core_helpers import T0, Clock, assert_json_line, raw_execute, run_cli
+from task_state_guard import Ledger
+
+FINDING_KEYS = {
+    "integrity_errors", "foreign_key_violations", "schema_mismatch", "invalid_ids",
+    "invalid_states", "invalid_codes", "invalid_timestamps", "parent_order_violations",
+    "parent_cycles", "event_chain_mismatches", "orphan_events",
+}
+
+
+def build(db: str) -> dict[str, str]:
+    """A small healthy ledger with every kind of task; returns role -> id."""
+    clock = Clock()
+    with Ledger(db, clock=clock) as led:
+        ids = {}
+        ids["queued"] = led.create_task(name="q").id
+        r = led.create_task(timeout_seconds=500)
+        led.start_task(r.id, owner=False)
+        clock.advance(5)
+        led.heartbeat(r.id)
+        ids["running"] = r.id
+        root = led.create_task()
+        ids["root"] = root.id
+        clock.advance(1)
+        child = led.create_task(parent_id=root.id, delivery_required=False)
+        ids["child"] = child.id
+        led.start_task(child.id, owner=False)
+        clock.advance(1)
+        led.close_task(child.id, "succeeded", code="worker_completed")
+        led.set_delivery(child.id, "not_applicable", code="internal_task")
+        led.close_task(root.id, "succeeded", code="completed")
+        clock.advance(1)
+        led.set_delivery(root.id, "delivered", code="transport_acknowledged")
+        leaf = led.create_task()
+        led.close_task(leaf.id, "cancelled", code="caller_cancelled")
+        ids["leaf"] = leaf.id
+        report = led.doctor()
+        assert report["healthy"] is True
+    return ids
+
+
+def cli_doctor(db: str, ids: dict[str, str], expect_code: int) -> dict:
+    result = run_cli("--db", db, "doctor")
+    payload = assert_json_line(result)
+    assert result.code == expect_code
+    for tid in ids.values():
+        assert tid not in result.stdout
+        assert tid.upper() not in result.stdout
+        assert tid.replace("-", "") not in result.stdout
+    return payload
+
+
+def test_healthy_doctor(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ids = build(db)
+    payload = cli_doctor(db, ids, 0)
+    report = payload["doctor"]
+    assert payload["ok"] is True and report["healthy"] is True
+    assert report["task_count"] == 5
+    assert report["event_count"] == 1 + 2 + 3 + 4 + 2
+    assert report["schema_version"] == 2
+    assert set(report["findings"]) == FINDING_KEYS
+    assert all(v == 0 for v in report["findings"].values())
+    assert set(report) == {"healthy", "schema_version", "task_count", "event_count", "findings"}
+
+
+def test_retained_history_is_still_healthy(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ids = build(db)
+    with Ledger(db, clock=Clock(T0 + 10**8)) as led:
+        assert led.doctor()["healthy"] is True
+    assert cli_doctor(db, ids, 0)["doctor"]["healthy"] is True
+
+
+TAMPERS = {
+    "schema_extra_index": ["CREATE INDEX sneaky ON tsg_tasks(code)"],
+    "schema_extra_column": ["ALTER TABLE tsg_tasks ADD COLUMN prompt TEXT"],
+    "schema_extra_table": ["CREATE TABLE tsg_notes(body TEXT)"],
+    "schema_meta_version": ["UPDATE tsg_meta SET value = '9' WHERE key = 'schema_version'"],
+    "schema_meta_extra_key": ["INSERT INTO tsg_meta(key, value) VALUES ('host', 'x')"],
+    "event_deleted": [
+        "DELETE FROM tsg_events WHERE seq = (SELECT max(seq) FROM tsg_events "
+        "WHERE kind = 'started')"
+    ],
+    "event_extra": [
+        "INSERT INTO tsg_events(task_seq, kind, state, code, at) "
+        "SELECT seq, 'closed', 'succeeded', 'completed', updated_at FROM tsg_tasks "
+        "WHERE status = 'queued'"
+    ],
+    "event_altered_time": [
+        "UPDATE tsg_events SET at = at + 1 WHERE kind = 'delivery' AND state = 'delivered'"
+    ],
+    "event_altered_code": [
+        "UPDATE tsg_events SET code = 'worker_completed' WHERE code = 'completed'"
+    ],
+    "event_altered_state": [
+        "UPDATE tsg_events SET state = 'failed' WHERE kind = 'closed' AND state = 'cancelled'"
+    ],
+    "event_orphan": [
+        "INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES (999, 'created', "
+        "'queued', 'created', 1.0)"
+    ],
+    "timestamp_disorder_closed_before_start": [
+        "UPDATE tsg_tasks SET closed_at = started_at - 100 WHERE status = 'succeeded' "
+        "AND started_at IS NOT NULL"
+    ],
+    "timestamp_disorder_heartbeat_before_start": [
+        "UPDATE tsg_tasks SET heartbeat_at = started_at - 1 WHERE status = 'running'"
+    ],
+    "timestamp_disorder_updated_before_created": [
+        "UPDATE tsg_tasks SET updated_at = created_at - 1 WHERE status = 'queued'"
+    ],
+    "timestamp_deadline_mismatch": [
+        "UPDATE tsg_tasks SET deadline_at = deadline_at + 1 WHERE status = 'running'"
+    ],
+    "timestamp_non_finite_inf": [
+        ("UPDATE tsg_tasks SET heartbeat_at = ? WHERE status = 'running'", (math.inf,))
+    ],
+    "timestamp_non_finite_neg_inf": [
+        ("UPDATE tsg_tasks SET created_at = ? WHERE status = 'queued'", (-math.inf,))
+    ],
+    "timestamp_text": ["UPDATE tsg_tasks SET closed_at = 'yesterday' WHERE status = 'cancelled'"],
+    "parent_cycle": [
+        "UPDATE tsg_tasks SET parent_id = (SELECT id FROM tsg_tasks c WHERE c.parent_id = "
+        "tsg_tasks.id) WHERE parent_id IS NULL AND status = 'succeeded'"
+    ],
+    "parent_self_cycle": [
+        "UPDATE tsg_tasks SET parent_id = id WHERE status = 'cancelled'"
+    ],
+    "parent_order": [
+        "UPDATE tsg_tasks SET created_at = created_at + 100 WHERE parent_id IS NULL "
+        "AND status = 'succeeded'"
+    ],
+    "non_canonical_id_upper": ["UPDATE tsg_tasks SET id = upper(id) WHERE status = 'cancelled'"],
+    "non_canonical_id_braces": [
+        "UPDATE tsg_tasks SET id = '{' || id || '}' WHERE status = 'queued'"
+    ],
+    "non_canonical_id_text": ["UPDATE tsg_tasks SET id = 'task-1' WHERE status = 'running'"],
+    "bad_state_running_delivered": [
+        "UPDATE tsg_tasks SET delivery_status = 'delivered', delivery_closed_at = updated_at "
+        "WHERE status = 'running'"
+    ],
+    "bad_state_terminal_without_closed_at": [
+        "UPDATE tsg_tasks SET closed_at = NULL WHERE status = 'cancelled'"
+    ],
+    "bad_state_delivering_not_applicable": [
+        "UPDATE tsg_tasks SET delivery_status = 'not_applicable' WHERE delivery_status = "
+        "'delivered'"
+    ],
+    "bad_state_queued_with_owner": [
+        "UPDATE tsg_tasks SET owner = 'ffffffffffffffffffffffffffffffff' WHERE status = 'queued'"
+    ],
+    "bad_code_for_state": ["UPDATE tsg_tasks SET code = 'revoked' WHERE code = 'completed'"],
+    "bad_name_free_text": ["UPDATE tsg_tasks SET name = 'free text here' WHERE name = 'q'"],
+    "bad_payload_hash": ["UPDATE tsg_tasks SET payload_hash = 'abc' WHERE status = 'queued'"],
+    "foreign_key_dangling_parent": [
+        "PRAGMA foreign_keys=OFF",
+        "UPDATE tsg_tasks SET parent_id = '99999999-9999-4999-8999-999999999999' "
+        "WHERE status = 'cancelled'",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAMPERS))
+def test_tamper_makes_doctor_unhealthy(tmp_path, name: str) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ids = build(db)
+    statements = TAMPERS[name]
+    pragmas = [s for s in statements if isinstance(s, str) and s.startswith("PRAGMA")]
+    rest = [s for s in statements if s not in pragmas]
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        for pragma in pragmas:
+            conn.execute(pragma)
+        conn.execute("BEGIN")
+        for statement in rest:
+            if isinstance(statement, tuple):
+                cur = conn.execute(*statement)
+            else:
+                cur = conn.execute(statement)
+            assert cur.rowcount != 0, f"tamper {name} changed nothing"
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    payload = cli_doctor(db, ids, 1)
+    assert payload["ok"] is False
+    report = payload["doctor"]
+    assert report["healthy"] is False
+    assert sum(report["findings"].values()) >= 1
+    assert set(report["findings"]) == FINDING_KEYS
+    for value in report["findings"].values():
+        assert isinstance(value, int)
+    if name.startswith("schema"):
+        assert report["findings"]["schema_mismatch"] == 1
+    elif name.startswith("parent_cycle") or name == "parent_self_cycle":
+        assert report["findings"]["parent_cycles"] >= 1
+    elif name.startswith("non_canonical"):
+        assert report["findings"]["invalid_ids"] >= 1
+    elif name.startswith("timestamp"):
+        assert report["findings"]["invalid_timestamps"] >= 1
+    elif name.startswith("event"):
+        assert report["findings"]["event_chain_mismatches"] + report["findings"][
+            "orphan_events"] >= 1
+    elif name.startswith("bad_state"):
+        assert report["findings"]["invalid_states"] >= 1
+
+
+def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ids = build(db)
+    raw_execute(db, "UPDATE tsg_tasks SET id = upper(id) WHERE status = 'cancelled'",
+                "DELETE FROM tsg_events WHERE kind = 'delivery'")
+    with Ledger(db, clock=Clock()) as led:
+        report = led.doctor()
+    assert report["healthy"] is False
+    assert report["findings"]["invalid_ids"] == 1
+    assert report["findings"]["event_chain_mismatches"] == 2
+    text = repr(report)
+    for tid in ids.values():
+        assert tid not in text and tid.upper() not in text
+
+
+def test_doctor_is_read_only(tmp_path) -> None:
+    from core_helpers import snapshot_tree
+
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ids = build(db)
+    raw_execute(db, "DELETE FROM tsg_events WHERE kind = 'started'")
+    before = snapshot_tree(str(tmp_path / "d"))
+    cli_doctor(db, ids, 1)
+    cli_doctor(db, ids, 1)
+    assert snapshot_tree(str(tmp_path / "d")) == before
