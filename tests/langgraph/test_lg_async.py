@@ -11,7 +11,6 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, RetryPolicy, interrupt
 from lg_helpers import State, assert_healthy, shape, tree
-
 from task_state_guard_langgraph import guard
 
 
@@ -41,7 +40,9 @@ def _builder(started: asyncio.Event | None = None, release: asyncio.Event | None
     builder = StateGraph(State)
     builder.add_node("fetch", fetch)
     builder.add_node(
-        "flaky", flaky, retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
+        "flaky",
+        flaky,
+        retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False),
     )
     builder.add_node("wait", wait)
     builder.add_edge(START, "fetch")
@@ -67,7 +68,12 @@ EXPECTED = (
 def _sorted_shape(root: dict[str, Any]) -> tuple[Any, ...]:
     name, status, code, children = shape(root)
     order = {"fetch": 0, "flaky": 1, "wait": 2}
-    return name, status, code, tuple(sorted(children, key=lambda c: (order[c[0]], c[1] == "succeeded")))
+    return (
+        name,
+        status,
+        code,
+        tuple(sorted(children, key=lambda c: (order[c[0]], c[1] == "succeeded"))),
+    )
 
 
 def test_ainvoke_and_astream(db: str, work: Path, apps: list[Any]) -> None:
@@ -123,7 +129,12 @@ def test_async_interrupt_and_resume(db: str, work: Path, apps: list[Any]) -> Non
         "completed",
         (
             ("ask", "cancelled", "interrupted", ()),
-            ("LangGraph", "succeeded", "completed", (("ask", "succeeded", "worker_completed", ()),)),
+            (
+                "LangGraph",
+                "succeeded",
+                "completed",
+                (("ask", "succeeded", "worker_completed", ()),),
+            ),
         ),
     )
     assert_healthy(app.ledger)

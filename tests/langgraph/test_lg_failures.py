@@ -9,7 +9,6 @@ import pytest
 from langgraph.graph import START, StateGraph
 from langgraph.types import RetryPolicy
 from lg_helpers import State, assert_healthy, tree
-
 from task_state_guard_langgraph import guard
 
 
@@ -36,7 +35,11 @@ def test_node_raises_without_retry(db: str, saver: Any, apps: list[Any]) -> None
         app.invoke({"log": []}, {"configurable": {"thread_id": "f1"}}, invocation_id="f1")
     assert app.last_outcome == "failed"
     root = tree(app.ledger, app.logical_task_id("f1"))
-    assert (root["status"], root["code"], root["delivery"]) == ("failed", "worker_failed", "pending")
+    assert (root["status"], root["code"], root["delivery"]) == (
+        "failed",
+        "worker_failed",
+        "pending",
+    )
     got = sorted((c["name"], c["status"], c["code"]) for c in root["children"])
     assert got == [("start", "succeeded", "worker_completed"), ("work", "failed", "worker_failed")]
     assert_healthy(app.ledger)

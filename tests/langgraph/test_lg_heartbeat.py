@@ -10,7 +10,6 @@ from typing import Any
 
 from langgraph.graph import START, StateGraph
 from lg_helpers import State, assert_healthy, shape, tree
-
 from task_state_guard import Ledger, ReconcilePolicy
 from task_state_guard_langgraph import guard, heartbeat
 

@@ -7,7 +7,6 @@ from typing import Any
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 from lg_helpers import State, assert_healthy, shape, tree
-
 from task_state_guard_langgraph import guard
 
 
@@ -114,6 +113,11 @@ def test_interrupt_inside_subgraph(db: str, saver: Any, apps: list[Any]) -> None
     second = tree(app.ledger, app.logical_task_id("a"))
     assert second["id"] in [c["id"] for c in tree(app.ledger, first["id"])["children"]]
     assert shape(second)[3] == (
-        ("review", "succeeded", "worker_completed", (("ask", "succeeded", "worker_completed", ()),)),
+        (
+            "review",
+            "succeeded",
+            "worker_completed",
+            (("ask", "succeeded", "worker_completed", ()),),
+        ),
     )
     assert_healthy(app.ledger)

@@ -9,7 +9,6 @@ from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 from lg_helpers import State, assert_healthy, shape, tree
-
 from task_state_guard_langgraph import METADATA_KEY, NAMESPACE, guard
 
 SECRET = "s3cr3t-prompt-value-7f1e"
@@ -60,7 +59,10 @@ def test_invocation_completes(db: str, saver: Any, apps: list[Any]) -> None:
 
     assert app.mark_delivered("req-1") is True
     task = app.ledger.get_task(task_id)
-    assert (str(task.delivery_status), task.delivery_code) == ("delivered", "transport_acknowledged")
+    assert (str(task.delivery_status), task.delivery_code) == (
+        "delivered",
+        "transport_acknowledged",
+    )
     assert app.mark_delivered("req-1") is True  # idempotent
     assert app.ledger_errors == {}
     assert_healthy(app.ledger)

@@ -10,7 +10,6 @@ import pytest
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 from lg_helpers import State, assert_healthy
-
 from task_state_guard import Ledger, LedgerError
 from task_state_guard_langgraph import guard
 

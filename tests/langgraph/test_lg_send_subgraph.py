@@ -9,7 +9,6 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 from lg_helpers import State, assert_healthy, shape, tree
-
 from task_state_guard_langgraph import guard
 
 

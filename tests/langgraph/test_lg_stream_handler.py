@@ -8,7 +8,6 @@ import pytest
 from langgraph.graph import START, StateGraph
 from langgraph.types import RetryPolicy
 from lg_helpers import State, assert_healthy, shape, tree
-
 from task_state_guard import Ledger
 from task_state_guard_langgraph import GuardCallbackHandler, guard, logical_task_id
 
