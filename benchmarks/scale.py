@@ -104,7 +104,7 @@ def build(db: str, size: int) -> float:
 
 
 _OPERATION = r"""
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[4])
 from task_state_guard import Ledger, ReconcilePolicy
 db, op, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -124,7 +124,9 @@ else:
     result = ledger.prune(7 * 86400)
 ledger.close()
 elapsed = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own peak RSS (ru_maxrss would include the pre-exec parent copy).
+rss = next(int(line.split()[1]) for line in open("/proc/self/status")
+           if line.startswith("VmHWM")) / 1024
 print(json.dumps({"seconds": round(elapsed, 3), "peak_rss_mb": round(rss, 1), "result": result}))
 """
 

@@ -44,6 +44,7 @@ def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
         )
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA cache_size=-32768")  # up to 32 MiB per connection, used lazily
         return conn
     except sqlite3.Error as exc:
         raise translate(exc) from None

@@ -3,28 +3,55 @@
 from __future__ import annotations
 
 import math
+import sqlite3
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from .model import InvalidInput, check_seconds
+from .model import TERMINAL_STATES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
 BATCH = 500
 
+# Candidate roots: delivery closed, last change before the cut-off (a partial index).
 _ROOTS = (
-    "SELECT seq, id, updated_at FROM tsg_tasks "
+    "SELECT seq, updated_at FROM tsg_tasks "
     "WHERE parent_id IS NULL AND delivery_closed_at IS NOT NULL AND updated_at <= ? "
     "AND (updated_at > ? OR (updated_at = ? AND seq > ?)) ORDER BY updated_at, seq LIMIT ?"
 )
-_TREE = (
-    "WITH RECURSIVE tree(seq, id) AS ("
-    " SELECT seq, id FROM tsg_tasks WHERE seq = ?"
-    " UNION ALL SELECT c.seq, c.id FROM tsg_tasks c JOIN tree ON c.parent_id = tree.id)"
-    " SELECT t.seq, t.status, t.delivery_status, t.updated_at FROM tree"
-    " JOIN tsg_tasks t ON t.seq = tree.seq"
-)
-_TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+def _trees_sql(count: int) -> str:
+    marks = ",".join("?" * count)
+    return (
+        "WITH RECURSIVE tree(root, seq, id) AS ("
+        f" SELECT seq, seq, id FROM tsg_tasks WHERE seq IN ({marks})"
+        " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
+        " JOIN tree ON c.parent_id = tree.id)"
+        " SELECT tree.root, t.seq, t.status, t.delivery_status, t.updated_at,"
+        " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq)"
+        " FROM tree JOIN tsg_tasks t ON t.seq = tree.seq"
+    )
+
+
+def _closed_trees(
+    conn: sqlite3.Connection, roots: list[int], cutoff: float
+) -> tuple[list[list[int]], int, int]:
+    """Return the task seqs of every fully closed tree, the number of their events, and how
+    many trees must stay because some task in them is still open or recent."""
+    members: dict[int, list[int]] = defaultdict(list)
+    events: dict[int, int] = defaultdict(int)
+    keep: set[int] = set()
+    for root, seq, status, delivery, updated, event_count in conn.execute(
+        _trees_sql(len(roots)), roots
+    ):
+        members[root].append(seq)
+        events[root] += event_count
+        if status not in TERMINAL_STATES or delivery == "pending" or not updated <= cutoff:
+            keep.add(root)
+    trees = [members[r] for r in roots if r in members and r not in keep]
+    return trees, sum(events[r] for r in roots if r in members and r not in keep), len(keep)
 
 
 def prune(ledger: Ledger, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
@@ -44,31 +71,19 @@ def prune(ledger: Ledger, older_than_seconds: float, *, dry_run: bool = False) -
             roots = conn.execute(
                 _ROOTS, (cutoff, last_updated, last_updated, last_seq, BATCH)
             ).fetchall()
-            for root_seq, _root_id, updated in roots:
-                last_updated, last_seq = updated, root_seq
-                tree = conn.execute(_TREE, (root_seq,)).fetchall()
-                closed = all(
-                    status in _TERMINAL and delivery != "pending" and when <= cutoff
-                    for _seq, status, delivery, when in tree
-                )
-                if not closed:
-                    counts["trees_retained"] += 1
-                    continue
-                seqs = sorted((row[0] for row in tree), reverse=True)
-                events = 0
-                for start in range(0, len(seqs), 500):
-                    chunk = seqs[start : start + 500]
-                    marks = ",".join("?" * len(chunk))
-                    events += conn.execute(
-                        f"SELECT count(*) FROM tsg_events WHERE task_seq IN ({marks})", chunk
-                    ).fetchone()[0]
-                    if not dry_run:
-                        conn.execute(f"DELETE FROM tsg_events WHERE task_seq IN ({marks})", chunk)
-                if not dry_run:
-                    conn.executemany("DELETE FROM tsg_tasks WHERE seq = ?", [(s,) for s in seqs])
-                counts["trees_deleted"] += 1
-                counts["tasks_deleted"] += len(seqs)
-                counts["events_deleted"] += events
+            if not roots:
+                break
+            last_seq, last_updated = roots[-1]
+            trees, events, kept = _closed_trees(conn, [r[0] for r in roots], cutoff)
+            doomed = sorted((seq for tree in trees for seq in tree), reverse=True)
+            if not dry_run and doomed:
+                keys = [(seq,) for seq in doomed]  # children first: they reference parents
+                conn.executemany("DELETE FROM tsg_events WHERE task_seq = ?", keys)
+                conn.executemany("DELETE FROM tsg_tasks WHERE seq = ?", keys)
+            counts["trees_deleted"] += len(trees)
+            counts["tasks_deleted"] += len(doomed)
+            counts["events_deleted"] += events
+            counts["trees_retained"] += kept
         if len(roots) < BATCH:
             break
     return {"dry_run": dry_run, "applied": not dry_run, **counts}
