@@ -139,6 +139,7 @@ class Ledger:
         self._check_schema = _check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
         self._pid = os.getpid()
         self._open_conns: list[sqlite3.Connection] = []
         self._identity: storage.FileIdentity | None = None
@@ -166,13 +167,15 @@ class Ledger:
             return conn
         if self._closed:
             raise StorageError("the ledger is closed")
+        if pid != self._pid:  # a lock held by another thread at fork() time stays held
+            self._lock = threading.Lock()
+            self._snapshot_lock = threading.RLock()
         with self._lock:
             if pid != self._pid:  # forked: park inherited handles, never close them here
                 _INHERITED.extend(self._open_conns)
                 if self._shared is not None:
                     _INHERITED.append(self._shared)
                 self._open_conns, self._shared, self._pid = [], None, pid
-                self._lock = threading.Lock()
             if self._read_only and self._shared is not None:
                 conn = self._shared
             else:
@@ -321,6 +324,9 @@ class Ledger:
         conn = self._conn()
         self._check_identity()
         toggled = query_only and not self._read_only
+        shared = conn is self._shared
+        if shared:
+            self._snapshot_lock.acquire()
         try:
             if toggled:
                 conn.execute("PRAGMA query_only=1")
@@ -329,6 +335,8 @@ class Ledger:
         except sqlite3.Error as exc:
             if toggled:
                 conn.execute("PRAGMA query_only=0")
+            if shared:
+                self._snapshot_lock.release()
             raise connections.translate(exc) from None
         try:
             yield conn
@@ -339,6 +347,8 @@ class Ledger:
                 conn.execute("ROLLBACK")
             if toggled:
                 conn.execute("PRAGMA query_only=0")
+            if shared:
+                self._snapshot_lock.release()
 
     def _begin(self) -> sqlite3.Connection:
         """Start an IMMEDIATE write transaction on this thread's connection."""
