@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import sys
 import time
@@ -13,7 +14,7 @@ from langgraph.graph import START, StateGraph
 from lg_helpers import State
 
 
-def build(checkpoints: str, marker: str | None) -> Any:
+def builder(marker: str | None, *, use_async: bool = False) -> StateGraph:
     """prepare -> slow -> finish; ``slow`` blocks (after writing ``marker``) when given one."""
 
     def prepare(state: State) -> dict[str, Any]:
@@ -25,24 +26,52 @@ def build(checkpoints: str, marker: str | None) -> Any:
             time.sleep(120)  # SIGKILLed here
         return {"log": ["slow"]}
 
+    async def aslow(state: State) -> dict[str, Any]:
+        if marker is not None:
+            Path(marker).write_text("in slow")
+            await asyncio.sleep(120)  # SIGKILLed here
+        return {"log": ["slow"]}
+
     def finish(state: State) -> dict[str, Any]:
         return {"log": ["finish"]}
 
-    builder = StateGraph(State)
-    builder.add_node("prepare", prepare)
-    builder.add_node("slow", slow)
-    builder.add_node("finish", finish)
-    builder.add_edge(START, "prepare")
-    builder.add_edge("prepare", "slow")
-    builder.add_edge("slow", "finish")
+    graph = StateGraph(State)
+    graph.add_node("prepare", prepare)
+    graph.add_node("slow", aslow if use_async else slow)
+    graph.add_node("finish", finish)
+    graph.add_edge(START, "prepare")
+    graph.add_edge("prepare", "slow")
+    graph.add_edge("slow", "finish")
+    return graph
+
+
+def build(checkpoints: str, marker: str | None) -> Any:
+    """The sync graph compiled with a SqliteSaver on ``checkpoints``."""
     conn = sqlite3.connect(checkpoints, check_same_thread=False)
-    return builder.compile(checkpointer=SqliteSaver(conn), name="crashy")
+    return builder(marker).compile(checkpointer=SqliteSaver(conn), name="crashy")
+
+
+async def _run_async(db: str, checkpoints: str, marker: str, thread: str, inv: str) -> None:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from task_state_guard_langgraph import guard
+
+    async with AsyncSqliteSaver.from_conn_string(checkpoints) as saver:
+        graph = builder(marker, use_async=True).compile(checkpointer=saver, name="crashy")
+        app = guard(graph, db=db, strict=True)
+        await app.ainvoke(
+            {"log": []},
+            {"configurable": {"thread_id": thread}},
+            invocation_id=inv,
+            durability="sync",
+        )
 
 
 if __name__ == "__main__":
     from task_state_guard_langgraph import guard
 
     db, checkpoints, marker, thread_id, invocation_id = sys.argv[1:6]
+    if sys.argv[6:] == ["async"]:
+        asyncio.run(_run_async(db, checkpoints, marker, thread_id, invocation_id))
     app = guard(build(checkpoints, marker), db=db, strict=True)
     app.invoke(
         {"log": []},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -12,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, StateGraph
 from langgraph.types import interrupt
-from lg_crash_graph import build
+from lg_crash_graph import build, builder
 from lg_helpers import State, assert_healthy, shape, tree
 from task_state_guard import Ledger
 from task_state_guard_langgraph import Recovery, guard, recovery_invocation_id
@@ -22,7 +24,7 @@ from task_state_guard_langgraph import Recovery, guard, recovery_invocation_id
 HERE = Path(__file__).parent
 
 
-def _kill_mid_node(work: Path, db: str, thread_id: str, invocation_id: str) -> None:
+def _kill_mid_node(work: Path, db: str, thread_id: str, invocation_id: str, *extra: str) -> None:
     marker = work / "marker"
     child = subprocess.Popen(
         [
@@ -33,6 +35,7 @@ def _kill_mid_node(work: Path, db: str, thread_id: str, invocation_id: str) -> N
             str(marker),
             thread_id,
             invocation_id,
+            *extra,
         ],
         cwd=str(HERE),
     )
@@ -78,7 +81,22 @@ def test_sigkill_mid_node_then_recover(work: Path, db: str, apps: list[Any]) -> 
     )
     assert_healthy(app.ledger)
 
-    results = app.recover(durability="sync")
+    # Two processes' guards recover at once: exactly one resumes the thread.
+    other = guard(build(str(work / "checkpoints.sqlite"), None), db=db, strict=True)
+    apps.append(other)
+    found: list[list[Recovery]] = []
+    barrier = threading.Barrier(2)
+
+    def recover(target: Any) -> None:
+        barrier.wait(10)
+        found.append(target.recover(durability="sync"))
+
+    threads = [threading.Thread(target=recover, args=(a,)) for a in (app, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    results = [r for batch in found for r in batch]
     new_id = recovery_invocation_id("crash-1")
     assert results == [Recovery("crash-thread", new_id, "crash-1", "succeeded", None)]
     state = app.get_state({"configurable": {"thread_id": "crash-thread"}})
@@ -144,4 +162,37 @@ def test_recover_leaves_other_threads_alone(
     finally:
         release.set()
         runner.join(10)
+    assert_healthy(app.ledger)
+
+
+def test_sigkill_mid_async_node_then_arecover(work: Path, db: str, apps: list[Any]) -> None:
+    _kill_mid_node(work, db, "async-thread", "crash-a", "async")
+
+    async def main() -> list[Recovery]:
+        async with AsyncSqliteSaver.from_conn_string(str(work / "checkpoints.sqlite")) as saver:
+            graph = builder(None, use_async=True).compile(checkpointer=saver, name="crashy")
+            app = guard(graph, db=db, strict=True)
+            apps.append(app)
+            lost = tree(app.ledger, app.logical_task_id("crash-a"))
+            assert shape(lost)[:3] == ("crashy", "timed_out", "owner_lost")
+            assert ("slow", "timed_out", "owner_lost", ()) in shape(lost)[3]
+            return await app.arecover(durability="sync")
+
+    results = asyncio.run(main())
+    new_id = recovery_invocation_id("crash-a")
+    assert results == [Recovery("async-thread", new_id, "crash-a", "succeeded", None)]
+    app = apps[0]
+    recovered = tree(app.ledger, app.logical_task_id(new_id))
+    assert recovered["id"] in [
+        c["id"] for c in tree(app.ledger, app.logical_task_id("crash-a"))["children"]
+    ]
+    assert shape(recovered) == (
+        "crashy",
+        "succeeded",
+        "completed",
+        (
+            ("slow", "succeeded", "worker_completed", ()),
+            ("finish", "succeeded", "worker_completed", ()),
+        ),
+    )
     assert_healthy(app.ledger)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -356,7 +356,7 @@ class GuardedGraph:
         *,
         invocation_id: str | None = None,
         **kwargs: Any,
-    ) -> Iterator[Any]:
+    ) -> Generator[Any, None, None]:
         """``graph.stream`` recorded as one invocation.
 
         The invocation starts at the first ``next()``; closing the iterator early ends it
@@ -378,7 +378,7 @@ class GuardedGraph:
         *,
         invocation_id: str | None = None,
         **kwargs: Any,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
         previous = await self._aprevious(input, config)
         run = self._begin(input, config, invocation_id, previous)
@@ -410,10 +410,8 @@ class GuardedGraph:
                 seen.setdefault(str(cfg["thread_id"]), None)
         return list(seen)
 
-    def _lost_invocation(self, saver: Any, thread_id: str) -> str | None:
-        """Invocation id of the thread's last invocation when it is lost and resumable."""
-        lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-        tup = saver.get_tuple(lookup)
+    def _lost_from_checkpoint(self, tup: Any) -> str | None:
+        """The lost invocation id recorded in a thread's latest checkpoint, if it is lost."""
         if tup is None:
             return None
         lost = (tup.metadata or {}).get(METADATA_KEY)
@@ -422,13 +420,46 @@ class GuardedGraph:
         task = self._rec.get(logical_task_id(str(lost)))
         if task is None or str(task.status) != "timed_out":
             return None  # unknown, or still running / closed by its own process
-        state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
-        if not state.next:
-            return None  # the thread finished
-        for pending in state.tasks:
-            if pending.interrupts or pending.error is not None:
-                return None  # waits for a human, or failed: not a crash
         return str(lost)
+
+    @staticmethod
+    def _resumable(state: Any) -> bool:
+        if not state.next:
+            return False  # the thread finished
+        # A pending interrupt waits for a human; a failed task is not a crash.
+        return not any(t.interrupts or t.error is not None for t in state.tasks)
+
+    def _lost_invocation(self, saver: Any, thread_id: str) -> str | None:
+        """Invocation id of the thread's last invocation when it is lost and resumable."""
+        lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+        lost = self._lost_from_checkpoint(saver.get_tuple(lookup))
+        if lost is None:
+            return None
+        state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
+        return lost if self._resumable(state) else None
+
+    async def _alost_invocation(self, saver: Any, thread_id: str) -> str | None:
+        lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+        try:
+            tup = await saver.aget_tuple(lookup)
+        except NotImplementedError:
+            tup = saver.get_tuple(lookup)
+        lost = self._lost_from_checkpoint(tup)
+        if lost is None:
+            return None
+        state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
+        return lost if self._resumable(state) else None
+
+    async def _athread_ids(self, saver: Any) -> list[str]:
+        try:
+            seen: dict[str, None] = {}
+            async for tup in saver.alist(None):
+                cfg = tup.config.get("configurable", {})
+                if cfg.get("checkpoint_ns", "") == "":
+                    seen.setdefault(str(cfg["thread_id"]), None)
+            return list(seen)
+        except NotImplementedError:
+            return self._thread_ids(saver)
 
     def recover(
         self,
@@ -475,6 +506,58 @@ class GuardedGraph:
                 error = type(exc).__name__
                 self._end(run, exc)
                 logger.warning("recover(): the resumed run raised %s", error)
+            else:
+                self._end(run, None, out)
+            results.append(Recovery(thread_id, new_id, lost, str(self.last_outcome), error))
+        return results
+
+    async def arecover(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[Recovery]:
+        """Async :meth:`recover` (for async checkpointers such as ``AsyncSqliteSaver``):
+        same selection and claims, each thread resumed with ``ainvoke(None, ...)``."""
+        saver = getattr(self._graph, "checkpointer", None)
+        if saver is None or isinstance(saver, bool) or self._rec.ledger is None:
+            return []
+        self.reconcile()
+        errors = self._rec.errors
+        ids = thread_ids
+        if ids is None:
+            try:
+                ids = await self._athread_ids(saver)
+            except Exception as exc:
+                errors.record("recover", exc)
+                if errors.strict:
+                    raise
+                ids = []
+        results: list[Recovery] = []
+        for thread_id in ids:
+            try:
+                lost = await self._alost_invocation(saver, thread_id)
+            except Exception as exc:
+                errors.record("recover", exc)
+                if errors.strict:
+                    raise
+                continue
+            if lost is None:
+                continue
+            base = dict(config or {})
+            base["configurable"] = {**(base.get("configurable") or {}), "thread_id": thread_id}
+            new_id = recovery_invocation_id(lost)
+            run = self._begin(None, base, new_id, lost, claim=True)
+            if run is None:
+                continue
+            error: str | None = None
+            try:
+                out = await self._graph.ainvoke(None, run.config, **kwargs)
+            except Exception as exc:
+                error = type(exc).__name__
+                self._end(run, exc)
+                logger.warning("arecover(): the resumed run raised %s", error)
             else:
                 self._end(run, None, out)
             results.append(Recovery(thread_id, new_id, lost, str(self.last_outcome), error))
