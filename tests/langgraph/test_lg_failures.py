@@ -103,3 +103,30 @@ def test_error_not_matching_retry_on_is_final(db: str, saver: Any, apps: list[An
     work_attempts = [(c["status"], c["code"]) for c in root["children"] if c["name"] == "work"]
     assert work_attempts == [("failed", "worker_failed")]
     assert_healthy(app.ledger)
+
+
+def test_retry_inside_a_subgraph_node(db: str, saver: Any, apps: list[Any]) -> None:
+    calls = {"n": 0}
+
+    def inner(state: State) -> dict[str, Any]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise Flaky()
+        return {"log": ["inner"]}
+
+    sub = StateGraph(State)
+    sub.add_node("inner", inner, retry_policy=RetryPolicy(initial_interval=0.01, jitter=False))
+    sub.add_edge(START, "inner")
+    builder = StateGraph(State)
+    builder.add_node("outer", sub.compile())
+    builder.add_edge(START, "outer")
+    app = guard(builder.compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+    app.invoke({"log": []}, {"configurable": {"thread_id": "sr"}}, invocation_id="sr")
+    root = tree(app.ledger, app.logical_task_id("sr"))
+    (outer,) = root["children"]
+    assert (outer["name"], outer["status"]) == ("outer", "succeeded")
+    assert Counter((c["name"], c["status"], c["code"]) for c in outer["children"]) == Counter(
+        {("inner", "failed", "retry_scheduled"): 1, ("inner", "succeeded", "worker_completed"): 1}
+    )
+    assert_healthy(app.ledger)

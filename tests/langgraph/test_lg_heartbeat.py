@@ -13,7 +13,7 @@ from lg_helpers import State, assert_healthy, shape, tree
 from task_state_guard import Ledger, ReconcilePolicy
 from task_state_guard_langgraph import guard, heartbeat
 
-GRACE = 0.6
+GRACE = 1.0  # heartbeats every 0.1 s: ten missed beats before anything is stale
 LONG = 3 * GRACE
 
 

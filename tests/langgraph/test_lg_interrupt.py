@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from langgraph.errors import GraphDrained
 from langgraph.graph import START, StateGraph
+from langgraph.runtime import RunControl
 from langgraph.types import Command, interrupt
 from lg_helpers import State, assert_healthy, shape, tree
 from task_state_guard_langgraph import guard
@@ -120,4 +123,39 @@ def test_interrupt_inside_subgraph(db: str, saver: Any, apps: list[Any]) -> None
             (("ask", "succeeded", "worker_completed", ()),),
         ),
     )
+    assert_healthy(app.ledger)
+
+
+def test_drain_is_a_cancelled_invocation_and_resumes_linked(
+    db: str, saver: Any, apps: list[Any]
+) -> None:
+    control = RunControl()
+
+    def first(state: State) -> dict[str, Any]:
+        control.request_drain("shutdown")  # e.g. from a SIGTERM handler
+        return {"log": ["first"]}
+
+    builder = StateGraph(State)
+    builder.add_node("first", first)
+    builder.add_node("second", lambda s: {"log": ["second"]})
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "second")
+    app = guard(builder.compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+    cfg = {"configurable": {"thread_id": "dr"}}
+    with pytest.raises(GraphDrained):
+        app.invoke({"log": []}, cfg, invocation_id="dr-1", control=control)
+    drained = tree(app.ledger, app.logical_task_id("dr-1"))
+    assert shape(drained) == (
+        "LangGraph",
+        "cancelled",
+        "interrupted",
+        (("first", "succeeded", "worker_completed", ()),),
+    )
+    out = app.invoke(None, cfg, invocation_id="dr-2")
+    assert out["log"] == ["first", "second"]
+    drained = tree(app.ledger, app.logical_task_id("dr-1"))
+    assert [shape(c) for c in drained["children"] if c["delivery_required"]] == [
+        ("LangGraph", "succeeded", "completed", (("second", "succeeded", "worker_completed", ()),))
+    ]
     assert_healthy(app.ledger)

@@ -150,3 +150,15 @@ def test_reused_invocation_id_runs_the_graph_and_counts_a_conflict(
     root = tree(app.ledger, app.logical_task_id("dup"))
     assert len(root["children"]) == 2  # the second run was not recorded over the first
     assert_healthy(app.ledger)
+
+
+def test_record_nodes_false_records_invocations_only(
+    db: str, saver: Any, apps: list[Any], monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("TSG_DB", db)  # configuration from the environment
+    app = guard(_linear().compile(checkpointer=saver), strict=True, record_nodes=False)
+    apps.append(app)
+    app.invoke({"log": []}, {"configurable": {"thread_id": "r"}}, invocation_id="light")
+    root = tree(app.ledger, app.logical_task_id("light"))
+    assert shape(root) == ("LangGraph", "succeeded", "completed", ())
+    assert_healthy(app.ledger)
