@@ -104,8 +104,9 @@ class Worker:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
+    def stop(self, graceful: bool = False) -> None:
+        """Stop the worker: SIGKILL its process group (tests assert before stopping)."""
+        if graceful and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -126,14 +127,26 @@ class Worker:
 class Scenario:
     """Per-test environment: queue, ledger, marker directory, workers, client app."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        db: str | None = None,
+        queue: str | None = None,
+        queues: list[str] | None = None,
+    ) -> None:
         self.tmp = tmp
-        self.queue = f"tsgt-{uuid.uuid4().hex[:12]}"
-        ledger_dir = tmp / "ledger"
-        ledger_dir.mkdir(mode=0o700)
-        self.db = str(ledger_dir / "tasks.sqlite")
+        self.queue = queue or f"tsgt-{uuid.uuid4().hex[:12]}"
+        #: queues a worker started by this scenario consumes (a shared worker serves
+        #: several tests, each with its own queue)
+        self.queues = queues or [self.queue]
+        if db is None:
+            ledger_dir = tmp / "ledger"
+            ledger_dir.mkdir(mode=0o700)
+            db = str(ledger_dir / "tasks.sqlite")
+        self.db = db
         self.markers = tmp / "markers"
-        self.markers.mkdir()
+        self.markers.mkdir(exist_ok=True)
         self.workers: list[Worker] = []
         self.grace = 600.0
         self.heartbeat = 0.3
@@ -187,7 +200,7 @@ class Scenario:
             "-c",
             str(concurrency),
             "-Q",
-            self.queue,
+            ",".join(self.queues),
             "-n",
             f"w{len(self.workers)}-{self.queue}@%h",
             "--without-gossip",
@@ -257,6 +270,13 @@ class Scenario:
     def close(self) -> None:
         for worker in self.workers:
             worker.stop()
+        # Remove this test's queues and bindings (never anything else in the DB).
+        client = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
+        try:
+            for queue in {self.queue, *self.queues}:
+                client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        finally:
+            client.close()
         for app in self._apps:
             try:
                 app.close()

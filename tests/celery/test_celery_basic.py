@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import Scenario, wait_for
@@ -112,12 +113,11 @@ def _watch_reconcile(
     return thread, reports
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
-def test_retries_twice_then_succeeds(scenario: Scenario, pool: str) -> None:
+def test_retries_twice_then_succeeds(scenario: Scenario) -> None:
     """Retries with a countdown longer than the active grace never time the parent out."""
     scenario.grace = 1.0
     scenario.heartbeat = 0.2
-    scenario.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
+    scenario.start_worker()
     stop = threading.Event()
     thread, reports = _watch_reconcile(scenario, grace=1.0, stop=stop)
     try:
@@ -140,10 +140,9 @@ def test_retries_twice_then_succeeds(scenario: Scenario, pool: str) -> None:
     scenario.assert_healthy()
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
-def test_retries_exhausted_autoretry(scenario: Scenario, pool: str) -> None:
+def test_retries_exhausted_autoretry(scenario: Scenario) -> None:
     """autoretry_for with max_retries=2: three attempts, parent failed."""
-    scenario.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
+    scenario.start_worker()
     result = scenario.send("tsgt.autoretry")
     with pytest.raises(KeyError):
         result.get(timeout=30)
@@ -160,21 +159,35 @@ def test_retries_exhausted_autoretry(scenario: Scenario, pool: str) -> None:
 
 
 @pytest.mark.parametrize("pool", ["threads", "solo"])
-def test_other_pools_success_and_failure(scenario: Scenario, pool: str) -> None:
-    """threads and solo pools: same outcomes as prefork for success and failure."""
+def test_other_pools_success_failure_retry(scenario: Scenario, pool: str) -> None:
+    """threads and solo pools: same outcomes as prefork for success, failure and retry."""
     scenario.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
     ok = scenario.send("tsgt.ok")
     bad = scenario.send("tsgt.fail")
+    retried = scenario.send("tsgt.retry_twice", 0.2)
+    exhausted = scenario.send("tsgt.autoretry")
     assert ok.get(timeout=20) == "ok"
     with pytest.raises(ValueError):
         bad.get(timeout=20)
-    scenario.wait_parent(ok.id, "succeeded")
-    scenario.wait_parent(bad.id, "failed")
+    assert retried.get(timeout=20) == "done"
+    with pytest.raises(KeyError):
+        exhausted.get(timeout=20)
+    for result, status in ((ok, "succeeded"), (bad, "failed"), (retried, "succeeded"),
+                           (exhausted, "failed")):
+        scenario.wait_parent(result.id, status)
     assert scenario.outcome(ok.id) == (
         ("succeeded", "worker_completed"),
         [("succeeded", "worker_completed")],
     )
     assert scenario.outcome(bad.id) == (("failed", "worker_failed"), [("failed", "worker_failed")])
+    assert scenario.outcome(retried.id) == (
+        ("succeeded", "worker_completed"),
+        [("failed", "retry_scheduled")] * 2 + [("succeeded", "worker_completed")],
+    )
+    assert scenario.outcome(exhausted.id) == (
+        ("failed", "worker_failed"),
+        [("failed", "retry_scheduled")] * 2 + [("failed", "worker_failed")],
+    )
     scenario.assert_healthy()
 
 
@@ -191,3 +204,31 @@ def test_name_that_does_not_fit_is_dropped(scenario: Scenario) -> None:
 def test_wait_for_helper_fails_loudly() -> None:
     with pytest.raises(AssertionError):
         wait_for(lambda: False, timeout=0.1)
+
+
+def test_unwritable_ledger_tasks_still_run(scenario: Scenario) -> None:
+    """Ledger in a read-only directory: tasks still run; each error kind is logged once."""
+    ledger_dir = str(Path(scenario.db).parent)
+    seeded = scenario.ledger.create_task(name="seed")  # an existing, healthy ledger
+    scenario.ledger.close()
+    scenario._ledger = None
+    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    worker = scenario.start_worker(
+        concurrency=1, wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             script, ledger_dir]
+    )
+    results = [scenario.send("tsgt.ok") for _ in range(3)] + [scenario.send("tsgt.fail")]
+    assert [r.get(timeout=20) for r in results[:3]] == ["ok"] * 3
+    with pytest.raises(ValueError):
+        results[3].get(timeout=20)
+    log = worker.log()
+    kinds = [line for line in log.splitlines() if "task-state-guard: ledger error in" in line]
+    assert kinds, log
+    hooks = [line.split("ledger error in ")[1].split(" ")[0] for line in kinds]
+    assert len(hooks) == len(set(hooks)), kinds  # once per kind (per process)
+    assert "task_prerun" in hooks
+    worker.stop()
+    # Nothing was written; the ledger is still healthy.
+    assert scenario.ledger.status()["tasks"]["queued"] == 1
+    assert scenario.ledger.get_task(seeded.id).name == "seed"
+    scenario.assert_healthy()

@@ -129,7 +129,8 @@ def _register(app: Celery) -> None:
     def reject() -> None:
         raise Reject("no", requeue=False)
 
-    @app.task(name="tsgt.reject_once", bind=True)
+    # Reject(requeue=True) only requeues an unacknowledged message: acks_late.
+    @app.task(name="tsgt.reject_once", bind=True, acks_late=True)
     def reject_once(self: Any) -> str:
         if not (self.request.delivery_info or {}).get("redelivered"):
             raise Reject("again", requeue=True)

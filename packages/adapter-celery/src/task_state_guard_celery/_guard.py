@@ -575,7 +575,11 @@ class CeleryGuard:
             else:
                 self._finish(ctx, "task_failure", "failed", "worker_failed")
             return
-        if not task_id:
+        if not task_id or not isinstance(
+            exception, (WorkerLostError, TimeLimitExceeded, Reject)
+        ):
+            # Exceptions raised in the task body are seen where the attempt runs; an
+            # attempt that could not be recorded there has nothing to close.
             return
         # The main process: a lost child, a hard time limit or a rejection.
         with self._guarded("task_failure"):
@@ -595,10 +599,8 @@ class CeleryGuard:
             status, code = "cancelled", "rejected"
         elif isinstance(exception, TimeLimitExceeded):
             status, code = "timed_out", "time_limit_exceeded"
-        elif isinstance(exception, WorkerLostError):
-            status, code = "failed", "worker_lost"
         else:
-            status, code = "failed", "worker_failed"
+            status, code = "failed", "worker_lost"
         attempt = self._resolve_attempt(token, task_id, retries, redelivered) if same else None
         requeued = (
             isinstance(exception, TimeLimitExceeded)
@@ -700,7 +702,11 @@ class CeleryGuard:
                 with self._guarded("task_postrun"):
                     self._close_parent_if_idle(getattr(ctx, _PARENT), "cancelled", "ignored")
             elif state == "REJECTED":
-                requeue = bool(getattr(retval, "requeue", False))
+                # Only an unacknowledged message can be requeued: with early acks the
+                # message is gone whatever the Reject says.
+                requeue = bool(getattr(retval, "requeue", False)) and bool(
+                    getattr(task, "acks_late", False)
+                )
                 parent = getattr(ctx, _PARENT)
 
                 def make_placeholder() -> str:
