@@ -45,10 +45,14 @@ TASK_COLUMNS = (
 _SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
 _RETURNING = f" RETURNING {TASK_COLUMNS}"
 # Events are written by the schema's triggers in the same statement as each state change.
+# Each transition is one autocommit statement: the state change, its guard (allowed source
+# state, clock not earlier than the stored times) and, through the triggers, its event.
 _INSERT_TASK = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "payload_hash, timeout_seconds, created_at, updated_at) "
-    "VALUES (?, ?, ?, 'queued', ?, 'pending', ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING"
+    "SELECT ?1, ?2, ?3, 'queued', ?4, 'pending', ?5, ?6, ?7, ?7 WHERE ?2 IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = ?2 AND created_at <= ?7) "
+    "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = ?1, deadline_at = ?1 + timeout_seconds, "
@@ -101,6 +105,11 @@ def row_to_task(row: tuple[Any, ...]) -> Task:
         has_owner=row[17] is not None,
         payload_hash=row[18],
     )
+
+
+def _clock_behind(row: tuple[Any, ...], now: float) -> bool:
+    """True when ``now`` is earlier than the task's last change or heartbeat."""
+    return now < row[16] or (row[13] is not None and now < row[13])
 
 
 class Ledger:
@@ -350,37 +359,24 @@ class Ledger:
             if shared:
                 self._snapshot_lock.release()
 
-    def _begin(self) -> sqlite3.Connection:
-        """Start an IMMEDIATE write transaction on this thread's connection."""
+    def _write_one(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """Run one write statement as its own transaction; return its RETURNING rows."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         conn = self._conn()
         self._check_identity()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        return conn
 
-    @staticmethod
-    def _commit(conn: sqlite3.Connection) -> None:
+    def _current(self, tid: str) -> tuple[Any, ...]:
+        """Read a task row to explain why a guarded write did not apply."""
+        conn = self._conn()
         try:
-            conn.execute("COMMIT")
+            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-
-    @staticmethod
-    def _abort(conn: sqlite3.Connection, exc: BaseException) -> BaseException:
-        """Roll back and return the exception to raise (sqlite3 errors translated)."""
-        with suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        if isinstance(exc, sqlite3.Error):
-            return connections.translate(exc)
-        return exc
-
-    @staticmethod
-    def _existing(conn: sqlite3.Connection, tid: str) -> tuple[Any, ...]:
-        row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
         if row is None:
             raise TaskNotFound("task not found")
         return tuple(row)
@@ -408,32 +404,23 @@ class Ledger:
             raise InvalidInput("delivery_required must be a boolean")
         label = check_name(name)
         fingerprint = check_payload_hash(payload_hash)
-        conn = self._begin()
-        try:
-            now = self._now()
-            if parent is not None:
-                prow = conn.execute(
-                    "SELECT created_at FROM tsg_tasks WHERE id = ?", (parent,)
-                ).fetchone()
-                if prow is None:
-                    raise TaskNotFound("parent task not found")
-                if now < prow[0]:
-                    raise StateConflict("clock is earlier than the parent's creation")
-            cur = conn.execute(
-                _INSERT_TASK,
-                (tid, parent, label, int(delivery_required), fingerprint, timeout, now, now),
-            )
-            if cur.rowcount != 1:  # explicit id that already exists
-                row = self._existing(conn, tid)
+        now = self._now()
+        params = (tid, parent, label, int(delivery_required), fingerprint, timeout, now)
+        if not self._write_one(_INSERT_TASK, params):
+            try:
+                row = self._current(tid)
+            except TaskNotFound:
+                row = None
+            if row is not None:  # an explicit id that already exists
                 if (row[2], bool(row[6]), row[3], row[9], row[18]) != (
                     parent, delivery_required, label, timeout, fingerprint
                 ):
                     raise StateConflict("a task with this id exists with other attributes")
-                self._commit(conn)
                 return row_to_task(row)
-            self._commit(conn)
-        except BaseException as exc:
-            raise self._abort(conn, exc) from None
+            assert parent is not None
+            if self._current(parent)[11] > now:
+                raise StateConflict("clock is earlier than the parent's creation")
+            raise StateConflict("the parent changed while the task was created")
         return Task(
             id=tid, parent_id=parent, name=label, status="queued", code=None,
             delivery_required=delivery_required, delivery_status="pending", delivery_code=None,
@@ -450,35 +437,21 @@ class Ledger:
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         token = owners.own_token(self._path) if owner else None
-        conn = self._begin()
-        try:
-            now = self._now()
-            rows = conn.execute(_START, (now, token, tid)).fetchall()
-            if not rows:
-                row = self._existing(conn, tid)
-                if row[4] != "queued":
-                    raise StateConflict("only a queued task can start")
-                raise StateConflict("clock is earlier than the task's stored times")
-            self._commit(conn)
-        except BaseException as exc:
-            raise self._abort(conn, exc) from None
+        rows = self._write_one(_START, (self._now(), token, tid))
+        if not rows:
+            if self._current(tid)[4] != "queued":
+                raise StateConflict("only a queued task can start")
+            raise StateConflict("clock is earlier than the task's stored times")
         return row_to_task(rows[0])
 
     def heartbeat(self, task_id: str | uuid.UUID) -> Task:
         """Record that a running task is alive (no event is written)."""
         tid = canonical_id(task_id)
-        conn = self._begin()
-        try:
-            now = self._now()
-            rows = conn.execute(_HEARTBEAT, (now, tid)).fetchall()
-            if not rows:
-                row = self._existing(conn, tid)
-                if row[4] != "running":
-                    raise StateConflict("only a running task can heartbeat")
-                raise StateConflict("clock is earlier than the task's stored times")
-            self._commit(conn)
-        except BaseException as exc:
-            raise self._abort(conn, exc) from None
+        rows = self._write_one(_HEARTBEAT, (self._now(), tid))
+        if not rows:
+            if self._current(tid)[4] != "running":
+                raise StateConflict("only a running task can heartbeat")
+            raise StateConflict("clock is earlier than the task's stored times")
         return row_to_task(rows[0])
 
     def heartbeat_many(self, task_ids: Iterable[str | uuid.UUID]) -> int:
@@ -486,16 +459,11 @@ class Ledger:
         ids = [canonical_id(t) for t in task_ids]
         if not ids:
             return 0
-        conn = self._begin()
-        try:
+        with self._write() as conn:
             now = self._now()
             before = conn.total_changes
             conn.executemany(_HEARTBEAT_MANY, [(now, tid) for tid in ids])
-            count = conn.total_changes - before
-            self._commit(conn)
-        except BaseException as exc:
-            raise self._abort(conn, exc) from None
-        return count
+            return conn.total_changes - before
 
     def close_task(self, task_id: str | uuid.UUID, status: str, *, code: str | None = None) -> Task:
         """Close a queued or running task; repeating the same terminal state is a no-op."""
@@ -503,23 +471,19 @@ class Ledger:
         state = check_state(status, TERMINAL_STATES, "terminal task status")
         reason = check_code_shape(code)
         code_ok = reason is None or reason in TASK_CODES[state]
-        conn = self._begin()
-        try:
-            now = self._now()
-            rows = conn.execute(_CLOSE, (state, reason, now, tid)).fetchall() if code_ok else []
-            if not rows:  # explain why, in the contract's precedence order
-                row = self._existing(conn, tid)
-                if row[4] in TERMINAL_STATES and row[4] != state:
-                    raise StateConflict("the task already closed with another state")
-                if row[4] not in TERMINAL_STATES and code_ok:
-                    raise StateConflict("clock is earlier than the task's stored times")
-                check_code(reason, state, TASK_CODES)
-                self._commit(conn)
-                return row_to_task(row)  # identical repeat: the original is kept
-            self._commit(conn)
-        except BaseException as exc:
-            raise self._abort(conn, exc) from None
-        return row_to_task(rows[0])
+        now = self._now()
+        rows = self._write_one(_CLOSE, (state, reason, now, tid)) if code_ok else []
+        if rows:
+            return row_to_task(rows[0])
+        row = self._current(tid)  # explain, in the contract's precedence order
+        if row[4] in TERMINAL_STATES and row[4] != state:
+            raise StateConflict("the task already closed with another state")
+        if row[4] not in TERMINAL_STATES and _clock_behind(row, now):
+            raise StateConflict("clock is earlier than the task's stored times")
+        check_code(reason, state, TASK_CODES)
+        if row[4] != state:  # unreachable unless the row changed between the two statements
+            raise StateConflict("the task changed concurrently")
+        return row_to_task(row)  # identical repeat: the original is kept
 
     def set_delivery(
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
@@ -530,34 +494,28 @@ class Ledger:
         reason = check_code_shape(code)
         code_ok = reason is None or reason in DELIVERY_CODES[state]
         required = int(state != "not_applicable")
-        conn = self._begin()
-        try:
-            now = self._now()
-            rows = (
-                conn.execute(_DELIVER, (state, reason, now, tid, required)).fetchall()
-                if code_ok
-                else []
-            )
-            if not rows:  # explain why, in the contract's precedence order
-                row = self._existing(conn, tid)
-                if row[4] not in TERMINAL_STATES:
-                    raise StateConflict("delivery can close only after the task is terminal")
-                if row[7] != "pending" and row[7] != state:
-                    raise StateConflict("the delivery already closed with another state")
-                if row[7] == "pending":
-                    if row[6] != required:
-                        raise StateConflict(
-                            "delivering tasks cannot be not_applicable; internal tasks can only be"
-                        )
-                    if code_ok:
-                        raise StateConflict("clock is earlier than the task's stored times")
-                check_code(reason, state, DELIVERY_CODES)
-                self._commit(conn)
-                return row_to_task(row)  # identical repeat: the original is kept
-            self._commit(conn)
-        except BaseException as exc:
-            raise self._abort(conn, exc) from None
-        return row_to_task(rows[0])
+        now = self._now()
+        rows = (
+            self._write_one(_DELIVER, (state, reason, now, tid, required)) if code_ok else []
+        )
+        if rows:
+            return row_to_task(rows[0])
+        row = self._current(tid)  # explain, in the contract's precedence order
+        if row[4] not in TERMINAL_STATES:
+            raise StateConflict("delivery can close only after the task is terminal")
+        if row[7] != "pending" and row[7] != state:
+            raise StateConflict("the delivery already closed with another state")
+        if row[7] == "pending":
+            if row[6] != required:
+                raise StateConflict(
+                    "delivering tasks cannot be not_applicable; internal tasks can only be"
+                )
+            if _clock_behind(row, now):
+                raise StateConflict("clock is earlier than the task's stored times")
+        check_code(reason, state, DELIVERY_CODES)
+        if row[7] != state:  # unreachable unless the row changed between the two statements
+            raise StateConflict("the delivery changed concurrently")
+        return row_to_task(row)  # identical repeat: the original is kept
 
     # ----------------------------------------------------------------- reads
     def get_task(self, task_id: str | uuid.UUID) -> Task:
