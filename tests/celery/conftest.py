@@ -7,6 +7,7 @@ Redis DB 5 so that other suites sharing the server never see its keys.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,6 @@ from typing import Any
 
 import pytest
 import redis
-
 from task_state_guard import Ledger, ReconcilePolicy, Task
 
 HERE = Path(__file__).resolve().parent
@@ -107,18 +107,13 @@ class Worker:
     def stop(self, graceful: bool = False) -> None:
         """Stop the worker: SIGKILL its process group (tests assert before stopping)."""
         if graceful and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of this worker's group only
-        except (ProcessLookupError, PermissionError):
-            pass
+        # Leftovers of this worker's own process group only.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         if self.proc.poll() is None:
             self.proc.wait(10)
         self._log.close()
@@ -233,7 +228,9 @@ class Scenario:
         tasks = self.ledger.children_of(task_state_guard_celery.logical_task_id(celery_id))
         return sorted(tasks, key=lambda t: (t.created_at, t.id))
 
-    def outcome(self, celery_id: str) -> tuple[tuple[str, str | None], list[tuple[str, str | None]]]:
+    def outcome(
+        self, celery_id: str
+    ) -> tuple[tuple[str, str | None], list[tuple[str, str | None]]]:
         parent = self.parent(celery_id)
         return (
             (str(parent.status), parent.code),
@@ -256,7 +253,9 @@ class Scenario:
 
         return wait_for(done, timeout, what="attempts")  # type: ignore[no-any-return]
 
-    def reconcile(self, active_grace: float | None = None, delivery_grace: float = 600.0) -> dict[str, Any]:
+    def reconcile(
+        self, active_grace: float | None = None, delivery_grace: float = 600.0
+    ) -> dict[str, Any]:
         policy = ReconcilePolicy(
             active_grace_seconds=self.grace if active_grace is None else active_grace,
             delivery_grace_seconds=delivery_grace,
@@ -274,14 +273,14 @@ class Scenario:
         client = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
         try:
             for queue in {self.queue, *self.queues}:
-                client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+                client.delete(
+                    queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+                )
         finally:
             client.close()
         for app in self._apps:
-            try:
+            with contextlib.suppress(Exception):
                 app.close()
-            except Exception:
-                pass
         if self._ledger is not None:
             self._ledger.close()
 

@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Scenario, wait_for
-
 import task_state_guard_celery
+from conftest import Scenario, wait_for
 
 
 def test_success_then_mark_delivered(scenario: Scenario) -> None:
@@ -48,7 +47,10 @@ def test_success_then_mark_delivered(scenario: Scenario) -> None:
     assert str(scenario.parent(plain.id).delivery_status) == "pending"
     scenario.reconcile(delivery_grace=0)
     parent = scenario.parent(plain.id)
-    assert (str(parent.delivery_status), parent.delivery_code) == ("not_applicable", "internal_task")
+    assert (str(parent.delivery_status), parent.delivery_code) == (
+        "not_applicable",
+        "internal_task",
+    )
     assert str(scenario.parent(delivering.id).delivery_status) == "delivered"
     scenario.assert_healthy()
 
@@ -62,7 +64,10 @@ def test_mark_delivery_failed(scenario: Scenario) -> None:
     try:
         updated = guard.mark_delivery_failed(result.id)
         assert updated is not None
-        assert (str(updated.delivery_status), updated.delivery_code) == ("failed", "transport_failed")
+        assert (str(updated.delivery_status), updated.delivery_code) == (
+            "failed",
+            "transport_failed",
+        )
         # Delivered after failed is a conflict: counted, never a rewrite.
         assert guard.mark_delivered(result.id) is None
         assert guard.stats()["conflicts"] == {"delivery_delivered": 1}

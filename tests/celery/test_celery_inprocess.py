@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import task_state_guard_celery as tsgc
 from celery import Celery, signals
 from celery.exceptions import Ignore
-
-import task_state_guard_celery as tsgc
 from task_state_guard import Ledger
 from task_state_guard_celery._guard import _WIRING
 

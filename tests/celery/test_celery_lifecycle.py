@@ -8,17 +8,13 @@ per test) to keep the suite fast; each test still has its own queue and task ids
 from __future__ import annotations
 
 import datetime as dt
-import os
-import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import Scenario, wait_for
-
 from task_state_guard import Ledger, ReconcilePolicy
 
 ROWS = [
@@ -52,13 +48,6 @@ def use(shared: tuple[Scenario, dict[str, str]], row: str) -> Scenario:
     sc = Scenario(base.tmp, db=base.db, queue=queues[row])
     sc.workers = []  # the worker belongs to the module fixture
     return sc
-
-
-@pytest.fixture
-def revoke_eta(shared: tuple[Scenario, dict[str, str]]) -> Iterator[Scenario]:
-    sc = use(shared, "revoke_eta")
-    yield sc
-    sc.close()
 
 
 def _running(attempts: list) -> bool:
@@ -139,7 +128,8 @@ def test_hard_time_limit_double_failure_is_idempotent(
             ("timed_out", "time_limit_exceeded"),
             [("timed_out", "time_limit_exceeded")],
         )
-        wait_for(lambda: base.workers[0].log().count("TimeLimitExceeded") >= 2 or True)
+        # Both task_failure signals have been handled once the replacement child is up;
+        # give the second one a moment, then check that nothing conflicted.
         time.sleep(0.5)
         new = base.workers[0].log()[len(before) :]
         assert "rejected conflicting" not in new and "ledger error" not in new, new
@@ -246,6 +236,3 @@ def test_late_completion_after_timeout_is_a_counted_conflict(scenario: Scenario)
     assert log.count("rejected conflicting transition (attempt_close_conflict)") == 1, log
     scenario.assert_healthy()
 
-
-def test_unused_fixture_helpers(revoke_eta: Scenario, tmp_path: Path) -> None:
-    assert revoke_eta.db and os.path.isdir(tmp_path) and signal.SIGKILL

@@ -12,10 +12,9 @@ import os
 import time
 from typing import Any
 
+import task_state_guard_celery
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
-
-import task_state_guard_celery
 
 
 def make_app(

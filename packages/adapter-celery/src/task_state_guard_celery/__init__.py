@@ -40,7 +40,7 @@ def _only_guard(app: Any) -> CeleryGuard:
     guards = installed_guards()
     if len(guards) != 1:
         raise LookupError(
-            "task-state-guard-celery: pass app= (installed on %d apps)" % len(guards)
+            f"task-state-guard-celery: pass app= (installed on {len(guards)} apps)"
         )
     return guards[0]
 

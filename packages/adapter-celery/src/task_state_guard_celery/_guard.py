@@ -26,7 +26,7 @@ import uuid
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from celery import signals
@@ -182,7 +182,9 @@ class CeleryGuard:
 
     def _connect(self) -> None:
         for signal, method, label in _WIRING:
-            signal.connect(getattr(self, method), weak=False, dispatch_uid=self._dispatch_uid(label))
+            signal.connect(
+                getattr(self, method), weak=False, dispatch_uid=self._dispatch_uid(label)
+            )
         self._installed = True
 
     def _disconnect(self) -> None:
@@ -477,10 +479,8 @@ class CeleryGuard:
                 led.start_task(parent, owner=owner)
             except TaskNotFound:
                 self._ensure_parent(celery_id, task)
-                try:
+                with suppress(StateConflict):
                     led.start_task(parent, owner=owner)
-                except StateConflict:
-                    pass
             except StateConflict:
                 pass  # already running: a retry or a concurrent delivery
             retries = int(getattr(ctx, "retries", 0) or 0)
