@@ -245,29 +245,26 @@ class GuardedGraph:
     ) -> _Invocation | None:
         inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
         self._local.invocation_id = inv
-        task_id: str | None = logical_task_id(inv)
+        own = logical_task_id(inv)
         parent: str | None = None
         if previous is not None:
             candidate = logical_task_id(previous)
-            if candidate != task_id and self._rec.exists(candidate):
+            if candidate != own and self._rec.exists(candidate):
                 parent = candidate
         opened = self._rec.open(
-            task_id,  # type: ignore[arg-type]
+            own,
             parent_id=parent,
             delivery_required=True,
             name=self._name,
             claim_errors=not claim,
         )
-        if not opened:
-            if claim:
-                return None
-            task_id = None  # run unrecorded (ledger down, or invocation id reused)
+        if not opened and claim:
+            return None
+        # Not opened: run unrecorded (ledger down, or invocation id reused); no handler.
+        task_id = own if opened else None
         handler: GuardCallbackHandler | None = None
-        if task_id is None:
-            recorder = Recorder(None, self._rec.errors)
-            handler = GuardCallbackHandler._bound(recorder, inv, None, None)
-        elif self._record_nodes:
-            handler = GuardCallbackHandler._bound(self._rec, inv, task_id, self._oracle)
+        if opened and self._record_nodes:
+            handler = GuardCallbackHandler._bound(self._rec, inv, own, self._oracle)
         return _Invocation(inv, task_id, handler, _with_handler(config, handler, inv), self._rec)
 
     def _end(self, run: _Invocation, exc: BaseException | None, output: Any = None) -> None:

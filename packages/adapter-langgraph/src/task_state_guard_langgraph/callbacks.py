@@ -11,7 +11,7 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
@@ -119,7 +119,6 @@ class _Run:
     ns: str | None = None
     attempt: int = 0
     root: bool = False
-    children: set[str] = field(default_factory=set)
 
 
 class GuardCallbackHandler(GraphCallbackHandler):
@@ -251,7 +250,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
                     return  # a node of a graph whose root we never saw: not ours
                 self._start_root(run_id, parent_run_id, kwargs.get("name"))
                 return
-            if not is_node:
+            if not is_node or not parent.chain:
+                # Not a node (routing function, subgraph root...), or a node of an
+                # invocation that is not recorded: track it for nesting, record nothing.
                 self._runs[run_id] = _Run(parent_run_id, parent.invocation, parent.chain)
                 return
             assert metadata is not None
@@ -260,7 +261,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
             attempt = self._counts.get(key, 0) + 1
             self._counts[key] = attempt
             task = attempt_task_id(parent.invocation, ns, attempt)
-            parent_task = parent.chain[0] if parent.chain else None
+            parent_task = parent.chain[0]
             run = _Run(
                 parent_run_id,
                 parent.invocation,
@@ -278,7 +279,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
         )
         if not opened:
             with self._lock:
+                # Not in the ledger: its subgraph nodes nest under the enclosing record.
                 run.task = None
+                run.chain = run.chain[1:]
 
     def _start_root(self, run_id: uuid.UUID, parent_run_id: uuid.UUID | None, name: object) -> None:
         # Called with the lock held.
