@@ -6,6 +6,7 @@ messages, and every test ends with a healthy ``doctor``.
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -254,8 +255,8 @@ def test_nothing_private_reaches_the_ledger(shared: Shared) -> None:
     raw = db_bytes(shared.env.db)
     assert secret.encode() not in raw
     assert b"planned failure" not in raw  # the exception text
-    import socket
-
-    assert socket.gethostname().encode() not in raw
+    host = socket.gethostname().encode()
+    if len(host) >= 6:  # a 2-letter host name matches random binary bytes
+        assert host not in raw
     for mid in (msg.message_id, with_arg):
         assert mid.encode() not in raw  # only the derived uuid5 is stored

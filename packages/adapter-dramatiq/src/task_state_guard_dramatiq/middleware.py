@@ -352,7 +352,9 @@ class TaskStateGuardMiddleware(Middleware):
                 ledger.start_task(parent_id, owner=False)
 
         retries = int(options.get("retries") or 0)
-        attempt = self._claim_attempt(ledger, parent_id, attempt_task_id(message_id, retries), name)
+        attempt = self._claim_attempt(
+            ledger, parent_id, attempt_task_id(message_id, retries), name, queued=retries > 0
+        )
         state = _Attempt(
             message_id=message_id,
             parent_id=parent_id,
@@ -365,18 +367,26 @@ class TaskStateGuardMiddleware(Middleware):
         return state
 
     @staticmethod
-    def _claim_attempt(ledger: Ledger, parent_id: str, expected_id: str, name: str | None) -> Task:
-        """Start the expected attempt; if another delivery already has it, record a fresh one."""
+    def _claim_attempt(
+        ledger: Ledger, parent_id: str, expected_id: str, name: str | None, *, queued: bool
+    ) -> Task:
+        """Start the expected attempt; if another delivery already has it, record a fresh one.
+
+        ``queued``: a retry scheduled this attempt, so it normally exists already (queued).
+        """
+        if queued:
+            try:
+                return ledger.start_task(expected_id, owner=True)
+            except TaskNotFound:
+                pass  # the retry was not recorded (ledger error then): create it now
+            except StateConflict:
+                return TaskStateGuardMiddleware._fresh_attempt(ledger, parent_id, name)
         try:
-            return ledger.start_task(expected_id, owner=True)
-        except TaskNotFound:
-            pass
-        except StateConflict:
-            return TaskStateGuardMiddleware._fresh_attempt(ledger, parent_id, name)
-        try:
-            ledger.create_task(
+            task = ledger.create_task(
                 task_id=expected_id, parent_id=parent_id, delivery_required=False, name=name
             )
+            if task.status != "queued":  # this message's first attempt exists: a duplicate
+                return TaskStateGuardMiddleware._fresh_attempt(ledger, parent_id, name)
             return ledger.start_task(expected_id, owner=True)
         except StateConflict:
             return TaskStateGuardMiddleware._fresh_attempt(ledger, parent_id, name)

@@ -1,0 +1,175 @@
+"""Overhead of the TaskStateGuard Dramatiq middleware on no-op actors through a real worker.
+
+Each round starts the real ``dramatiq`` CLI (2 processes x 2 threads by default) on Redis
+(127.0.0.1:6379, DB 12, a private key namespace deleted afterwards), with or without
+``install(broker)``, waits until it is ready, enqueues ``--messages`` no-op messages and
+measures the time until Redis has none left (every message acked). Rounds alternate
+plain / guarded (order flipped every other pair) in one invocation, and one JSON object is
+printed: the median messages per second of each mode and the ratio guarded / plain (the
+issue's target is >= 0.85). Not a test: nothing is asserted.
+
+    .venv/bin/python benchmarks/dramatiq_overhead.py [--rounds 3] [--messages 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+
+REDIS_URL = "redis://127.0.0.1:6379/12"
+HERE = Path(__file__).resolve().parent
+MODULE = Path(__file__).stem
+
+if os.environ.get("TSG_BENCH_ROLE") == "worker":  # imported by the dramatiq CLI
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(  # type: ignore[no-untyped-call]
+        url=REDIS_URL, namespace=os.environ["TSG_BENCH_NAMESPACE"]
+    )
+    if os.environ.get("TSG_BENCH_GUARD") == "1":
+        from task_state_guard_dramatiq import install
+
+        install(broker)  # TSG_DB from the environment; default graces and heartbeats
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(queue_name=os.environ["TSG_BENCH_QUEUE"], max_retries=0)
+    def noop() -> None:
+        """Does nothing: the measurement is the per-message overhead."""
+
+
+def run_round(guarded: bool, messages: int, workdir: Path, processes: int, threads: int) -> float:
+    from dramatiq.brokers.redis import RedisBroker
+
+    suffix = uuid.uuid4().hex[:10]
+    namespace, queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
+    env = dict(os.environ)
+    env.update(
+        {
+            "TSG_BENCH_ROLE": "worker",
+            "TSG_BENCH_GUARD": "1" if guarded else "0",
+            "TSG_BENCH_NAMESPACE": namespace,
+            "TSG_BENCH_QUEUE": queue,
+            "TSG_DB": str(workdir / "ledger" / "tasks.sqlite"),
+        }
+    )
+    log_path = workdir / f"worker-{suffix}.log"
+    producer = RedisBroker(  # type: ignore[no-untyped-call]
+        url=REDIS_URL, namespace=namespace, middleware=[]
+    )
+    producer.declare_queue(queue)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dramatiq",
+                MODULE,
+                "-p",
+                str(processes),
+                "-t",
+                str(threads),
+                "--path",
+                str(HERE),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while log_path.read_text(errors="replace").count("ready for action") < processes:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker failed to start:\n{log_path.read_text()}")
+            time.sleep(0.05)
+        client = producer.client
+        pending_key = f"{namespace}:{queue}.msgs"
+        start = time.perf_counter()
+        for _ in range(messages):
+            producer.enqueue(
+                dramatiq.Message(
+                    queue_name=queue, actor_name="noop", args=(), kwargs={}, options={}
+                )
+            )
+        while client.hlen(pending_key) > 0:
+            time.sleep(0.002)
+        elapsed = time.perf_counter() - start
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        keys = list(producer.client.scan_iter(match=f"{namespace}*"))
+        if keys:
+            producer.client.delete(*keys)
+        producer.close()
+    text = log_path.read_text(errors="replace")
+    if "TaskStateGuard ledger error" in text or "Unexpected failure" in text:
+        raise SystemExit(f"ledger errors during the benchmark:\n{text}")
+    return messages / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per mode")
+    parser.add_argument("--messages", type=int, default=2000, help="messages per round")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="tsg-dramatiq-bench-"))
+    rates: dict[str, list[float]] = {"plain": [], "guarded": []}
+    try:
+        for i in range(args.rounds):
+            order = [False, True] if i % 2 == 0 else [True, False]
+            for guarded in order:
+                rate = run_round(guarded, args.messages, workdir, args.processes, args.threads)
+                rates["guarded" if guarded else "plain"].append(rate)
+        from task_state_guard import Ledger
+
+        ledger = Ledger(str(workdir / "ledger" / "tasks.sqlite"))
+        tasks = ledger.status()["tasks"]
+        healthy = ledger.doctor()["healthy"]
+        ledger.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    plain = statistics.median(rates["plain"])
+    guarded = statistics.median(rates["guarded"])
+    result: dict[str, Any] = {
+        "benchmark": "dramatiq_overhead",
+        "broker": "redis",
+        "processes": args.processes,
+        "threads": args.threads,
+        "messages_per_round": args.messages,
+        "rounds_per_mode": args.rounds,
+        "plain_messages_per_s": round(plain, 1),
+        "guarded_messages_per_s": round(guarded, 1),
+        "ratio": round(guarded / plain, 3),
+        "target_ratio": 0.85,
+        "plain_rounds": [round(r, 1) for r in rates["plain"]],
+        "guarded_rounds": [round(r, 1) for r in rates["guarded"]],
+        "ledger_tasks": tasks,
+        "ledger_healthy": healthy,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
