@@ -136,9 +136,9 @@ def main() -> int:
     try:
         for i in range(args.rounds):
             order = [False, True] if i % 2 == 0 else [True, False]
-            for guarded in order:
-                rate = run_round(guarded, args.messages, workdir, args.processes, args.threads)
-                rates["guarded" if guarded else "plain"].append(rate)
+            for with_guard in order:
+                rate = run_round(with_guard, args.messages, workdir, args.processes, args.threads)
+                rates["guarded" if with_guard else "plain"].append(rate)
         from task_state_guard import Ledger
 
         ledger = Ledger(str(workdir / "ledger" / "tasks.sqlite"))
