@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,4 +162,25 @@ def test_record_nodes_false_records_invocations_only(
     app.invoke({"log": []}, {"configurable": {"thread_id": "r"}}, invocation_id="light")
     root = tree(app.ledger, app.logical_task_id("light"))
     assert shape(root) == ("LangGraph", "succeeded", "completed", ())
+    assert_healthy(app.ledger)
+
+
+def test_concurrent_invocations_from_threads(db: str, saver: Any, apps: list[Any]) -> None:
+    app = guard(_linear().compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+
+    def run(i: int) -> str | None:
+        app.invoke({"log": []}, {"configurable": {"thread_id": f"c{i}"}}, invocation_id=f"c{i}")
+        return app.last_invocation_id
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        seen = list(pool.map(run, range(8)))
+    assert seen == [f"c{i}" for i in range(8)]  # last_invocation_id is per thread
+    for i in range(8):
+        assert shape(tree(app.ledger, app.logical_task_id(f"c{i}")))[:3] == (
+            "LangGraph",
+            "succeeded",
+            "completed",
+        )
+    assert app.ledger_errors == {}
     assert_healthy(app.ledger)
