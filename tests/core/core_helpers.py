@@ -169,3 +169,36 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
 
 def sidecars(path: str) -> list[str]:
     return [path + s for s in ("-wal", "-shm", "-journal") if os.path.lexists(path + s)]
+
+
+# ----------------------------------------------------------------------------- raw rows
+# Fixtures that write rows directly adapt to the stored layout (they only ever reproduce
+# what the API itself writes, or deliberately corrupt it), so they never depend on internals.
+
+EVENT_STEP = {"created": 1, "started": 2, "closed": 3, "delivery": 4}
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def events_written_by_triggers(conn: sqlite3.Connection) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'tsg_tasks'"
+    ).fetchone()
+    return bool(row[0])
+
+
+def insert_event(
+    conn: sqlite3.Connection, task_seq: Any, kind: str, state: str, code: str | None, at: Any
+) -> None:
+    """Insert one event row in whatever event layout the database uses."""
+    columns = table_columns(conn, "tsg_events")
+    values: dict[str, Any] = {
+        "task_seq": task_seq, "kind": kind, "state": state, "code": code, "at": at,
+    }
+    if "step" in columns:
+        values["step"] = EVENT_STEP[kind]
+    names = ", ".join(values)
+    marks = ", ".join("?" for _ in values)
+    conn.execute(f"INSERT INTO tsg_events({names}) VALUES ({marks})", tuple(values.values()))

@@ -121,11 +121,6 @@ def test_read_only_live_ledger_from_many_threads(db: str) -> None:
     assert errors == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: a read_only Ledger on a cleanly closed ledger shares one in-memory "
-    "snapshot connection across threads; concurrent reads fail with StorageError",
-)
 def test_read_only_snapshot_ledger_from_many_threads(db: str) -> None:
     with Ledger(db, clock=Clock()) as writer:
         ids = [writer.create_task().id for _ in range(10)]

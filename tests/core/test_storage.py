@@ -10,7 +10,15 @@ import stat
 import threading
 
 import pytest
-from core_helpers import T0, Clock, assert_cli_error, raw_execute, run_cli, snapshot_tree
+from core_helpers import (
+    T0,
+    Clock,
+    assert_cli_error,
+    insert_event,
+    raw_execute,
+    run_cli,
+    snapshot_tree,
+)
 from task_state_guard import (
     InvalidInput,
     Ledger,
@@ -60,11 +68,6 @@ def test_new_directory_is_0700_and_files_0600(tmp_path) -> None:
     _check_new_ledger_modes(tmp_path, str(tmp_path / "a" / "tasks.sqlite"), ["a"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: Ledger() with two or more missing parent directories raises StorageError "
-    "(ancestors are checked before they are created) instead of creating them 0700",
-)
 def test_new_nested_directories_are_0700(tmp_path) -> None:
     _check_new_ledger_modes(
         tmp_path, str(tmp_path / "a" / "b" / "c" / "tasks.sqlite"), ["a", "a/b", "a/b/c"]
@@ -310,49 +313,39 @@ def test_non_sqlite_file_rejected(tmp_path, content: bytes) -> None:
 
 
 def build_v1(db: str, *, legacy_reason: bool = False, empty: bool = False) -> list[str]:
-    """A schema-v1 ledger built from the published v1 DDL plus its meta rows."""
+    """A schema-v1 ledger built from the published v1 DDL plus its meta rows, holding the
+    rows and events the API writes (one closed delivering task, one running internal task)."""
     os.makedirs(os.path.dirname(db), mode=0o700, exist_ok=True)
     ids = [
         "11111111-1111-4111-8111-111111111111",
         "22222222-2222-4222-8222-222222222222",
     ]
     code = "because the worker said so" if legacy_reason else "worker_completed"
-    statements: list = ["PRAGMA journal_mode=WAL"]
-    statements += list(schema.DDL_V1)
-    statements += [
-        "INSERT INTO tsg_meta(key, value) VALUES ('application', 'task-state-guard')",
-        "INSERT INTO tsg_meta(key, value) VALUES ('schema_version', '1')",
-        (
-            "INSERT INTO tsg_tasks(seq, id, status, code, delivery_required, delivery_status, "
-            "created_at, closed_at, updated_at) VALUES (1, ?, 'succeeded', ?, 1, 'pending', "
-            "?, ?, ?)",
-            (ids[0], code, T0, T0 + 1, T0 + 1),
-        ),
-        ("INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES "
-         "(1, 'created', 'queued', 'created', ?)", (T0,)),
-        ("INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES "
-         "(1, 'closed', 'succeeded', ?, ?)", (code, T0 + 1)),
-        (
-            "INSERT INTO tsg_tasks(seq, id, status, delivery_required, delivery_status, "
-            "created_at, started_at, updated_at) VALUES (2, ?, 'running', 0, 'pending', ?, ?, ?)",
-            (ids[1], T0, T0 + 2, T0 + 2),
-        ),
-        ("INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES "
-         "(2, 'created', 'queued', 'created', ?)", (T0,)),
-        ("INSERT INTO tsg_events(task_seq, kind, state, code, at) VALUES "
-         "(2, 'started', 'running', 'started', ?)", (T0 + 2,)),
-    ]
-    if empty:
-        statements = statements[:3 + len(schema.DDL_V1)]
     conn = sqlite3.connect(db, isolation_level=None)
     try:
-        conn.execute(statements[0])
+        conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("BEGIN")
-        for st in statements[1:]:
-            if isinstance(st, tuple):
-                conn.execute(*st)
-            else:
-                conn.execute(st)
+        for statement in schema.DDL_V1:
+            conn.execute(statement)
+        conn.execute("INSERT INTO tsg_meta(key, value) VALUES ('application', 'task-state-guard')")
+        conn.execute("INSERT INTO tsg_meta(key, value) VALUES ('schema_version', '1')")
+        if not empty:
+            conn.execute(
+                "INSERT INTO tsg_tasks(seq, id, status, code, delivery_required, "
+                "delivery_status, created_at, closed_at, updated_at) "
+                "VALUES (1, ?, 'succeeded', ?, 1, 'pending', ?, ?, ?)",
+                (ids[0], code, T0, T0 + 1, T0 + 1),
+            )
+            insert_event(conn, 1, "created", "queued", "created", T0)
+            insert_event(conn, 1, "closed", "succeeded", code, T0 + 1)
+            conn.execute(
+                "INSERT INTO tsg_tasks(seq, id, status, delivery_required, delivery_status, "
+                "created_at, started_at, updated_at) VALUES (2, ?, 'running', 0, 'pending', "
+                "?, ?, ?)",
+                (ids[1], T0, T0 + 2, T0 + 2),
+            )
+            insert_event(conn, 2, "created", "queued", "created", T0)
+            insert_event(conn, 2, "started", "running", "started", T0 + 2)
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -361,7 +354,7 @@ def build_v1(db: str, *, legacy_reason: bool = False, empty: bool = False) -> li
 
 
 def meta_version(db: str) -> str:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn = sqlite3.connect(db)  # a plain reader: closes cleanly, leaves no sidecars
     try:
         return conn.execute("SELECT value FROM tsg_meta WHERE key='schema_version'").fetchone()[0]
     finally:
@@ -378,11 +371,6 @@ def test_empty_v1_migrates_to_v2(tmp_path) -> None:
     assert meta_version(db) == "2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: v1 -> v2 migration rejects every v1 ledger holding the ledger's own "
-    "'created'/'started' events (their reserved codes are treated as legacy text)",
-)
 def test_v1_migrates_to_v2(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v1(db)
