@@ -412,7 +412,10 @@ class CeleryGuard:
         with self._guarded("task_received"):
             if redelivered:
                 self._close_silently_lost(celery_id, request)
-            if retries == 0:
+            if retries == 0 and getattr(request, "eta", None):
+                # A task that waits for its ETA/countdown is visible as queued meanwhile.
+                # Immediate tasks get their parent at prerun, which keeps this write
+                # (and its lock wait) off the consumer loop of the prefork main process.
                 self._ensure_parent(celery_id, task)
 
     def _track(
@@ -475,19 +478,23 @@ class CeleryGuard:
             owner = not bool(getattr(task, "acks_late", False)) or bool(
                 getattr(ctx, "is_eager", False)
             )
+            retries = int(getattr(ctx, "retries", 0) or 0)
+            if retries == 0:
+                # First delivery: make sure the parent exists (idempotent) and runs.
+                self._ensure_parent(celery_id, task)
+                with suppress(StateConflict):  # already running: a concurrent delivery
+                    led.start_task(parent, owner=owner)
+            redelivered = bool((getattr(ctx, "delivery_info", None) or {}).get("redelivered"))
+            token = getattr(ctx, TOKEN_KEY, None)
             try:
-                led.start_task(parent, owner=owner)
+                attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
             except TaskNotFound:
+                # A retry whose parent was never recorded (the ledger was unavailable
+                # when the first attempt ran): record the parent now.
                 self._ensure_parent(celery_id, task)
                 with suppress(StateConflict):
                     led.start_task(parent, owner=owner)
-            except StateConflict:
-                pass  # already running: a retry or a concurrent delivery
-            retries = int(getattr(ctx, "retries", 0) or 0)
-            redelivered = bool((getattr(ctx, "delivery_info", None) or {}).get("redelivered"))
-            attempt = self._claim(
-                celery_id, parent, task, retries, redelivered, getattr(ctx, TOKEN_KEY, None)
-            )
+                attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
             setattr(ctx, _ATTEMPT, attempt)
             setattr(ctx, _PARENT, parent)
             setattr(ctx, _CLOSED, False)
