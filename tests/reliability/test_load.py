@@ -1,0 +1,79 @@
+"""Load: 8 processes x 4 threads on one ledger for a bounded time (scripts/load_soak.py; the long
+run is ``--seconds 600``), plus deterministic reproductions of the races that load exposes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from task_state_guard import Ledger, LedgerError
+
+from .conftest import load_script
+
+CI_SECONDS = float(os.environ.get("TSG_LOAD_SECONDS", "20"))
+# Known core issue (see test_transition_after_a_concurrent_heartbeat below and RELIABILITY.md): the
+# ledger reads its clock before taking the write lock, so a heartbeat committed by another
+# thread/process in between makes a legitimate close fail with StateConflict. The load run
+# counts such conflicts separately (and retries); they are tolerated here ONLY while that strict
+# xfail exists. When the core is fixed the xfail turns into a failure; then set this to False.
+KNOWN_CLOCK_BEFORE_LOCK_BUG = True
+
+
+def test_eight_processes_four_threads_one_ledger() -> None:
+    soak = load_script("load_soak")
+    summary = soak.run_load(CI_SECONDS, processes=8, threads=4, seed=3)
+    print(json.dumps(summary, sort_keys=True))
+    assert summary["ledger_busy_errors"] == 0, summary
+    assert summary["errors"] == {}, summary
+    assert summary["failures"] == [], summary
+    assert summary["doctor_healthy"]
+    assert summary["claim_conflicts"] > 0  # the workers really raced for shared tasks
+    assert summary["reconciles"] > 0 and summary["heartbeats"] > 0
+    assert summary["transitions"] > 1000
+    if not KNOWN_CLOCK_BEFORE_LOCK_BUG:
+        assert summary["spurious_state_conflicts"] == 0
+
+
+def _heartbeat_lands_between_clock_read_and_write(tmp_path: Path, action: str) -> object:
+    """Ledger A reads its clock (t=100); before A writes, ledger B (another connection, as
+    another process would) heartbeats the same running task at t=101. A's transition was issued
+    after B's committed, so it must apply (or, if the core serializes the clock read with the
+    write, B simply waits). Only injected clocks are used: no core internals are touched."""
+    db = tmp_path / "l" / "tasks.sqlite"
+    armed = [False]
+    other: list[Ledger] = []
+
+    def clock_a() -> float:
+        if armed[0]:
+            armed[0] = False
+            # If B cannot get in while A holds the lock, that is the correct design.
+            with contextlib.suppress(LedgerError):
+                other[0].heartbeat_many([tid])
+        return 100.0
+
+    a = Ledger(db, clock=clock_a)
+    other.append(Ledger(db, clock=lambda: 101.0, busy_timeout_ms=200))
+    tid = a.create_task().id
+    a.start_task(tid, owner=False)
+    armed[0] = True
+    try:
+        if action == "close":
+            return a.close_task(tid, "succeeded").status
+        return a.heartbeat(tid).status
+    finally:
+        assert a.doctor()["healthy"]
+        a.close()
+        other[0].close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "core bug: close_task/heartbeat read the clock before taking the write lock; a heartbeat "
+    "committed in between (another thread or process, e.g. a Heartbeater) makes a legitimate "
+    "close/heartbeat of a running task raise StateConflict"))
+@pytest.mark.parametrize("action", ["close", "heartbeat"])
+def test_transition_after_a_concurrent_heartbeat(tmp_path: Path, action: str) -> None:
+    expected = "succeeded" if action == "close" else "running"
+    assert _heartbeat_lands_between_clock_read_and_write(tmp_path, action) == expected
