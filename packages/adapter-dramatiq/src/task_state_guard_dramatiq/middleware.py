@@ -77,6 +77,9 @@ class _ProcessState:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        # Serialises this process's ledger writes from hooks: worker threads queue here
+        # (woken at once) instead of colliding in SQLite, whose busy handler sleeps.
+        self.write_lock = threading.Lock()
         self.ledger: Ledger | None = None
         self.heartbeater: Heartbeater | None = None
         self.beats: Counter[str] = Counter()
@@ -314,7 +317,8 @@ class TaskStateGuardMiddleware(Middleware):
         """Open (or find) the logical task and record a new running attempt under it."""
         self._local.current = None
         try:
-            state = self._start_attempt(broker, message)
+            with self._state().write_lock:
+                state = self._start_attempt(broker, message)
         except Exception as exc:
             self._error("before_process_message", exc)
             return
@@ -433,10 +437,11 @@ class TaskStateGuardMiddleware(Middleware):
             else:
                 attempt = ("failed", "worker_failed")
             parent = None if retried else ("failed", "worker_failed")
-            if retried:
-                self._queue_retry(state, message)
         state.parent_outcome = parent
-        self._close_attempt(state, attempt)
+        with proc.write_lock:
+            if exception is not None and parent is None:
+                self._queue_retry(state, message)
+            self._close_attempt(state, attempt)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         """SkipMessage (e.g. AgeLimit): the attempt is ``cancelled/skipped``."""
@@ -447,7 +452,8 @@ class TaskStateGuardMiddleware(Middleware):
         self._unbeat(self._state(), state)
         # A failed skip (AgeLimit) is dead-lettered; a plain skip is acked.
         state.parent_outcome = ("failed", None) if message.failed else ("cancelled", "skipped")
-        self._close_attempt(state, ("cancelled", "skipped"))
+        with self._state().write_lock:
+            self._close_attempt(state, ("cancelled", "skipped"))
 
     def _queue_retry(self, state: _Attempt, message: MessageProxy) -> None:
         retries = state.next_retries
@@ -501,9 +507,13 @@ class TaskStateGuardMiddleware(Middleware):
                     "is dropped; call mark_delivered once the logical task has finished."
                 )
             return
-        ledger = self.ledger
+        with proc.write_lock:
+            self._close_parent(state, outcome, kind)
+
+    def _close_parent(self, state: _Attempt, outcome: _Outcome, kind: str) -> None:
         status, code = outcome
         try:
+            ledger = self.ledger
             ledger.close_task(state.parent_id, status, code=code)
         except StateConflict:
             self._late("completion", "logical task")
