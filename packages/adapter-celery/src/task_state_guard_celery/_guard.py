@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from celery import signals
-from celery.exceptions import (
+from celery import signals  # type: ignore[import-untyped]
+from celery.exceptions import (  # type: ignore[import-untyped]
     Reject,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
@@ -435,7 +435,7 @@ class CeleryGuard:
 
     def _close_silently_lost(self, celery_id: str, current: Any) -> None:
         """Close attempts of earlier deliveries of this id that ended with no signal."""
-        from celery.worker import state as worker_state
+        from celery.worker import state as worker_state  # type: ignore[import-untyped]
 
         with self._inflight_lock:
             entries = list(self._inflight.get(celery_id, ()))
@@ -717,7 +717,7 @@ class CeleryGuard:
                 parent = getattr(ctx, _PARENT)
 
                 def make_placeholder() -> str:
-                    placeholder = requeue_attempt_id(celery_id, retries)
+                    placeholder = requeue_attempt_id(str(celery_id), retries)
                     self._new_attempt(placeholder, parent, task)
                     return placeholder
 

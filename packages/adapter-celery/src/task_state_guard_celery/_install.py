@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps  # type: ignore[import-untyped]
 
 from ._config import resolve
 from ._guard import CeleryGuard
