@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -10,33 +13,56 @@ from typing import Any
 
 from langgraph.graph import START, StateGraph
 from lg_helpers import State, assert_healthy, shape, tree
-from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard import Ledger
 from task_state_guard_langgraph import guard, heartbeat
 
 GRACE = 1.0  # heartbeats every 0.1 s: ten missed beats before anything is stale
 LONG = 3 * GRACE
 
 
+_RECONCILER = """
+import json, sys
+from task_state_guard import Ledger, ReconcilePolicy
+db, grace = sys.argv[1], float(sys.argv[2])
+policy = ReconcilePolicy(active_grace_seconds=grace, delivery_grace_seconds=3600)
+with Ledger(db) as ledger:
+    print("ready", flush=True)
+    while sys.stdin.readline():  # one reconcile pass per line; EOF stops
+        print(json.dumps(ledger.reconcile(policy)), flush=True)
+"""
+
+
 @contextmanager
 def reconciling_elsewhere(db: str) -> Iterator[list[dict[str, Any]]]:
-    """Another component reconciles the same ledger every 0.1 s with a short active grace."""
+    """Another process reconciles the same ledger every 0.1 s with a short active grace."""
     reports: list[dict[str, Any]] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RECONCILER, db, str(GRACE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
     stop = threading.Event()
 
-    def loop() -> None:
-        with Ledger(db) as ledger:
-            policy = ReconcilePolicy(active_grace_seconds=GRACE, delivery_grace_seconds=3600)
-            while not stop.is_set():
-                reports.append(ledger.reconcile(policy))
-                stop.wait(0.1)
+    def drive() -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        while not stop.is_set():
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            reports.append(json.loads(proc.stdout.readline()))
+            stop.wait(0.1)
 
-    thread = threading.Thread(target=loop, daemon=True)
+    thread = threading.Thread(target=drive, daemon=True)
     thread.start()
     try:
         yield reports
     finally:
         stop.set()
         thread.join(10)
+        proc.stdin.close()
+        assert proc.wait(10) == 0
 
 
 def _graph(body: Any) -> Any:
