@@ -150,7 +150,7 @@ class Scenario:
         self.client = self.app()
 
     def app(self, *, visibility_timeout: float | None = None) -> Any:
-        app = make_app(BROKER, self.queue, visibility_timeout=visibility_timeout)
+        app = make_app(BROKER, self.queue, visibility_timeout=visibility_timeout, register=False)
         self._apps.append(app)
         return app
 

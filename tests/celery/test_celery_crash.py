@@ -101,21 +101,22 @@ def test_whole_worker_sigkill_acks_late(scenario: Scenario) -> None:
 def test_two_attempts_of_one_task_id_at_once(scenario: Scenario) -> None:
     """Visibility timeout shorter than the task: two distinct attempt records, both closed."""
     scenario.start_worker(TSGT_VISIBILITY=1)
-    result = scenario.send("tsgt.sleep_late", 4, "dup", 4)
+    result = scenario.send("tsgt.sleep_late", 4, "dup", 2)
     scenario.marker("dup")
     scenario.marker("dup.again", timeout=20)
     attempts = scenario.wait_attempts(
-        result.id, lambda a: len(a) == 2 and all(str(x.status) == "running" for x in a)
+        result.id, lambda a: len(a) >= 2 and all(str(x.status) == "running" for x in a[:2])
     )
-    assert len({a.id for a in attempts}) == 2
-    attempts = scenario.wait_attempts(
-        result.id, lambda a: len(a) >= 2 and all(x.is_terminal for x in a), timeout=30
-    )
-    assert [(str(a.status), a.code) for a in attempts][:2] == [
-        ("succeeded", "worker_completed"),
-        ("succeeded", "worker_completed"),
-    ]
+    assert len({a.id for a in attempts}) == len(attempts)  # never a shared record
     scenario.wait_parent(result.id, "succeeded")
+    # Both long executions end; any further copy (the second execution can be restored
+    # once more) finishes at once as its own attempt.
+    attempts = scenario.wait_attempts(
+        result.id, lambda a: a and all(x.is_terminal for x in a), timeout=30
+    )
+    assert len(attempts) >= 2
+    assert {(str(a.status), a.code) for a in attempts} == {("succeeded", "worker_completed")}
+    assert len({a.id for a in attempts}) == len(attempts)
     scenario.assert_healthy()
 
 

@@ -23,8 +23,12 @@ def make_app(
     *,
     visibility_timeout: float | None = None,
     eager: bool = False,
+    register: bool = True,
 ) -> Celery:
-    """A Celery app bound to one queue, with the Redis result backend."""
+    """A Celery app bound to one queue, with the Redis result backend.
+
+    Clients send tasks by name and need no task definitions (``register=False``).
+    """
     app = Celery("tsgt", broker=broker, backend=broker, set_as_current=False)
     transport: dict[str, Any] = {}
     if visibility_timeout is not None:
@@ -45,7 +49,8 @@ def make_app(
         worker_hijack_root_logger=True,
         worker_redirect_stdouts=False,
     )
-    _register(app)
+    if register:
+        _register(app)
     return app
 
 
@@ -104,6 +109,9 @@ def _register(app: Celery) -> None:
     def sleep_late(self: Any, seconds: float, marker: str = "", again: float = 0.0) -> str:
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         if redelivered:
+            directory = os.environ.get("TSGT_MARKERS", "")
+            if marker and os.path.exists(os.path.join(directory, marker + ".again")):
+                return "extra"  # a further copy (short visibility timeouts): finish at once
             if marker:
                 _marker(marker + ".again", str(os.getpid()))
             time.sleep(again)
