@@ -5,26 +5,38 @@ The harness lives in scripts/crash_soak.py (the long run is ``--kills 1000``).
 
 from __future__ import annotations
 
+import fcntl
 import json
+from pathlib import Path
+
+import pytest
+from task_state_guard import Ledger
 
 from .conftest import load_script
+
+# Known core issue, reproduced deterministically by test_owner_lock_survives_a_concurrent_cleanup
+# below: the crash worker retries such a start once and reports it under known_issue_hits. It is
+# tolerated here only while that strict xfail exists; once the core is fixed, set this to False.
+KNOWN_OWNER_LOCK_RACE_BUG = True
 
 
 def test_fifty_sigkills_lose_nothing_and_leave_no_partial_transition() -> None:
     soak = load_script("crash_soak")
-    summary = soak.run_soak(50, seed=7, threads=4, min_delay=0.15, max_delay=0.8)
+    summary = soak.run_soak(50, seed=7, threads=4)
     print(json.dumps(summary, sort_keys=True))
     assert summary["failures"] == 0, summary["failure_samples"]
     assert summary["kills_survived"] == 50
+    assert summary["kills_during_work"] >= 35
+    if not KNOWN_OWNER_LOCK_RACE_BUG:
+        assert summary["known_issue_hits"] == {}
+    assert set(summary["known_issue_hits"]) <= {"owner_lock_race"}
     # The kills must have landed on real work, not on idle processes.
     assert summary["transitions_logged"] > 500
     assert summary["transition_checks"] > summary["transitions_logged"] / 2
 
 
-def test_checker_detects_a_lost_transition(tmp_path) -> None:
+def test_checker_detects_a_lost_transition(tmp_path: Path) -> None:
     """The audit is not vacuous: a logged transition that the ledger lacks is reported."""
-    from task_state_guard import Ledger
-
     soak = load_script("crash_soak")
     db = tmp_path / "l" / "tasks.sqlite"
     log = tmp_path / "log"
@@ -41,3 +53,35 @@ def test_checker_detects_a_lost_transition(tmp_path) -> None:
     checker.check()
     assert "a logged task is missing" in checker.failures
     assert "two different terminal states were returned for one task" in checker.failures
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "core bug: owners.own_token creates <token>.tmp, then flocks it, then renames it; a "
+    "concurrent reconcile (any thread or process) running owners.remove_dead in that window "
+    "takes the not-yet-held lock, judges the .tmp dead and unlinks it, so start_task(owner=True) "
+    "raises StorageError('cannot create the owner lock file')"))
+def test_owner_lock_survives_a_concurrent_cleanup(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic interleaving of the race seen once in 1,000 SIGKILL cycles: the cleanup of
+    another ledger (as another process's reconcile would) runs exactly between the creation of
+    the owner's temporary lock file and its flock. Only the scheduling point is injected."""
+    db = tmp_path / "l" / "tasks.sqlite"
+    ledger = Ledger(db)
+    task = ledger.create_task()
+    real_flock = fcntl.flock
+    fired = []
+
+    def flock_after_cleanup(fd: int, operation: int) -> None:
+        if not fired and operation == fcntl.LOCK_EX | fcntl.LOCK_NB:
+            fired.append(True)
+            with Ledger(db) as other:
+                other.reconcile()
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_cleanup)
+    try:
+        assert ledger.start_task(task.id, owner=True).status == "running"
+    finally:
+        monkeypatch.setattr(fcntl, "flock", real_flock)
+        ledger.close()
+    assert fired
