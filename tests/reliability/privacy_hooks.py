@@ -7,7 +7,8 @@ database, its sidecars and owner files, and that text, for the canary.
 
 Register one with::
 
-    from tests.reliability.privacy_hooks import adapter_privacy_run
+    # tests/reliability/adapter_privacy.py (imported by load_adapter_runs)
+    from .privacy_hooks import adapter_privacy_run
 
     @adapter_privacy_run("celery")
     def celery_run(db_path: Path, canary: str) -> list[str]:
@@ -73,10 +74,10 @@ def load_adapter_runs() -> dict[str, AdapterPrivacyRun]:
     """Import the modules that register adapter runs (none is required to exist yet)."""
     import importlib
 
-    for module in ("tests.reliability.adapter_privacy",):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    module = f"{__package__}.adapter_privacy" if __package__ else "adapter_privacy"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
     return dict(ADAPTER_PRIVACY_RUNS)
