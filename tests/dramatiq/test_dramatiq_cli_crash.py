@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -218,3 +219,73 @@ def test_concurrent_boot_reconcile_is_safe(redis_env: BrokerEnv, processes: int)
         log = worker.log()
         assert log.count("TaskStateGuard reconcile (before_worker_boot)") == processes, log
         assert "TaskStateGuard ledger error" not in log, log
+
+
+def _rabbit_setting(key: str, value: int | None = None) -> int:
+    """Read (and optionally set) a broker-wide ``rabbit`` application setting."""
+    if value is not None:
+        subprocess.run(
+            ["rabbitmqctl", "eval", f"application:set_env(rabbit, {key}, {value})."],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    out = subprocess.run(
+        ["rabbitmqctl", "eval", f"application:get_env(rabbit, {key})."],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    found = re.search(r"\{ok,(\d+)\}", out)
+    assert found, out
+    return int(found.group(1))
+
+
+def test_consumer_timeout_runs_the_message_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
+    """The real RabbitMQ consumer timeout: the broker closes the channel of a consumer that
+    holds an unacked message too long and redelivers the message while it is still running.
+
+    consumer_timeout is broker-wide on RabbitMQ 3.10, so it is lowered (2 s, checked every
+    0.5 s) only until the duplicate is observed, then restored.
+    """
+    old_timeout = _rabbit_setting("consumer_timeout")
+    old_tick = _rabbit_setting("channel_tick_interval")
+    producer = Producer(rabbit_env)
+    ledger = Ledger(str(rabbit_env.db))
+    worker = CliWorker(rabbit_env, extra_env={"TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2"})
+    try:
+        _rabbit_setting("consumer_timeout", 2000)
+        _rabbit_setting("channel_tick_interval", 500)
+        worker.start()
+        mid = producer.send("sleeper", 5.0)
+
+        def two_running() -> bool:
+            return sum(a.status == "running" for a in attempts_of(ledger, mid)) >= 2
+
+        wait_for(two_running, 30, "a second delivery while the first still runs")
+    finally:
+        _rabbit_setting("consumer_timeout", old_timeout)
+        _rabbit_setting("channel_tick_interval", old_tick)
+    try:
+
+        def all_finished() -> bool:
+            attempts = attempts_of(ledger, mid)
+            return len(attempts) >= 2 and all(a.status == "succeeded" for a in attempts)
+
+        wait_for(all_finished, 40, "every delivery to finish")
+        attempts = attempts_of(ledger, mid)
+        assert len({a.id for a in attempts}) == len(attempts) >= 2
+        first, second = attempts[0], attempts[1]
+        assert first.closed_at is not None and second.started_at is not None
+        assert second.started_at < first.closed_at  # in flight twice, at once
+        parent = wait_closed(ledger, mid)
+        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        log = worker.log()
+        assert "PRECONDITION_FAILED" in log  # it really was the broker's consumer timeout
+        assert "TaskStateGuard ledger error" not in log
+        assert_healthy(ledger)
+    finally:
+        worker.stop()
+        producer.close()
+        ledger.close()
