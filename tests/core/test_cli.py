@@ -291,6 +291,10 @@ def test_grace_from_env_and_flags(tmp_path) -> None:
     applied = ok(run_cli("--db", db, "reconcile",
                          env=cli_env({"TSG_ACTIVE_GRACE_SECONDS": "5000"})))["reconcile"]
     assert applied["tasks_timed_out"] == 0 and applied["applied"] is True
+    stale = ok(run_cli("--db", db, "tasks", "--status", "running", "--stale-seconds", "500"))
+    assert len(stale["task_ids"]) == 1
+    none = ok(run_cli("--db", db, "tasks", "--status", "running", "--stale-seconds", "5000"))
+    assert none["task_ids"] == []
     applied = ok(run_cli("--db", db, "reconcile", "--active-grace-seconds", "900"))["reconcile"]
     assert applied["tasks_timed_out"] == 1
 

@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
-from core_helpers import T0, Clock, check_report, cli_env, without_counts_flags
-from task_state_guard import Ledger, LedgerError, ReconcilePolicy
+from core_helpers import T0, Clock, check_report, cli_env, snapshot_tree, without_counts_flags
+from task_state_guard import Heartbeater, Ledger, LedgerError, ReconcilePolicy
 
 POLICY = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=600)
 
@@ -292,8 +292,13 @@ def test_sigkilled_owner_tasks_time_out_at_once(db: str, owner_script: str) -> N
             assert before_kill["tasks_timed_out"] == 0
             doomed.kill()
             assert led.status()["running_owner_dead"] == 3
+            entries = set(snapshot_tree(os.path.dirname(db)))
             preview = led.reconcile(POLICY, dry_run=True)
+            assert set(snapshot_tree(os.path.dirname(db))) == entries  # dry-run only observes
             applied = led.reconcile(POLICY)
+            # the dead owner's lock file goes once nothing references it; nothing is added
+            remaining = set(snapshot_tree(os.path.dirname(db)))
+            assert remaining < entries
             check_report(applied, dry_run=False)
             assert without_counts_flags(preview) == without_counts_flags(applied)
             assert applied["tasks_timed_out"] == 3
@@ -388,3 +393,24 @@ def test_parent_with_queued_child_kept_even_when_its_owner_is_dead(
         assert led.reconcile(POLICY)["tasks_timed_out"] == 1
         assert led.get_task(parent).code == "owner_lost"
         assert led.doctor()["healthy"] is True
+
+
+def test_heartbeater_keeps_running_work_fresh(db: str) -> None:
+    clock = Clock()
+    led = Ledger(db, clock=clock)
+    task = led.create_task()
+    led.start_task(task.id, owner=False)
+    beater = Heartbeater(led, interval_seconds=0.02)
+    try:
+        clock.advance(500)
+        beater.add(task.id)
+        deadline = time.monotonic() + 10
+        while led.get_task(task.id).heartbeat_at != clock.t and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert led.get_task(task.id).heartbeat_at == clock.t
+    finally:
+        beater.stop()
+    clock.advance(500)  # 1000 s after the start, 500 s after the last beat
+    assert led.reconcile(POLICY)["tasks_timed_out"] == 0
+    assert led.doctor()["event_count"] == 2  # heartbeats write no events
+    led.close()

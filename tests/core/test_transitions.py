@@ -24,7 +24,7 @@ TASK_CODES = {
     "succeeded": ["completed", "worker_completed"],
     "failed": ["worker_failed", "retry_scheduled", "worker_lost"],
     "timed_out": ["deadline_exceeded", "restart_stale", "time_limit_exceeded", "owner_lost"],
-    "cancelled": ["caller_cancelled", "revoked", "interrupted", "skipped"],
+    "cancelled": ["caller_cancelled", "revoked", "interrupted", "skipped", "rejected", "ignored"],
 }
 DELIVERY_CODES = {
     "delivered": ["transport_acknowledged"],
