@@ -141,6 +141,7 @@ def test_leak_finder_is_not_vacuous() -> None:
 def test_adapter_runs_leave_no_trace() -> None:
     """Hook: every registered adapter privacy run (see privacy_hooks.py) must leave no trace."""
     runs = load_adapter_runs()
+    assert set(runs) == {"celery", "dramatiq", "langgraph"}
     for name, run in sorted(runs.items()):
         base = private_dir()
         db = base / f"{name}-ledger" / "tasks.sqlite"
