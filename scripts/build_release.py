@@ -5,7 +5,9 @@ Each package under packages/ (core and the adapters) is built twice, into two se
 temporary directories, with the same SOURCE_DATE_EPOCH (default: the commit time of HEAD); every
 artifact must be byte-identical between the two builds. The artifacts are also inspected: no
 bytecode, caches or test files, the wheel holds only its import package and its .dist-info, and
-the sdist holds only its pyproject, README and src/. The first build is copied to --out.
+the sdist holds only its pyproject, README and src/, and scripts/privacy_audit.py passes on each
+extracted sdist (what is shipped, not just what is checked in). The first build is copied to
+--out.
 
     python scripts/build_release.py [--out dist] [--packages core adapter-celery ...]
     python scripts/build_release.py --ref v0.1.0      # from the tag, not the working tree
@@ -124,6 +126,17 @@ def inspect_artifact(path: Path) -> list[str]:
     return sorted(set(problems))
 
 
+def audit_sdist_file(sdist: Path, into: Path) -> list[str]:
+    """Run the privacy audit on the extracted sdist: what is shipped, not what is checked in."""
+    into.mkdir(parents=True)
+    with tarfile.open(sdist) as tf:
+        tf.extractall(into, filter="data")
+    (root,) = list(into.iterdir())
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "privacy_audit.py"),
+                           "--sdist", str(root)], capture_output=True, text=True, check=False)
+    return [] if proc.returncode == 0 else ["privacy audit of the sdist failed"]
+
+
 def run(packages: list[str] | None = None, out: Path | None = None,
         epoch: int | None = None, ref: str | None = None) -> dict[str, Any]:
     packages = packages or PACKAGES
@@ -143,6 +156,8 @@ def run(packages: list[str] | None = None, out: Path | None = None,
             if name not in names_b or sha256(second / name) != digest:
                 mismatches.append(name)
             found = inspect_artifact(first / name)
+            if name.endswith(".tar.gz"):
+                found += audit_sdist_file(first / name, Path(tmp) / "audit" / name)
             if found:
                 problems[name] = found
             artifacts.append({"file": name, "sha256": digest,

@@ -22,6 +22,7 @@ the report, then audits a clean tree.
 
     python scripts/privacy_audit.py [--root DIR] [--json]
     python scripts/privacy_audit.py --self-test
+    python scripts/privacy_audit.py --sdist /path/to/extracted-sdist
 """
 
 from __future__ import annotations
@@ -166,6 +167,20 @@ def audit(root: Path) -> dict[str, object]:
             "findings": findings}
 
 
+def audit_sdist(root: Path) -> dict[str, object]:
+    """Audit an extracted source distribution (its src/ tree; the core strictly)."""
+    findings = []
+    src = root / "src"
+    files = sorted(src.rglob("*.py")) if src.is_dir() else []
+    core = (src / "task_state_guard").is_dir()
+    for path in files:
+        for category, count in sorted(audit_file(path, core=core).items()):
+            findings.append({"path": path.relative_to(root).as_posix(), "category": category,
+                             "count": count})
+    return {"ok": not findings and bool(files), "files_scanned": len(files),
+            "findings": findings}
+
+
 def self_test() -> dict[str, object]:
     """Synthetic canaries for every category; the report must flag them without echoing."""
     # Built at run time so this script holds no literal secret.
@@ -229,12 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Privacy audit of packages/*/src.")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1]))
     parser.add_argument("--self-test", action="store_true")
+    parser.add_argument("--sdist", help="audit an extracted source distribution instead")
     try:
         args = parser.parse_args(argv)
     except SystemExit:
         return 2
     if args.self_test:
         result = self_test()
+    elif args.sdist:
+        result = audit_sdist(Path(args.sdist))
     else:
         root = Path(args.root)
         if not (root / "packages").is_dir():
