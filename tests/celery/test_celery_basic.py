@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import task_state_guard_celery
-from conftest import Scenario, wait_for
+from celery_harness import Scenario, wait_for
 
 
 def test_success_then_mark_delivered(scenario: Scenario) -> None:

@@ -6,7 +6,7 @@ import os
 import signal
 
 import pytest
-from conftest import Scenario, wait_for
+from celery_harness import Scenario
 
 
 def _running(attempts: list) -> bool:
@@ -145,10 +145,3 @@ def test_several_workers_boot_at_once(scenario: Scenario, workers: int) -> None:
     )
     scenario.assert_healthy()
 
-
-def test_redis_missing_is_a_failure_not_a_skip() -> None:
-    """The harness fails (never skips) without Redis: checked by the session fixture."""
-    import conftest
-
-    assert conftest._redis_required.__doc__ and "never a skip" in conftest._redis_required.__doc__
-    assert wait_for(lambda: True)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from conftest import Scenario, wait_for
+from celery_harness import Scenario, wait_for
 from task_state_guard import Ledger, ReconcilePolicy
 
 ROWS = [
