@@ -79,6 +79,26 @@ def test_prune_whole_closed_trees_only(ledger: Ledger, clock: Clock) -> None:
     assert json.dumps(applied).count("-") == 0  # no ids
 
 
+def test_prune_keeps_tree_with_a_recent_descendant(ledger: Ledger, clock: Clock) -> None:
+    root = ledger.create_task()
+    child = ledger.create_task(parent_id=root.id, delivery_required=False)
+    grandchild = ledger.create_task(parent_id=child.id, delivery_required=False)
+    for t in (root, child):
+        ledger.close_task(t.id, "cancelled")
+    ledger.set_delivery(root.id, "failed")
+    ledger.set_delivery(child.id, "not_applicable")
+    clock.advance(5000)
+    ledger.close_task(grandchild.id, "cancelled")  # the newest change is deep in the tree
+    ledger.set_delivery(grandchild.id, "not_applicable")
+    clock.advance(100)
+    report = ledger.prune(1000)
+    assert report["trees_deleted"] == 0 and report["trees_retained"] == 1
+    clock.advance(1000)
+    report = ledger.prune(1000)
+    assert (report["trees_deleted"], report["tasks_deleted"]) == (1, 3)
+    assert ledger.doctor() == {**ledger.doctor(), "healthy": True, "task_count": 0}
+
+
 def test_prune_cutoff_is_inclusive_and_validated(ledger: Ledger, clock: Clock) -> None:
     closed_tree(ledger, clock, children=0)
     clock.advance(99.5)

@@ -527,3 +527,62 @@ def test_lock_wait_past_busy_timeout_is_ledger_busy(tmp_path) -> None:
         holder.close()
     assert led.close_task(ids[1], "cancelled").status == "cancelled"
     led.close()
+
+
+# ----------------------------------------------------------------------------- more fail-closed
+
+
+def test_read_only_fails_closed_on_journal_and_incomplete_wal_pair(tmp_path) -> None:
+    directory = str(tmp_path / "d")
+    db = os.path.join(directory, "tasks.sqlite")
+    make_ledger(db)
+    for present in (["-wal"], ["-shm"], ["-journal"]):
+        for suffix in present:
+            fd = os.open(db + suffix, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        before = snapshot_tree(directory)
+        with pytest.raises(StorageError):
+            Ledger(db, read_only=True)
+        assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StorageError")
+        assert snapshot_tree(directory) == before
+        for suffix in present:
+            os.unlink(db + suffix)
+
+
+def test_read_only_requires_wal_mode(tmp_path) -> None:
+    directory = str(tmp_path / "d")
+    db = os.path.join(directory, "tasks.sqlite")
+    make_ledger(db)
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+    conn.close()
+    before = snapshot_tree(directory)
+    with pytest.raises(StorageError):
+        Ledger(db, read_only=True)
+    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StorageError")
+    assert snapshot_tree(directory) == before
+    with Ledger(db, clock=Clock(T0 + 5)) as led:  # a writer switches it back to WAL
+        led.create_task()
+    with Ledger(db, read_only=True) as ro:
+        assert ro.doctor()["healthy"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create files of another user")
+def test_paths_owned_by_another_user_rejected(tmp_path) -> None:
+    other = 65534
+    foreign_ancestor = tmp_path / "theirs"
+    foreign_ancestor.mkdir(mode=0o755)
+    os.chown(foreign_ancestor, other, other)
+    with pytest.raises(StorageError):
+        Ledger(str(foreign_ancestor / "mine" / "tasks.sqlite"))
+    leaf = tmp_path / "leaf"
+    leaf.mkdir(mode=0o700)
+    os.chown(leaf, other, other)
+    with pytest.raises(StorageError):
+        Ledger(str(leaf / "tasks.sqlite"))
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    make_ledger(db)
+    os.chown(db, other, other)
+    for ro in (False, True):
+        with pytest.raises(StorageError):
+            Ledger(db, read_only=ro)
