@@ -382,3 +382,35 @@ def test_misplaced_middleware_warns(db: Path, caplog: pytest.LogCaptureFixture) 
         worker.stop()
     broker.close()
     assert any("must be the outermost" in r.getMessage() for r in caplog.records)
+
+
+def test_ids_and_name_labels() -> None:
+    import uuid
+
+    from task_state_guard_dramatiq import MESSAGE_NAMESPACE
+    from task_state_guard_dramatiq._ids import label
+
+    mid = "0b8f1a52-6f0e-4c1e-9a55-3a0d2b0c9e11"
+    assert logical_task_id(mid) == str(uuid.uuid5(MESSAGE_NAMESPACE, mid))
+    assert logical_task_id(mid) == logical_task_id(mid)
+    assert attempt_task_id(mid, 0) != attempt_task_id(mid, 1) != logical_task_id(mid)
+    assert label("send_email") == "send_email"
+    assert label("émoji actor!") == "_moji_actor_"
+    assert label("x" * 300) == "x" * 200
+    with pytest.raises(TypeError):
+        logical_task_id("")
+
+
+def test_delivery_obligation_per_message(app: App, ledger: Ledger) -> None:
+    @dramatiq.actor(max_retries=0)
+    def plain() -> None:
+        pass
+
+    app.start()
+    mid = plain.send_with_options(tsg_delivery=True).message_id
+    other = plain.send().message_id
+    app.join()
+    parent = parent_of(ledger, mid)
+    assert parent is not None and parent.delivery_required is True
+    parent = parent_of(ledger, other)
+    assert parent is not None and parent.delivery_required is False
