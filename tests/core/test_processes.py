@@ -15,7 +15,15 @@ import threading
 import time
 
 import pytest
-from core_helpers import T0, Clock, check_report, cli_env, snapshot_tree, without_counts_flags
+from core_helpers import (
+    T0,
+    Clock,
+    check_report,
+    cli_env,
+    run_cli,
+    snapshot_tree,
+    without_counts_flags,
+)
 from task_state_guard import Heartbeater, Ledger, LedgerError, ReconcilePolicy
 
 POLICY = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=600)
@@ -293,6 +301,8 @@ def test_sigkilled_owner_tasks_time_out_at_once(db: str, owner_script: str) -> N
             doomed.kill()
             assert led.status()["running_owner_dead"] == 3
             entries = set(snapshot_tree(os.path.dirname(db)))
+            cli = run_cli("--db", db, "reconcile", "--dry-run")
+            assert cli.code == 0 and cli.json["reconcile"]["tasks_timed_out"] == 3
             preview = led.reconcile(POLICY, dry_run=True)
             assert set(snapshot_tree(os.path.dirname(db))) == entries  # dry-run only observes
             applied = led.reconcile(POLICY)
