@@ -40,7 +40,7 @@ app: Any = None
 _redis: Any = None
 
 if os.environ.get("TSG_BENCH_QUEUE"):
-    from celery import Celery
+    from celery import Celery  # type: ignore[import-untyped]
 
     app = Celery("bench", broker=REDIS_URL, set_as_current=False)
     app.conf.update(
@@ -111,7 +111,7 @@ class _Worker:
 
 
 def _client(queue: str) -> Any:
-    from celery import Celery
+    from celery import Celery  # type: ignore[import-untyped]
 
     client = Celery("bench-client", broker=REDIS_URL, set_as_current=False)
     client.conf.task_default_queue = queue

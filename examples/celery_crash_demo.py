@@ -41,7 +41,7 @@ app: Any = None
 
 if os.environ.get("TSG_DEMO_DIR"):
     import task_state_guard_celery
-    from celery import Celery
+    from celery import Celery  # type: ignore[import-untyped]
 
     _dir = Path(os.environ["TSG_DEMO_DIR"])
     app = Celery("demo", broker="filesystem://", set_as_current=False)

@@ -45,6 +45,23 @@ def test_child_sigkill_acks_late_reject_on_worker_lost(scenario: Scenario) -> No
     scenario.assert_healthy()
 
 
+def test_child_sigkill_retry_on_worker_lost(scenario: Scenario) -> None:
+    """task_retry_on_worker_lost: the main process republishes; the lost attempt closes
+    failed/retry_scheduled and the retry runs as a new attempt of the same parent."""
+    scenario.start_worker()
+    result = scenario.send("tsgt.sleep_retry_lost", 30, "rol")
+    child = scenario.marker("rol")
+    scenario.wait_attempts(result.id, _running)
+    os.kill(child, signal.SIGKILL)
+    assert result.get(timeout=30) == "retried"
+    scenario.wait_parent(result.id, "succeeded")
+    assert scenario.outcome(result.id) == (
+        ("succeeded", "worker_completed"),
+        [("failed", "retry_scheduled"), ("succeeded", "worker_completed")],
+    )
+    scenario.assert_healthy()
+
+
 def test_whole_worker_sigkill_default_acks(scenario: Scenario) -> None:
     """Whole worker SIGKILLed, restarted at once (grace 600 s): before the new worker takes a
     task, reconcile on boot has closed the lost attempt and its parent as owner_lost."""
@@ -112,7 +129,7 @@ def test_two_attempts_of_one_task_id_at_once(scenario: Scenario) -> None:
     # Both long executions end; any further copy (the second execution can be restored
     # once more) finishes at once as its own attempt.
     attempts = scenario.wait_attempts(
-        result.id, lambda a: a and all(x.is_terminal for x in a), timeout=30
+        result.id, lambda a: bool(a) and all(x.is_terminal for x in a), timeout=30
     )
     assert len(attempts) >= 2
     assert {(str(a.status), a.code) for a in attempts} == {("succeeded", "worker_completed")}

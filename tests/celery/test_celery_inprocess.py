@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import task_state_guard_celery as tsgc
-from celery import Celery, signals
-from celery.exceptions import Ignore
+from celery import Celery, signals  # type: ignore[import-untyped]
+from celery.exceptions import Ignore  # type: ignore[import-untyped]
 from task_state_guard import Ledger
 from task_state_guard_celery._guard import _WIRING
 

@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 import task_state_guard_celery
-from celery import Celery
-from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+from celery import Celery  # type: ignore[import-untyped]
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
 
 def make_app(
@@ -120,6 +120,21 @@ def _register(app: Celery) -> None:
             _marker(marker, str(os.getpid()))
         time.sleep(seconds)
         return "first"
+
+    @app.task(
+        name="tsgt.sleep_retry_lost",
+        bind=True,
+        retry_on_worker_lost=True,
+        default_retry_delay=0.3,
+        max_retries=3,
+    )
+    def sleep_retry_lost(self: Any, seconds: float, marker: str = "") -> str:
+        if self.request.retries == 0:
+            if marker:
+                _marker(marker, str(os.getpid()))
+            time.sleep(seconds)
+            return "first"
+        return "retried"
 
     @app.task(name="tsgt.soft_limited", soft_time_limit=0.5)
     def soft_limited() -> None:
