@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 import threading
 import time
@@ -83,6 +84,9 @@ def test_task_raises(scenario: Scenario) -> None:
     result = scenario.send("tsgt.fail")
     with pytest.raises(ValueError):
         result.get(timeout=20)
+    other = scenario.send("tsgt.sleep", 0.01, "argument-marker-xyz")
+    assert other.get(timeout=20) == "slept"
+    scenario.wait_parent(other.id, "succeeded")
     scenario.wait_parent(result.id, "failed")
     assert scenario.outcome(result.id) == (
         ("failed", "worker_failed"),
@@ -95,7 +99,11 @@ def test_task_raises(scenario: Scenario) -> None:
     scenario._ledger = None
     with sqlite3.connect(scenario.db) as raw:
         dump = "\n".join(raw.iterdump())
-    assert "secret" not in dump and "ValueError" not in dump
+    for private in ("secret", "ValueError", "argument-marker-xyz", "slept"):
+        assert private not in dump
+    host = socket.gethostname()
+    if len(host) >= 6:
+        assert host not in dump
 
 
 def _watch_reconcile(
