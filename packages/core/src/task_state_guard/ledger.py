@@ -16,10 +16,12 @@ from . import connections, owners, schema, storage
 from .model import (
     DELIVERY_CLOSED,
     DELIVERY_CODES,
+    DELIVERY_STATES,
     TASK_CODES,
     TASK_STATES,
     TERMINAL_STATES,
     InvalidInput,
+    LedgerBusy,
     LedgerError,
     StateConflict,
     StorageError,
@@ -32,6 +34,9 @@ from .model import (
     check_payload_hash,
     check_seconds,
     check_state,
+    is_canonical,
+    is_payload_hash,
+    is_valid_name,
 )
 
 if TYPE_CHECKING:
@@ -45,46 +50,71 @@ TASK_COLUMNS = (
 _SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
 _RETURNING = f" RETURNING {TASK_COLUMNS}"
 # Events are written by the schema's triggers in the same statement as each state change.
-# Each transition is one autocommit statement: the state change, its guard (allowed source
-# state, clock not earlier than the stored times) and, through the triggers, its event.
+# Each transition is one guarded statement inside a write transaction whose clock is read
+# after the lock is taken (?1 is always that reading): the state change, its guard (allowed
+# source state, clock not earlier than the stored times) and, through the schema's triggers,
+# its event. When the guard refuses, the same transaction reads the row to explain why.
 _INSERT_TASK = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "payload_hash, timeout_seconds, created_at, updated_at) "
-    "SELECT ?1, ?2, ?3, 'queued', ?4, 'pending', ?5, ?6, ?7, ?7 WHERE ?2 IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = ?2 AND created_at <= ?7) "
+    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1 WHERE ?3 IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = ?3 AND created_at <= ?1) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = ?1, deadline_at = ?1 + timeout_seconds, "
-    "owner = ?2, updated_at = ?1 WHERE id = ?3 AND status = 'queued' AND ?1 >= updated_at"
+    "owner = ?3, updated_at = ?1 WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at"
     + _RETURNING
 )
 _HEARTBEAT = (
     "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
 )
+_CLOSE = (
+    "UPDATE tsg_tasks SET status = ?3, code = ?4, closed_at = ?1, updated_at = ?1 "
+    "WHERE id = ?2 AND status IN ('queued','running') AND ?1 >= updated_at "
+    "AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
+)
+_DELIVER = (
+    "UPDATE tsg_tasks SET delivery_status = ?3, delivery_code = ?4, delivery_closed_at = ?1, "
+    "updated_at = ?1 WHERE id = ?2 AND delivery_status = 'pending' "
+    "AND status IN ('succeeded','failed','timed_out','cancelled') AND delivery_required = ?5 "
+    "AND ?1 >= updated_at" + _RETURNING
+)
 _HEARTBEAT_MANY = (
     "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)"
 )
-_CLOSE = (
-    "UPDATE tsg_tasks SET status = ?1, code = ?2, closed_at = ?3, updated_at = ?3 "
-    "WHERE id = ?4 AND status IN ('queued','running') AND ?3 >= updated_at "
-    "AND ?3 >= coalesce(heartbeat_at, 0)" + _RETURNING
-)
-_DELIVER = (
-    "UPDATE tsg_tasks SET delivery_status = ?1, delivery_code = ?2, delivery_closed_at = ?3, "
-    "updated_at = ?3 WHERE id = ?4 AND delivery_status = 'pending' "
-    "AND status IN ('succeeded','failed','timed_out','cancelled') AND delivery_required = ?5 "
-    "AND ?3 >= updated_at" + _RETURNING
-)
 
 # Connections inherited across fork() are parked here and never touched or closed again.
 _INHERITED: list[sqlite3.Connection] = []
+# One writer lock per database per process (threads queue here, fairly and without polling).
+_WRITER_LOCKS: dict[str, threading.RLock] = {}
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def writer_lock(path: str) -> threading.RLock:
+    """Return this process's writer lock for the database at ``path``."""
+    lock = _WRITER_LOCKS.get(path)
+    if lock is None:
+        with _WRITER_LOCKS_GUARD:
+            lock = _WRITER_LOCKS.setdefault(path, threading.RLock())
+    return lock
+
+
+def _reset_writer_locks() -> None:
+    global _WRITER_LOCKS_GUARD
+    _WRITER_LOCKS.clear()
+    _WRITER_LOCKS_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_writer_locks)
 
 
 def row_to_task(row: tuple[Any, ...]) -> Task:
-    """Build a Task from a row selected with TASK_COLUMNS."""
+    """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
+    if not row_is_valid(row):
+        raise StorageError("a stored task row failed validation (run doctor)")
     return Task(
         id=row[1],
         parent_id=row[2],
@@ -104,6 +134,29 @@ def row_to_task(row: tuple[Any, ...]) -> Task:
         updated_at=row[16],
         has_owner=row[17] is not None,
         payload_hash=row[18],
+    )
+
+
+def _time_ok(value: Any) -> bool:
+    return value is None or (type(value) in (float, int) and math.isfinite(value))
+
+
+def row_is_valid(row: tuple[Any, ...]) -> bool:
+    """Cheap shape check of a task row before any of its values leaves the ledger."""
+    status, code, delivery, dcode = row[4], row[5], row[7], row[8]
+    return (
+        status in TASK_STATES
+        and delivery in DELIVERY_STATES
+        and (code is None or code in TASK_CODES.get(status, ()))
+        and (dcode is None or dcode in DELIVERY_CODES.get(delivery, ()))
+        and type(row[1]) is str
+        and is_canonical(row[1])
+        and (row[2] is None or (type(row[2]) is str and is_canonical(row[2])))
+        and (row[3] is None or (type(row[3]) is str and is_valid_name(row[3])))
+        and (row[18] is None or (type(row[18]) is str and is_payload_hash(row[18])))
+        and row[6] in (0, 1)
+        and all(_time_ok(row[i]) for i in range(9, 17))
+        and row[11] is not None
     )
 
 
@@ -221,6 +274,11 @@ class Ledger:
         return conn
 
     def _initialize(self, conn: sqlite3.Connection) -> None:
+        try:  # judge the schema before anything (even the journal mode) is written
+            if schema.detect_version(conn) is None:
+                raise StorageError("the database holds a foreign or tampered schema")
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
         connections.ensure_wal(conn)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -308,24 +366,55 @@ class Ledger:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction; commits on success, rolls back on any error."""
+        """One IMMEDIATE transaction; commits on success, rolls back on any error.
+
+        Threads of one process queue on a per-database lock (bounded by the busy timeout)
+        instead of polling SQLite's sleeping busy handler; processes contend in SQLite. Inside
+        :meth:`atomic` the enclosing transaction is reused.
+        """
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         conn = self._conn()
-        self._check_identity()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise connections.translate(exc) from None
-        try:
+        if getattr(self._local, "atomic", False):
             yield conn
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            with suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
+            return
+        self._check_identity()
+        lock = writer_lock(self._path)
+        if not lock.acquire(timeout=self._busy_timeout_ms / 1000.0):
+            raise LedgerBusy("another thread held the ledger past the busy timeout")
+        try:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
                 raise connections.translate(exc) from None
-            raise
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise connections.translate(exc) from None
+                raise
+        finally:
+            lock.release()
+
+    @contextmanager
+    def atomic(self) -> Iterator[Ledger]:
+        """Group several transitions into one transaction: all of them commit, or none.
+
+        A transition that raises inside the block changed nothing itself; the block decides
+        whether to go on. Nested use joins the outer transaction.
+        """
+        if getattr(self._local, "atomic", False):
+            yield self
+            return
+        with self._write():
+            self._local.atomic = True
+            try:
+                yield self
+            finally:
+                self._local.atomic = False
 
     @contextmanager
     def _read(self, *, query_only: bool = False) -> Iterator[sqlite3.Connection]:
@@ -359,19 +448,24 @@ class Ledger:
             if shared:
                 self._snapshot_lock.release()
 
-    def _write_one(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        """Run one write statement as its own transaction; return its RETURNING rows."""
-        if self._read_only:
-            raise StorageError("the ledger was opened read-only")
-        conn = self._conn()
-        self._check_identity()
-        try:
-            return conn.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise connections.translate(exc) from None
+    def _guarded(
+        self, sql: str, tid: str, *params: Any
+    ) -> tuple[Any, float, tuple[Any, ...] | None]:
+        """Run one guarded write in a transaction, the clock read once the lock is held.
+
+        Returns the first RETURNING row (None when the guard refused), the clock reading, and
+        the task's current row when the guard refused (None if the task does not exist).
+        """
+        with self._write() as conn:
+            now = self._now()
+            rows = conn.execute(sql, (now, tid, *params)).fetchall() if sql else []
+            if rows:
+                return rows[0], now, None
+            found = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
+            return None, now, (None if found is None else tuple(found))
 
     def _current(self, tid: str) -> tuple[Any, ...]:
-        """Read a task row to explain why a guarded write did not apply."""
+        """Read a task row (TaskNotFound when missing)."""
         conn = self._conn()
         try:
             row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
@@ -404,13 +498,10 @@ class Ledger:
             raise InvalidInput("delivery_required must be a boolean")
         label = check_name(name)
         fingerprint = check_payload_hash(payload_hash)
-        now = self._now()
-        params = (tid, parent, label, int(delivery_required), fingerprint, timeout, now)
-        if not self._write_one(_INSERT_TASK, params):
-            try:
-                row = self._current(tid)
-            except TaskNotFound:
-                row = None
+        inserted, now, row = self._guarded(
+            _INSERT_TASK, tid, parent, label, int(delivery_required), fingerprint, timeout
+        )
+        if inserted is None:
             if row is not None:  # an explicit id that already exists
                 if (row[2], bool(row[6]), row[3], row[9], row[18]) != (
                     parent, delivery_required, label, timeout, fingerprint
@@ -418,9 +509,8 @@ class Ledger:
                     raise StateConflict("a task with this id exists with other attributes")
                 return row_to_task(row)
             assert parent is not None
-            if self._current(parent)[11] > now:
-                raise StateConflict("clock is earlier than the parent's creation")
-            raise StateConflict("the parent changed while the task was created")
+            self._current(parent)  # TaskNotFound when the parent is missing
+            raise StateConflict("clock is earlier than the parent's creation")
         return Task(
             id=tid, parent_id=parent, name=label, status="queued", code=None,
             delivery_required=delivery_required, delivery_status="pending", delivery_code=None,
@@ -437,25 +527,31 @@ class Ledger:
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         token = owners.own_token(self._path) if owner else None
-        rows = self._write_one(_START, (self._now(), token, tid))
-        if not rows:
-            if self._current(tid)[4] != "queued":
-                raise StateConflict("only a queued task can start")
-            raise StateConflict("clock is earlier than the task's stored times")
-        return row_to_task(rows[0])
+        updated, _now, row = self._guarded(_START, tid, token)
+        if updated is not None:
+            return row_to_task(updated)
+        if row is None:
+            raise TaskNotFound("task not found")
+        if row[4] != "queued":
+            raise StateConflict("only a queued task can start")
+        raise StateConflict("clock is earlier than the task's stored times")
 
     def heartbeat(self, task_id: str | uuid.UUID) -> Task:
         """Record that a running task is alive (no event is written)."""
         tid = canonical_id(task_id)
-        rows = self._write_one(_HEARTBEAT, (self._now(), tid))
-        if not rows:
-            if self._current(tid)[4] != "running":
-                raise StateConflict("only a running task can heartbeat")
-            raise StateConflict("clock is earlier than the task's stored times")
-        return row_to_task(rows[0])
+        updated, _now, row = self._guarded(_HEARTBEAT, tid)
+        if updated is not None:
+            return row_to_task(updated)
+        if row is None:
+            raise TaskNotFound("task not found")
+        if row[4] != "running":
+            raise StateConflict("only a running task can heartbeat")
+        raise StateConflict("clock is earlier than the task's stored times")
 
     def heartbeat_many(self, task_ids: Iterable[str | uuid.UUID]) -> int:
         """Heartbeat every running task among ``task_ids`` in one transaction; return the count."""
+        if isinstance(task_ids, str | bytes) or not isinstance(task_ids, Iterable):
+            raise InvalidInput("task_ids must be an iterable of task ids")
         ids = [canonical_id(t) for t in task_ids]
         if not ids:
             return 0
@@ -471,18 +567,18 @@ class Ledger:
         state = check_state(status, TERMINAL_STATES, "terminal task status")
         reason = check_code_shape(code)
         code_ok = reason is None or reason in TASK_CODES[state]
-        now = self._now()
-        rows = self._write_one(_CLOSE, (state, reason, now, tid)) if code_ok else []
-        if rows:
-            return row_to_task(rows[0])
-        row = self._current(tid)  # explain, in the contract's precedence order
+        updated, now, row = self._guarded(_CLOSE if code_ok else "", tid, state, reason)
+        if updated is not None:
+            return row_to_task(updated)
+        if row is None:  # explain, in the contract's precedence order
+            raise TaskNotFound("task not found")
         if row[4] in TERMINAL_STATES and row[4] != state:
             raise StateConflict("the task already closed with another state")
         if row[4] not in TERMINAL_STATES and _clock_behind(row, now):
             raise StateConflict("clock is earlier than the task's stored times")
         check_code(reason, state, TASK_CODES)
-        if row[4] != state:  # unreachable unless the row changed between the two statements
-            raise StateConflict("the task changed concurrently")
+        if row[4] != state:  # an open task with a valid code and clock would have closed
+            raise StateConflict("the task could not be closed")
         return row_to_task(row)  # identical repeat: the original is kept
 
     def set_delivery(
@@ -494,13 +590,13 @@ class Ledger:
         reason = check_code_shape(code)
         code_ok = reason is None or reason in DELIVERY_CODES[state]
         required = int(state != "not_applicable")
-        now = self._now()
-        rows = (
-            self._write_one(_DELIVER, (state, reason, now, tid, required)) if code_ok else []
+        updated, now, row = self._guarded(
+            _DELIVER if code_ok else "", tid, state, reason, required
         )
-        if rows:
-            return row_to_task(rows[0])
-        row = self._current(tid)  # explain, in the contract's precedence order
+        if updated is not None:
+            return row_to_task(updated)
+        if row is None:  # explain, in the contract's precedence order
+            raise TaskNotFound("task not found")
         if row[4] not in TERMINAL_STATES:
             raise StateConflict("delivery can close only after the task is terminal")
         if row[7] != "pending" and row[7] != state:
@@ -513,8 +609,8 @@ class Ledger:
             if _clock_behind(row, now):
                 raise StateConflict("clock is earlier than the task's stored times")
         check_code(reason, state, DELIVERY_CODES)
-        if row[7] != state:  # unreachable unless the row changed between the two statements
-            raise StateConflict("the delivery changed concurrently")
+        if row[7] != state:  # a pending delivery with a valid code and clock would have closed
+            raise StateConflict("the delivery could not be closed")
         return row_to_task(row)  # identical repeat: the original is kept
 
     # ----------------------------------------------------------------- reads
@@ -571,7 +667,8 @@ class Ledger:
             if limit is not None:
                 sql += " LIMIT ?"
                 params.append(limit)
-            return [r[0] for r in conn.execute(sql, params)]
+            rows = conn.execute(sql, params)
+            return [r[0] for r in rows if type(r[0]) is str and is_canonical(r[0])]
 
     # ----------------------------------------------------------------- aggregates
     def reconcile(

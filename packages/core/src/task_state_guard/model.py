@@ -159,6 +159,16 @@ def check_payload_hash(value: object) -> str | None:
     raise InvalidInput("payload_hash must be a lowercase SHA-256 hex digest")
 
 
+def is_canonical(value: str) -> bool:
+    """Tell whether ``value`` is a canonical lowercase UUID string."""
+    return bool(_CANONICAL.fullmatch(value))
+
+
+def is_payload_hash(value: str) -> bool:
+    """Tell whether ``value`` is a lowercase SHA-256 hex digest."""
+    return bool(_HASH_RE.fullmatch(value))
+
+
 def is_valid_name(value: str) -> bool:
     """Tell whether ``value`` is an acceptable name label."""
     return bool(_NAME_RE.fullmatch(value))

@@ -20,6 +20,7 @@ import fcntl
 import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -27,6 +28,9 @@ from .model import StorageError
 
 LOCK_SUFFIX = ".lock"
 _TMP_SUFFIX = ".tmp"
+# A temporary lock file is only ever unlocked for the instant between its creation and its
+# flock(); cleanup leaves it alone until it is this old, so a starting owner never loses it.
+_TMP_MIN_AGE_SECONDS = 300.0
 
 
 class Liveness(enum.Enum):
@@ -145,6 +149,12 @@ def remove_dead(db_path: str, is_referenced: Callable[[str], bool]) -> int:
         if not dot or "." + suffix not in (LOCK_SUFFIX, _TMP_SUFFIX):
             continue
         path = os.path.join(directory, name)
+        if "." + suffix == _TMP_SUFFIX:
+            try:
+                if time.time() - os.lstat(path).st_mtime < _TMP_MIN_AGE_SECONDS:
+                    continue
+            except OSError:
+                continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:

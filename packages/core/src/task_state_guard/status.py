@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import owners
-from .model import DELIVERY_STATES, TASK_STATES, check_seconds
+from .model import DELIVERY_STATES, TASK_STATES, check_seconds, is_valid_name
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
 DEFAULT_ACTIVE_GRACE = 600.0
+INVALID_LABEL = "<invalid>"  # a tampered name is counted under this label, never shown
 _TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
 _DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
 
@@ -31,8 +32,9 @@ def collect_status(ledger: Ledger, *, active_grace_seconds: float | None = None)
                 by_status[status] += count
             if delivery in DELIVERY_STATES:
                 by_delivery[delivery] += count
-            if isinstance(name, str) and status in TASK_STATES:
-                per = by_name.setdefault(name, dict.fromkeys(_TASK_ORDER, 0))
+            if name is not None and status in TASK_STATES:
+                label = name if isinstance(name, str) and is_valid_name(name) else INVALID_LABEL
+                per = by_name.setdefault(label, dict.fromkeys(_TASK_ORDER, 0))
                 per[status] += count
         oldest: dict[str, Any] = {}
         for state, column in (("queued", "created_at"), ("running", "started_at")):
