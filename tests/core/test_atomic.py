@@ -6,7 +6,6 @@ import os
 import threading
 
 import pytest
-
 from task_state_guard import Ledger, StateConflict
 
 
