@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import sys
@@ -289,6 +290,7 @@ def test_api_ledger_path_fuzz(path: Any) -> None:
         assert result is None or isinstance(result, LedgerError)
     finally:
         os.chdir(cwd)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.xfail(strict=True, reason=(
