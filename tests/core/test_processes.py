@@ -424,3 +424,40 @@ def test_heartbeater_keeps_running_work_fresh(db: str) -> None:
     assert led.reconcile(POLICY)["tasks_timed_out"] == 0
     assert led.doctor()["event_count"] == 2  # heartbeats write no events
     led.close()
+
+
+WRITER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from task_state_guard import Ledger, LedgerError
+    db, count = sys.argv[1], int(sys.argv[2])
+    errors = 0
+    with Ledger(db, busy_timeout_ms=30000) as led:
+        for _ in range(count):
+            try:
+                task = led.create_task(name="proc.writer")
+                led.start_task(task.id, owner=False)
+                led.close_task(task.id, "succeeded", code="completed")
+            except LedgerError:
+                errors += 1
+    sys.exit(1 if errors else 0)
+    """
+)
+
+
+def test_many_processes_write_one_ledger(tmp_path, db: str) -> None:
+    Ledger(db).close()
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER_SCRIPT)
+    procs = [
+        subprocess.Popen([sys.executable, str(script), db, "60"], env=cli_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    with Ledger(db) as led:
+        report = led.doctor()
+        assert report["healthy"] is True
+        assert report["task_count"] == 240 and report["event_count"] == 240 * 3
+        assert led.status()["by_name"]["proc.writer"]["succeeded"] == 240
