@@ -16,7 +16,7 @@ from langgraph.types import Command
 from . import _recorder as rc
 from ._errors import ErrorLog, logger
 from ._ids import logical_task_id, recovery_invocation_id
-from ._recorder import Recorder
+from ._recorder import Closing, Recorder
 from .callbacks import GuardCallbackHandler, RetryOracle, classify_error
 
 #: Key under ``config["metadata"]`` (and so in every checkpoint's metadata) that holds the
@@ -80,10 +80,13 @@ class _Invocation:
                 status, code = "failed", rc.WORKER_FAILED
             outcome = status
             leftover = ("cancelled", rc.CALLER_CANCELLED if status == "cancelled" else None)
+        closings: list[Closing] = []
         if self.handler is not None:
-            self.handler.close_open(*leftover)
+            closings = self.handler.take_open(*leftover)
         if self.task_id is not None:
-            self._rec.close(self.task_id, status, code, internal=False)
+            closings.append((self.task_id, status, code, False))
+        # Leftover attempts and the invocation close at the same moment: one transaction.
+        self._rec.close_many(closings)
         return outcome
 
 

@@ -20,7 +20,7 @@ from langgraph.errors import GraphBubbleUp, ParentCommand
 from . import _recorder as rc
 from ._errors import ErrorLog
 from ._ids import attempt_task_id, logical_task_id
-from ._recorder import Recorder
+from ._recorder import Closing, Recorder
 
 
 class RetryOracle:
@@ -139,6 +139,14 @@ class GuardCallbackHandler(GraphCallbackHandler):
     """
 
     run_inline = True
+    # Only chain runs (graph roots and nodes) matter: skip model, tool-agent, retriever,
+    # retry and custom events (e.g. one call per streamed token) at the callback manager.
+    ignore_llm = True
+    ignore_chat_model = True
+    ignore_retriever = True
+    ignore_agent = True
+    ignore_retry = True
+    ignore_custom_event = True
 
     def __init__(
         self,
@@ -219,15 +227,18 @@ class GuardCallbackHandler(GraphCallbackHandler):
             chain = run.chain if run is not None else ()
         return self._rec.beat(chain)
 
-    def close_open(self, status: str, code: str | None) -> None:
-        """Close every attempt still open (the run ended without telling us about them)."""
+    def take_open(self, status: str, code: str | None) -> list[Closing]:
+        """Forget every attempt still open (the run ended without telling us about them) and
+        return their closes, innermost first so a parent never closes before its child."""
         with self._lock:
             open_runs = [r for r in self._runs.values() if r.task is not None]
             self._runs.clear()
-        # Innermost first, so a parent never closes before its child.
-        for run in sorted(open_runs, key=lambda r: len(r.chain), reverse=True):
-            assert run.task is not None
-            self._rec.close(run.task, status, code, internal=True)
+        open_runs.sort(key=lambda r: len(r.chain), reverse=True)
+        return [(r.task, status, code, True) for r in open_runs if r.task is not None]
+
+    def close_open(self, status: str, code: str | None) -> None:
+        """Close every attempt still open (one ledger transaction)."""
+        self._rec.close_many(self.take_open(status, code))
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -341,11 +352,16 @@ class GuardCallbackHandler(GraphCallbackHandler):
             ]
             for key in [k for k in self._counts if k[0] == run.invocation]:
                 del self._counts[key]
-        for left in sorted(leftovers, key=lambda r: len(r.chain), reverse=True):
-            assert left.task is not None
-            self._rec.close(left.task, "cancelled", rc.CALLER_CANCELLED, internal=True)
+        leftovers.sort(key=lambda r: len(r.chain), reverse=True)
+        closings: list[Closing] = [
+            (left.task, "cancelled", rc.CALLER_CANCELLED, True)
+            for left in leftovers
+            if left.task is not None
+        ]
         if run.chain:
-            self._rec.close(run.chain[0], status, code, internal=False)
+            closings.append((run.chain[0], status, code, False))
+        # The leftovers and the invocation close at the same moment: one transaction.
+        self._rec.close_many(closings)
 
     def on_interrupt(self, event: GraphInterruptEvent) -> None:
         self.interrupted = True
