@@ -36,7 +36,15 @@ ADAPTERS = {
     "adapter-dramatiq": ("task_state_guard_dramatiq", "task-state-guard-dramatiq"),
     "adapter-langgraph": ("task_state_guard_langgraph", "task-state-guard-langgraph"),
 }
-ADAPTER_EXPORTS = ("mark_delivered", "mark_delivery_failed", "logical_task_id")
+# The entry points each adapter documents in its README: module-level names, and
+# "Class.method" for delivery marks that live on the installed object.
+ADAPTER_EXPORTS = {
+    "adapter-celery": ("install", "logical_task_id", "mark_delivered", "mark_delivery_failed"),
+    "adapter-dramatiq": ("install", "logical_task_id", "TaskStateGuardMiddleware.mark_delivered",
+                         "TaskStateGuardMiddleware.mark_delivery_failed"),
+    "adapter-langgraph": ("guard", "logical_task_id", "GuardedGraph.mark_delivered",
+                          "GuardedGraph.mark_delivery_failed"),
+}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -145,7 +153,14 @@ def smoke_adapter(dist: Path, work: Path, key: str) -> dict[str, Any]:
         "import importlib, json, sys\n"
         f"m = importlib.import_module({module!r})\n"
         "import task_state_guard as core\n"
-        f"missing = [n for n in {ADAPTER_EXPORTS!r} if not hasattr(m, n)]\n"
+        "def has(path):\n"
+        "    obj = m\n"
+        "    for part in path.split('.'):\n"
+        "        if not hasattr(obj, part):\n"
+        "            return False\n"
+        "        obj = getattr(obj, part)\n"
+        "    return callable(obj)\n"
+        f"missing = [n for n in {ADAPTER_EXPORTS[key]!r} if not has(n)]\n"
         "tid = m.logical_task_id('smoke-framework-id')\n"
         "import uuid; uuid.UUID(str(tid))\n"
         "print(json.dumps({'module': m.__file__, 'core': core.__file__, 'missing': missing}))\n"
