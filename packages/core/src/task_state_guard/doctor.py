@@ -91,6 +91,11 @@ _EVENT_CHAINS = f"""SELECT count(*) FROM (
     GROUP BY t.seq)
     WHERE actual != expected OR matching != expected"""
 
+_ORPHAN_EVENTS = (
+    "SELECT count(*) FROM tsg_events e "
+    "WHERE NOT EXISTS (SELECT 1 FROM tsg_tasks t WHERE t.seq = e.task_seq)"
+)
+
 _PARENT_ORDER = (
     "SELECT c.id FROM tsg_tasks c JOIN tsg_tasks p ON p.id = c.parent_id "
     "WHERE NOT (p.seq < c.seq AND p.created_at <= c.created_at)"
@@ -193,9 +198,10 @@ def run_doctor(ledger: Ledger) -> dict[str, Any]:
             if not findings["schema_mismatch"]:
                 task_count = _count(conn, "SELECT count(*) FROM tsg_tasks")
                 event_count = _count(conn, "SELECT count(*) FROM tsg_events")
-                for table, *_rest in conn.execute("PRAGMA foreign_key_check"):
-                    key = "orphan_events" if table == "tsg_events" else "foreign_key_violations"
-                    findings[key] += 1
+                findings["foreign_key_violations"] = len(
+                    conn.execute("PRAGMA foreign_key_check").fetchall()
+                )
+                findings["orphan_events"] = _count(conn, _ORPHAN_EVENTS)
                 _check_shapes(conn, findings)
                 _check_values(conn, findings)
                 findings["event_chain_mismatches"] = _count(conn, _EVENT_CHAINS)

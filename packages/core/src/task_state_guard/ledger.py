@@ -124,27 +124,23 @@ def row_to_task(row: tuple[Any, ...]) -> Task:
         delivery_required=bool(row[6]),
         delivery_status=row[7],
         delivery_code=row[8],
-        timeout_seconds=row[9],
-        deadline_at=row[10],
-        created_at=row[11],
-        started_at=row[12],
-        heartbeat_at=row[13],
-        closed_at=row[14],
-        delivery_closed_at=row[15],
-        updated_at=row[16],
+        timeout_seconds=_float(row[9]),
+        deadline_at=_float(row[10]),
+        created_at=float(row[11]),
+        started_at=_float(row[12]),
+        heartbeat_at=_float(row[13]),
+        closed_at=_float(row[14]),
+        delivery_closed_at=_float(row[15]),
+        updated_at=float(row[16]),
         has_owner=row[17] is not None,
         payload_hash=row[18],
     )
 
 
-def _time_ok(value: Any) -> bool:
-    return value is None or (type(value) in (float, int) and math.isfinite(value))
-
-
 def row_is_valid(row: tuple[Any, ...]) -> bool:
     """Cheap shape check of a task row before any of its values leaves the ledger."""
     status, code, delivery, dcode = row[4], row[5], row[7], row[8]
-    return (
+    if not (
         status in TASK_STATES
         and delivery in DELIVERY_STATES
         and (code is None or code in TASK_CODES.get(status, ()))
@@ -155,9 +151,18 @@ def row_is_valid(row: tuple[Any, ...]) -> bool:
         and (row[3] is None or (type(row[3]) is str and is_valid_name(row[3])))
         and (row[18] is None or (type(row[18]) is str and is_payload_hash(row[18])))
         and row[6] in (0, 1)
-        and all(_time_ok(row[i]) for i in range(9, 17))
         and row[11] is not None
-    )
+    ):
+        return False
+    for value in row[9:17]:  # timeout, deadline and every timestamp: None or a finite number
+        if value is not None and not (type(value) in (float, int) and -1e300 < value < 1e300):
+            return False
+    return True
+
+
+def _float(value: Any) -> float | None:
+    # RETURNING hands back integral REAL values as int; callers always get floats.
+    return None if value is None else float(value)
 
 
 def _clock_behind(row: tuple[Any, ...], now: float) -> bool:

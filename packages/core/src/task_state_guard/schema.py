@@ -34,8 +34,9 @@ _TASK_COLUMNS_V1 = """
 _COMMON = [
     "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
     # Events are clustered by task: one B-tree page per transition, read in chain order.
+    # No foreign key (it costs every transition a lookup); doctor counts orphan events.
     """CREATE TABLE tsg_events (
-    task_seq INTEGER NOT NULL REFERENCES tsg_tasks(seq),
+    task_seq INTEGER NOT NULL,
     step INTEGER NOT NULL CHECK (step IN (1, 2, 3, 4)),
     kind TEXT NOT NULL CHECK (kind IN ('created','started','closed','delivery')),
     state TEXT NOT NULL,
