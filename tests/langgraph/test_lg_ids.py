@@ -11,7 +11,7 @@ from task_state_guard_langgraph import (
     logical_task_id,
     recovery_invocation_id,
 )
-from task_state_guard_langgraph._ids import sanitize_name
+from task_state_guard_langgraph._ids import AttemptIds, sanitize_name
 
 LABEL = re.compile(r"^[A-Za-z0-9_<][A-Za-z0-9_.:\-/<>]{0,199}$")
 
@@ -26,6 +26,18 @@ def test_ids_are_deterministic_uuids() -> None:
     )
     assert recovery_invocation_id("x") == recovery_invocation_id("x") != recovery_invocation_id("y")
     assert recovery_invocation_id("x").startswith("recover-")
+    # The documented scheme, exactly.
+    assert a == str(uuid.uuid5(NAMESPACE, "attempt|req-1|node:abc|1"))
+
+
+def test_precomputed_attempt_ids_match_the_documented_uuid5() -> None:
+    for invocation in ["req-1", "", "naïve|id", "x" * 300]:
+        derive = AttemptIds(invocation)
+        for ns in ["node:abc", "sub:1|inner:2", "日本", ""]:
+            for n in (1, 2, 10, 12345):
+                expected = str(uuid.uuid5(NAMESPACE, f"attempt|{invocation}|{ns}|{n}"))
+                assert derive(ns, n) == expected == attempt_task_id(invocation, ns, n)
+                assert uuid.UUID(expected).version == 5
 
 
 def test_sanitize_name() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 
@@ -28,6 +29,27 @@ def attempt_task_id(invocation_id: str, checkpoint_ns: str, attempt: int) -> str
     the subgraph path), ``attempt`` counts the starts of that namespace within the invocation.
     """
     return str(uuid.uuid5(NAMESPACE, f"attempt|{invocation_id}|{checkpoint_ns}|{attempt}"))
+
+
+class AttemptIds:
+    """:func:`attempt_task_id` for one invocation, with the invocation's part of the uuid5
+    hash computed once (a node attempt then hashes only its own namespace and number)."""
+
+    __slots__ = ("_base",)
+
+    def __init__(self, invocation_id: str) -> None:
+        self._base = hashlib.sha1(
+            NAMESPACE.bytes + f"attempt|{invocation_id}|".encode(), usedforsecurity=False
+        )
+
+    def __call__(self, checkpoint_ns: str, attempt: int) -> str:
+        h = self._base.copy()
+        h.update(f"{checkpoint_ns}|{attempt}".encode())
+        d = bytearray(h.digest()[:16])
+        d[6] = (d[6] & 0x0F) | 0x50  # version 5
+        d[8] = (d[8] & 0x3F) | 0x80  # RFC 4122 variant
+        x = d.hex()
+        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def recovery_invocation_id(lost_invocation_id: str) -> str:

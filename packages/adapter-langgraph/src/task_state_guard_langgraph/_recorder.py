@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._errors import ErrorLog
+from ._errors import ErrorLog, logger
 from ._ids import sanitize_name
 
 # Reason codes used by the adapter (all from the core registry, DESIGN.md E3).
@@ -53,10 +53,22 @@ class Recorder:
         self._hb: Any = None
         self._hb_pid: int | None = None
         self._hb_lock = threading.Lock()
+        self._live: set[str] = set()
+        self._live_pid = os.getpid()
         # Name -> ledger label (None: no label); names repeat on every invocation.
         self._labels: dict[str, str | None] = {}
 
     # -- heartbeats -------------------------------------------------------------------------
+    #
+    # The recorder keeps the ids of the tasks it opened and has not closed yet in a plain set
+    # (one set operation per open/close, no lock, no id parsing); one heartbeat thread per
+    # process beats a snapshot of that set every interval.
+
+    def _live_ids(self) -> set[str]:
+        pid = os.getpid()
+        if self._live_pid != pid:  # forked: the parent's tasks are not ours
+            self._live, self._live_pid = set(), pid
+        return self._live
 
     def _heartbeater(self) -> Any:
         hb = self._hb
@@ -67,35 +79,26 @@ class Recorder:
         with self._hb_lock:
             pid = os.getpid()
             if self._hb is None or self._hb_pid != pid:
-                from task_state_guard import Heartbeater
-
-                hb = Heartbeater(self.ledger, interval_seconds=self._hb_interval)
+                hb = _live_heartbeater(self.ledger, self._hb_interval, self._snapshot)
                 hb.start()
                 self._hb, self._hb_pid = hb, pid
             return self._hb
 
+    def _snapshot(self) -> list[str]:
+        return list(self._live_ids().copy())
+
     def _hb_add(self, task_id: str) -> None:
-        if not self._hb_interval:
-            return
-        try:
-            hb = self._heartbeater()
-            if hb is not None:
-                hb.add(task_id)
-        except Exception as exc:
-            self.errors.record("heartbeat", exc)
-            if self.errors.strict:
-                raise
+        self._live_ids().add(task_id)
+        if self._hb_interval and (self._hb is None or self._hb_pid != os.getpid()):
+            try:
+                self._heartbeater()
+            except Exception as exc:
+                self.errors.record("heartbeat", exc)
+                if self.errors.strict:
+                    raise
 
     def _hb_discard(self, task_id: str) -> None:
-        hb = self._hb
-        if hb is None:
-            return
-        try:
-            hb.discard(task_id)
-        except Exception as exc:
-            self.errors.record("heartbeat", exc)
-            if self.errors.strict:
-                raise
+        self._live_ids().discard(task_id)
 
     def beat(self, task_ids: Iterable[str]) -> int:
         """Heartbeat the given running tasks now (one transaction)."""
@@ -250,3 +253,24 @@ class Recorder:
         hb, self._hb = self._hb, None
         if hb is not None and self._hb_pid == os.getpid():
             self.errors.call("heartbeat", hb.stop)
+
+
+def _live_heartbeater(ledger: Any, interval: float, snapshot: Callable[[], list[str]]) -> Any:
+    """A core ``Heartbeater`` (thread, interval, fork handling) that beats ``snapshot()``."""
+    from task_state_guard import Heartbeater, LedgerError
+
+    class _LiveHeartbeater(Heartbeater):
+        def beat_now(self) -> int:
+            ids = snapshot()
+            if not ids:
+                return 0
+            try:
+                count = self.ledger.heartbeat_many(ids)
+            except LedgerError as exc:
+                self.errors += 1
+                logger.warning("task-state-guard heartbeat failed: %s", type(exc).__name__)
+                return 0
+            self.beats += 1
+            return int(count)
+
+    return _LiveHeartbeater(ledger, interval_seconds=interval)

@@ -19,7 +19,7 @@ from langgraph.errors import GraphBubbleUp, ParentCommand
 
 from . import _recorder as rc
 from ._errors import ErrorLog
-from ._ids import attempt_task_id, logical_task_id
+from ._ids import AttemptIds, logical_task_id
 from ._recorder import Closing, Recorder
 
 
@@ -186,6 +186,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
         self._lock = threading.Lock()
         self._runs: dict[uuid.UUID, _Run] = {}
         self._counts: dict[tuple[str, str], int] = {}
+        self._attempt_ids: dict[str, AttemptIds] = {}
         self.interrupted = False
 
     @classmethod
@@ -271,7 +272,10 @@ class GuardCallbackHandler(GraphCallbackHandler):
             key = (parent.invocation, ns)
             attempt = self._counts.get(key, 0) + 1
             self._counts[key] = attempt
-            task = attempt_task_id(parent.invocation, ns, attempt)
+            ids = self._attempt_ids.get(parent.invocation)
+            if ids is None:
+                ids = self._attempt_ids[parent.invocation] = AttemptIds(parent.invocation)
+            task = ids(ns, attempt)
             parent_task = parent.chain[0]
             run = _Run(
                 parent_run_id,
@@ -352,6 +356,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
             ]
             for key in [k for k in self._counts if k[0] == run.invocation]:
                 del self._counts[key]
+            self._attempt_ids.pop(run.invocation, None)
         leftovers.sort(key=lambda r: len(r.chain), reverse=True)
         closings: list[Closing] = [
             (left.task, "cancelled", rc.CALLER_CANCELLED, True)
