@@ -1,7 +1,8 @@
 """Overhead of the TaskStateGuard LangGraph adapter on a 10-node graph of no-op nodes.
 
-Runs plain ``graph.invoke``, guarded ``app.invoke`` (every node attempt recorded) and
-guarded with ``record_nodes=False`` (invocations only) in rotating order, in rounds, in one
+Runs plain ``graph.invoke``, plain with a do-nothing callback handler (the cost of LangChain's
+callback machinery alone), guarded ``app.invoke`` (every node attempt recorded) and guarded
+with ``record_nodes=False`` (invocations only) in rotating order, in rounds, in one
 process, and prints one JSON object: median invocations per second of each and the ratios to
 plain (the target is >= 0.8), plus the median CPU time per invocation of each. Not a test:
 nothing is asserted.
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from langgraph.callbacks import GraphCallbackHandler
 from langgraph.graph import START, StateGraph
 from task_state_guard_langgraph import guard
 
@@ -44,6 +46,12 @@ def build() -> Any:
     return builder.compile()
 
 
+class NoopHandler(GraphCallbackHandler):
+    """A callback handler that does nothing (inline, like the adapter's)."""
+
+    run_inline = True
+
+
 def rate(fn: Any, count: int) -> tuple[float, float]:
     """Invocations per wall-clock second, and CPU milliseconds (all threads) per invocation."""
     cpu = time.process_time()
@@ -65,8 +73,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         full = guard(graph, db=str(Path(tmp) / "full.sqlite"), strict=True)
         light = guard(graph, db=str(Path(tmp) / "light.sqlite"), strict=True, record_nodes=False)
+        noop = NoopHandler()
         calls = {
             "plain": lambda: graph.invoke({"n": 0}),
+            # The callback machinery alone: a handler that records nothing.
+            "plain_noop_callback": lambda: graph.invoke({"n": 0}, {"callbacks": [noop]}),
             "guarded": lambda: full.invoke({"n": 0}),
             "guarded_invocations_only": lambda: light.invoke({"n": 0}),
         }
@@ -101,6 +112,8 @@ def main() -> None:
                 "ratio": round(med["guarded"] / med["plain"], 3),
                 "guarded_invocations_only_per_s": round(med["guarded_invocations_only"], 1),
                 "ratio_invocations_only": round(med["guarded_invocations_only"] / med["plain"], 3),
+                "plain_noop_callback_invocations_per_s": round(med["plain_noop_callback"], 1),
+                "ratio_noop_callback": round(med["plain_noop_callback"] / med["plain"], 3),
                 "target_ratio": 0.8,
                 # CPU time of this process per invocation: less sensitive to other tenants
                 # of a shared machine than the wall-clock rates (ratio = plain / guarded).
@@ -109,6 +122,7 @@ def main() -> None:
                 "cpu_ratio_invocations_only": round(
                     cpu["plain"] / cpu["guarded_invocations_only"], 3
                 ),
+                "cpu_ratio_noop_callback": round(cpu["plain"] / cpu["plain_noop_callback"], 3),
                 # Invocation: create+start, close. Each node attempt: create+start,
                 # close+delivery (Ledger.atomic() groups what happens at the same moment).
                 "ledger_transactions_per_invocation": {
