@@ -62,7 +62,8 @@ class _Stats:
 def _close_claimed(ledger: Any, tid: str, stats: _Stats, timed: Any) -> None:
     """Close a task this thread claimed. Other threads heartbeat shared tasks concurrently; a
     StateConflict while the task is still running is spurious (nobody else may close it): it is
-    counted as ``spurious_state_conflicts`` (see RELIABILITY.md, known core issue) and retried."""
+    counted as ``spurious_state_conflicts`` (a former core issue, see RELIABILITY.md; the CI test
+    requires none) and retried."""
     from task_state_guard import StateConflict
 
     for _ in range(20):

@@ -14,11 +14,6 @@ from task_state_guard import Ledger
 
 from .conftest import load_script
 
-# Known core issue, reproduced deterministically by test_owner_lock_survives_a_concurrent_cleanup
-# below: the crash worker retries such a start once and reports it under known_issue_hits. It is
-# tolerated here only while that strict xfail exists; once the core is fixed, set this to False.
-KNOWN_OWNER_LOCK_RACE_BUG = True
-
 
 def test_fifty_sigkills_lose_nothing_and_leave_no_partial_transition() -> None:
     soak = load_script("crash_soak")
@@ -27,9 +22,8 @@ def test_fifty_sigkills_lose_nothing_and_leave_no_partial_transition() -> None:
     assert summary["failures"] == 0, summary["failure_samples"]
     assert summary["kills_survived"] == 50
     assert summary["kills_during_work"] >= 35
-    if not KNOWN_OWNER_LOCK_RACE_BUG:
-        assert summary["known_issue_hits"] == {}
-    assert set(summary["known_issue_hits"]) <= {"owner_lock_race"}
+    # The owner-lock race (test_owner_lock_survives_a_concurrent_cleanup) is fixed: not one hit.
+    assert summary["known_issue_hits"] == {}
     # The kills must have landed on real work, not on idle processes.
     assert summary["transitions_logged"] > 500
     assert summary["transition_checks"] > summary["transitions_logged"] / 2
@@ -55,16 +49,12 @@ def test_checker_detects_a_lost_transition(tmp_path: Path) -> None:
     assert "two different terminal states were returned for one task" in checker.failures
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: owners.own_token creates <token>.tmp, then flocks it, then renames it; a "
-    "concurrent reconcile (any thread or process) running owners.remove_dead in that window "
-    "takes the not-yet-held lock, judges the .tmp dead and unlinks it, so start_task(owner=True) "
-    "raises StorageError('cannot create the owner lock file')"))
 def test_owner_lock_survives_a_concurrent_cleanup(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Deterministic interleaving of the race seen once in 1,000 SIGKILL cycles: the cleanup of
-    another ledger (as another process's reconcile would) runs exactly between the creation of
-    the owner's temporary lock file and its flock. Only the scheduling point is injected."""
+    """Regression (found by the crash soak, once in 1,000 SIGKILL cycles, fixed in the core): the
+    dead-owner cleanup of another ledger (as another process's reconcile would) runs exactly
+    between the creation of the owner's temporary lock file and its flock; start_task(owner=True)
+    must still succeed. Only the scheduling point is injected."""
     db = tmp_path / "l" / "tasks.sqlite"
     ledger = Ledger(db)
     task = ledger.create_task()

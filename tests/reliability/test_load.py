@@ -14,12 +14,6 @@ from task_state_guard import Ledger, LedgerError
 from .conftest import load_script
 
 CI_SECONDS = float(os.environ.get("TSG_LOAD_SECONDS", "20"))
-# Known core issue (see test_transition_after_a_concurrent_heartbeat below and RELIABILITY.md): the
-# ledger reads its clock before taking the write lock, so a heartbeat committed by another
-# thread/process in between makes a legitimate close fail with StateConflict. The load run
-# counts such conflicts separately (and retries); they are tolerated here ONLY while that strict
-# xfail exists. When the core is fixed the xfail turns into a failure; then set this to False.
-KNOWN_CLOCK_BEFORE_LOCK_BUG = True
 
 
 def test_eight_processes_four_threads_one_ledger() -> None:
@@ -33,12 +27,14 @@ def test_eight_processes_four_threads_one_ledger() -> None:
     assert summary["claim_conflicts"] > 0  # the workers really raced for shared tasks
     assert summary["reconciles"] > 0 and summary["heartbeats"] > 0
     assert summary["transitions"] > 1000
-    if not KNOWN_CLOCK_BEFORE_LOCK_BUG:
-        assert summary["spurious_state_conflicts"] == 0
+    # A close of a claimed task never conflicts with other threads' heartbeats (the clock is read
+    # under the write lock: test_transition_after_a_concurrent_heartbeat).
+    assert summary["spurious_state_conflicts"] == 0
 
 
 def _heartbeat_lands_between_clock_read_and_write(tmp_path: Path, action: str) -> object:
-    """Ledger A reads its clock (t=100); before A writes, ledger B (another connection, as
+    """Regression (found by the load run, fixed in the core). Ledger A reads its clock (t=100);
+    before A writes, ledger B (another connection, as
     another process would) heartbeats the same running task at t=101. A's transition was issued
     after B's committed, so it must apply (or, if the core serializes the clock read with the
     write, B simply waits). Only injected clocks are used: no core internals are touched."""
@@ -69,10 +65,6 @@ def _heartbeat_lands_between_clock_read_and_write(tmp_path: Path, action: str) -
         other[0].close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: close_task/heartbeat read the clock before taking the write lock; a heartbeat "
-    "committed in between (another thread or process, e.g. a Heartbeater) makes a legitimate "
-    "close/heartbeat of a running task raise StateConflict"))
 @pytest.mark.parametrize("action", ["close", "heartbeat"])
 def test_transition_after_a_concurrent_heartbeat(tmp_path: Path, action: str) -> None:
     expected = "succeeded" if action == "close" else "running"
