@@ -13,6 +13,9 @@ random moment and then checks:
 * every transition the worker logged is present: the task exists (or was legitimately pruned
   after the logged call) and its state is at least as far along as logged, with the logged
   terminal state/code and delivery state/code exactly as reported;
+* every ``Ledger.atomic()`` group (parent + two children + a start, ids chosen up front and
+  logged before the block) whose end the worker did not log is either wholly present or wholly
+  absent;
 * the worker logged no unexpected error.
 
     python scripts/crash_soak.py --kills 1000          # prints one JSON line
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from typing import Any
 
 TERMINAL = ("succeeded", "failed", "timed_out", "cancelled")
@@ -69,7 +73,7 @@ def _worker_thread(ledger: Any, log: _Log, rng: random.Random, pool: list[str],
     from task_state_guard import LedgerError, ReconcilePolicy, StorageError
 
     ops = (["create"] * 6 + ["start"] * 5 + ["heartbeat"] * 3 + ["beat_many"] + ["close"] * 5
-           + ["deliver"] * 4 + ["reconcile"] + ["prune"])
+           + ["deliver"] * 4 + ["reconcile"] + ["prune"] + ["atomic"] * 2)
     while not stop.is_set():
         op = rng.choice(ops)
         with pool_lock:
@@ -121,6 +125,19 @@ def _worker_thread(ledger: Any, log: _Log, rng: random.Random, pool: list[str],
                 else:
                     state, code = "not_applicable", rng.choice([None, "internal_task"])
                 log.write(_task_record("deliver", ledger.set_delivery(pick, state, code=code)))
+            elif op == "atomic" and hasattr(ledger, "atomic"):
+                ids = [str(uuid.uuid4()) for _ in range(3)]
+                log.write({"k": "atomic_begin", "ids": ids})
+                with ledger.atomic():
+                    made = [ledger.create_task(task_id=ids[0], name="crash.atomic")]
+                    made += [ledger.create_task(task_id=i, parent_id=ids[0],
+                                                delivery_required=False) for i in ids[1:]]
+                    made[1] = ledger.start_task(ids[1], owner=False)
+                for task in made:
+                    log.write(_task_record("atomic", task))
+                log.write({"k": "atomic_end", "ids": ids})
+                with pool_lock:
+                    pool.extend(ids)
             elif op == "reconcile":
                 dry = rng.random() < 0.3
                 report = ledger.reconcile(
@@ -187,6 +204,8 @@ class Checker:
         self.pruned_ok = 0
         self.failures: list[str] = []
         self.known: dict[str, int] = {}
+        self.open_groups: dict[tuple[str, ...], int] = {}
+        self.groups_checked = 0
 
     def _read_new(self) -> None:
         with open(self.log_path, "rb") as handle:
@@ -202,6 +221,10 @@ class Checker:
                 self.known[rec["issue"]] = self.known.get(rec["issue"], 0) + 1
             elif kind == "error":
                 self.failures.append(f"worker error {rec['e']} in {rec['op']}")
+            elif kind == "atomic_begin":
+                self.open_groups[tuple(rec["ids"])] = self.line_no
+            elif kind == "atomic_end":
+                self.open_groups.pop(tuple(rec["ids"]), None)
             elif kind == "prune_begin":
                 self.last_prune_begin = self.line_no
             elif "id" in rec:
@@ -249,6 +272,14 @@ class Checker:
             }
         finally:
             conn.close()
+        # A group of transitions in one Ledger.atomic() block whose end was not logged: all of it
+        # committed or none of it (only this thread knew the ids until the end was logged).
+        for ids in self.open_groups:
+            self.groups_checked += 1
+            present = sum(i in rows for i in ids)
+            if present not in (0, len(ids)):
+                self.failures.append("an atomic group was partly committed")
+        self.open_groups.clear()
         gone = []
         for tid, exp in self.expected.items():
             self.transitions_checked += 1
@@ -325,6 +356,7 @@ def run_soak(kills: int, *, seed: int = 0, threads: int = 4, min_delay: float = 
         "transitions_logged": checker.transitions_logged,
         "transition_checks": checker.transitions_checked,
         "tasks_pruned_after_logging": checker.pruned_ok,
+        "atomic_groups_cut_by_a_kill": checker.groups_checked,
         "tasks_tracked_at_end": len(checker.expected),
         "failures": len(checker.failures),
         "failure_samples": sorted(set(checker.failures))[:10],
