@@ -217,6 +217,11 @@ ANY = st.one_of(
 )
 
 
+def _in_atomic(ledger: Ledger, fn: Any) -> Any:
+    with ledger.atomic():
+        return fn()
+
+
 def _constant(value: Any) -> Any:
     return lambda: value
 
@@ -267,6 +272,10 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: Ledger(env.db, busy_timeout_ms=d(ANY), allow_external_acl=d(ANY),
                            read_only=d(ANY), snapshot_max_bytes=d(ANY)),
             lambda: Ledger(env.db, clock=_constant(d(ANY))).create_task(),
+            lambda: _in_atomic(ledger, lambda: ledger.create_task(task_id=d(some),
+                                                                  name=d(ANY))),
+            lambda: _in_atomic(ledger, lambda: _in_atomic(
+                ledger, lambda: ledger.close_task(d(some), d(ANY), code=d(ANY)))),
         ]
         for index in data.draw(st.lists(st.integers(0, len(calls) - 1), min_size=1,
                                         max_size=4)):
