@@ -43,10 +43,13 @@ def test_checker_detects_a_lost_transition(tmp_path: Path) -> None:
     with open(log, "w") as handle:
         handle.write(json.dumps(record) + "\n" + json.dumps(ghost) + "\n")
         handle.write(json.dumps(dict(record, s="failed", c="worker_failed")) + "\n")
+        group = [task.id, "00000000-0000-4000-8000-000000000001"]
+        handle.write(json.dumps({"k": "atomic_begin", "ids": group}) + "\n")
     checker = soak.Checker(str(db), str(log))
     checker.check()
     assert "a logged task is missing" in checker.failures
     assert "two different terminal states were returned for one task" in checker.failures
+    assert "an atomic group was partly committed" in checker.failures
 
 
 def test_owner_lock_survives_a_concurrent_cleanup(tmp_path: Path,
