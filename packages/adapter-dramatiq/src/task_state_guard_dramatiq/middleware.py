@@ -8,12 +8,14 @@ import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from dramatiq.middleware import Middleware, Shutdown, TimeLimitExceeded
 from task_state_guard import (
     Heartbeater,
     Ledger,
+    LedgerError,
     ReconcilePolicy,
     StateConflict,
     Task,
@@ -54,6 +56,9 @@ _INNER_MIDDLEWARE = (
 
 _Outcome = tuple[str, "str | None"]
 
+# Actor names are few and fixed: compute each ledger label once.
+_label = lru_cache(maxsize=1024)(label)
+
 
 @dataclass(eq=False)
 class _Attempt:
@@ -62,10 +67,9 @@ class _Attempt:
     message_id: str
     parent_id: str
     attempt_id: str
-    delivery_required: bool
+    name: str | None
     retry_enqueued: bool = False
     next_retries: int | None = None
-    attempt_closed: bool = False
     parent_outcome: _Outcome | None = None
     deferred_delivery: _Outcome | None = None
     beats: list[str] = field(default_factory=list)
@@ -76,10 +80,9 @@ class _ProcessState:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        # Guards the counters and tables below. Ledger writes need no lock of ours: the
+        # core queues this process's threads on its own per-database writer lock.
         self.lock = threading.Lock()
-        # Serialises this process's ledger writes from hooks: worker threads queue here
-        # (woken at once) instead of colliding in SQLite, whose busy handler sleeps.
-        self.write_lock = threading.Lock()
         self.ledger: Ledger | None = None
         self.heartbeater: Heartbeater | None = None
         self.beats: Counter[str] = Counter()
@@ -314,11 +317,14 @@ class TaskStateGuardMiddleware(Middleware):
     # ------------------------------------------------------------------ messages
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        """Open (or find) the logical task and record a new running attempt under it."""
+        """Open (or find) the logical task and record a new running attempt under it.
+
+        One ledger transaction, committed before the actor runs: the logical task's creation
+        and start (first delivery) and the attempt's creation (or claim) and start.
+        """
         self._local.current = None
         try:
-            with self._state().write_lock:
-                state = self._start_attempt(broker, message)
+            state = self._start_attempt(broker, message)
         except Exception as exc:
             self._error("before_process_message", exc)
             return
@@ -336,51 +342,59 @@ class TaskStateGuardMiddleware(Middleware):
                 delivery = broker.get_actor(message.actor_name).options.get(ACTOR_OPTION)
             except Exception:
                 delivery = None
-        delivery_required = bool(delivery)
-        name = label(message.actor_name)
+        name = _label(message.actor_name)
         parent_id = logical_task_id(message_id)
-
-        try:
-            parent = ledger.create_task(
-                task_id=parent_id, delivery_required=delivery_required, name=name
-            )
-        except StateConflict:
-            # Same message, other attributes (e.g. the actor option changed between
-            # deployments): keep the existing logical task as it is.
-            parent = ledger.get_task(parent_id)
-        if parent.status == "queued":
-            # owner=False: the broker redelivers an unacked message after a crash, so the
-            # logical task outlives the process that happens to run an attempt. A
-            # StateConflict means another delivery started it first.
-            with contextlib.suppress(StateConflict):
-                ledger.start_task(parent_id, owner=False)
-
         retries = int(options.get("retries") or 0)
-        attempt = self._claim_attempt(
-            ledger, parent_id, attempt_task_id(message_id, retries), name, queued=retries > 0
-        )
+        expected_id = attempt_task_id(message_id, retries)
+        with ledger.atomic():
+            self._open_parent(ledger, parent_id, bool(delivery), name)
+            attempt_id = self._claim_attempt(
+                ledger, parent_id, expected_id, name, queued=retries > 0
+            )
         state = _Attempt(
-            message_id=message_id,
-            parent_id=parent_id,
-            attempt_id=attempt.id,
-            delivery_required=parent.delivery_required,
+            message_id=message_id, parent_id=parent_id, attempt_id=attempt_id, name=name
         )
-        self._beat(proc, state, [attempt.id, parent_id])
+        self._beat(proc, state, [attempt_id, parent_id])
         with proc.lock:
             proc.inflight.setdefault(message_id, []).append(state)
         return state
 
     @staticmethod
+    def _open_parent(
+        ledger: Ledger, parent_id: str, delivery_required: bool, name: str | None
+    ) -> None:
+        """Create the logical task (idempotent) and start it if it is still queued."""
+        try:
+            queued = (
+                ledger.create_task(
+                    task_id=parent_id, delivery_required=delivery_required, name=name
+                ).status
+                == "queued"
+            )
+        except StateConflict:
+            # Same message, other attributes (e.g. the actor option changed between
+            # deployments): keep the existing logical task as it is; start it if queued.
+            queued = True
+        if queued:
+            # owner=False: the broker redelivers an unacked message after a crash, so the
+            # logical task outlives the process that happens to run an attempt. A
+            # StateConflict means it is not queued (another delivery started it first).
+            with contextlib.suppress(StateConflict):
+                ledger.start_task(parent_id, owner=False)
+
+    @staticmethod
     def _claim_attempt(
         ledger: Ledger, parent_id: str, expected_id: str, name: str | None, *, queued: bool
-    ) -> Task:
+    ) -> str:
         """Start the expected attempt; if another delivery already has it, record a fresh one.
 
         ``queued``: a retry scheduled this attempt, so it normally exists already (queued).
+        Returns the id of the attempt now running, owned by this process.
         """
         if queued:
             try:
-                return ledger.start_task(expected_id, owner=True)
+                ledger.start_task(expected_id, owner=True)
+                return expected_id
             except TaskNotFound:
                 pass  # the retry was not recorded (ledger error then): create it now
             except StateConflict:
@@ -391,14 +405,16 @@ class TaskStateGuardMiddleware(Middleware):
             )
             if task.status != "queued":  # this message's first attempt exists: a duplicate
                 return TaskStateGuardMiddleware._fresh_attempt(ledger, parent_id, name)
-            return ledger.start_task(expected_id, owner=True)
+            ledger.start_task(expected_id, owner=True)
+            return expected_id
         except StateConflict:
             return TaskStateGuardMiddleware._fresh_attempt(ledger, parent_id, name)
 
     @staticmethod
-    def _fresh_attempt(ledger: Ledger, parent_id: str, name: str | None) -> Task:
+    def _fresh_attempt(ledger: Ledger, parent_id: str, name: str | None) -> str:
         task = ledger.create_task(parent_id=parent_id, delivery_required=False, name=name)
-        return ledger.start_task(task.id, owner=True)
+        ledger.start_task(task.id, owner=True)
+        return task.id
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         """Notice Retries (or any middleware) re-enqueueing the message being processed."""
@@ -416,13 +432,13 @@ class TaskStateGuardMiddleware(Middleware):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
-        """Close the attempt; queue the next attempt if a retry was scheduled."""
+        """Close the attempt; with it, in one transaction, queue the next attempt of a retry."""
         self._local.current = None
         state: _Attempt | None = getattr(message, _STATE_ATTR, None)
         if state is None:
             return
-        proc = self._state()
-        self._unbeat(proc, state)
+        self._unbeat(self._state(), state)
+        retry_id: str | None = None
         if exception is None:
             attempt: _Outcome = ("succeeded", "worker_completed")
             parent: _Outcome | None = ("succeeded", "worker_completed")
@@ -437,11 +453,13 @@ class TaskStateGuardMiddleware(Middleware):
             else:
                 attempt = ("failed", "worker_failed")
             parent = None if retried else ("failed", "worker_failed")
+            if retried:
+                retries = state.next_retries
+                if retries is None:
+                    retries = int(message.options.get("retries") or 0)
+                retry_id = attempt_task_id(state.message_id, retries)
         state.parent_outcome = parent
-        with proc.write_lock:
-            if exception is not None and parent is None:
-                self._queue_retry(state, message)
-            self._close_attempt(state, attempt)
+        self._close_attempt(state, attempt, retry_id)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         """SkipMessage (e.g. AgeLimit): the attempt is ``cancelled/skipped``."""
@@ -452,32 +470,41 @@ class TaskStateGuardMiddleware(Middleware):
         self._unbeat(self._state(), state)
         # A failed skip (AgeLimit) is dead-lettered; a plain skip is acked.
         state.parent_outcome = ("failed", None) if message.failed else ("cancelled", "skipped")
-        with self._state().write_lock:
-            self._close_attempt(state, ("cancelled", "skipped"))
+        self._close_attempt(state, ("cancelled", "skipped"), None)
 
-    def _queue_retry(self, state: _Attempt, message: MessageProxy) -> None:
-        retries = state.next_retries
-        if retries is None:
-            retries = int(message.options.get("retries") or 0)
-        try:
-            self.ledger.create_task(
-                task_id=attempt_task_id(state.message_id, retries),
-                parent_id=state.parent_id,
-                delivery_required=False,
-                name=label(message.actor_name),
-            )
-        except Exception as exc:
-            self._error("after_process_message", exc)
+    def _close_attempt(self, state: _Attempt, outcome: _Outcome, retry_id: str | None) -> None:
+        """Close the attempt and, for a scheduled retry, create its queued successor.
 
-    def _close_attempt(self, state: _Attempt, outcome: _Outcome) -> None:
+        Both in one transaction. The successor goes first, so the logical task never has a
+        moment without an open child. A conflict of either one changes nothing by itself
+        and does not stop the other; errors are reported once the transaction is over.
+        """
         status, code = outcome
+        errors: list[BaseException] = []
+        late = False
         try:
-            self.ledger.close_task(state.attempt_id, status, code=code)
-        except StateConflict:
-            self._late("completion", "attempt")
+            ledger = self.ledger
+            with ledger.atomic():
+                if retry_id is not None:
+                    try:
+                        ledger.create_task(
+                            task_id=retry_id,
+                            parent_id=state.parent_id,
+                            delivery_required=False,
+                            name=state.name,
+                        )
+                    except LedgerError as exc:
+                        errors.append(exc)
+                try:
+                    ledger.close_task(state.attempt_id, status, code=code)
+                except StateConflict:
+                    late = True
         except Exception as exc:
-            self._error("after_process_message", exc)
-        state.attempt_closed = True
+            errors.append(exc)
+        if late:
+            self._late("completion", "attempt")
+        for error in errors:
+            self._error("after_process_message", error)
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:
         """The message is settled and will not come back: close the logical task."""
@@ -507,25 +534,32 @@ class TaskStateGuardMiddleware(Middleware):
                     "is dropped; call mark_delivered once the logical task has finished."
                 )
             return
-        with proc.write_lock:
-            self._close_parent(state, outcome, kind)
+        self._close_parent(state, outcome, kind)
 
     def _close_parent(self, state: _Attempt, outcome: _Outcome, kind: str) -> None:
+        """Close the logical task and write a delivery mark made by the actor, in one go."""
         status, code = outcome
+        errors: list[tuple[str, BaseException]] = []
+        late = False
         try:
             ledger = self.ledger
-            ledger.close_task(state.parent_id, status, code=code)
-        except StateConflict:
-            self._late("completion", "logical task")
+            with ledger.atomic():
+                try:
+                    ledger.close_task(state.parent_id, status, code=code)
+                except StateConflict:
+                    late = True
+                if state.deferred_delivery is not None:
+                    dstatus, dcode = state.deferred_delivery
+                    try:
+                        ledger.set_delivery(state.parent_id, dstatus, code=dcode)
+                    except LedgerError as exc:
+                        errors.append(("mark_delivered", exc))
         except Exception as exc:
-            self._error(kind, exc)
-            return
-        if state.deferred_delivery is not None:
-            dstatus, dcode = state.deferred_delivery
-            try:
-                ledger.set_delivery(state.parent_id, dstatus, code=dcode)
-            except Exception as exc:
-                self._error("mark_delivered", exc)
+            errors.append((kind, exc))
+        if late:
+            self._late("completion", "logical task")
+        for where, error in errors:
+            self._error(where, error)
 
     # ------------------------------------------------------------------ public helpers
 
