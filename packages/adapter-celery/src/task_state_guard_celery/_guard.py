@@ -479,22 +479,24 @@ class CeleryGuard:
                 getattr(ctx, "is_eager", False)
             )
             retries = int(getattr(ctx, "retries", 0) or 0)
-            if retries == 0:
-                # First delivery: make sure the parent exists (idempotent) and runs.
-                self._ensure_parent(celery_id, task)
-                with suppress(StateConflict):  # already running: a concurrent delivery
-                    led.start_task(parent, owner=owner)
             redelivered = bool((getattr(ctx, "delivery_info", None) or {}).get("redelivered"))
             token = getattr(ctx, TOKEN_KEY, None)
-            try:
-                attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
-            except TaskNotFound:
-                # A retry whose parent was never recorded (the ledger was unavailable
-                # when the first attempt ran): record the parent now.
-                self._ensure_parent(celery_id, task)
-                with suppress(StateConflict):
-                    led.start_task(parent, owner=owner)
-                attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
+            # One transaction for the parent and the attempt (fewer writer-lock rounds).
+            with led.atomic():
+                if retries == 0:
+                    # First delivery: make sure the parent exists (idempotent) and runs.
+                    self._ensure_parent(celery_id, task)
+                    with suppress(StateConflict):  # already running: a concurrent delivery
+                        led.start_task(parent, owner=owner)
+                try:
+                    attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
+                except TaskNotFound:
+                    # A retry whose parent was never recorded (the ledger was unavailable
+                    # when the first attempt ran): record the parent now.
+                    self._ensure_parent(celery_id, task)
+                    with suppress(StateConflict):
+                        led.start_task(parent, owner=owner)
+                    attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
             setattr(ctx, _ATTEMPT, attempt)
             setattr(ctx, _PARENT, parent)
             setattr(ctx, _CLOSED, False)
@@ -548,7 +550,7 @@ class CeleryGuard:
             return
         setattr(ctx, _CLOSED, True)
         try:
-            with self._guarded(hook):
+            with self._guarded(hook), self.ledger.atomic():
                 if placeholder is not None:
                     placeholder()
                 self._close(attempt, status, code, "attempt_close_conflict")
