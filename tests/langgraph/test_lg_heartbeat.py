@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -163,3 +164,30 @@ def test_without_heartbeats_a_late_completion_is_a_rejected_conflict(
     )
     assert app.ledger_errors == {"close:StateConflict": 2}
     assert_healthy(app.ledger)
+
+
+def test_open_tasks_are_beaten_and_forgotten_after_close_and_fork(db: str) -> None:
+    from task_state_guard_langgraph._errors import ErrorLog
+    from task_state_guard_langgraph._recorder import Recorder
+
+    task = "6f0c3b8e-4a57-5d7e-9a51-000000000001"
+    with Ledger(db) as ledger:
+        rec = Recorder(ledger, ErrorLog(strict=True), heartbeat_interval=0.05)
+        try:
+            assert rec.open(task, parent_id=None, delivery_required=True, name="inv")
+            deadline = time.monotonic() + 10
+            while ledger.get_task(task).heartbeat_at is None:  # the heartbeat thread beat it
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            pid = os.fork()
+            if pid == 0:  # a forked child does not beat its parent's tasks
+                os._exit(0 if rec._snapshot() == [] else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert rec._snapshot() == [task]
+            rec.close(task, "succeeded", "completed", internal=False)
+            assert rec._snapshot() == []
+            assert str(ledger.get_task(task).status) == "succeeded"
+        finally:
+            rec.stop()
+        assert_healthy(ledger)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 from lg_helpers import State, assert_healthy, shape, tree
+from task_state_guard import Ledger, Task
 from task_state_guard_langgraph import METADATA_KEY, NAMESPACE, guard
 
 SECRET = "s3cr3t-prompt-value-7f1e"
@@ -184,3 +188,87 @@ def test_concurrent_invocations_from_threads(db: str, saver: Any, apps: list[Any
         )
     assert app.ledger_errors == {}
     assert_healthy(app.ledger)
+
+
+class _CountingLedger(Ledger):
+    """Counts committed write transactions: each transition outside an ``atomic()`` block is
+    one, each outermost ``atomic()`` block is one (public API only)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.transactions = 0
+        self.running_seen: list[str] = []
+        self._depth = threading.local()
+
+    def _inside(self) -> bool:
+        return bool(getattr(self._depth, "n", 0))
+
+    @contextmanager
+    def atomic(self) -> Iterator[Ledger]:
+        outer = not self._inside()
+        self._depth.n = getattr(self._depth, "n", 0) + 1
+        try:
+            with super().atomic() as ledger:
+                yield ledger
+        finally:
+            self._depth.n -= 1
+        if outer:
+            self.transactions += 1
+
+    def _count(self) -> None:
+        if not self._inside():
+            self.transactions += 1
+
+    def create_task(self, **kwargs: Any) -> Task:
+        self._count()
+        return super().create_task(**kwargs)
+
+    def start_task(self, task_id: Any, *, owner: bool = True) -> Task:
+        self._count()
+        return super().start_task(task_id, owner=owner)
+
+    def close_task(self, task_id: Any, status: str, *, code: str | None = None) -> Task:
+        self._count()
+        return super().close_task(task_id, status, code=code)
+
+    def set_delivery(self, task_id: Any, status: str, *, code: str | None = None) -> Task:
+        self._count()
+        return super().set_delivery(task_id, status, code=code)
+
+
+def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> None:
+    seen: dict[str, Any] = {}
+
+    def plan(state: State) -> dict[str, Any]:
+        # While the node runs, its attempt is already a committed, owned, running record.
+        with Ledger(db) as other:  # another connection sees only committed data
+            running = [other.get_task(i) for i in other.find_task_ids("running")]
+        seen["running"] = sorted((str(t.name), t.has_owner) for t in running)
+        return {"log": ["plan"]}
+
+    builder = StateGraph(State)
+    builder.add_node("plan", plan)
+    builder.add_node("act", lambda s: {"log": ["act"]})
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "act")
+    ledger = _CountingLedger(db)
+    app = guard(
+        builder.compile(checkpointer=saver), ledger=ledger, strict=True, heartbeat_interval=0
+    )
+    apps.append(app)
+    before = ledger.transactions
+    app.invoke({"log": []}, {"configurable": {"thread_id": "tx"}}, invocation_id="tx")
+    # Invocation: create+start, close. Each attempt: create+start, close+delivery.
+    assert ledger.transactions - before == 2 + 2 * 2
+    assert seen["running"] == [("LangGraph", True), ("plan", True)]
+    ok = ("succeeded", "worker_completed", ())
+    assert shape(tree(ledger, app.logical_task_id("tx"))) == (
+        "LangGraph",
+        "succeeded",
+        "completed",
+        (("plan", *ok), ("act", *ok)),
+    )
+    for child in tree(ledger, app.logical_task_id("tx"))["children"]:
+        assert (child["delivery"], child["delivery_code"]) == ("not_applicable", "internal_task")
+    assert_healthy(ledger)
+    ledger.close()
