@@ -26,7 +26,7 @@ INTERRUPTED = "interrupted"
 CALLER_CANCELLED = "caller_cancelled"
 
 #: One close: ``(task_id, status, code, internal)``.
-Closing = tuple[str, str, "str | None", bool]
+Closing = tuple[str, str, str | None, bool]
 
 _LABELS_MAX = 4096
 
