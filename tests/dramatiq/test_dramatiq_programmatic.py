@@ -16,7 +16,7 @@ import pytest
 from _dramatiq_helpers import assert_healthy, attempts_of, outcomes, parent_of, wait_for
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import AsyncIO, Retries
-from task_state_guard import Ledger
+from task_state_guard import Ledger, StorageError
 from task_state_guard_dramatiq import (
     TaskStateGuardMiddleware,
     attempt_task_id,
@@ -414,3 +414,54 @@ def test_delivery_obligation_per_message(app: App, ledger: Ledger) -> None:
     assert parent is not None and parent.delivery_required is True
     parent = parent_of(ledger, other)
     assert parent is not None and parent.delivery_required is False
+
+
+def test_start_and_retry_are_each_one_transaction(
+    db: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure late in the start leaves no half-recorded message; a retry's queued
+    successor and the attempt close commit together."""
+    application = App(db)  # not strict: ledger errors are counted, jobs run anyway
+    ran = {"n": 0}
+
+    @dramatiq.actor(max_retries=0)
+    def work() -> None:
+        ran["n"] += 1
+
+    @dramatiq.actor(max_retries=1, min_backoff=10, max_backoff=10)
+    def again() -> None:
+        ran["n"] += 1
+        if ran["n"] == 2:
+            raise ValueError("once")
+
+    led = application.guard.ledger
+    real_start = led.start_task
+
+    def refuse_attempts(task_id: Any, *, owner: bool = True) -> Any:
+        if owner:  # attempts are started with an owner, logical tasks without
+            raise StorageError("disk full")
+        return real_start(task_id, owner=owner)
+
+    monkeypatch.setattr(led, "start_task", refuse_attempts)
+    try:
+        application.start()
+        lost = work.send().message_id
+        application.join()
+        assert ran["n"] == 1
+        # The logical task was created and started before the attempt failed: all rolled back.
+        assert parent_of(ledger, lost) is None
+        assert application.guard.stats()["errors"] == {"before_process_message:StorageError": 1}
+
+        monkeypatch.setattr(led, "start_task", real_start)
+        mid = again.send().message_id
+        application.join()
+    finally:
+        application.stop()
+    assert ran["n"] == 3
+    parent = parent_of(ledger, mid)
+    assert parent is not None and (parent.status, parent.code) == ("succeeded", "worker_completed")
+    attempts = attempts_of(ledger, mid)
+    assert outcomes(attempts) == [("failed", "retry_scheduled"), ("succeeded", "worker_completed")]
+    # The queued successor is written first, in the transaction that closes the failed
+    # attempt: the logical task never has a moment without an open child.
+    assert attempts[1].created_at <= attempts[0].closed_at  # type: ignore[operator]
