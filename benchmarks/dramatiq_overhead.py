@@ -8,6 +8,12 @@ plain / guarded (order flipped every other pair) in one invocation, and one JSON
 printed: the median messages per second of each mode and the ratio guarded / plain (the
 issue's target is >= 0.85). Not a test: nothing is asserted.
 
+On a shared, noisy machine the wall-clock rates swing with other load, so each round also
+reads the CPU time (user + system, from /proc on Linux) that the worker's processes spent
+between "ready" and "drained": ``*_cpu_ms_per_message`` and ``cpu_ratio`` (plain CPU per
+message / guarded CPU per message, i.e. the throughput ratio of a CPU-bound run on an
+otherwise idle machine). Redis's own CPU is not included.
+
     .venv/bin/python benchmarks/dramatiq_overhead.py [--rounds 3] [--messages 2000]
 """
 
@@ -51,7 +57,29 @@ if os.environ.get("TSG_BENCH_ROLE") == "worker":  # imported by the dramatiq CLI
         """Does nothing: the measurement is the per-message overhead."""
 
 
-def run_round(guarded: bool, messages: int, workdir: Path, processes: int, threads: int) -> float:
+def session_cpu_seconds(sid: int) -> float | None:
+    """CPU seconds (user + system) used so far by the live processes of session ``sid``."""
+    if not os.path.isdir("/proc"):
+        return None
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                data = stat.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:  # field 6: session id; 14 and 15: utime, stime
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_round(
+    guarded: bool, messages: int, workdir: Path, processes: int, threads: int
+) -> tuple[float, float | None]:
+    """One round: (messages per second, worker CPU milliseconds per message or None)."""
     from dramatiq.brokers.redis import RedisBroker
 
     suffix = uuid.uuid4().hex[:10]
@@ -98,6 +126,7 @@ def run_round(guarded: bool, messages: int, workdir: Path, processes: int, threa
             time.sleep(0.05)
         client = producer.client
         pending_key = f"{namespace}:{queue}.msgs"
+        cpu_start = session_cpu_seconds(proc.pid)
         start = time.perf_counter()
         for _ in range(messages):
             producer.enqueue(
@@ -108,6 +137,7 @@ def run_round(guarded: bool, messages: int, workdir: Path, processes: int, threa
         while client.hlen(pending_key) > 0:
             time.sleep(0.002)
         elapsed = time.perf_counter() - start
+        cpu_end = session_cpu_seconds(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -121,7 +151,12 @@ def run_round(guarded: bool, messages: int, workdir: Path, processes: int, threa
     text = log_path.read_text(errors="replace")
     if "TaskStateGuard ledger error" in text or "Unexpected failure" in text:
         raise SystemExit(f"ledger errors during the benchmark:\n{text}")
-    return messages / elapsed
+    cpu_ms = (
+        None
+        if cpu_start is None or cpu_end is None
+        else (cpu_end - cpu_start) * 1000 / messages
+    )
+    return messages / elapsed, cpu_ms
 
 
 def main() -> int:
@@ -133,12 +168,18 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tsg-dramatiq-bench-"))
     rates: dict[str, list[float]] = {"plain": [], "guarded": []}
+    cpus: dict[str, list[float]] = {"plain": [], "guarded": []}
     try:
         for i in range(args.rounds):
             order = [False, True] if i % 2 == 0 else [True, False]
             for with_guard in order:
-                rate = run_round(with_guard, args.messages, workdir, args.processes, args.threads)
-                rates["guarded" if with_guard else "plain"].append(rate)
+                mode = "guarded" if with_guard else "plain"
+                rate, cpu_ms = run_round(
+                    with_guard, args.messages, workdir, args.processes, args.threads
+                )
+                rates[mode].append(rate)
+                if cpu_ms is not None:
+                    cpus[mode].append(cpu_ms)
         from task_state_guard import Ledger
 
         ledger = Ledger(str(workdir / "ledger" / "tasks.sqlite"))
@@ -167,6 +208,18 @@ def main() -> int:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }
+    if cpus["plain"] and cpus["guarded"]:
+        plain_cpu = statistics.median(cpus["plain"])
+        guarded_cpu = statistics.median(cpus["guarded"])
+        result.update(
+            {
+                "plain_cpu_ms_per_message": round(plain_cpu, 3),
+                "guarded_cpu_ms_per_message": round(guarded_cpu, 3),
+                "cpu_ratio": round(plain_cpu / guarded_cpu, 3),
+                "plain_cpu_rounds": [round(c, 3) for c in cpus["plain"]],
+                "guarded_cpu_rounds": [round(c, 3) for c in cpus["guarded"]],
+            }
+        )
     print(json.dumps(result, sort_keys=True))
     return 0
 
