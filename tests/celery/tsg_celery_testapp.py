@@ -187,4 +187,4 @@ def _from_env() -> Celery:
     return app
 
 
-app = _from_env() if os.environ.get("TSG_DB") else None
+app = _from_env() if os.environ.get("TSGT_QUEUE") and os.environ.get("TSG_DB") else None
