@@ -45,6 +45,9 @@ def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA cache_size=-32768")  # up to 32 MiB per connection, used lazily
+        # Checkpoint (and fsync) every ~16 MiB of WAL rather than 4 MiB: a transition dirties
+        # 2-4 pages, so the default would fsync about every 300 commits.
+        conn.execute("PRAGMA wal_autocheckpoint=4000")
         return conn
     except sqlite3.Error as exc:
         raise translate(exc) from None
