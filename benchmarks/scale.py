@@ -100,6 +100,7 @@ def build(db: str, size: int) -> float:
             conn.execute("COMMIT")
             conn.execute("BEGIN IMMEDIATE")
     conn.execute("COMMIT")
+    ledger.close()
     return now
 
 

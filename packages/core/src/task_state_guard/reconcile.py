@@ -30,7 +30,8 @@ _OPEN_BATCH = (
     "WHERE delivery_closed_at IS NULL AND seq < ? ORDER BY seq DESC LIMIT ?"
 )
 _ACTIVE_CHILDREN = (
-    "SELECT seq, status FROM tsg_tasks WHERE parent_id = ? AND status IN ('queued','running')"
+    "SELECT parent_id, seq, status FROM tsg_tasks "
+    "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
 )
 # The schema's triggers write the matching events.
 _TIME_OUT = (
@@ -94,27 +95,46 @@ class _Pass:
             self.liveness[token] = state
         return state is owners.Liveness.DEAD
 
-    def has_active_child(self, task_id: str) -> bool:
-        for seq, status in self.conn.execute(_ACTIVE_CHILDREN, (task_id,)):
-            if status == "queued" or seq not in self.timed_out:
-                return True
-        return False
-
-    def decide(self, row: tuple[Any, ...]) -> str | None:
-        """Return the timed_out code for a running task, or None to keep it."""
-        created, started, heartbeat, deadline, owner, task_id = row[2:8]
+    def verdict(self, row: tuple[Any, ...]) -> str | None:
+        """The timed_out code a running task earns on its own (before parent freshness)."""
+        created, started, heartbeat, deadline, owner = row[2:7]
         latest = max(t for t in (created, started, heartbeat) if t is not None)
         if latest > self.now:
             return None  # stored times ahead of this clock: never close before them
         if deadline is not None and deadline <= self.now:
             return "deadline_exceeded"
-        dead = self.owner_dead(owner)
-        stale = max(t for t in (started, heartbeat) if t is not None) <= self.active_cutoff
-        if not (dead or stale):
-            return None
-        if self.has_active_child(task_id):
-            return None
-        return "owner_lost" if dead else "restart_stale"
+        if self.owner_dead(owner):
+            return "owner_lost"
+        if max(t for t in (started, heartbeat) if t is not None) <= self.active_cutoff:
+            return "restart_stale"
+        return None
+
+    def active_children(self, parent_ids: list[str]) -> dict[str, list[tuple[int, str]]]:
+        """Queued or running children of the given tasks, in a few indexed queries."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for start in range(0, len(parent_ids), 500):
+            chunk = parent_ids[start : start + 500]
+            sql = _ACTIVE_CHILDREN.format(marks=",".join("?" * len(chunk)))
+            for parent, seq, status in self.conn.execute(sql, chunk):
+                found.setdefault(parent, []).append((seq, status))
+        return found
+
+    def fresh_through_children(self, children: list[tuple[int, str]]) -> bool:
+        """E5: a queued child, or a running child this pass keeps, keeps its parent."""
+        return any(status == "queued" or seq not in self.timed_out for seq, status in children)
+
+    @staticmethod
+    def well_formed(row: tuple[Any, ...]) -> bool:
+        """Skip rows that fail validation (doctor reports them) instead of failing the pass."""
+        seq, status, created, started, heartbeat, deadline = row[:6]
+        required, delivery, closed = row[8], row[9], row[10]
+        if not isinstance(seq, int) or required not in (0, 1) or delivery != "pending":
+            return False
+        if created is None or not _finite(created, started, heartbeat, deadline, closed):
+            return False
+        if status in ("queued", "running"):
+            return closed is None and not (status == "running" and started is None)
+        return status in _TERMINAL and closed is not None
 
     def scan(self) -> None:
         """Decide every open task, newest first, in bounded batches."""
@@ -125,20 +145,27 @@ class _Pass:
             if not rows:
                 return
             cursor = rows[-1][0]
+            verdicts = {
+                row[0]: self.verdict(row)
+                for row in rows
+                if row[1] == "running" and self.well_formed(row)
+            }
+            children = self.active_children(
+                [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
+            )
             timeouts: list[tuple[str, float, float, int]] = []
             deliveries: list[tuple[str, str, float, float, int]] = []
             for row in rows:
-                seq, status, created, started, heartbeat, deadline = row[:6]
-                required, delivery, closed = row[8], row[9], row[10]
-                if not isinstance(seq, int) or required not in (0, 1) or delivery != "pending":
+                if not self.well_formed(row):
                     continue
-                if not _finite(created, started, heartbeat, deadline, closed) or created is None:
-                    continue
+                seq, status, required, closed = row[0], row[1], row[8], row[10]
                 if status in ("queued", "running"):
-                    if closed is not None or (status == "running" and started is None):
-                        continue
                     counts["active_examined"] += 1
-                    code = self.decide(row) if status == "running" else None
+                    code = verdicts.get(seq)
+                    if code in ("owner_lost", "restart_stale") and self.fresh_through_children(
+                        children.get(row[7], [])
+                    ):
+                        code = None  # E5 outranks owner liveness and heartbeat staleness
                     if code is None:
                         counts["fresh_active_retained"] += 1
                         continue
@@ -146,8 +173,6 @@ class _Pass:
                     self.timed_out.add(seq)
                     timeouts.append((code, now, now, seq))
                     closed = now  # its delivery is judged in this same pass
-                elif status not in _TERMINAL or closed is None:
-                    continue
                 counts["pending_delivery_examined"] += 1
                 if closed > self.delivery_cutoff:
                     counts["pending_delivery_retained"] += 1
