@@ -50,6 +50,7 @@ if os.environ.get("TSG_DEMO_DIR"):
             "data_folder_in": str(_dir / "broker"),
             "data_folder_out": str(_dir / "broker"),
             "processed_folder": str(_dir / "processed"),
+            "control_folder": str(_dir / "control"),
             "store_processed": False,
             "polling_interval": 0.1,
         },

@@ -213,9 +213,10 @@ def create_database_file(path: str) -> FileIdentity:
     flags |= getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o600)
-    except FileExistsError:
+    except FileExistsError:  # created meanwhile by another process: judge what is there now
         st = check_regular_file(path, what="database file", tighten=True)
-        assert st is not None
+        if st is None:
+            raise StorageError("the database file appeared and vanished while it was created")
         return FileIdentity(st.st_dev, st.st_ino)
     except OSError as exc:
         raise StorageError("cannot create the database file") from exc
