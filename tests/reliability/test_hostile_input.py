@@ -453,13 +453,10 @@ def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
         assert ledger.doctor()["healthy"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug: storage.create_database_file asserts (AssertionError escapes the API) when the "
-    "database path is absent at the check, present at O_EXCL create (EEXIST) and absent again "
-    "at the re-check - e.g. another process creating and removing the file concurrently"))
 def test_database_path_flapping_during_creation(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Deterministic interleaving of a race the live swap test hit: after the path check found
+    """Regression (found by the live swap race, fixed in the core). Deterministic interleaving:
+    after the path check found
     no database, another process creates the file (so O_EXCL fails) and removes it again
     before the re-check. Only the scheduling points are injected; the outcome must be a
     LedgerError (or a fresh ledger), never a raw exception."""
