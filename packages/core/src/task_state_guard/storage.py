@@ -216,7 +216,9 @@ def create_database_file(path: str) -> FileIdentity:
     except FileExistsError:  # created meanwhile by another process: judge what is there now
         st = check_regular_file(path, what="database file", tighten=True)
         if st is None:
-            raise StorageError("the database file appeared and vanished while it was created")
+            raise StorageError(
+                "the database file appeared and vanished while it was created"
+            ) from None
         return FileIdentity(st.st_dev, st.st_ino)
     except OSError as exc:
         raise StorageError("cannot create the database file") from exc
