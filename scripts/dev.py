@@ -63,7 +63,11 @@ def ensure_services() -> None:
             time.sleep(0.2)
     if not _listening(5672):
         run(["rabbitmq-server", "-detached"])
-        run(["rabbitmqctl", "await_startup", "--timeout", "120"])
+        for _ in range(10):  # the node needs a moment before rabbitmqctl can even reach it
+            if run(["rabbitmqctl", "-q", "await_startup", "--timeout", "120"],
+                   stderr=subprocess.DEVNULL) == 0:
+                break
+            time.sleep(2)
         for _ in range(100):
             if _listening(5672):
                 break
