@@ -18,7 +18,7 @@ BATCH = 500
 _ROOTS = (
     "SELECT seq, updated_at FROM tsg_tasks "
     "WHERE parent_id IS NULL AND delivery_closed_at IS NOT NULL AND updated_at <= ? "
-    "AND (updated_at > ? OR (updated_at = ? AND seq > ?)) ORDER BY updated_at, seq LIMIT ?"
+    "AND (updated_at, seq) > (?, ?) ORDER BY updated_at, seq LIMIT ?"
 )
 
 
@@ -68,9 +68,7 @@ def prune(ledger: Ledger, older_than_seconds: float, *, dry_run: bool = False) -
         with context as conn:
             if cutoff is None:
                 cutoff = ledger._now() - age
-            roots = conn.execute(
-                _ROOTS, (cutoff, last_updated, last_updated, last_seq, BATCH)
-            ).fetchall()
+            roots = conn.execute(_ROOTS, (cutoff, last_updated, last_seq, BATCH)).fetchall()
             if not roots:
                 break
             last_seq, last_updated = roots[-1]

@@ -9,6 +9,7 @@ corrupt row never blocks the others.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sqlite3
 from dataclasses import dataclass
@@ -33,14 +34,15 @@ _ACTIVE_CHILDREN = (
     "SELECT parent_id, seq, status FROM tsg_tasks "
     "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
 )
-# The schema's triggers write the matching events.
+# Set-based writes, one statement per outcome and batch; the schema's triggers write the
+# matching event for every row.
 _TIME_OUT = (
-    "UPDATE tsg_tasks SET status = 'timed_out', code = ?, closed_at = ?, updated_at = ? "
-    "WHERE seq = ?"
+    "UPDATE tsg_tasks SET status = 'timed_out', code = ?1, closed_at = ?2, updated_at = ?2 "
+    "WHERE seq IN (SELECT value FROM json_each(?3))"
 )
 _CLOSE_DELIVERY = (
-    "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_closed_at = ?, "
-    "updated_at = ? WHERE seq = ?"
+    "UPDATE tsg_tasks SET delivery_status = ?1, delivery_code = ?2, delivery_closed_at = ?3, "
+    "updated_at = ?3 WHERE seq IN (SELECT value FROM json_each(?4))"
 )
 _TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
@@ -153,8 +155,8 @@ class _Pass:
             children = self.active_children(
                 [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
             )
-            timeouts: list[tuple[str, float, float, int]] = []
-            deliveries: list[tuple[str, str, float, float, int]] = []
+            timeouts: dict[str, list[int]] = {}
+            deliveries: dict[tuple[str, str], list[int]] = {}
             for row in rows:
                 if not self.well_formed(row):
                     continue
@@ -171,22 +173,22 @@ class _Pass:
                         continue
                     counts["tasks_timed_out"] += 1
                     self.timed_out.add(seq)
-                    timeouts.append((code, now, now, seq))
+                    timeouts.setdefault(code, []).append(seq)
                     closed = now  # its delivery is judged in this same pass
                 counts["pending_delivery_examined"] += 1
                 if closed > self.delivery_cutoff:
                     counts["pending_delivery_retained"] += 1
                 elif required:
                     counts["deliveries_failed"] += 1
-                    deliveries.append(("failed", "delivery_grace_expired", now, now, seq))
+                    deliveries.setdefault(("failed", "delivery_grace_expired"), []).append(seq)
                 else:
                     counts["deliveries_not_applicable"] += 1
-                    deliveries.append(("not_applicable", "internal_task", now, now, seq))
+                    deliveries.setdefault(("not_applicable", "internal_task"), []).append(seq)
             if not self.dry_run:
-                if timeouts:
-                    conn.executemany(_TIME_OUT, timeouts)
-                if deliveries:
-                    conn.executemany(_CLOSE_DELIVERY, deliveries)
+                for code, seqs in timeouts.items():
+                    conn.execute(_TIME_OUT, (code, now, json.dumps(seqs)))
+                for (state, reason), seqs in deliveries.items():
+                    conn.execute(_CLOSE_DELIVERY, (state, reason, now, json.dumps(seqs)))
 
 
 def reconcile_restart(
