@@ -9,7 +9,6 @@ corrupt row never blocks the others.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sqlite3
 from dataclasses import dataclass
@@ -34,15 +33,14 @@ _ACTIVE_CHILDREN = (
     "SELECT parent_id, seq, status FROM tsg_tasks "
     "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
 )
-# Set-based writes, one statement per outcome and batch; the schema's triggers write the
-# matching event for every row.
+# The schema's triggers write the matching events.
 _TIME_OUT = (
-    "UPDATE tsg_tasks SET status = 'timed_out', code = ?1, closed_at = ?2, updated_at = ?2 "
-    "WHERE seq IN (SELECT value FROM json_each(?3))"
+    "UPDATE tsg_tasks SET status = 'timed_out', code = ?, closed_at = ?, updated_at = ? "
+    "WHERE seq = ?"
 )
 _CLOSE_DELIVERY = (
-    "UPDATE tsg_tasks SET delivery_status = ?1, delivery_code = ?2, delivery_closed_at = ?3, "
-    "updated_at = ?3 WHERE seq IN (SELECT value FROM json_each(?4))"
+    "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_closed_at = ?, "
+    "updated_at = ? WHERE seq = ?"
 )
 _TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
@@ -155,8 +153,8 @@ class _Pass:
             children = self.active_children(
                 [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
             )
-            timeouts: dict[str, list[int]] = {}
-            deliveries: dict[tuple[str, str], list[int]] = {}
+            timeouts: list[tuple[str, float, float, int]] = []
+            deliveries: list[tuple[str, str, float, float, int]] = []
             for row in rows:
                 if not self.well_formed(row):
                     continue
@@ -173,22 +171,22 @@ class _Pass:
                         continue
                     counts["tasks_timed_out"] += 1
                     self.timed_out.add(seq)
-                    timeouts.setdefault(code, []).append(seq)
+                    timeouts.append((code, now, now, seq))
                     closed = now  # its delivery is judged in this same pass
                 counts["pending_delivery_examined"] += 1
                 if closed > self.delivery_cutoff:
                     counts["pending_delivery_retained"] += 1
                 elif required:
                     counts["deliveries_failed"] += 1
-                    deliveries.setdefault(("failed", "delivery_grace_expired"), []).append(seq)
+                    deliveries.append(("failed", "delivery_grace_expired", now, now, seq))
                 else:
                     counts["deliveries_not_applicable"] += 1
-                    deliveries.setdefault(("not_applicable", "internal_task"), []).append(seq)
+                    deliveries.append(("not_applicable", "internal_task", now, now, seq))
             if not self.dry_run:
-                for code, seqs in timeouts.items():
-                    conn.execute(_TIME_OUT, (code, now, json.dumps(seqs)))
-                for (state, reason), seqs in deliveries.items():
-                    conn.execute(_CLOSE_DELIVERY, (state, reason, now, json.dumps(seqs)))
+                if timeouts:
+                    conn.executemany(_TIME_OUT, timeouts)
+                if deliveries:
+                    conn.executemany(_CLOSE_DELIVERY, deliveries)
 
 
 def reconcile_restart(
