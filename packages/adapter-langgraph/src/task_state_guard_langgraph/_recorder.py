@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._errors import ErrorLog, logger
+from ._errors import ErrorLog
 from ._ids import sanitize_name
 
 # Reason codes used by the adapter (all from the core registry, DESIGN.md E3).
@@ -257,20 +257,6 @@ class Recorder:
 
 def _live_heartbeater(ledger: Any, interval: float, snapshot: Callable[[], list[str]]) -> Any:
     """A core ``Heartbeater`` (thread, interval, fork handling) that beats ``snapshot()``."""
-    from task_state_guard import Heartbeater, LedgerError
+    from task_state_guard import Heartbeater
 
-    class _LiveHeartbeater(Heartbeater):
-        def beat_now(self) -> int:
-            ids = snapshot()
-            if not ids:
-                return 0
-            try:
-                count = self.ledger.heartbeat_many(ids)
-            except LedgerError as exc:
-                self.errors += 1
-                logger.warning("task-state-guard heartbeat failed: %s", type(exc).__name__)
-                return 0
-            self.beats += 1
-            return int(count)
-
-    return _LiveHeartbeater(ledger, interval_seconds=interval)
+    return Heartbeater(ledger, interval_seconds=interval, source=snapshot)

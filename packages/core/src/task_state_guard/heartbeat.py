@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .ledger import Ledger
 from .model import InvalidInput, LedgerError, canonical_id, check_seconds
@@ -21,11 +21,20 @@ class Heartbeater:
     Ledger errors are logged and counted (``errors``), never raised into the caller.
     """
 
-    def __init__(self, ledger: Ledger, interval_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        interval_seconds: float = 30.0,
+        *,
+        source: Callable[[], Iterable[str | uuid.UUID]] | None = None,
+    ) -> None:
         if not isinstance(ledger, Ledger):
             raise InvalidInput("ledger must be a Ledger")
         self.interval = check_seconds(interval_seconds, "interval_seconds", allow_zero=False)
+        if source is not None and not callable(source):
+            raise InvalidInput("source must be callable")
         self.ledger = ledger
+        self.source = source  # when set, each beat asks it for the ids instead of add()/discard()
         self.errors = 0
         self.beats = 0
         self._ids: set[str] = set()
@@ -51,11 +60,6 @@ class Heartbeater:
         with self._lock:
             self._ids.add(tid)
         self.start()
-
-    def add_many(self, task_ids: Iterable[str | uuid.UUID]) -> None:
-        """Start heartbeating several ids."""
-        for tid in task_ids:
-            self.add(tid)
 
     def discard(self, task_id: str | uuid.UUID) -> None:
         """Stop heartbeating ``task_id``."""
@@ -92,8 +96,11 @@ class Heartbeater:
 
     def beat_now(self) -> int:
         """Heartbeat every tracked id at once; return how many were refreshed."""
-        with self._lock:
-            ids = list(self._ids)
+        if self.source is not None:
+            ids = list(self.source())
+        else:
+            with self._lock:
+                ids = list(self._ids)
         if not ids:
             return 0
         try:
