@@ -110,7 +110,10 @@ def test_prune_cutoff_is_inclusive_and_validated(ledger: Ledger, clock: Clock) -
             ledger.prune(bad)  # type: ignore[arg-type]
 
 
-def test_prune_in_batches(ledger: Ledger, clock: Clock) -> None:
+def test_prune_in_batches(ledger: Ledger, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from task_state_guard import prune
+
+    monkeypatch.setattr(prune, "BATCH", 300)  # 1100 roots: four batches, the last one short
     for _ in range(1100):
         t = ledger.create_task()
         ledger.close_task(t.id, "cancelled")
@@ -120,6 +123,22 @@ def test_prune_in_batches(ledger: Ledger, clock: Clock) -> None:
     report = ledger.prune(5)
     assert report["trees_deleted"] == 1100 and report["events_deleted"] == 3300
     assert ledger.doctor() == {**ledger.doctor(), "healthy": True, "task_count": 0}
+
+
+def test_bulk_writes_restore_the_connection_settings(ledger: Ledger, clock: Clock) -> None:
+    """Reconcile apply and prune borrow a larger page cache and give it back."""
+    from task_state_guard import connections
+
+    conn = ledger._conn()
+    pragmas = ("cache_size", "wal_autocheckpoint")
+    before = [conn.execute(f"PRAGMA {p}").fetchone()[0] for p in pragmas]
+    assert before == [-connections.CACHE_KIB, connections.AUTOCHECKPOINT_PAGES]
+    closed_tree(ledger, clock)
+    clock.advance(10)
+    ledger.reconcile()
+    assert ledger.prune(5)["trees_deleted"] == 1
+    after = [conn.execute(f"PRAGMA {p}").fetchone()[0] for p in pragmas]
+    assert after == before
 
 
 def test_cli_prune_dry_run_changes_nothing(tmp_path) -> None:

@@ -7,11 +7,21 @@ import os
 import sqlite3
 import stat
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 _HEADER = b"SQLite format 3\x00"
 _CHUNK = 1 << 20
+CACHE_KIB = 32768  # page cache per connection, used lazily
+# One bulk write (reconcile apply, a prune batch) dirties pages all over the ledger; a page
+# cache this large keeps SQLite from spilling them into the WAL one page at a time mid-way.
+BULK_CACHE_KIB = 131072
+AUTOCHECKPOINT_PAGES = 4000
+# ... and a bulk run of many transactions checkpoints less often, so a page rewritten by
+# several of them is copied into the database once.
+BULK_AUTOCHECKPOINT_PAGES = 16000
 
 
 def translate(exc: BaseException) -> LedgerError:
@@ -44,13 +54,30 @@ def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
         )
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA cache_size=-32768")  # up to 32 MiB per connection, used lazily
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         # Checkpoint (and fsync) every ~16 MiB of WAL rather than 4 MiB: a transition dirties
         # 2-4 pages, so the default would fsync about every 300 commits.
-        conn.execute("PRAGMA wal_autocheckpoint=4000")
+        conn.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         return conn
     except sqlite3.Error as exc:
         raise translate(exc) from None
+
+
+@contextmanager
+def bulk_cache(conn: sqlite3.Connection) -> Iterator[None]:
+    """Give ``conn`` the bulk page cache and checkpoint interval for the block, then restore."""
+    try:
+        conn.execute(f"PRAGMA cache_size=-{BULK_CACHE_KIB}")
+        conn.execute(f"PRAGMA wal_autocheckpoint={BULK_AUTOCHECKPOINT_PAGES}")
+    except sqlite3.Error as exc:
+        raise translate(exc) from None
+    try:
+        yield
+    finally:
+        with suppress(sqlite3.Error):
+            conn.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            conn.execute("PRAGMA shrink_memory")
 
 
 def ensure_wal(conn: sqlite3.Connection) -> None:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from . import connections
 from .model import TERMINAL_STATES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-BATCH = 500
+BATCH = 2000  # roots per transaction
 
 # Candidate roots: delivery closed, last change before the cut-off (a partial index).
 _ROOTS = (
@@ -63,25 +65,26 @@ def prune(ledger: Ledger, older_than_seconds: float, *, dry_run: bool = False) -
     counts = {"trees_deleted": 0, "tasks_deleted": 0, "events_deleted": 0, "trees_retained": 0}
     cutoff: float | None = None
     last_updated, last_seq = -math.inf, -1
-    while True:
-        context = ledger._read(query_only=True) if dry_run else ledger._write()
-        with context as conn:
-            if cutoff is None:
-                cutoff = ledger._now() - age
-            roots = conn.execute(_ROOTS, (cutoff, last_updated, last_seq, BATCH)).fetchall()
-            if not roots:
+    with contextlib.nullcontext() if dry_run else connections.bulk_cache(ledger._conn()):
+        while True:
+            context = ledger._read(query_only=True) if dry_run else ledger._write()
+            with context as conn:
+                if cutoff is None:
+                    cutoff = ledger._now() - age
+                roots = conn.execute(_ROOTS, (cutoff, last_updated, last_seq, BATCH)).fetchall()
+                if not roots:
+                    break
+                last_seq, last_updated = roots[-1]
+                trees, events, kept = _closed_trees(conn, [r[0] for r in roots], cutoff)
+                doomed = sorted((seq for tree in trees for seq in tree), reverse=True)
+                if not dry_run and doomed:
+                    keys = [(seq,) for seq in doomed]  # children first: they reference parents
+                    conn.executemany("DELETE FROM tsg_events WHERE task_seq = ?", keys)
+                    conn.executemany("DELETE FROM tsg_tasks WHERE seq = ?", keys)
+                counts["trees_deleted"] += len(trees)
+                counts["tasks_deleted"] += len(doomed)
+                counts["events_deleted"] += events
+                counts["trees_retained"] += kept
+            if len(roots) < BATCH:
                 break
-            last_seq, last_updated = roots[-1]
-            trees, events, kept = _closed_trees(conn, [r[0] for r in roots], cutoff)
-            doomed = sorted((seq for tree in trees for seq in tree), reverse=True)
-            if not dry_run and doomed:
-                keys = [(seq,) for seq in doomed]  # children first: they reference parents
-                conn.executemany("DELETE FROM tsg_events WHERE task_seq = ?", keys)
-                conn.executemany("DELETE FROM tsg_tasks WHERE seq = ?", keys)
-            counts["trees_deleted"] += len(trees)
-            counts["tasks_deleted"] += len(doomed)
-            counts["events_deleted"] += events
-            counts["trees_retained"] += kept
-        if len(roots) < BATCH:
-            break
     return {"dry_run": dry_run, "applied": not dry_run, **counts}

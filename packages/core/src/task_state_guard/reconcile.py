@@ -14,7 +14,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import owners
+from . import connections, owners
 from .model import InvalidInput, check_seconds
 
 if TYPE_CHECKING:
@@ -57,11 +57,15 @@ class ReconcilePolicy:
         check_seconds(self.delivery_grace_seconds, "delivery_grace_seconds", allow_zero=True)
 
 
+_isfinite = math.isfinite
+_NUMBER_TYPES = (int, float)  # exact types: a bool is no timestamp
+
+
 def _finite(*values: Any) -> bool:
-    return all(
-        v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))
-        for v in values
-    )
+    for v in values:
+        if v is not None and (type(v) not in _NUMBER_TYPES or not _isfinite(v)):
+            return False
+    return True
 
 
 class _Pass:
@@ -145,19 +149,14 @@ class _Pass:
             if not rows:
                 return
             cursor = rows[-1][0]
-            verdicts = {
-                row[0]: self.verdict(row)
-                for row in rows
-                if row[1] == "running" and self.well_formed(row)
-            }
+            rows = [row for row in rows if self.well_formed(row)]
+            verdicts = {row[0]: self.verdict(row) for row in rows if row[1] == "running"}
             children = self.active_children(
                 [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
             )
             timeouts: list[tuple[str, float, float, int]] = []
             deliveries: list[tuple[str, str, float, float, int]] = []
             for row in rows:
-                if not self.well_formed(row):
-                    continue
                 seq, status, required, closed = row[0], row[1], row[8], row[10]
                 if status in ("queued", "running"):
                     counts["active_examined"] += 1
@@ -202,11 +201,14 @@ def reconcile_restart(
         raise InvalidInput("policy must be a ReconcilePolicy")
     if not isinstance(dry_run, bool):
         raise InvalidInput("dry_run must be a boolean")
-    context = ledger._read(query_only=True) if dry_run else ledger._write()
-    with context as conn:
-        now = ledger._now()
-        run = _Pass(ledger, conn, policy, now, dry_run)
-        run.scan()
+    if dry_run:
+        with ledger._read(query_only=True) as conn:
+            run = _Pass(ledger, conn, policy, ledger._now(), dry_run)
+            run.scan()
+    else:
+        with connections.bulk_cache(ledger._conn()), ledger._write() as conn:
+            run = _Pass(ledger, conn, policy, ledger._now(), dry_run)
+            run.scan()
     if not dry_run:
         _remove_dead_owner_files(ledger)
     report: dict[str, Any] = dict(run.counts)
