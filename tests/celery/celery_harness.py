@@ -1,6 +1,7 @@
 """Harness for the Celery adapter tests: real `celery worker` subprocesses, real Redis.
 
-Redis must listen on 127.0.0.1:6379 (CI starts it); a missing Redis fails the suite.
+Redis must listen on 127.0.0.1:6379 (CI starts it); a missing Redis fails the suite. A
+scenario can use RabbitMQ (127.0.0.1:5672) as its broker instead; results stay in Redis.
 Every test gets its own queue name, ledger directory and worker(s); the suite uses
 Redis DB 5 so that other suites sharing the server never see its keys.
 """
@@ -128,8 +129,10 @@ class Scenario:
         db: str | None = None,
         queue: str | None = None,
         queues: list[str] | None = None,
+        broker: str = BROKER,
     ) -> None:
         self.tmp = tmp
+        self.broker = broker
         self.queue = queue or f"tsgt-{uuid.uuid4().hex[:12]}"
         #: queues a worker started by this scenario consumes (a shared worker serves
         #: several tests, each with its own queue)
@@ -149,7 +152,9 @@ class Scenario:
         self.client = self.app()
 
     def app(self, *, visibility_timeout: float | None = None) -> Any:
-        app = make_app(BROKER, self.queue, visibility_timeout=visibility_timeout, register=False)
+        app = make_app(
+            self.broker, self.queue, visibility_timeout=visibility_timeout, register=False
+        )
         self._apps.append(app)
         return app
 
@@ -166,7 +171,7 @@ class Scenario:
                 "PYTHONPATH": os.pathsep.join(
                     [str(HERE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
                 ),
-                "TSGT_BROKER": BROKER,
+                "TSGT_BROKER": self.broker,
                 "TSGT_QUEUE": self.queue,
                 "TSGT_MARKERS": str(self.markers),
                 "TSG_DB": self.db,
@@ -277,6 +282,10 @@ class Scenario:
                 )
         finally:
             client.close()
+        if not self.broker.startswith("redis://"):
+            with contextlib.suppress(Exception), self.client.connection_for_write() as conn:
+                for queue in {self.queue, *self.queues}:
+                    conn.default_channel.queue_delete(queue)
         for app in self._apps:
             with contextlib.suppress(Exception):
                 app.close()

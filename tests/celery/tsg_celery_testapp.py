@@ -1,7 +1,7 @@
 """Celery app run by the real `celery worker` subprocesses of tests/celery.
 
 Configured from the environment so that each test gets its own Redis queue and ledger:
-TSGT_BROKER (redis URL), TSGT_QUEUE, TSGT_MARKERS (directory for marker files),
+TSGT_BROKER (Redis or RabbitMQ URL; results always in Redis), TSGT_QUEUE, TSGT_MARKERS (directory for marker files),
 TSGT_VISIBILITY (Redis visibility timeout, seconds), TSGT_INSTALL (0 = no adapter),
 TSGT_EAGER (1 = task_always_eager), and the adapter's own TSG_* variables.
 """
@@ -16,6 +16,8 @@ import task_state_guard_celery
 from celery import Celery  # type: ignore[import-untyped]
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
+RESULT_BACKEND = "redis://127.0.0.1:6379/5"
+
 
 def make_app(
     broker: str,
@@ -29,7 +31,9 @@ def make_app(
 
     Clients send tasks by name and need no task definitions (``register=False``).
     """
-    app = Celery("tsgt", broker=broker, backend=broker, set_as_current=False)
+    # Results always go to Redis (a RabbitMQ broker keeps its results there too).
+    backend = broker if broker.startswith("redis://") else RESULT_BACKEND
+    app = Celery("tsgt", broker=broker, backend=backend, set_as_current=False)
     transport: dict[str, Any] = {}
     if visibility_timeout is not None:
         transport = {
