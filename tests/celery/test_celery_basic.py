@@ -245,3 +245,22 @@ def test_unwritable_ledger_tasks_still_run(scenario: Scenario) -> None:
     assert scenario.ledger.status()["tasks"]["queued"] == 1
     assert scenario.ledger.get_task(seeded.id).name == "seed"
     scenario.assert_healthy()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_task_replace_continues_the_logical_task(scenario: Scenario, pool: str) -> None:
+    """Task.replace(): the replaced attempt closes cancelled/ignored, the replacement runs as
+    a new attempt of the same logical task (same Celery id), which ends succeeded, whichever
+    of the replacement and the replaced task's own postrun comes first."""
+    scenario.start_worker(pool=pool, concurrency=2 if pool == "prefork" else 1)
+    results = [scenario.send("tsgt.replaced"), scenario.send("tsgt.replaced", 0.3)]
+    for result in results:
+        assert result.get(timeout=30) == "replacement"
+    for result in results:
+        scenario.wait_parent(result.id, "succeeded")
+        parent, attempts = scenario.outcome(result.id)
+        assert parent == ("succeeded", "worker_completed")
+        assert sorted(attempts) == [("cancelled", "ignored"), ("succeeded", "worker_completed")]
+        names = sorted(str(a.name) for a in scenario.attempts(result.id))
+        assert names == ["tsgt.replaced", "tsgt.replacement"]
+    scenario.assert_healthy()

@@ -1,9 +1,10 @@
 """Celery app run by the real `celery worker` subprocesses of tests/celery.
 
-Configured from the environment so that each test gets its own Redis queue and ledger:
-TSGT_BROKER (Redis or RabbitMQ URL; results always in Redis), TSGT_QUEUE, TSGT_MARKERS (directory for marker files),
-TSGT_VISIBILITY (Redis visibility timeout, seconds), TSGT_INSTALL (0 = no adapter),
-TSGT_EAGER (1 = task_always_eager), and the adapter's own TSG_* variables.
+Configured from the environment so that each test gets its own queue and ledger:
+TSGT_BROKER (Redis or RabbitMQ URL; results always go to Redis), TSGT_QUEUE,
+TSGT_MARKERS (directory for marker files), TSGT_VISIBILITY (Redis visibility timeout,
+seconds), TSGT_INSTALL (0 = no adapter), TSGT_EAGER (1 = task_always_eager), and the
+adapter's own TSG_* variables.
 """
 
 from __future__ import annotations
@@ -165,6 +166,20 @@ def _register(app: Celery) -> None:
     @app.task(name="tsgt.ignore")
     def ignore() -> None:
         raise Ignore()
+
+    # Task.replace(): the replacement runs under the same task id (and may run before or
+    # after the replaced task's own postrun).
+    @app.task(name="tsgt.replaced", bind=True)
+    def replaced(self: Any, pause: float = 0.0) -> Any:
+        if pause:
+            time.sleep(pause)
+        raise self.replace(app.signature("tsgt.replacement", args=[pause]))
+
+    @app.task(name="tsgt.replacement")
+    def replacement(pause: float = 0.0) -> str:
+        if pause:
+            time.sleep(pause)
+        return "replacement"
 
     @app.task(name="tsgt.deadline", tsg_timeout=0.5)
     def deadline(seconds: float, marker: str = "") -> str:

@@ -50,6 +50,7 @@ from ._config import Settings
 from ._ids import (
     logical_task_id,
     name_label,
+    replace_attempt_id,
     requeue_attempt_id,
     retry_attempt_id,
     token_attempt_id,
@@ -77,6 +78,7 @@ _WIRING: tuple[tuple[Any, str, str], ...] = (
     (signals.task_retry, "_on_task_retry", "task_retry"),
     (signals.task_postrun, "_on_task_postrun", "task_postrun"),
     (signals.task_revoked, "_on_task_revoked", "task_revoked"),
+    (signals.before_task_publish, "_on_before_publish", "before_task_publish"),
     (signals.worker_before_create_process, "_on_before_fork", "worker_before_create_process"),
 )
 
@@ -286,18 +288,21 @@ class CeleryGuard:
         )
 
     def _resolve_attempt(
-        self, token: Any, celery_id: str, retries: int, redelivered: bool
+        self, token: Any, celery_id: str, retries: int, redelivered: bool, nesting: int = 0
     ) -> str | None:
         """Find the attempt a delivery ran as, from the main process.
 
-        The executing process took, in order: the retry placeholder (retries > 0),
-        the requeue placeholder (redelivered), or a fresh attempt named by the token.
+        The executing process took, in order: the retry placeholder (retries > 0), the
+        replacement placeholder (``Task.replace()``), the requeue placeholder (redelivered),
+        or a fresh attempt named by the token.
         """
         if token:
             attempt = token_attempt_id(token)
             if attempt is not None and self._get(attempt) is not None:
                 return attempt
         candidates = []
+        if nesting > 0 and retries == 0:
+            candidates.append(replace_attempt_id(celery_id, nesting))
         if redelivered:
             candidates.append(requeue_attempt_id(celery_id, retries))
         if retries > 0:
@@ -412,7 +417,7 @@ class CeleryGuard:
         with self._guarded("task_received"):
             if redelivered:
                 self._close_silently_lost(celery_id, request)
-            if retries == 0 and getattr(request, "eta", None):
+            if retries == 0 and getattr(request, "eta", None) and not _nesting(request):
                 # A task that waits for its ETA/countdown is visible as queued meanwhile.
                 # Immediate tasks get their parent at prerun, which keeps this write
                 # (and its lock wait) off the consumer loop of the prefork main process.
@@ -462,6 +467,39 @@ class CeleryGuard:
             else:
                 self._inflight.pop(celery_id, None)
 
+    def _on_before_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+        """``Task.replace()``: queue the replacement's attempt before the message leaves.
+
+        The replacement runs under the same Celery id, hence the same logical task; the queued
+        attempt keeps that task open (and fresh) until the replacement claims it, whether the
+        replaced task's own ``task_postrun`` comes first or last.
+        """
+        if not isinstance(headers, dict) or not headers.get("replaced_task_nesting"):
+            return
+        from celery import current_task  # type: ignore[import-untyped]
+
+        task = current_task._get_current_object() if current_task else None
+        if task is None or not self._ours(task):
+            return
+        ctx = task.request
+        celery_id = getattr(ctx, "id", None)
+        parent = getattr(ctx, _PARENT, None)
+        try:
+            nesting = int(headers["replaced_task_nesting"])
+        except (TypeError, ValueError):
+            return
+        if not parent or headers.get("id") != celery_id or nesting <= _nesting(ctx):
+            return
+        replacement = self.app.tasks.get(headers.get("task"))
+        with self._guarded("before_task_publish"):
+            self.ledger.create_task(
+                task_id=replace_attempt_id(celery_id, nesting),
+                parent_id=parent,
+                delivery_required=False,
+                name=name_label(headers.get("task")),
+                timeout_seconds=_attempt_timeout(replacement) if replacement else None,
+            )
+
     def _on_task_prerun(
         self, sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any
     ) -> None:
@@ -481,22 +519,24 @@ class CeleryGuard:
             retries = int(getattr(ctx, "retries", 0) or 0)
             redelivered = bool((getattr(ctx, "delivery_info", None) or {}).get("redelivered"))
             token = getattr(ctx, TOKEN_KEY, None)
+            nesting = _nesting(ctx)
             # One transaction for the parent and the attempt (fewer writer-lock rounds).
             with led.atomic():
-                if retries == 0:
+                if retries == 0 and nesting == 0:
                     # First delivery: make sure the parent exists (idempotent) and runs.
                     self._ensure_parent(celery_id, task)
                     with suppress(StateConflict):  # already running: a concurrent delivery
                         led.start_task(parent, owner=owner)
+                claim = (celery_id, parent, task, retries, redelivered, token, nesting)
                 try:
-                    attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
+                    attempt = self._claim(*claim)
                 except TaskNotFound:
-                    # A retry whose parent was never recorded (the ledger was unavailable
-                    # when the first attempt ran): record the parent now.
+                    # A retry or replacement whose parent was never recorded (the ledger
+                    # was unavailable when the first attempt ran): record the parent now.
                     self._ensure_parent(celery_id, task)
                     with suppress(StateConflict):
                         led.start_task(parent, owner=owner)
-                    attempt = self._claim(celery_id, parent, task, retries, redelivered, token)
+                    attempt = self._claim(*claim)
             setattr(ctx, _ATTEMPT, attempt)
             setattr(ctx, _PARENT, parent)
             setattr(ctx, _CLOSED, False)
@@ -511,6 +551,7 @@ class CeleryGuard:
         retries: int,
         redelivered: bool,
         token: Any,
+        nesting: int,
     ) -> str:
         led = self.ledger
         if retries > 0:
@@ -522,6 +563,12 @@ class CeleryGuard:
                 return placeholder
             except StateConflict:
                 pass  # another delivery of the same retry claimed it
+        elif nesting > 0:
+            # A Task.replace() replacement: its placeholder was queued before it was sent.
+            placeholder = replace_attempt_id(celery_id, nesting)
+            with suppress(StateConflict, TaskNotFound):
+                led.start_task(placeholder, owner=True)
+                return placeholder
         if redelivered:
             placeholder = requeue_attempt_id(celery_id, retries)
             try:
@@ -610,7 +657,11 @@ class CeleryGuard:
             status, code = "timed_out", "time_limit_exceeded"
         else:
             status, code = "failed", "worker_lost"
-        attempt = self._resolve_attempt(token, task_id, retries, redelivered) if same else None
+        attempt = (
+            self._resolve_attempt(token, task_id, retries, redelivered, _nesting(ctx))
+            if same
+            else None
+        )
         requeued = (
             isinstance(exception, TimeLimitExceeded)
             and bool(getattr(task, "acks_late", False))
@@ -667,7 +718,7 @@ class CeleryGuard:
             token = getattr(ctx, TOKEN_KEY, None)
             redelivered = bool((getattr(ctx, "delivery_info", None) or {}).get("redelivered"))
             parent = logical_task_id(celery_id)
-            attempt = self._resolve_attempt(token, celery_id, retries, redelivered)
+            attempt = self._resolve_attempt(token, celery_id, retries, redelivered, _nesting(ctx))
             if reason is not None:
                 self._new_attempt(retry_attempt_id(celery_id, retries + 1), parent, sender)
                 status, code = "failed", "retry_scheduled"
@@ -778,6 +829,17 @@ class CeleryGuard:
                 if placeholder is not None and _status(placeholder) == "queued":
                     self._close(placeholder.id, "cancelled", "revoked", "attempt_close_conflict")
             self._close(parent, "cancelled", "revoked", "parent_close_conflict")
+
+
+def _nesting(ctx: Any) -> int:
+    """How many ``Task.replace()`` replacements led to this execution (0: none)."""
+    value = getattr(ctx, "replaced_task_nesting", None)
+    if value is None:
+        value = (getattr(ctx, "request_dict", None) or {}).get("replaced_task_nesting")
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def _delivers(task: Any) -> bool:

@@ -27,6 +27,11 @@ def requeue_attempt_id(celery_task_id: str, retries: int) -> str:
     return str(uuid.uuid5(NAMESPACE, f"celery-requeue:{celery_task_id}:{int(retries)}"))
 
 
+def replace_attempt_id(celery_task_id: str, nesting: int) -> str:
+    """Id of the queued attempt that stands for a ``Task.replace()`` replacement (>= 1)."""
+    return str(uuid.uuid5(NAMESPACE, f"celery-replace:{celery_task_id}:{int(nesting)}"))
+
+
 def token_attempt_id(token: str) -> str | None:
     """Turn the per-delivery token injected at receipt into an attempt id."""
     try:
