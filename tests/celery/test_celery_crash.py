@@ -162,3 +162,37 @@ def test_several_workers_boot_at_once(scenario: Scenario, workers: int) -> None:
     )
     scenario.assert_healthy()
 
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["default_acks", "acks_late"])
+def test_cold_shutdown_cancels_the_running_task(scenario: Scenario, late: bool) -> None:
+    """Cold shutdown (SIGQUIT) cancels the running task. Default acks: the main process
+    reports it (task_retry without a reason); the message is gone, so the attempt and the
+    logical task close cancelled/interrupted. acks_late: no signal reports it; the message
+    goes back to the broker, the next worker's boot reconcile closes the dead child's attempt
+    timed_out/owner_lost, the logical task stays open and the message runs again as a new
+    attempt."""
+    worker = scenario.start_worker()
+    task, marker = ("tsgt.sleep_late", "coldlate") if late else ("tsgt.sleep", "cold")
+    result = scenario.send(task, 60, marker) if not late else scenario.send(task, 60, marker, 0.1)
+    scenario.marker(marker)
+    scenario.wait_attempts(result.id, _running)
+    os.kill(worker.pid, signal.SIGQUIT)
+    worker.proc.wait(30)
+    if not late:
+        scenario.wait_parent(result.id, "cancelled")
+        assert scenario.outcome(result.id) == (
+            ("cancelled", "interrupted"),
+            [("cancelled", "interrupted")],
+        )
+    else:
+        assert scenario.outcome(result.id) == (("running", None), [("running", None)])
+        restarted = scenario.start_worker()
+        assert '"tasks_timed_out":1' in restarted.log(), restarted.log()
+        assert result.get(timeout=30) == "second"
+        scenario.wait_parent(result.id, "succeeded")
+        assert scenario.outcome(result.id) == (
+            ("succeeded", "worker_completed"),
+            [("timed_out", "owner_lost"), ("succeeded", "worker_completed")],
+        )
+    scenario.assert_healthy()
