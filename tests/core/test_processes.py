@@ -461,3 +461,70 @@ def test_many_processes_write_one_ledger(tmp_path, db: str) -> None:
         assert report["healthy"] is True
         assert report["task_count"] == 240 and report["event_count"] == 240 * 3
         assert led.status()["by_name"]["proc.writer"]["succeeded"] == 240
+
+
+FIRST_OPEN_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from task_state_guard import Ledger
+    db, start = sys.argv[1], float(sys.argv[2])
+    time.sleep(max(0.0, start - time.time()))  # every process opens at the same instant
+    with Ledger(db) as led:
+        led.create_task(name="proc.first_open")
+    """
+)
+
+
+def test_processes_opening_a_new_ledger_at_once_all_succeed(tmp_path) -> None:
+    """The WAL switch of a brand-new ledger is raced by every first opener; SQLite refuses the
+    losers at once (no busy handler there), so the open must wait for the winner."""
+    script = tmp_path / "first_open.py"
+    script.write_text(FIRST_OPEN_SCRIPT)
+    for round_ in range(3):
+        directory = tmp_path / f"r{round_}"
+        directory.mkdir(mode=0o700)
+        db = str(directory / "tasks.sqlite")
+        start = time.time() + 1.5
+        procs = [
+            subprocess.Popen([sys.executable, str(script), db, str(start)], env=cli_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(6)
+        ]
+        outputs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 6, outputs
+        with Ledger(db) as led:
+            assert led.status()["by_name"]["proc.first_open"]["queued"] == 6
+            assert led.doctor()["healthy"] is True
+
+
+OPEN_CLOSE_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from task_state_guard import Ledger
+    db, until = sys.argv[1], float(sys.argv[2])
+    while time.time() < until:  # each close of the last connection removes WAL and SHM
+        with Ledger(db) as led:
+            led.create_task(name="proc.flapping")
+    """
+)
+
+
+def test_read_only_opens_ride_out_a_writer_opening_and_closing(tmp_path, db: str) -> None:
+    """A read-only open (the snapshot of a closed ledger, or the live WAL path) that meets a
+    writer creating or removing the WAL and SHM files retries instead of failing."""
+    Ledger(db).close()
+    script = tmp_path / "flap.py"
+    script.write_text(OPEN_CLOSE_SCRIPT)
+    until = time.time() + 4
+    writer = subprocess.Popen([sys.executable, str(script), db, str(until)], env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    opens = 0
+    try:
+        while time.time() < until:
+            with Ledger(db, read_only=True) as led:
+                assert led.status()["tasks"]["queued"] >= 0
+            opens += 1
+    finally:
+        outputs = writer.communicate(timeout=60)
+    assert writer.returncode == 0, outputs
+    assert opens > 20

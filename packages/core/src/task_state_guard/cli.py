@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .ledger import Ledger
-from .model import InvalidInput, LedgerError, check_seconds
+from .model import InvalidInput, LedgerError, canonical_id, check_seconds
 from .reconcile import ReconcilePolicy, reconcile_restart
 from .status import format_prometheus, format_text
 
@@ -111,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "doctor"})
+_BY_ID = frozenset({"start", "heartbeat", "close", "delivery", "get", "children"})
+
+
+def _check_ids(args: argparse.Namespace) -> None:
+    """Reject malformed ids before the database is opened (whatever state it is in)."""
+    if args.command in _BY_ID:
+        canonical_id(args.task_id)
+    elif args.command == "create":
+        for value, what in ((args.task_id, "task id"), (args.parent, "parent id")):
+            if value is not None:
+                canonical_id(value, what)
 
 
 def _open(args: argparse.Namespace) -> Ledger:
@@ -130,6 +141,7 @@ def _open(args: argparse.Namespace) -> Ledger:
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
+    _check_ids(args)
     ledger = _open(args)
     try:
         if command == "init":

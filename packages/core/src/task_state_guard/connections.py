@@ -6,6 +6,7 @@ import hashlib
 import os
 import sqlite3
 import stat
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -80,14 +81,37 @@ def bulk_cache(conn: sqlite3.Connection) -> Iterator[None]:
             conn.execute("PRAGMA shrink_memory")
 
 
-def ensure_wal(conn: sqlite3.Connection) -> None:
-    """Switch the database to WAL mode (a no-op when it already is)."""
-    try:
-        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        if str(mode).lower() != "wal":
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    except sqlite3.Error as exc:
-        raise translate(exc) from None
+_WRITER_OPENING_SECONDS = 0.5
+
+
+class _WriterOpening(Exception):
+    """A writer is opening or closing the ledger right now: look again in a moment."""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Switch the database to WAL mode (a no-op when it already is).
+
+    Processes that open a new ledger at the same moment race for the switch, and SQLite
+    refuses the loser at once (its busy handler is not called there): retry until ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            break
+        except sqlite3.Error as exc:
+            if not _busy(exc) or time.monotonic() >= deadline:
+                raise translate(exc) from None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
     if str(mode).lower() != "wal":
         raise StorageError("the database could not be switched to WAL mode")
 
@@ -126,7 +150,7 @@ def _capture(path: str, max_bytes: int) -> tuple[os.stat_result, str, bytearray 
             offset += got
         view.release()
         if offset != before.st_size or os.read(fd, 1):
-            raise StorageError("the database changed while it was read")
+            raise _WriterOpening("the database changed while it was read")
         after = os.fstat(fd)
     finally:
         os.close(fd)
@@ -135,7 +159,7 @@ def _capture(path: str, max_bytes: int) -> tuple[os.stat_result, str, bytearray 
         after.st_size,
         after.st_mtime_ns,
     ):
-        raise StorageError("the database changed while it was read")
+        raise _WriterOpening("the database changed while it was read")
     return after, digest.hexdigest(), buffer
 
 
@@ -167,10 +191,10 @@ def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
             and _identity(first_stat) == _identity(second_stat)
         )
         if not same:
-            raise StorageError("the database changed between the two snapshot reads")
+            raise _WriterOpening("the database changed between the two snapshot reads")
         for suffix in ("-wal", "-shm", "-journal"):
             if os.path.lexists(path + suffix):
-                raise StorageError("a writer appeared while the snapshot was taken")
+                raise _WriterOpening("a writer appeared while the snapshot was taken")
         if len(data) < 100 or bytes(data[:16]) != _HEADER:
             raise StorageError("the database file is not a valid ledger")
         data[18] = 1  # WAL read/write versions -> rollback journal, for the private copy only
@@ -190,8 +214,31 @@ def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
 
 def connect_read_only(
     path: str, busy_timeout_ms: int, snapshot_max_bytes: int
-) -> sqlite3.Connection:
-    """Open an existing WAL ledger without creating, migrating or tightening anything."""
+) -> tuple[sqlite3.Connection, bool]:
+    """Open an existing WAL ledger without creating, migrating or tightening anything.
+
+    Returns the connection and whether it is a private snapshot of a closed ledger (True) or
+    a read-only view of a live one (False).
+
+    A writer that opens (or closes) the ledger meanwhile creates (or removes) the WAL and SHM
+    files and can change the file. That takes milliseconds, so such a moment is retried for
+    up to half a second (never past the busy timeout) before it fails closed.
+    """
+    deadline = time.monotonic() + min(busy_timeout_ms / 1000.0, _WRITER_OPENING_SECONDS)
+    pause = 0.005
+    while True:
+        try:
+            return _connect_read_only(path, busy_timeout_ms, snapshot_max_bytes)
+        except _WriterOpening as exc:
+            if time.monotonic() >= deadline:
+                raise StorageError(str(exc)) from None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _connect_read_only(
+    path: str, busy_timeout_ms: int, snapshot_max_bytes: int
+) -> tuple[sqlite3.Connection, bool]:
     header = _read_header(path)
     if len(header) < 100 or header[:16] != _HEADER:
         raise StorageError("the database file is not a valid ledger")
@@ -201,7 +248,7 @@ def connect_read_only(
     if present["-journal"]:
         raise StorageError("a rollback journal is present")
     if present["-wal"] != present["-shm"]:
-        raise StorageError("an incomplete WAL/SHM pair is present")
+        raise _WriterOpening("an incomplete WAL/SHM pair is present")
     if present["-wal"]:
         uri = "file:" + urllib.parse.quote(path) + "?mode=ro&readonly_shm=1"
         try:
@@ -218,10 +265,20 @@ def connect_read_only(
         conn = _snapshot(path, snapshot_max_bytes)
     try:
         conn.execute("PRAGMA query_only=1")
+        # The first read: from here on this connection's shared lock keeps a live ledger's
+        # WAL in place (the last writer to close would otherwise remove it under us).
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as exc:
         conn.close()
+        text = str(exc).lower()
+        if present["-wal"] and any(
+            word in text for word in ("unable to open", "readonly", "locked", "busy")
+        ):
+            # The WAL or SHM came or went between the look and the read (a writer opened or
+            # closed), or the SHM is not initialised yet: a read-only reader cannot help it.
+            raise _WriterOpening("a writer opened or closed the ledger meanwhile") from None
         raise translate(exc) from None
-    return conn
+    return conn, not present["-wal"]
 
 
 def check_snapshot_limit(value: object) -> int:

@@ -284,7 +284,7 @@ class Ledger:
                 raise StorageError("the database holds a foreign or tampered schema")
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        connections.ensure_wal(conn)
+        connections.ensure_wal(conn, self._busy_timeout_ms / 1000.0)
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -311,8 +311,7 @@ class Ledger:
         )
         if self._identity is not None and identity != self._identity:
             raise StorageError("the database file was replaced")
-        snapshot = not os.path.lexists(self._path + "-wal")
-        conn = connections.connect_read_only(
+        conn, snapshot = connections.connect_read_only(
             self._path, self._busy_timeout_ms, self._snapshot_max_bytes
         )
         try:
