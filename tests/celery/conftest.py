@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from celery_harness import REDIS_DB, Scenario
+from celery_harness import BROKER, REDIS_DB, Scenario
+
+RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,6 +32,24 @@ def _redis_required() -> None:
 @pytest.fixture
 def scenario(tmp_path: Path) -> Iterator[Scenario]:
     sc = Scenario(tmp_path)
+    try:
+        yield sc
+    finally:
+        sc.close()
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def any_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
+    """A scenario on Redis, then the same on RabbitMQ (py-amqp), where the broker itself
+    redelivers unacknowledged messages the moment a consumer's connection dies."""
+    broker = BROKER
+    if request.param == "rabbitmq":
+        try:  # required (CI starts it): a missing broker fails, never skips
+            socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
+        except OSError as exc:
+            pytest.fail(f"RabbitMQ is required at 127.0.0.1:5672 for tests/celery: {exc!r}")
+        broker = RABBIT_BROKER
+    sc = Scenario(tmp_path, broker=broker)
     try:
         yield sc
     finally:

@@ -78,9 +78,12 @@ def test_mark_delivery_failed(scenario: Scenario) -> None:
     scenario.assert_healthy()
 
 
-def test_task_raises(scenario: Scenario) -> None:
+def test_task_raises(any_broker: Scenario) -> None:
     """task raises: attempt and parent failed/worker_failed."""
+    scenario = any_broker
     worker = scenario.start_worker()
+    transport = scenario.broker.split("://")[0]
+    assert f"Connected to {transport}://" in worker.log(), worker.log()
     result = scenario.send("tsgt.fail")
     with pytest.raises(ValueError):
         result.get(timeout=20)

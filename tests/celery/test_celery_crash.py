@@ -28,9 +28,10 @@ def test_child_sigkill_default_acks(scenario: Scenario) -> None:
     scenario.assert_healthy()
 
 
-def test_child_sigkill_acks_late_reject_on_worker_lost(scenario: Scenario) -> None:
+def test_child_sigkill_acks_late_reject_on_worker_lost(any_broker: Scenario) -> None:
     """acks_late + reject_on_worker_lost: the lost attempt is closed, the redelivered attempt
     runs under the same parent, which ends succeeded."""
+    scenario = any_broker
     scenario.start_worker()
     result = scenario.send("tsgt.sleep_late", 30, "late", 0.2)
     child = scenario.marker("late")
@@ -62,9 +63,10 @@ def test_child_sigkill_retry_on_worker_lost(scenario: Scenario) -> None:
     scenario.assert_healthy()
 
 
-def test_whole_worker_sigkill_default_acks(scenario: Scenario) -> None:
+def test_whole_worker_sigkill_default_acks(any_broker: Scenario) -> None:
     """Whole worker SIGKILLed, restarted at once (grace 600 s): before the new worker takes a
     task, reconcile on boot has closed the lost attempt and its parent as owner_lost."""
+    scenario = any_broker
     scenario.grace = 600.0
     worker = scenario.start_worker()
     result = scenario.send("tsgt.sleep", 60, "whole")
@@ -88,9 +90,10 @@ def test_whole_worker_sigkill_default_acks(scenario: Scenario) -> None:
     scenario.assert_healthy()
 
 
-def test_whole_worker_sigkill_acks_late(scenario: Scenario) -> None:
+def test_whole_worker_sigkill_acks_late(any_broker: Scenario) -> None:
     """acks_late: the boot reconcile closes the lost attempt as owner_lost but keeps the
     parent open; the redelivered message succeeds as a new attempt of the same parent."""
+    scenario = any_broker
     scenario.grace = 600.0
     worker = scenario.start_worker(TSGT_VISIBILITY=2)
     result = scenario.send("tsgt.sleep_late", 60, "wholelate", 0.1)
