@@ -133,6 +133,8 @@ def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result
                 raise StorageError(f"{what} is readable or writable by other users")
             try:
                 os.chmod(path, 0o600, follow_symlinks=False)
+            except FileNotFoundError:
+                return None  # a sidecar its last writer removed meanwhile
             except (OSError, NotImplementedError) as exc:
                 raise StorageError(f"cannot tighten the mode of the {what}") from exc
     return st
