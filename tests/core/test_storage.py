@@ -541,9 +541,11 @@ def test_read_only_fails_closed_on_journal_and_incomplete_wal_pair(tmp_path) -> 
             fd = os.open(db + suffix, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
         before = snapshot_tree(directory)
+        # (an incomplete pair is waited on for the busy timeout: a writer may be opening)
         with pytest.raises(StorageError):
-            Ledger(db, read_only=True)
-        assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StorageError")
+            Ledger(db, read_only=True, busy_timeout_ms=300)
+        result = run_cli("--db", db, "--busy-timeout-ms", "300", "reconcile", "--dry-run")
+        assert_cli_error(result, "StorageError")
         assert snapshot_tree(directory) == before
         for suffix in present:
             os.unlink(db + suffix)

@@ -81,9 +81,6 @@ def bulk_cache(conn: sqlite3.Connection) -> Iterator[None]:
             conn.execute("PRAGMA shrink_memory")
 
 
-_WRITER_OPENING_SECONDS = 0.5
-
-
 class _WriterOpening(Exception):
     """A writer is opening or closing the ledger right now: look again in a moment."""
 
@@ -91,6 +88,35 @@ class _WriterOpening(Exception):
 def _busy(exc: sqlite3.Error) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
+
+
+def _writer_moment(exc: sqlite3.Error) -> bool:
+    """Errors a read-only view of a live ledger meets while a writer opens or closes it."""
+    text = str(exc).lower()
+    return any(word in text for word in ("unable to open", "readonly", "locked", "busy"))
+
+
+def begin_read(conn: sqlite3.Connection, busy_timeout_ms: int, live_read_only: bool) -> None:
+    """Start a read transaction and fix its snapshot with a first read.
+
+    A read-only view of a live ledger cannot initialise or recover the wal-index itself, so
+    while a writer opens or closes the ledger its first read can fail: retried until the busy
+    timeout.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000.0
+    pause = 0.002
+    while True:
+        try:
+            conn.execute("BEGIN")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return
+        except sqlite3.Error as exc:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if not (live_read_only and _writer_moment(exc)) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
@@ -221,10 +247,10 @@ def connect_read_only(
     a read-only view of a live one (False).
 
     A writer that opens (or closes) the ledger meanwhile creates (or removes) the WAL and SHM
-    files and can change the file. That takes milliseconds, so such a moment is retried for
-    up to half a second (never past the busy timeout) before it fails closed.
+    files and can change the file: such a moment is retried until the busy timeout, after
+    which the open fails closed (a crash leftover such as a lone WAL stays refused).
     """
-    deadline = time.monotonic() + min(busy_timeout_ms / 1000.0, _WRITER_OPENING_SECONDS)
+    deadline = time.monotonic() + busy_timeout_ms / 1000.0
     pause = 0.005
     while True:
         try:
@@ -270,10 +296,7 @@ def _connect_read_only(
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as exc:
         conn.close()
-        text = str(exc).lower()
-        if present["-wal"] and any(
-            word in text for word in ("unable to open", "readonly", "locked", "busy")
-        ):
+        if present["-wal"] and _writer_moment(exc):
             # The WAL or SHM came or went between the look and the read (a writer opened or
             # closed), or the SHM is not initialised yet: a read-only reader cannot help it.
             raise _WriterOpening("a writer opened or closed the ledger meanwhile") from None

@@ -432,8 +432,9 @@ class Ledger:
         try:
             if toggled:
                 conn.execute("PRAGMA query_only=1")
-            conn.execute("BEGIN")
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            connections.begin_read(
+                conn, self._busy_timeout_ms, self._read_only and not self._snapshot_mode
+            )
         except sqlite3.Error as exc:
             if toggled:
                 conn.execute("PRAGMA query_only=0")

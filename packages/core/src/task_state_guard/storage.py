@@ -123,6 +123,8 @@ def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result
         raise StorageError(f"{what} is a symbolic link")
     if not stat.S_ISREG(st.st_mode):
         raise StorageError(f"{what} is not a regular file")
+    if st.st_nlink == 0:
+        return None  # unlinked while we looked (a closing writer removing its sidecar)
     if st.st_nlink != 1:
         raise StorageError(f"{what} has more than one hard link")
     if POSIX:
