@@ -56,9 +56,10 @@ def build(db: str, size: int) -> float:
     conn = ledger._conn()
     conn.execute("PRAGMA cache_size=-65536")
     insert = (
-        "INSERT INTO tsg_tasks(id, parent_id, name, status, code, delivery_required, "
-        "delivery_status, delivery_code, created_at, started_at, heartbeat_at, closed_at, "
-        "delivery_closed_at, updated_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+        "INSERT INTO tsg_tasks(id, parent_id, name, status, terminal_code, delivery_required, "
+        "delivery_status, delivery_code, created_at, started_at, heartbeat_at, ended_at, "
+        "delivery_updated_at, updated_at, owner, version) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
     )
     event = "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) VALUES (?,?,?,?,?,?)"
     blocks = size // 20
@@ -87,7 +88,18 @@ def build(db: str, size: int) -> float:
                          "not_applicable", "internal_task",
                          t0 + 1, t0 + 2, None, t0 + 4, t0 + 4.5, t0 + 4.5, live))
         for row in rows:
-            seq = conn.execute(insert, row).lastrowid  # the trigger writes the created event
+            # Columns as the API leaves them: the delivery change time is the creation time
+            # until the delivery closes; updated_at is the last state change or heartbeat;
+            # version counts the state and delivery changes.
+            created, started, beat, ended, delivered = row[8:13]
+            stored = (
+                *row[:12],
+                created if delivered is None else delivered,
+                max(t for t in (created, started, beat, ended) if t is not None),
+                row[14],
+                (started is not None) + (ended is not None) + (delivered is not None),
+            )
+            seq = conn.execute(insert, stored).lastrowid  # the trigger writes the created event
             events = []
             if row[9] is not None:
                 events.append((seq, 2, "started", "running", "started", row[9]))

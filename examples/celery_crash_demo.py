@@ -149,10 +149,10 @@ class _Demo:
         with Ledger(self.db) as ledger:
             parent = ledger.get_task(task_state_guard_celery.logical_task_id(celery_id))
             attempts = sorted(ledger.children_of(parent.id), key=lambda t: t.created_at)
-        _say(f"  {label}: logical task {parent.status}/{parent.code or '-'}"
+        _say(f"  {label}: logical task {parent.status}/{parent.terminal_code or '-'}"
              f" (delivery {parent.delivery_status})")
         for n, attempt in enumerate(attempts, 1):
-            _say(f"    attempt {n}: {attempt.status}/{attempt.code or '-'}")
+            _say(f"    attempt {n}: {attempt.status}/{attempt.terminal_code or '-'}")
 
     def wait(self, what: str, predicate: Any, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

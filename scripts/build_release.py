@@ -10,7 +10,7 @@ extracted sdist (what is shipped, not just what is checked in). The first build 
 --out.
 
     python scripts/build_release.py [--out dist] [--packages core adapter-celery ...]
-    python scripts/build_release.py --ref v0.1.0      # from the tag, not the working tree
+    python scripts/build_release.py --ref v0.2.0      # from the tag, not the working tree
 
 Prints one JSON line. Uses ``uv build`` when uv is on PATH, else ``python -m build``; hatchling
 is the backend either way (fetched into an isolated build environment from the package index).

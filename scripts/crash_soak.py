@@ -62,8 +62,9 @@ class _Log:
 
 def _task_record(kind: str, task: Any) -> dict[str, Any]:
     return {
-        "k": kind, "id": task.id, "p": task.parent_id, "s": task.status, "c": task.code,
-        "d": task.delivery_status, "dc": task.delivery_code, "hb": task.heartbeat_at,
+        "k": kind, "id": task.id, "p": task.parent_id, "s": str(task.status),
+        "c": task.terminal_code,
+        "d": str(task.delivery_status), "dc": task.delivery_code, "hb": task.heartbeat_at,
         "r": task.delivery_required,
     }
 
@@ -262,13 +263,13 @@ class Checker:
             self.failures.append(f"ledger unusable after kill: {type(exc).__name__}")
             return {}
         if not report["healthy"]:
-            self.failures.append("doctor unhealthy: " + json.dumps(report["findings"]))
+            self.failures.append("doctor unhealthy: " + json.dumps(report))
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
         try:
             rows = {
                 r[0]: r for r in conn.execute(
-                    "SELECT id, status, code, delivery_status, delivery_code, heartbeat_at, "
-                    "parent_id, delivery_required FROM tsg_tasks")
+                    "SELECT id, status, terminal_code, delivery_status, delivery_code, "
+                    "heartbeat_at, parent_id, delivery_required FROM tsg_tasks")
             }
         finally:
             conn.close()

@@ -114,24 +114,27 @@ def smoke_core(dist: Path, work: Path) -> dict[str, Any]:
         steps += 1
         return _cli(tsg if steps % 2 else long_name, db, *args, **kw)
 
-    assert cli("init")["init"]["schema_version"] == 2
+    init = cli("init")["storage"]
+    assert init["schema_version"] == 3 and init["permission_model"] == "posix_mode"
     parent = cli("create", "--timeout-seconds", "600", "--name", "smoke.parent")["task"]
     assert cli("start", parent["id"])["task"]["status"] == "running"
-    assert cli("heartbeat", parent["id"])["task"]["heartbeat_at"] is not None
+    assert cli("heartbeat", parent["id"])["task"]["version"] == 1  # a heartbeat does not count
+    assert cli("get", parent["id"], "--extras")["task"]["heartbeat_at"] is not None
     child = cli("create", "--parent", parent["id"], "--internal", "--name", "smoke.child")["task"]
     cli("start", child["id"])
-    assert cli("close", child["id"], "succeeded", "--code", "worker_completed")["ok"]
-    assert cli("close", parent["id"], "succeeded", "--code", "completed")["task"]["code"] == (
-        "completed")
-    assert cli("close", parent["id"], "failed", expect=2)["error"] == "StateConflict"
-    assert cli("delivery", parent["id"], "delivered", "--code", "transport_acknowledged")["ok"]
+    assert cli("close", child["id"], "--status", "succeeded", "--code", "worker_completed")["ok"]
+    closed = cli("close", parent["id"], "--status", "succeeded", "--code", "completed")["task"]
+    assert closed["terminal_code"] == "completed" and closed["version"] == 2
+    assert cli("close", parent["id"], "--status", "failed", expect=2)["error"] == "StateConflict"
+    assert cli("delivery", parent["id"], "--status", "delivered",
+               "--code", "transport_acknowledged")["ok"]
     preview = cli("reconcile", "--delivery-grace-seconds", "0", "--dry-run")["reconcile"]
     applied = cli("reconcile", "--delivery-grace-seconds", "0")["reconcile"]
     assert preview["dry_run"] and applied["applied"]
     assert {k: v for k, v in preview.items() if k not in ("dry_run", "applied")} == {
         k: v for k, v in applied.items() if k not in ("dry_run", "applied")}
     assert applied["deliveries_not_applicable"] == 1
-    doctor = cli("doctor")["doctor"]
+    doctor = cli("doctor")
     assert doctor["healthy"] and doctor["task_count"] == 2
     status = cli("status")["status"]
     assert status["tasks"]["succeeded"] == 2 and status["deliveries"]["delivered"] == 1
@@ -140,7 +143,7 @@ def smoke_core(dist: Path, work: Path) -> dict[str, Any]:
     assert [c["id"] for c in cli("children", parent["id"])["children"]] == [child["id"]]
     assert set(cli("tasks", "--status", "succeeded")["task_ids"]) == {parent["id"], child["id"]}
     assert cli("prune", "--older-than", "0")["prune"]["tasks_deleted"] == 2
-    assert cli("doctor")["doctor"]["task_count"] == 0
+    assert cli("doctor")["task_count"] == 0
     return {"package": "core", "ok": True, "version": version, "cli_steps": steps,
             "installed_from": "dist (offline)"}
 

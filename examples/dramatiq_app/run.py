@@ -74,7 +74,8 @@ def main() -> int:
         show(ledger, logical_task_id(report))
 
         print("\n== 3. ledger health and status (counts only)")
-        print("   doctor:", {k: v for k, v in ledger.doctor().items() if k != "findings"})
+        doctor = ledger.doctor()
+        print("   doctor:", {k: doctor[k] for k in ("healthy", "task_count", "event_count")})
         print("   status:", ledger.status()["tasks"])
     finally:
         worker.stop()
@@ -152,11 +153,11 @@ def wait_closed(ledger: Any, task_id: str, timeout: float = 30) -> None:
 def show(ledger: Any, task_id: str) -> None:
     parent = ledger.get_task(task_id)
     print(
-        f"   {parent.name}: {parent.status}/{parent.code}  "
+        f"   {parent.name}: {parent.status}/{parent.terminal_code}  "
         f"delivery {parent.delivery_status}/{parent.delivery_code}"
     )
     for child in sorted(ledger.children_of(task_id), key=lambda t: t.created_at):
-        print(f"     attempt {child.id[:8]}  {child.status}/{child.code}")
+        print(f"     attempt {child.id[:8]}  {child.status}/{child.terminal_code}")
 
 
 if __name__ == "__main__":

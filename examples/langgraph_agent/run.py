@@ -32,7 +32,7 @@ from task_state_guard_langgraph import guard
 
 def show(ledger: Any, task_id: str, depth: int = 0) -> None:
     task = ledger.get_task(task_id)
-    code = f"/{task.code}" if task.code else ""
+    code = f"/{task.terminal_code}" if task.terminal_code else ""
     kind = "invocation" if task.delivery_required else "attempt"
     delivery = f"  delivery={task.delivery_status}" if task.delivery_required else ""
     print(f"    {'  ' * depth}{task.name} [{kind}] {task.status}{code}{delivery}")

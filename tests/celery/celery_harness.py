@@ -237,8 +237,8 @@ class Scenario:
     ) -> tuple[tuple[str, str | None], list[tuple[str, str | None]]]:
         parent = self.parent(celery_id)
         return (
-            (str(parent.status), parent.code),
-            [(str(a.status), a.code) for a in self.attempts(celery_id)],
+            (str(parent.status), parent.terminal_code),
+            [(str(a.status), a.terminal_code) for a in self.attempts(celery_id)],
         )
 
     def wait_parent(self, celery_id: str, status: str, timeout: float = 30.0) -> Task:

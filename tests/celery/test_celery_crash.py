@@ -135,7 +135,8 @@ def test_two_attempts_of_one_task_id_at_once(scenario: Scenario) -> None:
         result.id, lambda a: bool(a) and all(x.is_terminal for x in a), timeout=30
     )
     assert len(attempts) >= 2
-    assert {(str(a.status), a.code) for a in attempts} == {("succeeded", "worker_completed")}
+    assert {(str(a.status), a.terminal_code) for a in attempts} == {
+        ("succeeded", "worker_completed")}
     assert len({a.id for a in attempts}) == len(attempts)
     scenario.assert_healthy()
 

@@ -52,7 +52,8 @@ def ledger_path(tmp_path: Path) -> str:
 def _outcome(guard: tsgc.CeleryGuard, celery_id: str) -> tuple[Any, list[Any]]:
     parent = guard.ledger.get_task(guard.logical_task_id(celery_id))
     children = sorted(guard.ledger.children_of(parent.id), key=lambda t: (t.created_at, t.id))
-    return (str(parent.status), parent.code), [(str(c.status), c.code) for c in children]
+    return (str(parent.status), parent.terminal_code), [
+        (str(c.status), c.terminal_code) for c in children]
 
 
 def test_eager_mode_is_recorded_without_a_worker(ledger_path: str) -> None:

@@ -231,7 +231,7 @@ def test_late_completion_after_timeout_is_a_counted_conflict(scenario: Scenario)
     assert result.get(timeout=20) == "late"
     scenario.wait_parent(result.id, "succeeded")
     attempt = scenario.ledger.get_task(attempt_id)
-    assert (str(attempt.status), attempt.code) == ("timed_out", "deadline_exceeded")
+    assert (str(attempt.status), attempt.terminal_code) == ("timed_out", "deadline_exceeded")
     log = worker.log()
     assert log.count("rejected conflicting transition (attempt_close_conflict)") == 1, log
     scenario.assert_healthy()

@@ -31,6 +31,16 @@ REPORT_KEYS = frozenset(
 )
 
 
+#: The keys of Task.to_dict() (0.1.0's set; payload_hash only on request).
+TASK_KEYS = frozenset(
+    {
+        "id", "parent_id", "status", "delivery_status", "delivery_required", "has_payload_hash",
+        "timeout_seconds", "created_at", "started_at", "updated_at", "ended_at", "deadline_at",
+        "delivery_updated_at", "terminal_code", "delivery_code", "version",
+    }
+)
+
+
 class Clock:
     """An injected, manually advanced clock."""
 

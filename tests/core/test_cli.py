@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from core_helpers import (
     REPORT_KEYS,
+    TASK_KEYS,
+    CliResult,
     Clock,
     assert_cli_error,
     assert_json_line,
@@ -34,36 +36,56 @@ def ok(result, code: int = 0):
 def test_full_lifecycle_through_cli(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     init = ok(run_cli("--db", db, "init"))
-    assert init == {"init": {"schema_version": 2}, "ok": True}
+    assert set(init) == {"ok", "storage"} and init["ok"] is True
+    assert init["storage"]["permission_model"] == "posix_mode"
+    assert init["storage"]["journal_mode"] == "wal" and init["storage"]["foreign_keys"] is True
+    assert init["storage"]["busy_timeout_ms"] == 5000 and init["storage"]["schema_version"] == 3
     parent = ok(run_cli("--db", db, "create", "--name", "app.job", "--timeout-seconds", "900"))
     task = parent["task"]
-    assert parent["ok"] is True and task["status"] == "queued" and task["name"] == "app.job"
+    assert set(parent) == {"ok", "task"} and set(task) == TASK_KEYS
+    assert parent["ok"] is True and task["status"] == "queued" and task["version"] == 0
     assert task["timeout_seconds"] == 900 and task["delivery_required"] is True
+    assert task["delivery_updated_at"] == task["created_at"] == task["updated_at"]
     pid = task["id"]
     child = ok(run_cli("--db", db, "create", "--parent", pid, "--internal"))["task"]
     assert child["parent_id"] == pid and child["delivery_required"] is False
     started = ok(run_cli("--db", db, "start", pid))["task"]
-    assert started["status"] == "running" and started["has_owner"] is False
+    assert started["status"] == "running" and started["version"] == 1
     assert started["deadline_at"] == started["started_at"] + 900
-    assert ok(run_cli("--db", db, "heartbeat", pid))["task"]["heartbeat_at"] is not None
-    assert ok(run_cli("--db", db, "get", pid))["task"]["id"] == pid
+    beat = ok(run_cli("--db", db, "heartbeat", pid))["task"]
+    assert beat["version"] == 1 and beat["updated_at"] >= started["updated_at"]
+    got = ok(run_cli("--db", db, "get", pid))["task"]
+    assert got == beat and set(got) == TASK_KEYS
+    extras = ok(run_cli("--db", db, "get", pid, "--extras"))["task"]
+    assert extras == {**got, "name": "app.job", "heartbeat_at": beat["updated_at"],
+                      "has_owner": False}
     kids = ok(run_cli("--db", db, "children", pid))["children"]
-    assert [k["id"] for k in kids] == [child["id"]]
+    assert [k["id"] for k in kids] == [child["id"]] and set(kids[0]) == TASK_KEYS
+    kids = ok(run_cli("--db", db, "children", pid, "--extras"))["children"]
+    assert kids[0]["name"] is None and kids[0]["has_owner"] is False
     assert ok(run_cli("--db", db, "tasks", "--status", "running"))["task_ids"] == [pid]
     assert ok(run_cli("--db", db, "tasks", "--status", "queued", "--limit", "5"))[
         "task_ids"] == [child["id"]]
-    closed = ok(run_cli("--db", db, "close", child["id"], "cancelled", "--code", "skipped"))
-    assert closed["task"]["code"] == "skipped"
-    again = ok(run_cli("--db", db, "close", child["id"], "cancelled", "--code", "revoked"))
-    assert again["task"]["code"] == "skipped"  # idempotent, original code kept
-    ok(run_cli("--db", db, "delivery", child["id"], "not_applicable", "--code", "internal_task"))
-    ok(run_cli("--db", db, "close", pid, "succeeded", "--code", "worker_completed"))
-    done = ok(run_cli("--db", db, "delivery", pid, "delivered", "--code",
+    closed = ok(run_cli("--db", db, "close", child["id"], "--status", "cancelled",
+                        "--code", "skipped"))
+    assert closed["task"]["terminal_code"] == "skipped" and closed["task"]["version"] == 1
+    assert closed["task"]["ended_at"] == closed["task"]["updated_at"]
+    again = ok(run_cli("--db", db, "close", child["id"], "--status", "cancelled",
+                       "--code", "revoked"))
+    assert again == closed  # idempotent: the original code and version are kept
+    ok(run_cli("--db", db, "delivery", child["id"], "--status", "not_applicable",
+               "--code", "internal_task"))
+    ok(run_cli("--db", db, "close", pid, "--status", "succeeded", "--code", "worker_completed"))
+    done = ok(run_cli("--db", db, "delivery", pid, "--status", "delivered", "--code",
                       "transport_acknowledged"))["task"]
-    assert done["delivery_status"] == "delivered"
+    assert done["delivery_status"] == "delivered" and done["delivery_code"] == (
+        "transport_acknowledged")
+    assert done["version"] == 3 and done["delivery_updated_at"] >= done["ended_at"]
+    # the positional state of earlier development builds is not accepted
+    assert_cli_error(run_cli("--db", db, "close", pid, "succeeded"), "InvalidInput")
     doctor = ok(run_cli("--db", db, "doctor"))
-    assert doctor["ok"] is True and doctor["doctor"]["healthy"] is True
-    assert doctor["doctor"]["task_count"] == 2 and doctor["doctor"]["event_count"] == 7
+    assert doctor["ok"] is True and doctor["healthy"] is True
+    assert doctor["task_count"] == 2 and doctor["event_count"] == 7
     for args in (["reconcile"], ["reconcile", "--dry-run"]):
         report = ok(run_cli("--db", db, *args))["reconcile"]
         assert set(report) == REPORT_KEYS
@@ -73,7 +95,7 @@ def test_full_lifecycle_through_cli(tmp_path) -> None:
     assert prune["dry_run"] is True and prune["tasks_deleted"] == 2
     prune = ok(run_cli("--db", db, "prune", "--older-than", "0"))["prune"]
     assert prune["applied"] is True and prune["trees_deleted"] == 1
-    assert ok(run_cli("--db", db, "doctor"))["doctor"]["task_count"] == 0
+    assert ok(run_cli("--db", db, "doctor"))["task_count"] == 0
 
 
 def test_console_scripts_share_the_entry_point(tmp_path) -> None:
@@ -85,7 +107,8 @@ def test_console_scripts_share_the_entry_point(tmp_path) -> None:
         proc = subprocess.run([path, "--db", db, "init"], capture_output=True, text=True,
                               env=cli_env(), check=False, timeout=60)
         assert proc.returncode == 0 and proc.stderr == ""
-        assert proc.stdout == '{"init":{"schema_version":2},"ok":true}\n'
+        payload = assert_json_line(CliResult(proc.returncode, proc.stdout, proc.stderr))
+        assert payload["ok"] is True and payload["storage"]["schema_version"] == 3
 
 
 def test_help_and_version_exit_zero() -> None:
@@ -97,7 +120,7 @@ def test_help_and_version_exit_zero() -> None:
 def test_payload_hash_never_printed(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     digest = payload_fingerprint(b"some payload")
-    created = ok(run_cli("--db", db, "create", "--payload-hash", digest))
+    created = ok(run_cli("--db", db, "create", "--payload-sha256", digest))
     assert created["task"]["has_payload_hash"] is True
     assert digest not in run_cli("--db", db, "get", created["task"]["id"]).stdout
     assert digest not in created.__repr__()
@@ -112,11 +135,14 @@ def test_state_errors_exit_2(tmp_path) -> None:
     unknown = str(uuid.uuid4())
     assert_cli_error(run_cli("--db", db, "get", unknown), "TaskNotFound")
     assert_cli_error(run_cli("--db", db, "heartbeat", tid), "StateConflict")
-    assert_cli_error(run_cli("--db", db, "delivery", tid, "delivered"), "StateConflict")
-    ok(run_cli("--db", db, "close", tid, "failed"))
-    assert_cli_error(run_cli("--db", db, "close", tid, "succeeded"), "StateConflict")
-    assert_cli_error(run_cli("--db", db, "delivery", tid, "not_applicable"), "StateConflict")
-    assert_cli_error(run_cli("--db", db, "close", unknown, "succeeded", "--code", "bogus"),
+    conflict = "StateConflict"
+    assert_cli_error(run_cli("--db", db, "delivery", tid, "--status", "delivered"), conflict)
+    ok(run_cli("--db", db, "close", tid, "--status", "failed"))
+    assert_cli_error(run_cli("--db", db, "close", tid, "--status", "succeeded"), conflict)
+    assert_cli_error(run_cli("--db", db, "delivery", tid, "--status", "not_applicable"),
+                     conflict)
+    assert_cli_error(run_cli("--db", db, "close", unknown, "--status", "succeeded",
+                             "--code", "bogus"),
                      "TaskNotFound")
 
 
@@ -126,13 +152,13 @@ def _bad_invocations(db: str, tid: str) -> list[tuple[list[str], dict[str, str],
         (["--db", db, "get", c], {}, "InvalidInput"),
         (["--db", db, "get", c + "-0000-4000-8000-000000000000"], {}, "InvalidInput"),
         (["--db", db, "get", tid, c], {}, "InvalidInput"),
-        (["--db", db, "close", tid, c], {}, "InvalidInput"),
-        (["--db", db, "close", tid, "succeeded", "--code", c], {}, "InvalidInput"),
-        (["--db", db, "delivery", tid, c], {}, "InvalidInput"),
+        (["--db", db, "close", tid, "--status", c], {}, "InvalidInput"),
+        (["--db", db, "close", tid, "--status", "succeeded", "--code", c], {}, "InvalidInput"),
+        (["--db", db, "delivery", tid, "--status", c], {}, "InvalidInput"),
         (["--db", db, "create", "--name", c + " with spaces"], {}, "InvalidInput"),
         (["--db", db, "create", "--timeout-seconds", c], {}, "InvalidInput"),
         (["--db", db, "create", "--timeout-seconds", "nan"], {}, "InvalidInput"),
-        (["--db", db, "create", "--payload-hash", c], {}, "InvalidInput"),
+        (["--db", db, "create", "--payload-sha256", c], {}, "InvalidInput"),
         (["--db", db, "create", "--parent", c], {}, "InvalidInput"),
         (["--db", db, "create", "--id", c], {}, "InvalidInput"),
         (["--db", db, "--" + c], {}, "InvalidInput"),
@@ -170,12 +196,12 @@ def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
         assert_cli_error(result, error)
         assert CANARY not in result.stdout and CANARY not in result.stderr, args
         assert db not in result.stdout
-    # unsafe paths: the storage error names only its class
+    # unsafe paths: the error names only its category (an unsafe location is InvalidInput)
     link = os.path.join(os.path.dirname(db), CANARY + ".sqlite")
     os.symlink(db, link)
     for args in (["init"], ["doctor"], ["create"]):
         result = run_cli("--db", link, *args)
-        assert_cli_error(result, "StorageError")
+        assert_cli_error(result, "InvalidInput")
         assert CANARY not in result.stdout + result.stderr
     assert ok(run_cli("--db", db, "get", tid))["task"]["status"] == "queued"
 
@@ -212,7 +238,7 @@ def test_unhealthy_doctor_exits_1(tmp_path) -> None:
     conn.commit()
     conn.close()
     payload = ok(run_cli("--db", db, "doctor"), code=1)
-    assert payload["ok"] is False and payload["doctor"]["healthy"] is False
+    assert payload["ok"] is False and payload["healthy"] is False
 
 
 # ----------------------------------------------------------------------------- never create

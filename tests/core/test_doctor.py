@@ -11,10 +11,15 @@ import pytest
 from core_helpers import T0, Clock, assert_json_line, insert_event, raw_execute, run_cli
 from task_state_guard import Ledger
 
-FINDING_KEYS = {
-    "integrity_errors", "foreign_key_violations", "schema_mismatch", "invalid_ids",
-    "invalid_states", "invalid_codes", "invalid_timestamps", "parent_order_violations",
-    "parent_cycles", "event_chain_mismatches", "orphan_events",
+COUNT_KEYS = {
+    "integrity_error_count", "foreign_key_violation_count", "invalid_id_count",
+    "invalid_value_count", "invalid_state_count", "invalid_code_count",
+    "invalid_timestamp_count", "parent_order_violation_count", "parent_cycle_count",
+    "event_chain_mismatch_count", "orphan_event_count",
+}
+REPORT_KEYS = COUNT_KEYS | {
+    "healthy", "schema_version", "schema_ok", "quick_check", "task_count", "event_count",
+    "task_status_counts", "delivery_status_counts",
 }
 
 
@@ -63,15 +68,23 @@ def cli_doctor(db: str, ids: dict[str, str], expect_code: int) -> dict:
 def test_healthy_doctor(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build(db)
-    payload = cli_doctor(db, ids, 0)
-    report = payload["doctor"]
-    assert payload["ok"] is True and report["healthy"] is True
+    report = cli_doctor(db, ids, 0)  # the report's keys at the top level of the line
+    assert set(report) == REPORT_KEYS | {"ok"}
+    assert report["ok"] is True and report["healthy"] is True
     assert report["task_count"] == 5
     assert report["event_count"] == 1 + 2 + 3 + 4 + 2
-    assert report["schema_version"] == 2
-    assert set(report["findings"]) >= FINDING_KEYS
-    assert all(v == 0 for v in report["findings"].values())
-    assert set(report) == {"healthy", "schema_version", "task_count", "event_count", "findings"}
+    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 3
+    assert report["schema_ok"] is True and report["quick_check"] == "ok"
+    assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
+    assert report["task_status_counts"] == {
+        "queued": 1, "running": 1, "succeeded": 2, "failed": 0, "timed_out": 0, "cancelled": 1,
+    }
+    assert report["delivery_status_counts"] == {
+        "pending": 3, "delivered": 1, "failed": 0, "not_applicable": 1,
+    }
+    with Ledger(db) as led:
+        api = led.doctor()
+    assert api == {k: v for k, v in report.items() if k != "ok"}
 
 
 def test_retained_history_is_still_healthy(tmp_path) -> None:
@@ -79,11 +92,11 @@ def test_retained_history_is_still_healthy(tmp_path) -> None:
     ids = build(db)
     with Ledger(db, clock=Clock(T0 + 10**8)) as led:
         assert led.doctor()["healthy"] is True
-    assert cli_doctor(db, ids, 0)["doctor"]["healthy"] is True
+    assert cli_doctor(db, ids, 0)["healthy"] is True
 
 
 TAMPERS: dict[str, Any] = {
-    "schema_extra_index": ["CREATE INDEX sneaky ON tsg_tasks(code)"],
+    "schema_extra_index": ["CREATE INDEX sneaky ON tsg_tasks(terminal_code)"],
     "schema_extra_column": ["ALTER TABLE tsg_tasks ADD COLUMN prompt TEXT"],
     "schema_extra_table": ["CREATE TABLE tsg_notes(body TEXT)"],
     "schema_meta_version": ["UPDATE tsg_meta SET value = '9' WHERE key = 'schema_version'"],
@@ -112,7 +125,7 @@ TAMPERS: dict[str, Any] = {
     ],
     "event_orphan": lambda conn: insert_event(conn, 999, "created", "queued", "created", T0),
     "timestamp_disorder_closed_before_start": [
-        "UPDATE tsg_tasks SET closed_at = started_at - 100 WHERE status = 'succeeded' "
+        "UPDATE tsg_tasks SET ended_at = started_at - 100 WHERE status = 'succeeded' "
         "AND started_at IS NOT NULL"
     ],
     "timestamp_disorder_heartbeat_before_start": [
@@ -130,7 +143,18 @@ TAMPERS: dict[str, Any] = {
     "timestamp_non_finite_neg_inf": [
         ("UPDATE tsg_tasks SET created_at = ? WHERE status = 'queued'", (-math.inf,))
     ],
-    "timestamp_text": ["UPDATE tsg_tasks SET closed_at = 'yesterday' WHERE status = 'cancelled'"],
+    "timestamp_text": ["UPDATE tsg_tasks SET ended_at = 'yesterday' WHERE status = 'cancelled'"],
+    "timestamp_pending_delivery_moved": [
+        "UPDATE tsg_tasks SET delivery_updated_at = created_at + 1 WHERE status = 'queued'"
+    ],
+    "timestamp_delivery_before_end": [
+        "UPDATE tsg_tasks SET delivery_updated_at = created_at WHERE delivery_status = "
+        "'delivered'"
+    ],
+    "event_version_below_changes": [
+        "UPDATE tsg_tasks SET version = 1 WHERE delivery_status = 'delivered'"
+    ],
+    "event_version_text": ["UPDATE tsg_tasks SET version = 'two' WHERE status = 'running'"],
     "parent_cycle": [
         "UPDATE tsg_tasks SET parent_id = (SELECT id FROM tsg_tasks c WHERE c.parent_id = "
         "tsg_tasks.id) WHERE parent_id IS NULL AND status = 'succeeded'"
@@ -148,11 +172,11 @@ TAMPERS: dict[str, Any] = {
     ],
     "non_canonical_id_text": ["UPDATE tsg_tasks SET id = 'task-1' WHERE status = 'running'"],
     "bad_state_running_delivered": [
-        "UPDATE tsg_tasks SET delivery_status = 'delivered', delivery_closed_at = updated_at "
+        "UPDATE tsg_tasks SET delivery_status = 'delivered', delivery_updated_at = updated_at "
         "WHERE status = 'running'"
     ],
     "bad_state_terminal_without_closed_at": [
-        "UPDATE tsg_tasks SET closed_at = NULL WHERE status = 'cancelled'"
+        "UPDATE tsg_tasks SET ended_at = NULL WHERE status = 'cancelled'"
     ],
     "bad_state_delivering_not_applicable": [
         "UPDATE tsg_tasks SET delivery_status = 'not_applicable' WHERE delivery_status = "
@@ -161,7 +185,9 @@ TAMPERS: dict[str, Any] = {
     "bad_state_queued_with_owner": [
         "UPDATE tsg_tasks SET owner = 'ffffffffffffffffffffffffffffffff' WHERE status = 'queued'"
     ],
-    "bad_code_for_state": ["UPDATE tsg_tasks SET code = 'revoked' WHERE code = 'completed'"],
+    "bad_code_for_state": [
+        "UPDATE tsg_tasks SET terminal_code = 'revoked' WHERE terminal_code = 'completed'"
+    ],
     "bad_name_free_text": ["UPDATE tsg_tasks SET name = 'free text here' WHERE name = 'q'"],
     "bad_payload_hash": ["UPDATE tsg_tasks SET payload_hash = 'abc' WHERE status = 'queued'"],
     "foreign_key_dangling_parent": [
@@ -202,26 +228,27 @@ def test_tamper_makes_doctor_unhealthy(tmp_path, name: str) -> None:
         conn.execute("COMMIT")
     finally:
         conn.close()
-    payload = cli_doctor(db, ids, 1)
-    assert payload["ok"] is False
-    report = payload["doctor"]
+    report = cli_doctor(db, ids, 1)
+    assert report["ok"] is False
     assert report["healthy"] is False
-    assert sum(report["findings"].values()) >= 1
-    for value in report["findings"].values():
-        assert isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    for key in COUNT_KEYS:
+        assert type(report[key]) is int and report[key] >= 0
     if name.startswith("schema"):
-        assert report["findings"]["schema_mismatch"] == 1
+        assert report["schema_ok"] is False and report["schema_version"] is None
+    else:
+        assert sum(report[k] for k in COUNT_KEYS) >= 1
+    if name.startswith("schema"):
+        pass
     elif name.startswith("parent_cycle") or name == "parent_self_cycle":
-        assert report["findings"]["parent_cycles"] >= 1
+        assert report["parent_cycle_count"] >= 1
     elif name.startswith("non_canonical"):
-        assert report["findings"]["invalid_ids"] >= 1
+        assert report["invalid_id_count"] >= 1
     elif name.startswith("timestamp"):
-        assert report["findings"]["invalid_timestamps"] >= 1
+        assert report["invalid_timestamp_count"] >= 1
     elif name.startswith("event"):
-        assert report["findings"]["event_chain_mismatches"] + report["findings"][
-            "orphan_events"] >= 1
+        assert report["event_chain_mismatch_count"] + report["orphan_event_count"] >= 1
     elif name.startswith("bad_state"):
-        assert report["findings"]["invalid_states"] >= 1
+        assert report["invalid_state_count"] >= 1
 
 
 def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
@@ -232,8 +259,8 @@ def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
     with Ledger(db, clock=Clock()) as led:
         report = led.doctor()
     assert report["healthy"] is False
-    assert report["findings"]["invalid_ids"] == 1
-    assert report["findings"]["event_chain_mismatches"] == 2
+    assert report["invalid_id_count"] == 1
+    assert report["event_chain_mismatch_count"] == 2
     text = repr(report)
     for tid in ids.values():
         assert tid not in text and tid.upper() not in text

@@ -196,20 +196,20 @@ def _bulk_closed_tasks(db: str, count: int, at: float) -> None:
         conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
             "INSERT INTO tsg_tasks(seq, id, name, status, delivery_required, delivery_status, "
-            "payload_hash, created_at, updated_at) "
-            "SELECT ? + i, det_uuid(), ?, 'queued', 1, 'pending', det_hash(), ?, ? FROM n",
-            (count, first, BULK_NAME, at, at),
+            "payload_hash, created_at, delivery_updated_at, updated_at) "
+            "SELECT ? + i, det_uuid(), ?, 'queued', 1, 'pending', det_hash(), ?, ?, ? FROM n",
+            (count, first, BULK_NAME, at, at, at),
         )
         conn.execute(
-            "UPDATE tsg_tasks SET status = 'succeeded', code = 'completed', closed_at = ?, "
-            "updated_at = ? WHERE seq >= ?",
+            "UPDATE tsg_tasks SET status = 'succeeded', terminal_code = 'completed', "
+            "ended_at = ?, updated_at = ?, version = version + 1 WHERE seq >= ?",
             (at, at, first),
         )
         conn.execute(
             "UPDATE tsg_tasks SET delivery_status = 'delivered', "
-            "delivery_code = 'transport_acknowledged', delivery_closed_at = ?, updated_at = ? "
-            "WHERE seq >= ?",
-            (at, at, first),
+            "delivery_code = 'transport_acknowledged', delivery_updated_at = ?, "
+            "version = version + 1 WHERE seq >= ?",
+            (at, first),
         )
         if not events_written_by_triggers(conn):
             columns = table_columns(conn, "tsg_events")

@@ -194,7 +194,7 @@ def test_ledger_after_fork_child_and_parent_both_work(db: str) -> None:
     # the child is gone: its task is provably orphaned, the parent's is not
     report = led.reconcile(POLICY)
     assert report["tasks_timed_out"] == 1
-    assert led.get_task(child_running).code == "owner_lost"
+    assert led.get_task(child_running).terminal_code == "owner_lost"
     assert led.get_task(mine.id).status == "running"
     led.close()
 
@@ -283,7 +283,7 @@ def owner_script(tmp_path) -> str:
 
 
 def statuses(led: Ledger, ids: list[str]) -> list[tuple[str, str | None]]:
-    return [(t.status, t.code) for t in (led.get_task(i) for i in ids)]
+    return [(t.status, t.terminal_code) for t in (led.get_task(i) for i in ids)]
 
 
 def test_sigkilled_owner_tasks_time_out_at_once(db: str, owner_script: str) -> None:
@@ -375,7 +375,7 @@ def test_dead_owner_with_unknown_liveness_falls_back_to_grace(db: str) -> None:
         assert led.reconcile(POLICY)["tasks_timed_out"] == 0
         clock.advance(1)
         assert led.reconcile(POLICY)["tasks_timed_out"] == 1
-        assert led.get_task(task.id).code == "restart_stale"
+        assert led.get_task(task.id).terminal_code == "restart_stale"
 
 
 # ----------------------------------------------------------------------------- E5 over E4
@@ -401,7 +401,7 @@ def test_parent_with_queued_child_kept_even_when_its_owner_is_dead(
     with Ledger(db, clock=lambda: time.time() + 10**8 + 1) as led:
         led.close_task(retry.id, "cancelled", code="revoked")
         assert led.reconcile(POLICY)["tasks_timed_out"] == 1
-        assert led.get_task(parent).code == "owner_lost"
+        assert led.get_task(parent).terminal_code == "owner_lost"
         assert led.doctor()["healthy"] is True
 
 

@@ -47,14 +47,15 @@ class M:
     timeout: float | None
     created: float
     status: str = "queued"
-    code: str | None = None
+    terminal_code: str | None = None
     delivery: str = "pending"
     dcode: str | None = None
     started: float | None = None
     heartbeat: float | None = None
     closed: float | None = None
     dclosed: float | None = None
-    updated: float = 0.0
+    updated: float = 0.0  # last task-state change or heartbeat (not delivery)
+    version: int = 0  # state and delivery changes
     children: list[str] = field(default_factory=list)
 
     def latest(self) -> float:
@@ -115,7 +116,8 @@ def expected_reconcile(model: dict[str, M], order: list[str], now: float,
         else:
             counts["tasks_timed_out"] += 1
             timed_out.add(tid)
-            m.status, m.code, m.closed, m.updated = "timed_out", code, now, now
+            m.status, m.terminal_code, m.closed, m.updated = "timed_out", code, now, now
+            m.version += 1
     for tid in order:
         m = model[tid]
         if m.status in TERMINAL and m.delivery == "pending":
@@ -125,12 +127,12 @@ def expected_reconcile(model: dict[str, M], order: list[str], now: float,
                 counts["pending_delivery_retained"] += 1
             elif m.required:
                 counts["deliveries_failed"] += 1
-                m.delivery, m.dcode, m.dclosed, m.updated = (
-                    "failed", "delivery_grace_expired", now, now)
+                m.delivery, m.dcode, m.dclosed = "failed", "delivery_grace_expired", now
+                m.version += 1
             else:
                 counts["deliveries_not_applicable"] += 1
-                m.delivery, m.dcode, m.dclosed, m.updated = (
-                    "not_applicable", "internal_task", now, now)
+                m.delivery, m.dcode, m.dclosed = "not_applicable", "internal_task", now
+                m.version += 1
     return counts
 
 
@@ -211,22 +213,26 @@ def step(led: Ledger, clock: Clock, model: dict[str, M], order: list[str], op: t
     assert expect is None, (op, m, result)
     if kind == "start":
         m.status, m.started, m.updated = "running", now, now
+        m.version += 1
     elif kind == "heartbeat":
-        m.heartbeat = now
+        m.heartbeat = m.updated = now  # no version change
     elif kind == "close" and m.status not in TERMINAL:
-        m.status, m.code, m.closed, m.updated = op[2], op[3], now, now
+        m.status, m.terminal_code, m.closed, m.updated = op[2], op[3], now, now
+        m.version += 1
     elif kind == "delivery" and m.delivery == "pending":
-        m.delivery, m.dcode, m.dclosed, m.updated = op[2], op[3], now, now
+        m.delivery, m.dcode, m.dclosed = op[2], op[3], now
+        m.version += 1
     assert result == led.get_task(m.id)
 
 
 def check_model(led: Ledger, model: dict[str, M]) -> None:
     for m in model.values():
         t = led.get_task(m.id)
-        got = (t.status, t.code, t.delivery_status, t.delivery_code, t.started_at,
-               t.heartbeat_at, t.closed_at, t.delivery_closed_at, t.updated_at, t.parent_id)
-        want = (m.status, m.code, m.delivery, m.dcode, m.started, m.heartbeat, m.closed,
-                m.dclosed, m.updated, m.parent)
+        got = (t.status, t.terminal_code, t.delivery_status, t.delivery_code, t.started_at,
+               t.heartbeat_at, t.ended_at, t.delivery_updated_at, t.updated_at, t.parent_id,
+               t.version)
+        want = (m.status, m.terminal_code, m.delivery, m.dcode, m.started, m.heartbeat, m.closed,
+                m.created if m.dclosed is None else m.dclosed, m.updated, m.parent, m.version)
         assert got == want, (m, t)
 
 

@@ -157,7 +157,7 @@ def test_cli_prune_dry_run_changes_nothing(tmp_path) -> None:
     assert snapshot_tree(directory) == before
     result = run_cli("--db", db, "prune", "--older-than", "60")
     assert json.loads(result.stdout)["prune"]["tasks_deleted"] == 3
-    assert json.loads(run_cli("--db", db, "doctor").stdout)["doctor"]["task_count"] == 1
+    assert json.loads(run_cli("--db", db, "doctor").stdout)["task_count"] == 1
 
 
 # ----------------------------------------------------------------------------- status

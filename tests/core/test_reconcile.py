@@ -86,8 +86,8 @@ def test_active_grace_boundary_is_inclusive(ledger: Ledger, clock: Clock, heartb
     report = preview_then_apply(ledger)
     assert report["tasks_timed_out"] == 1 and report["active_examined"] == 1
     closed = ledger.get_task(task.id)
-    assert closed.status == "timed_out" and closed.code == "restart_stale"
-    assert closed.closed_at == clock.t and closed.delivery_status == "pending"
+    assert closed.status == "timed_out" and closed.terminal_code == "restart_stale"
+    assert closed.ended_at == clock.t and closed.delivery_status == "pending"
     assert ledger.doctor()["healthy"] is True
 
 
@@ -103,7 +103,7 @@ def test_deadline_boundary_is_inclusive(ledger: Ledger, clock: Clock) -> None:
     report = preview_then_apply(ledger, policy)
     assert report["tasks_timed_out"] == 1
     closed = ledger.get_task(task.id)
-    assert closed.status == "timed_out" and closed.code == "deadline_exceeded"
+    assert closed.status == "timed_out" and closed.terminal_code == "deadline_exceeded"
 
 
 @pytest.mark.parametrize("required", [True, False])
@@ -126,7 +126,7 @@ def test_delivery_grace_boundary_is_inclusive(ledger: Ledger, clock: Clock, requ
         assert report["deliveries_not_applicable"] == 1 and report["deliveries_failed"] == 0
         assert (closed.delivery_status, closed.delivery_code) == (
             "not_applicable", "internal_task")
-    assert closed.delivery_closed_at == clock.t
+    assert closed.delivery_updated_at == clock.t
     clock.advance(10**6)
     again = preview_then_apply(ledger)
     assert again["pending_delivery_examined"] == 0
@@ -198,7 +198,7 @@ def test_mixed_ledger_counts_and_idempotent_recheck(ledger: Ledger, clock: Clock
     }
     assert ledger.get_task(queued.id).status == "queued"
     assert ledger.get_task(fresh.id).status == "running"
-    assert ledger.get_task(overdue.id).code == "deadline_exceeded"
+    assert ledger.get_task(overdue.id).terminal_code == "deadline_exceeded"
     assert ledger.doctor() == {**ledger.doctor(), "healthy": True, "task_count": 5}
 
 
@@ -251,7 +251,7 @@ def test_running_parent_with_queued_child_never_times_out(ledger: Ledger, clock:
     ledger.close_task(retry.id, "cancelled", code="revoked")
     report = preview_then_apply(ledger)
     assert report["tasks_timed_out"] == 1
-    assert ledger.get_task(parent.id).code == "restart_stale"
+    assert ledger.get_task(parent.id).terminal_code == "restart_stale"
     assert ledger.doctor()["healthy"] is True
 
 
@@ -268,8 +268,8 @@ def test_parent_kept_by_fresh_running_child(ledger: Ledger, clock: Clock) -> Non
     clock.advance(400)  # child stale too: both go in one pass
     report = preview_then_apply(ledger)
     assert report["tasks_timed_out"] == 2
-    assert ledger.get_task(parent.id).code == "restart_stale"
-    assert ledger.get_task(child.id).code == "restart_stale"
+    assert ledger.get_task(parent.id).terminal_code == "restart_stale"
+    assert ledger.get_task(child.id).terminal_code == "restart_stale"
 
 
 def test_parent_past_deadline_times_out_despite_queued_child(ledger: Ledger, clock: Clock) -> None:
@@ -279,7 +279,7 @@ def test_parent_past_deadline_times_out_despite_queued_child(ledger: Ledger, clo
     clock.advance(60)
     report = preview_then_apply(ledger)
     assert report["tasks_timed_out"] == 1
-    assert ledger.get_task(parent.id).code == "deadline_exceeded"
+    assert ledger.get_task(parent.id).terminal_code == "deadline_exceeded"
 
 
 # ----------------------------------------------------------------------------- corrupt row
@@ -317,7 +317,7 @@ def test_one_corrupt_row_does_not_block_the_others(db: str, clock: Clock) -> Non
         assert raw_row(db, corrupt, "status") == "running"  # left alone for doctor
         doctor = led.doctor()
         assert doctor["healthy"] is False
-        assert doctor["findings"]["invalid_timestamps"] == 1
+        assert doctor["invalid_timestamp_count"] == 1
         assert corrupt not in repr(doctor)
 
 
@@ -327,14 +327,14 @@ def test_corrupt_pending_delivery_row_does_not_block_the_others(db: str, clock: 
         for t in pending:
             led.close_task(t.id, "failed", code="worker_failed")
     raw_execute(
-        db, ("UPDATE tsg_tasks SET closed_at = ? WHERE id = ?", (-math.inf, pending[0].id))
+        db, ("UPDATE tsg_tasks SET ended_at = ? WHERE id = ?", (-math.inf, pending[0].id))
     )
     clock.advance(10_000)
     with Ledger(db, clock=clock) as led:
         report = preview_then_apply(led)
         assert report["deliveries_failed"] == 3
         assert raw_row(db, pending[0].id, "delivery_status") == "pending"
-        assert led.doctor()["findings"]["invalid_timestamps"] >= 1
+        assert led.doctor()["invalid_timestamp_count"] >= 1
 
 
 # ----------------------------------------------------------------------------- snapshot

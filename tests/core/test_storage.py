@@ -1,5 +1,5 @@
-"""Storage safety on POSIX, schema fingerprint and v1 -> v2 migration, read-only construction,
-and the busy-ledger error (E9)."""
+"""Storage safety on POSIX, schema fingerprint and the v1/v2 -> v3 migrations, read-only
+construction, and the busy-ledger error."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from task_state_guard import (
     LedgerError,
     ReconcilePolicy,
     StorageError,
+    UnsafeLocation,
     schema,
 )
 
@@ -96,7 +97,7 @@ def test_read_only_never_tightens_or_creates(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     make_ledger(db)
     os.chmod(db, 0o644)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(db, read_only=True)
     assert mode(db) == 0o644
     missing_dir = str(tmp_path / "nowhere" / "tasks.sqlite")
@@ -118,9 +119,9 @@ def test_symlinked_database_rejected(tmp_path) -> None:
     link = str(tmp_path / "d" / "link.sqlite")
     os.symlink(real, link)
     for ro in (False, True):
-        with pytest.raises(StorageError):
+        with pytest.raises(UnsafeLocation):
             Ledger(link, read_only=ro)
-    assert_cli_error(run_cli("--db", link, "doctor"), "StorageError")
+    assert_cli_error(run_cli("--db", link, "doctor"), "InvalidInput")
 
 
 def test_dangling_symlink_database_rejected(tmp_path) -> None:
@@ -128,7 +129,7 @@ def test_dangling_symlink_database_rejected(tmp_path) -> None:
     d.mkdir(mode=0o700)
     link = str(d / "link.sqlite")
     os.symlink(str(d / "target.sqlite"), link)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(link)
     assert not os.path.exists(d / "target.sqlite")
 
@@ -138,10 +139,10 @@ def test_hard_linked_database_rejected(tmp_path) -> None:
     make_ledger(db)
     os.link(db, str(tmp_path / "d" / "alias.sqlite"))
     for ro in (False, True):
-        with pytest.raises(StorageError):
+        with pytest.raises(UnsafeLocation):
             Ledger(db, read_only=ro)
     assert_cli_error(run_cli("--db", db, "get", "00000000-0000-4000-8000-000000000000"),
-                     "StorageError")
+                     "InvalidInput")
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
@@ -153,7 +154,7 @@ def test_symlinked_sidecar_rejected(tmp_path, suffix: str) -> None:
         pass
     os.symlink(target, db + suffix)
     for ro in (False, True):
-        with pytest.raises(StorageError):
+        with pytest.raises(UnsafeLocation):
             Ledger(db, read_only=ro)
     assert os.path.getsize(target) == 0
 
@@ -168,7 +169,7 @@ def test_hard_linked_sidecar_rejected(tmp_path, suffix: str) -> None:
     os.chmod(other, 0o600)
     os.link(other, db + suffix)
     for ro in (False, True):
-        with pytest.raises(StorageError):
+        with pytest.raises(UnsafeLocation):
             Ledger(db, read_only=ro)
 
 
@@ -183,7 +184,7 @@ def test_non_regular_database_rejected(tmp_path) -> None:
         for ro in (False, True):
             with pytest.raises(StorageError):
                 Ledger(path, read_only=ro)
-        assert_cli_error(run_cli("--db", path, "init"), "StorageError")
+        assert_cli_error(run_cli("--db", path, "init"), "StateConflict")
 
 
 def test_world_writable_non_sticky_ancestor_rejected(tmp_path) -> None:
@@ -191,19 +192,19 @@ def test_world_writable_non_sticky_ancestor_rejected(tmp_path) -> None:
     open_dir.mkdir()
     os.chmod(open_dir, 0o777)
     db = str(open_dir / "private" / "tasks.sqlite")
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(db)
     assert not os.path.exists(open_dir / "private")
     os.chmod(open_dir, 0o775)  # group-writable: also unsafe
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(db)
     os.chmod(open_dir, 0o1777)  # sticky, like /tmp: accepted
     with Ledger(db, clock=Clock()) as led:
         led.create_task()
     os.chmod(open_dir, 0o777)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(db)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(db, read_only=True)
 
 
@@ -211,7 +212,7 @@ def test_world_writable_leaf_rejected(tmp_path) -> None:
     leaf = tmp_path / "leaf"
     leaf.mkdir()
     os.chmod(leaf, 0o777)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(str(leaf / "tasks.sqlite"))
     assert not os.path.exists(leaf / "tasks.sqlite")
 
@@ -271,8 +272,8 @@ def test_foreign_schema_rejected(tmp_path) -> None:
     for ro in (False, True):
         with pytest.raises(StorageError):
             Ledger(db, read_only=ro)
-    assert_cli_error(run_cli("--db", db, "init"), "StorageError")
-    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StorageError")
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StateConflict")
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
     conn.close()
@@ -283,11 +284,11 @@ def test_foreign_schema_rejected(tmp_path) -> None:
 def test_tampered_schema_rejected_by_api(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     make_ledger(db)
-    raw_execute(db, "CREATE INDEX extra ON tsg_tasks(code)")
+    raw_execute(db, "CREATE INDEX extra ON tsg_tasks(terminal_code)")
     with pytest.raises(StorageError):
         Ledger(db)
     raw_execute(
-        db, "DROP INDEX extra", "UPDATE tsg_meta SET value = '3' WHERE key = 'schema_version'"
+        db, "DROP INDEX extra", "UPDATE tsg_meta SET value = '4' WHERE key = 'schema_version'"
     )
     with pytest.raises(StorageError):
         Ledger(db)
@@ -309,7 +310,7 @@ def test_non_sqlite_file_rejected(tmp_path, content: bytes) -> None:
     with open(db, "rb") as handle:
         assert handle.read() == content
     for args in (["init"], ["doctor"], ["reconcile", "--dry-run"], ["status"]):
-        assert_cli_error(run_cli("--db", db, *args), "StorageError")
+        assert_cli_error(run_cli("--db", db, *args), "StateConflict")
 
 
 def build_v1(db: str, *, legacy_reason: bool = False, empty: bool = False) -> list[str]:
@@ -361,43 +362,122 @@ def meta_version(db: str) -> str:
         conn.close()
 
 
-def test_empty_v1_migrates_to_v2(tmp_path) -> None:
+def build_v2(db: str) -> list[str]:
+    """A schema-v2 ledger (the development layout before 0.2.0) written through its own
+    triggers: a delivered task, a running task with a name, an owner token and a heartbeat."""
+    os.makedirs(os.path.dirname(db), mode=0o700, exist_ok=True)
+    ids = [
+        "33333333-3333-4333-8333-333333333333",
+        "44444444-4444-4444-8444-444444444444",
+    ]
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("BEGIN")
+        for statement in schema.DDL_V2:
+            conn.execute(statement)
+        conn.execute("INSERT INTO tsg_meta(key, value) VALUES ('application', 'task-state-guard')")
+        conn.execute("INSERT INTO tsg_meta(key, value) VALUES ('schema_version', '2')")
+        conn.execute(
+            "INSERT INTO tsg_tasks(id, status, delivery_required, delivery_status, created_at, "
+            "updated_at) VALUES (?, 'queued', 1, 'pending', ?, ?)", (ids[0], T0, T0))
+        conn.execute(
+            "UPDATE tsg_tasks SET status = 'succeeded', code = 'completed', closed_at = ?, "
+            "updated_at = ? WHERE id = ?", (T0 + 1, T0 + 1, ids[0]))
+        conn.execute(
+            "UPDATE tsg_tasks SET delivery_status = 'delivered', "
+            "delivery_code = 'transport_acknowledged', delivery_closed_at = ?, updated_at = ? "
+            "WHERE id = ?", (T0 + 2, T0 + 2, ids[0]))
+        conn.execute(
+            "INSERT INTO tsg_tasks(id, name, status, delivery_required, delivery_status, "
+            "timeout_seconds, created_at, updated_at) "
+            "VALUES (?, 'app.job', 'queued', 0, 'pending', 60, ?, ?)", (ids[1], T0, T0))
+        conn.execute(
+            "UPDATE tsg_tasks SET status = 'running', started_at = ?, deadline_at = ?, "
+            "owner = ?, updated_at = ? WHERE id = ?",
+            (T0 + 3, T0 + 63, "ab" * 16, T0 + 3, ids[1]))
+        conn.execute("UPDATE tsg_tasks SET heartbeat_at = ? WHERE id = ?", (T0 + 4, ids[1]))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    os.chmod(db, 0o600)
+    return ids
+
+
+def same_schema_as_fresh(db: str, tmp_path) -> bool:
+    fresh = str(tmp_path / "fresh" / "tasks.sqlite")
+    Ledger(fresh).close()
+    a, b = sqlite3.connect(db), sqlite3.connect(fresh)
+    try:
+        q = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+        return bool(a.execute(q).fetchall() == b.execute(q).fetchall())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_empty_v1_migrates_to_v3(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     build_v1(db, empty=True)
     with Ledger(db, clock=Clock()) as led:
-        assert led.schema_version == 2
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 3
         assert led.doctor()["healthy"] is True
         led.create_task(name="x")
-    assert meta_version(db) == "2"
+    assert meta_version(db) == "3"
+    assert same_schema_as_fresh(db, tmp_path)
 
 
-def test_v1_migrates_to_v2(tmp_path) -> None:
+def test_v1_migrates_to_v3(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v1(db)
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 2
-        assert led.get_task(ids[0]).code == "worker_completed"
+        assert led.schema_version == 3
+        done = led.get_task(ids[0])
+        assert done.terminal_code == "worker_completed" and done.ended_at == T0 + 1
+        assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
+        running = led.get_task(ids[1])
+        assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
         report = led.doctor()
-        assert report["healthy"] is True and report["schema_version"] == 2
+        assert report["healthy"] is True and report["schema_version"] == 3
         assert report["task_count"] == 2 and report["event_count"] == 4
         task = led.create_task(name="after.migration")
         assert led.get_task(task.id).name == "after.migration"
-    assert meta_version(db) == "2"
-    # identical to a fresh v2 ledger
-    fresh = str(tmp_path / "f" / "tasks.sqlite")
-    Ledger(fresh).close()
-    a, b = sqlite3.connect(db), sqlite3.connect(fresh)
-    q = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
-    assert a.execute(q).fetchall() == b.execute(q).fetchall()
-    a.close()
-    b.close()
+        assert led.set_delivery(ids[0], "delivered").version == 2
+    assert meta_version(db) == "3"
+    assert same_schema_as_fresh(db, tmp_path)
     # the CLI apply path migrates too
     db2 = str(tmp_path / "g" / "tasks.sqlite")
     build_v1(db2)
     result = run_cli("--db", db2, "reconcile")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert meta_version(db2) == "2"
+    assert meta_version(db2) == "3"
+
+
+def test_v2_migrates_to_v3(tmp_path) -> None:
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    ids = build_v2(db)
+    with Ledger(db, read_only=True) as ro:  # a read-only open leaves v2 as v2
+        assert ro.schema_version == 2
+        assert ro.doctor()["healthy"] is True
+        before = [ro.get_task(i) for i in ids]
+    assert meta_version(db) == "2"
+    with Ledger(db, clock=Clock(T0 + 10)) as led:
+        assert led.schema_version == 3
+        after = [led.get_task(i) for i in ids]
+        assert after == before
+        delivered, running = after
+        assert (delivered.status, delivered.terminal_code) == ("succeeded", "completed")
+        assert delivered.delivery_updated_at == T0 + 2 and delivered.updated_at == T0 + 1
+        assert delivered.version == 2
+        assert running.name == "app.job" and running.has_owner and running.heartbeat_at == T0 + 4
+        assert running.updated_at == T0 + 4 and running.version == 1
+        assert running.delivery_updated_at == running.created_at == T0
+        report = led.doctor()
+        assert report["healthy"] is True and report["event_count"] == 5
+        assert led.close_task(ids[1], "succeeded").version == 2
+    assert meta_version(db) == "3"
+    assert same_schema_as_fresh(db, tmp_path)
 
 
 def test_v1_with_legacy_reason_text_fails_closed(tmp_path) -> None:
@@ -408,7 +488,7 @@ def test_v1_with_legacy_reason_text_fails_closed(tmp_path) -> None:
     with pytest.raises(StorageError):
         Ledger(db)
     assert meta_version(db) == "1"
-    assert_cli_error(run_cli("--db", db, "init"), "StorageError")
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
     assert meta_version(db) == "1"
     conn = sqlite3.connect(db)
     cols = [r[1] for r in conn.execute("PRAGMA table_info(tsg_tasks)")]
@@ -471,7 +551,9 @@ def test_storage_info_has_no_path(tmp_path) -> None:
     db = str(tmp_path / "secret-dir-name" / "tasks.sqlite")
     with Ledger(db) as led:
         info = led.storage_info()
-    assert info["permission_model"] == "posix-modes"
+    assert info["permission_model"] == "posix_mode"
+    assert info["journal_mode"] == "wal" and info["foreign_keys"] is True
+    assert info["busy_timeout_ms"] == 5000
     assert info["read_only"] is False and info["local_filesystem_required"] is True
     assert "secret-dir-name" not in repr(info) and str(tmp_path) not in repr(info)
 
@@ -519,9 +601,10 @@ def test_lock_wait_past_busy_timeout_is_ledger_busy(tmp_path) -> None:
             led.close_task(ids[1], "cancelled")
         assert led.get_task(ids[1]).status == "queued"  # reads still work under WAL
         result = run_cli("--db", db, "--busy-timeout-ms", "100", "create")
-        assert_cli_error(result, "LedgerBusy")
-        result = run_cli("--db", db, "--busy-timeout-ms", "100", "close", ids[1], "cancelled")
-        assert_cli_error(result, "LedgerBusy")
+        assert_cli_error(result, "StateConflict")
+        result = run_cli("--db", db, "--busy-timeout-ms", "100", "close", ids[1],
+                         "--status", "cancelled")
+        assert_cli_error(result, "StateConflict")
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -545,7 +628,7 @@ def test_read_only_fails_closed_on_journal_and_incomplete_wal_pair(tmp_path) -> 
         with pytest.raises(StorageError):
             Ledger(db, read_only=True, busy_timeout_ms=300)
         result = run_cli("--db", db, "--busy-timeout-ms", "300", "reconcile", "--dry-run")
-        assert_cli_error(result, "StorageError")
+        assert_cli_error(result, "StateConflict")
         assert snapshot_tree(directory) == before
         for suffix in present:
             os.unlink(db + suffix)
@@ -561,7 +644,7 @@ def test_read_only_requires_wal_mode(tmp_path) -> None:
     before = snapshot_tree(directory)
     with pytest.raises(StorageError):
         Ledger(db, read_only=True)
-    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StorageError")
+    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StateConflict")
     assert snapshot_tree(directory) == before
     with Ledger(db, clock=Clock(T0 + 5)) as led:  # a writer switches it back to WAL
         led.create_task()
@@ -575,16 +658,16 @@ def test_paths_owned_by_another_user_rejected(tmp_path) -> None:
     foreign_ancestor = tmp_path / "theirs"
     foreign_ancestor.mkdir(mode=0o755)
     os.chown(foreign_ancestor, other, other)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(str(foreign_ancestor / "mine" / "tasks.sqlite"))
     leaf = tmp_path / "leaf"
     leaf.mkdir(mode=0o700)
     os.chown(leaf, other, other)
-    with pytest.raises(StorageError):
+    with pytest.raises(UnsafeLocation):
         Ledger(str(leaf / "tasks.sqlite"))
     db = str(tmp_path / "d" / "tasks.sqlite")
     make_ledger(db)
     os.chown(db, other, other)
     for ro in (False, True):
-        with pytest.raises(StorageError):
+        with pytest.raises(UnsafeLocation):
             Ledger(db, read_only=ro)

@@ -52,12 +52,12 @@ def test_create_start_close_deliver_lifecycle(ledger: Ledger, clock) -> None:
     assert running.deadline_at == clock.t + 900 and running.has_owner
     clock.advance(1)
     closed = ledger.close_task(task.id, "succeeded", code="worker_completed")
-    assert closed.status == "succeeded" and closed.code == "worker_completed"
-    assert closed.closed_at == clock.t and closed.is_terminal
+    assert closed.status == "succeeded" and closed.terminal_code == "worker_completed"
+    assert closed.ended_at == clock.t and closed.is_terminal
     clock.advance(1)
     done = ledger.set_delivery(task.id, "delivered", code="transport_acknowledged")
     assert done.delivery_status == "delivered" and done.delivery_code == "transport_acknowledged"
-    assert done.delivery_closed_at == clock.t
+    assert done.delivery_updated_at == clock.t
     assert ledger.get_task(task.id) == done
     assert ledger.doctor()["healthy"] is True
 
@@ -100,8 +100,8 @@ def test_identical_repeat_is_idempotent_and_keeps_original_code(
     events = event_count(ledger)
     clock.advance(5)
     again = ledger.close_task(task.id, state, code=codes[-1])
-    assert again == first and again.code == codes[0] and again.closed_at == first.closed_at
-    assert ledger.close_task(task.id, state).code == codes[0]
+    assert again == first and again.terminal_code == codes[0] and again.ended_at == first.ended_at
+    assert ledger.close_task(task.id, state).terminal_code == codes[0]
     assert ledger.get_task(task.id) == first
     assert event_count(ledger) == events
 
@@ -110,7 +110,7 @@ def test_repeat_without_code_keeps_no_code(ledger: Ledger, clock) -> None:
     task = ledger.create_task()
     ledger.close_task(task.id, "failed")
     clock.advance(1)
-    assert ledger.close_task(task.id, "failed", code="worker_failed").code is None
+    assert ledger.close_task(task.id, "failed", code="worker_failed").terminal_code is None
 
 
 @pytest.mark.parametrize("state", ["delivered", "failed"])
@@ -173,7 +173,7 @@ def test_internal_task_only_not_applicable(ledger: Ledger, state: str) -> None:
 def test_task_code_registry_bound_to_state(ledger: Ledger, state: str, code: str) -> None:
     task = ledger.create_task()
     if code in TASK_CODES[state]:
-        assert ledger.close_task(task.id, state, code=code).code == code
+        assert ledger.close_task(task.id, state, code=code).terminal_code == code
         assert ledger.doctor()["healthy"] is True
     else:
         with pytest.raises(InvalidInput):
@@ -449,7 +449,7 @@ def test_create_with_unknown_parent(ledger: Ledger) -> None:
 )
 def test_valid_names(ledger: Ledger, name: str) -> None:
     task = ledger.create_task(name=name)
-    assert task.name == name and ledger.get_task(task.id).to_dict()["name"] == name
+    assert task.name == name and ledger.get_task(task.id).to_dict(extras=True)["name"] == name
 
 
 @pytest.mark.parametrize(
@@ -463,7 +463,6 @@ def test_invalid_names(ledger: Ledger, name: object) -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"timeout_seconds": 0},
         {"timeout_seconds": -1},
         {"timeout_seconds": float("nan")},
         {"timeout_seconds": float("inf")},
@@ -491,11 +490,12 @@ def test_payload_fingerprint_hidden_by_default(ledger: Ledger) -> None:
     assert digest not in repr(public)
     assert task.to_dict(include_payload_hash=True)["payload_hash"] == digest
     assert set(public) == {
-        "id", "parent_id", "name", "status", "code", "delivery_required", "delivery_status",
-        "delivery_code", "timeout_seconds", "deadline_at", "created_at", "started_at",
-        "heartbeat_at", "closed_at", "delivery_closed_at", "updated_at", "has_owner",
-        "has_payload_hash",
+        "id", "parent_id", "status", "delivery_status", "delivery_required", "has_payload_hash",
+        "timeout_seconds", "created_at", "started_at", "updated_at", "ended_at", "deadline_at",
+        "delivery_updated_at", "terminal_code", "delivery_code", "version",
     }
+    assert set(task.to_dict(include_payload_hash=True)) == set(public) | {"payload_hash"}
+    assert set(task.to_dict(extras=True)) == set(public) | {"name", "heartbeat_at", "has_owner"}
 
 
 def test_children_of_lists_direct_children_oldest_first(ledger: Ledger, clock) -> None:

@@ -259,7 +259,7 @@ def wait_closed(ledger: Ledger, message_id: str, timeout: float = 30.0) -> Task:
 
 
 def outcomes(tasks: list[Task]) -> list[tuple[str, str | None]]:
-    return [(t.status, t.code) for t in tasks]
+    return [(t.status, t.terminal_code) for t in tasks]
 
 
 def assert_healthy(ledger: Ledger) -> None:

@@ -60,10 +60,10 @@ def _sigkill_mid_message(env: BrokerEnv, *, redelivery_extra: dict[str, str]) ->
         parent = wait_closed(ledger, mid, timeout=60)
         second.wait_ready()
 
-        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
         attempts = attempts_of(ledger, mid)
         lost = ledger.get_task(lost_id)
-        assert (lost.status, lost.code) == ("timed_out", "owner_lost")
+        assert (lost.status, lost.terminal_code) == ("timed_out", "owner_lost")
         others = [a for a in attempts if a.id != lost_id]
         assert others and all(a.status == "succeeded" for a in others)
         assert len({a.id for a in attempts}) == len(attempts) == 1 + len(others)
@@ -72,7 +72,7 @@ def _sigkill_mid_message(env: BrokerEnv, *, redelivery_extra: dict[str, str]) ->
         for attempt in others:
             assert attempt.started_at is not None
             if attempt.started_at >= second.started_at:
-                assert lost.closed_at is not None and lost.closed_at <= attempt.started_at
+                assert lost.ended_at is not None and lost.ended_at <= attempt.started_at
         log = second.log()
         assert "'tasks_timed_out': 1" in log or '"tasks_timed_out": 1' in log, log
         assert "TaskStateGuard ledger error" not in log, log
@@ -114,10 +114,10 @@ def test_same_message_in_flight_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
         a, b = attempts_of(ledger, msg.message_id)
         assert a.id != b.id
         assert a.started_at is not None and b.started_at is not None
-        assert a.closed_at is not None and b.closed_at is not None
-        assert a.started_at < b.closed_at and b.started_at < a.closed_at  # really concurrent
+        assert a.ended_at is not None and b.ended_at is not None
+        assert a.started_at < b.ended_at and b.started_at < a.ended_at  # really concurrent
         parent = wait_closed(ledger, msg.message_id)
-        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
         assert "TaskStateGuard ledger error" not in worker.log()
         assert_healthy(ledger)
     finally:
@@ -138,12 +138,12 @@ def test_shutdown_interrupts_notified_actor(redis_env: BrokerEnv) -> None:
         wait_for((redis_env.scratch / f"started-{tag}").exists, 20, "the actor to start")
         assert first.stop() == 0  # graceful: SIGTERM, Shutdown raised into the actor
         first_attempt = ledger.get_task(attempt_task_id(mid, 0))
-        assert (first_attempt.status, first_attempt.code) == ("cancelled", "interrupted")
+        assert (first_attempt.status, first_attempt.terminal_code) == ("cancelled", "interrupted")
         if ledger.get_task(first_attempt.parent_id).status == "running":  # type: ignore[arg-type]
             # Nobody picked the re-enqueued message up before the CLI exited: restart it.
             second = CliWorker(redis_env, extra_env=extra).start()
         parent = wait_closed(ledger, mid)
-        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
         attempts = attempts_of(ledger, mid)
         assert outcomes(attempts) == [
             ("cancelled", "interrupted"),
@@ -277,10 +277,10 @@ def test_consumer_timeout_runs_the_message_twice_rabbitmq(rabbit_env: BrokerEnv)
         attempts = attempts_of(ledger, mid)
         assert len({a.id for a in attempts}) == len(attempts) >= 2
         first, second = attempts[0], attempts[1]
-        assert first.closed_at is not None and second.started_at is not None
-        assert second.started_at < first.closed_at  # in flight twice, at once
+        assert first.ended_at is not None and second.started_at is not None
+        assert second.started_at < first.ended_at  # in flight twice, at once
         parent = wait_closed(ledger, mid)
-        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
         log = worker.log()
         assert "PRECONDITION_FAILED" in log  # it really was the broker's consumer timeout
         assert "TaskStateGuard ledger error" not in log

@@ -89,7 +89,7 @@ def test_success_and_delivery(shared: Shared) -> None:
     inside = shared.send("deliver_inside")
     for mid in (internal, marked, unmarked, inside):
         parent = wait_closed(ledger, mid)
-        assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+        assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
         assert parent.delivery_status == ("delivered" if mid == inside else "pending")
         attempts = attempts_of(ledger, mid)
         assert outcomes(attempts) == [("succeeded", "worker_completed")]
@@ -144,7 +144,7 @@ def test_retry_then_success_parent_never_timed_out(shared: Shared) -> None:
     assert reconciler.runs >= 5
     assert seen_waiting > 0, "never observed the parent waiting on a queued attempt"
     # The backoff (>= 1 s) was longer than the reconcile grace (0.9 s), yet:
-    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     assert outcomes(attempts_of(ledger, mid)) == [
         ("failed", "retry_scheduled"),
         ("failed", "retry_scheduled"),
@@ -156,7 +156,7 @@ def test_retries_exhausted_dead_lettered(shared: Shared) -> None:
     ledger = shared.ledger
     mid = shared.send("always_fail")
     parent = wait_closed(ledger, mid)
-    assert (parent.status, parent.code) == ("failed", "worker_failed")
+    assert (parent.status, parent.terminal_code) == ("failed", "worker_failed")
     assert outcomes(attempts_of(ledger, mid)) == [
         ("failed", "retry_scheduled"),
         ("failed", "retry_scheduled"),
@@ -173,7 +173,7 @@ def test_throws_and_retry_when_fail_without_retry(shared: Shared) -> None:
     for actor in ("throws_match", "retry_when_no"):
         mid = shared.send(actor)
         parent = wait_closed(ledger, mid)
-        assert (parent.status, parent.code) == ("failed", "worker_failed"), actor
+        assert (parent.status, parent.terminal_code) == ("failed", "worker_failed"), actor
         assert outcomes(attempts_of(ledger, mid)) == [("failed", "worker_failed")], actor
 
 
@@ -182,13 +182,13 @@ def test_time_limit_exceeded(shared: Shared) -> None:
     always = shared.send("too_slow")
     once = shared.send("slow_first")
     parent = wait_closed(ledger, always)
-    assert (parent.status, parent.code) == ("failed", "worker_failed")
+    assert (parent.status, parent.terminal_code) == ("failed", "worker_failed")
     assert outcomes(attempts_of(ledger, always)) == [
         ("timed_out", "time_limit_exceeded"),
         ("timed_out", "time_limit_exceeded"),
     ]
     parent = wait_closed(ledger, once)
-    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     assert outcomes(attempts_of(ledger, once)) == [
         ("timed_out", "time_limit_exceeded"),
         ("succeeded", "worker_completed"),
@@ -199,7 +199,7 @@ def test_skip_message_and_age_limit(shared: Shared) -> None:
     ledger = shared.ledger
     skipped = shared.send("skip_me")
     parent = wait_closed(ledger, skipped)
-    assert (parent.status, parent.code) == ("cancelled", "skipped")
+    assert (parent.status, parent.terminal_code) == ("cancelled", "skipped")
     assert outcomes(attempts_of(ledger, skipped)) == [("cancelled", "skipped")]
 
     msg = shared.producer.message("aged", timestamp_ms=int(time.time() * 1000) - 60_000)
@@ -216,16 +216,16 @@ def test_async_actors(shared: Shared) -> None:
     flaky = shared.send("async_flaky", tag, 1)
     bad = shared.send("async_fail")
     parent = wait_closed(ledger, good)
-    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     assert outcomes(attempts_of(ledger, good)) == [("succeeded", "worker_completed")]
     parent = wait_closed(ledger, flaky)
-    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     assert outcomes(attempts_of(ledger, flaky)) == [
         ("failed", "retry_scheduled"),
         ("succeeded", "worker_completed"),
     ]
     parent = wait_closed(ledger, bad)
-    assert (parent.status, parent.code) == ("failed", "worker_failed")
+    assert (parent.status, parent.terminal_code) == ("failed", "worker_failed")
     assert outcomes(attempts_of(ledger, bad)) == [("failed", "worker_failed")]
 
 
@@ -236,7 +236,7 @@ def test_long_actor_survives_periodic_reconcile(shared: Shared) -> None:
         parent = wait_closed(ledger, mid, timeout=30)
     assert reconciler.runs >= 10
     assert sum(r["tasks_timed_out"] for r in reconciler.reports) == 0
-    assert (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     attempts = attempts_of(ledger, mid)
     assert outcomes(attempts) == [("succeeded", "worker_completed")]
     assert attempts[0].heartbeat_at is not None  # the worker's heartbeater kept it fresh

@@ -99,17 +99,20 @@ def test_stub_success_failure_retry(app: App, ledger: Ledger) -> None:
     app.join()
 
     parent = parent_of(ledger, ok_id)
-    assert parent is not None and (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert parent is not None
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     assert parent.name == "good" and parent.delivery_required is False
     assert outcomes(attempts_of(ledger, ok_id)) == [("succeeded", "worker_completed")]
 
     parent = parent_of(ledger, bad_id)
-    assert parent is not None and (parent.status, parent.code) == ("failed", "worker_failed")
+    assert parent is not None
+    assert (parent.status, parent.terminal_code) == ("failed", "worker_failed")
     assert parent.delivery_required is True
     assert outcomes(attempts_of(ledger, bad_id)) == [("failed", "worker_failed")]
 
     parent = parent_of(ledger, flaky_id)
-    assert parent is not None and (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert parent is not None
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     assert outcomes(attempts_of(ledger, flaky_id)) == [
         ("failed", "retry_scheduled"),
         ("failed", "retry_scheduled"),
@@ -459,9 +462,10 @@ def test_start_and_retry_are_each_one_transaction(
         application.stop()
     assert ran["n"] == 3
     parent = parent_of(ledger, mid)
-    assert parent is not None and (parent.status, parent.code) == ("succeeded", "worker_completed")
+    assert parent is not None
+    assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
     attempts = attempts_of(ledger, mid)
     assert outcomes(attempts) == [("failed", "retry_scheduled"), ("succeeded", "worker_completed")]
     # The queued successor is written first, in the transaction that closes the failed
     # attempt: the logical task never has a moment without an open child.
-    assert attempts[1].created_at <= attempts[0].closed_at  # type: ignore[operator]
+    assert attempts[1].created_at <= attempts[0].ended_at  # type: ignore[operator]

@@ -21,7 +21,7 @@ def tree(ledger: Ledger, task_id: str) -> dict[str, Any]:
         "id": task.id,
         "name": task.name,
         "status": str(task.status),
-        "code": task.code,
+        "code": task.terminal_code,
         "delivery_required": task.delivery_required,
         "delivery": str(task.delivery_status),
         "delivery_code": task.delivery_code,

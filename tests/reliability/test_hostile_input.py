@@ -33,6 +33,7 @@ from task_state_guard import (
     LedgerError,
     ReconcilePolicy,
     StorageError,
+    UnsafeLocation,
     cli,
     payload_fingerprint,
     reconcile_restart,
@@ -47,7 +48,7 @@ FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck),
 
 COMMANDS = ["init", "create", "start", "heartbeat", "close", "delivery", "reconcile", "doctor",
             "get", "children", "tasks", "status", "metrics", "prune"]
-OPTIONS = ["--id", "--parent", "--timeout-seconds", "--internal", "--name", "--payload-hash",
+OPTIONS = ["--id", "--parent", "--timeout-seconds", "--internal", "--name", "--payload-sha256",
            "--code", "--active-grace-seconds", "--delivery-grace-seconds", "--dry-run",
            "--status", "--stale-seconds", "--limit", "--format", "--older-than", "--db",
            "--busy-timeout-ms", "--allow-external-acl", "json", "text", "--", "-", "-x"]
@@ -110,8 +111,7 @@ def check_cli_contract(argv: list[str], code: int | str, out: str, err: str) -> 
     parsed = one_json_line(out)
     if code == 2:
         assert set(parsed) == {"error", "ok"} and parsed["ok"] is False
-        assert parsed["error"] in ("InvalidInput", "TaskNotFound", "StateConflict",
-                                   "StorageError", "LedgerBusy")
+        assert parsed["error"] in ("InvalidInput", "TaskNotFound", "StateConflict")
     else:
         assert parsed["ok"] is (code == 0)
 
@@ -170,8 +170,8 @@ def test_help_and_version_exit_zero() -> None:
     ["create", "--name", CANARY],
     ["create", "--timeout-seconds", CANARY],
     ["create", "--id", CANARY, "--parent", CANARY],
-    ["close", CANARY, CANARY, "--code", CANARY],
-    ["delivery", str(uuid.uuid4()), "delivered", "--code", CANARY],
+    ["close", CANARY, "--status", CANARY, "--code", CANARY],
+    ["delivery", str(uuid.uuid4()), "--status", "delivered", "--code", CANARY],
     ["get", CANARY * 5000],
     ["tasks", "--status", CANARY + "\n{\"ok\":true}"],
     ["reconcile", "--active-grace-seconds", CANARY],
@@ -311,10 +311,11 @@ def test_api_heartbeat_many_non_iterable(env: _Env, value: object) -> None:
 
 # ----------------------------------------------------------------------------- tampered rows
 TAMPERS = {
-    "code": "UPDATE tsg_tasks SET status='failed', closed_at=updated_at, code=? WHERE id=?",
-    "delivery_code": ("UPDATE tsg_tasks SET status='failed', closed_at=updated_at, "
-                      "delivery_status='failed', delivery_closed_at=updated_at, delivery_code=? "
-                      "WHERE id=?"),
+    "code": ("UPDATE tsg_tasks SET status='failed', ended_at=updated_at, terminal_code=? "
+             "WHERE id=?"),
+    "delivery_code": ("UPDATE tsg_tasks SET status='failed', ended_at=updated_at, "
+                      "delivery_status='failed', delivery_updated_at=updated_at, "
+                      "delivery_code=? WHERE id=?"),
     "name": "UPDATE tsg_tasks SET name=? WHERE id=?",
     "payload_hash": "UPDATE tsg_tasks SET payload_hash=? WHERE id=?",
     "owner": ("UPDATE tsg_tasks SET status='running', started_at=created_at, owner=? "
@@ -392,11 +393,11 @@ def test_symlink_swapped_between_check_and_open(tmp_path: Path, existing: bool,
         return result
 
     monkeypatch.setattr(storage, "prepare", prepare_then_swap)
-    with pytest.raises(StorageError):
+    with pytest.raises((StorageError, UnsafeLocation)):  # replaced file, or a symlink seen
         Ledger(db)
     monkeypatch.setattr(storage, "prepare", real_prepare)
     assert victim.read_bytes() == before
-    assert isinstance(_allowed(lambda: Ledger(db)), StorageError)  # still a symlink
+    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation)  # still a symlink
 
 
 def _exchange(a: Path, b: Path) -> None:
@@ -411,7 +412,8 @@ def _exchange(a: Path, b: Path) -> None:
 
 def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
     """The database path flips atomically between the real file and a symlink to a victim
-    while ledgers keep opening and writing: only ok or StorageError, and the victim is never
+    while ledgers keep opening and writing: only ok, StorageError (a replaced file) or
+    UnsafeLocation (a symlink seen), and the victim is never
     touched. (A path that also vanishes in between: see the test below.)"""
     victim, before = _victim(tmp_path)
     db = tmp_path / "l" / "tasks.sqlite"
@@ -442,8 +444,9 @@ def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
     finally:
         stop.set()
         thread.join()
-    assert set(outcomes) <= {"ok", "StorageError"}, outcomes
-    assert len(swaps) > 150 and outcomes.get("StorageError", 0) > 0
+    assert set(outcomes) <= {"ok", "StorageError", "UnsafeLocation"}, outcomes
+    refused = outcomes.get("StorageError", 0) + outcomes.get("UnsafeLocation", 0)
+    assert len(swaps) > 150 and refused > 0
     conn = sqlite3.connect(victim)
     assert conn.execute("SELECT v FROM precious").fetchall() == [("keep",)]
     assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["precious"]
@@ -490,9 +493,9 @@ def test_hard_links_are_refused(tmp_path: Path) -> None:
         ledger.create_task()
     alias = tmp_path / "l" / "alias.sqlite"
     os.link(db, alias)
-    assert isinstance(_allowed(lambda: Ledger(db)), StorageError)
-    assert_cli_error(*run_cli("--db", str(db), "doctor"), expected=("StorageError",))
-    assert_cli_error(*run_cli("--db", str(alias), "create"), expected=("StorageError",))
+    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation)
+    assert_cli_error(*run_cli("--db", str(db), "doctor"), expected=("InvalidInput",))
+    assert_cli_error(*run_cli("--db", str(alias), "create"), expected=("InvalidInput",))
     os.unlink(alias)
     Ledger(db).close()
 
@@ -513,10 +516,12 @@ def test_sidecar_aliases_are_refused(tmp_path: Path, suffix: str, kind: str) -> 
         side.mkdir()
     else:
         os.mkfifo(side, 0o600)
-    assert isinstance(_allowed(lambda: Ledger(db)), StorageError)
+    # a link breaks the path policy (InvalidInput); a non-file is unusable (StateConflict)
+    unsafe = kind in ("symlink", "hardlink")
+    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation if unsafe else StorageError)
     for args in (["create"], ["doctor"]):
         assert_cli_error(*run_cli("--db", str(db), *args, timeout=20),
-                         expected=("StorageError",))
+                         expected=("InvalidInput" if unsafe else "StateConflict",))
     assert victim.read_bytes() == before
 
 
@@ -527,10 +532,12 @@ def test_database_path_aliases_are_refused(tmp_path: Path) -> None:
     (d / "link.sqlite").symlink_to(victim)
     (d / "dir.sqlite").mkdir()
     os.mkfifo(d / "fifo.sqlite", 0o600)
-    for name in ("link.sqlite", "dir.sqlite", "fifo.sqlite"):
-        assert isinstance(_allowed(lambda n=name: Ledger(d / n)), StorageError)
+    for name, error, category in (("link.sqlite", UnsafeLocation, "InvalidInput"),
+                                  ("dir.sqlite", StorageError, "StateConflict"),
+                                  ("fifo.sqlite", StorageError, "StateConflict")):
+        assert isinstance(_allowed(lambda n=name: Ledger(d / n)), error)
         assert_cli_error(*run_cli("--db", str(d / name), "create", timeout=20),
-                         expected=("StorageError",))
+                         expected=(category,))
     assert victim.read_bytes() == before
 
 
@@ -541,7 +548,7 @@ def test_owner_directory_alias_is_refused(tmp_path: Path) -> None:
     with Ledger(db) as ledger:
         task = ledger.create_task()
         os.symlink(elsewhere, str(db) + "-owners")
-        assert isinstance(_allowed(lambda: ledger.start_task(task.id)), StorageError)
+        assert isinstance(_allowed(lambda: ledger.start_task(task.id)), UnsafeLocation)
         assert ledger.get_task(task.id).status == "queued"
         assert os.listdir(elsewhere) == []
 
@@ -569,8 +576,8 @@ def test_unsafe_ancestors_are_refused(tmp_path: Path, case: str) -> None:
         leaf.rmdir()
         leaf.symlink_to(open_dir)
     db = leaf / "tasks.sqlite"
-    assert isinstance(_allowed(lambda: Ledger(db)), StorageError)
-    assert_cli_error(*run_cli("--db", str(db), "create"), expected=("StorageError",))
+    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation)
+    assert_cli_error(*run_cli("--db", str(db), "create"), expected=("InvalidInput",))
     assert not db.exists()
 
 
@@ -590,5 +597,6 @@ def test_everything_exported_is_covered() -> None:
     assert set(task_state_guard.__all__) == {
         "DeliveryStatus", "Heartbeater", "InvalidInput", "Ledger", "LedgerBusy", "LedgerError",
         "ReconcilePolicy", "StateConflict", "StorageError", "Task", "TaskNotFound",
-        "TaskStatus", "__version__", "payload_fingerprint", "reconcile_restart"}
+        "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
+        "reconcile_restart"}
     json.dumps(task_state_guard.__version__)

@@ -63,16 +63,25 @@ class MTask:
     timeout_seconds: float | None
     created_at: float
     status: str = "queued"
-    code: str | None = None
+    terminal_code: str | None = None
     delivery_status: str = "pending"
     delivery_code: str | None = None
     started_at: float | None = None
     heartbeat_at: float | None = None
-    closed_at: float | None = None
-    delivery_closed_at: float | None = None
+    ended_at: float | None = None
+    delivery_closed_at: float | None = None  # delivery_updated_at is created_at until then
     deadline_at: float | None = None
-    updated_at: float = 0.0
+    updated_at: float = 0.0  # last task-state change or heartbeat
+    version: int = 0  # state and delivery changes; heartbeats and repeats do not count
     owner: tuple[str, int] | None = None  # ("self", 0) or ("helper", generation)
+
+    @property
+    def delivery_updated_at(self) -> float:
+        return self.created_at if self.delivery_closed_at is None else self.delivery_closed_at
+
+    @property
+    def last_change(self) -> float:
+        return max(self.updated_at, self.delivery_updated_at)
 
     def events(self) -> int:
         return (1 + (self.started_at is not None) + (self.status in TERMINAL)
@@ -115,6 +124,7 @@ class RefModel:
         if t.status != "queued":
             raise StateConflict
         t.status, t.started_at, t.updated_at, t.owner = "running", now, now, owner
+        t.version += 1
         t.deadline_at = None if t.timeout_seconds is None else now + t.timeout_seconds
         return t
 
@@ -122,7 +132,7 @@ class RefModel:
         t = self.get(tid)
         if t.status != "running":
             raise StateConflict
-        t.heartbeat_at = now
+        t.heartbeat_at = t.updated_at = now
         return t
 
     def heartbeat_many(self, now: float, ids: list[str]) -> int:
@@ -130,7 +140,7 @@ class RefModel:
         for tid in ids:
             t = self.tasks.get(tid)
             if t is not None and t.status == "running":
-                t.heartbeat_at = now
+                t.heartbeat_at = t.updated_at = now
                 count += 1
         return count
 
@@ -145,7 +155,8 @@ class RefModel:
             return t
         if not valid:
             raise InvalidInput
-        t.status, t.code, t.closed_at, t.updated_at = state, code, now, now
+        t.status, t.terminal_code, t.ended_at, t.updated_at = state, code, now, now
+        t.version += 1
         return t
 
     def deliver(self, now: float, tid: str, state: str, code: str | None) -> MTask:
@@ -164,7 +175,8 @@ class RefModel:
         if not valid:
             raise InvalidInput
         t.delivery_status, t.delivery_code = state, code
-        t.delivery_closed_at = t.updated_at = now
+        t.delivery_closed_at = now
+        t.version += 1
         return t
 
     def reconcile(self, now: float, active_grace: float, delivery_grace: float,
@@ -207,14 +219,15 @@ class RefModel:
                 continue
             counts["tasks_timed_out"] += 1
             timed_out.add(tid)
-            t.status, t.code, t.closed_at, t.updated_at = "timed_out", code, now, now
+            t.status, t.terminal_code, t.ended_at, t.updated_at = "timed_out", code, now, now
+            t.version += 1
         for tid in self.order:
             t = tasks[tid]
             if t.status not in TERMINAL or t.delivery_status != "pending":
                 continue
             counts["pending_delivery_examined"] += 1
-            assert t.closed_at is not None
-            if t.closed_at > now - delivery_grace:
+            assert t.ended_at is not None
+            if t.ended_at > now - delivery_grace:
                 counts["pending_delivery_retained"] += 1
                 continue
             if t.delivery_required:
@@ -223,7 +236,8 @@ class RefModel:
             else:
                 counts["deliveries_not_applicable"] += 1
                 t.delivery_status, t.delivery_code = "not_applicable", "internal_task"
-            t.delivery_closed_at = t.updated_at = now
+            t.delivery_closed_at = now
+            t.version += 1
         return {**counts, "dry_run": not apply, "applied": apply}
 
     def prune(self, now: float, age: float, apply: bool) -> dict[str, Any]:
@@ -233,7 +247,7 @@ class RefModel:
         for tid in self.order:
             root = self.tasks[tid]
             if (root.parent_id is not None or root.delivery_status == "pending"
-                    or root.updated_at > cutoff):
+                    or root.last_change > cutoff):
                 continue
             tree, frontier = [], [tid]
             while frontier:
@@ -241,7 +255,7 @@ class RefModel:
                 tree.append(cur)
                 frontier.extend(c for c in self.order if self.tasks[c].parent_id == cur)
             if all(self.tasks[c].status in TERMINAL and self.tasks[c].delivery_status != "pending"
-                   and self.tasks[c].updated_at <= cutoff for c in tree):
+                   and self.tasks[c].last_change <= cutoff for c in tree):
                 out["trees_deleted"] += 1
                 out["tasks_deleted"] += len(tree)
                 out["events_deleted"] += sum(self.tasks[c].events() for c in tree)
@@ -345,14 +359,14 @@ class LedgerVsModel(RuleBasedStateMachine):
         return data.draw(st.sampled_from(list(self.model.order)))
 
     def compare(self, task: Any, m: MTask) -> None:
-        got = (task.id, task.parent_id, task.status, task.code, task.delivery_required,
+        got = (task.id, task.parent_id, task.status, task.terminal_code, task.delivery_required,
                task.delivery_status, task.delivery_code, task.timeout_seconds, task.deadline_at,
-               task.created_at, task.started_at, task.heartbeat_at, task.closed_at,
-               task.delivery_closed_at, task.updated_at, task.has_owner)
-        want = (m.id, m.parent_id, m.status, m.code, m.delivery_required, m.delivery_status,
-                m.delivery_code, m.timeout_seconds, m.deadline_at, m.created_at, m.started_at,
-                m.heartbeat_at, m.closed_at, m.delivery_closed_at, m.updated_at,
-                m.owner is not None)
+               task.created_at, task.started_at, task.heartbeat_at, task.ended_at,
+               task.delivery_updated_at, task.updated_at, task.has_owner, task.version)
+        want = (m.id, m.parent_id, m.status, m.terminal_code, m.delivery_required,
+                m.delivery_status, m.delivery_code, m.timeout_seconds, m.deadline_at,
+                m.created_at, m.started_at, m.heartbeat_at, m.ended_at, m.delivery_updated_at,
+                m.updated_at, m.owner is not None, m.version)
         assert got == want
 
     # -- rules
@@ -526,7 +540,7 @@ class LedgerVsModel(RuleBasedStateMachine):
             max(x for x in (t.started_at, t.heartbeat_at) if x is not None) <= self.now - 600
             for t in running)
         doctor = self.ledger.doctor()
-        assert doctor["healthy"], doctor["findings"]
+        assert doctor["healthy"], doctor
         assert doctor["task_count"] == len(tasks)
         assert doctor["event_count"] == sum(t.events() for t in tasks)
 

@@ -74,7 +74,7 @@ def _free_text_is_rejected(ledger: Ledger, tid: str) -> int:
         lambda: ledger.prune(CANARY),  # type: ignore[arg-type]
         lambda: ledger.status(active_grace_seconds=CANARY),  # type: ignore[arg-type]
         lambda: ReconcilePolicy(active_grace_seconds=CANARY),  # type: ignore[arg-type]
-        lambda: payload_fingerprint(CANARY),  # type: ignore[arg-type]
+        lambda: payload_fingerprint([CANARY]),  # type: ignore[arg-type]
     ]
     rejected = 0
     for offer in offers:
@@ -110,9 +110,9 @@ def test_core_run_with_canaries_leaves_no_trace() -> None:
         outputs.append(json.dumps(ledger.doctor()))
         outputs.append(repr(ledger.get_task(parent.id)))
     cli_args = [
-        ["create", "--name", CANARY], ["create", "--payload-hash", CANARY],
-        ["create", "--id", CANARY], ["close", child.id, "failed", "--code", CANARY],
-        ["delivery", child.id, CANARY], ["tasks", "--status", CANARY],
+        ["create", "--name", CANARY], ["create", "--payload-sha256", CANARY],
+        ["create", "--id", CANARY], ["close", child.id, "--status", "failed", "--code", CANARY],
+        ["delivery", child.id, "--status", CANARY], ["tasks", "--status", CANARY],
         ["reconcile", "--active-grace-seconds", CANARY], ["get", parent.id],
         ["children", parent.id], ["status"], ["status", "--format", "text"], ["metrics"],
         ["doctor"], ["reconcile", "--dry-run"], ["prune", "--older-than", "0", "--dry-run"],

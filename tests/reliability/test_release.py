@@ -22,7 +22,7 @@ def test_core_builds_reproducibly_and_installs_offline(tmp_path: Path) -> None:
     assert built["ok"], built
     assert built["reproducible"] and built["mismatches"] == []
     assert sorted(a["file"] for a in built["artifacts"]) == [
-        "task_state_guard-0.1.0-py3-none-any.whl", "task_state_guard-0.1.0.tar.gz"]
+        "task_state_guard-0.2.0-py3-none-any.whl", "task_state_guard-0.2.0.tar.gz"]
     result = smoke.run(dist, ["core"])
     print(json.dumps(result, sort_keys=True))
     assert result["ok"], result

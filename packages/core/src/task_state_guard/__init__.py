@@ -18,11 +18,12 @@ from .model import (
     Task,
     TaskNotFound,
     TaskStatus,
+    UnsafeLocation,
     payload_fingerprint,
 )
 from .reconcile import ReconcilePolicy, reconcile_restart
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DeliveryStatus",
@@ -37,6 +38,7 @@ __all__ = [
     "Task",
     "TaskNotFound",
     "TaskStatus",
+    "UnsafeLocation",
     "__version__",
     "payload_fingerprint",
     "reconcile_restart",

@@ -3,7 +3,10 @@
 Except for ``--help``, ``--version`` and ``metrics``/``status --format text``, every outcome is one
 compact, key-sorted JSON line on stdout and nothing on stderr. Exit codes: 0 success (healthy
 doctor), 1 unhealthy doctor, 2 input/storage/state error, 3 unexpected internal error. Rejected
-values, paths and exception texts are never echoed: errors name only their class.
+values, paths and exception texts are never echoed: errors name only their category, one of
+0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
+``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
+``InternalError``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .ledger import Ledger
-from .model import InvalidInput, LedgerError, canonical_id, check_seconds
+from .model import (
+    InvalidInput,
+    LedgerError,
+    StateConflict,
+    TaskNotFound,
+    canonical_id,
+    check_seconds,
+)
 from .reconcile import ReconcilePolicy, reconcile_restart
 from .status import format_prometheus, format_text
 
@@ -78,14 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--timeout-seconds")
     create.add_argument("--internal", action="store_true", help="no direct delivery obligation")
     create.add_argument("--name", help="identifier label (framework task/actor/graph name)")
-    create.add_argument("--payload-hash", help="optional SHA-256 hex fingerprint")
+    create.add_argument("--payload-sha256", help="optional SHA-256 hex fingerprint")
     for name, text in (("start", "queued -> running"), ("heartbeat", "refresh a running task")):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("task_id")
     for name, text in (("close", "close a task"), ("delivery", "close a task's delivery")):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("task_id")
-        cmd.add_argument("state")
+        cmd.add_argument("--status", required=True, help="the terminal (delivery) state")
         cmd.add_argument("--code")
     reconcile = sub.add_parser("reconcile", help="time out stale tasks, settle overdue deliveries")
     reconcile.add_argument("--active-grace-seconds")
@@ -95,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("get", "children"):
         cmd = sub.add_parser(name, help=f"{name} by task id")
         cmd.add_argument("task_id")
+        cmd.add_argument("--extras", action="store_true",
+                         help="add name, heartbeat_at and has_owner to each task")
     tasks = sub.add_parser("tasks", help="ids of tasks in a state")
     tasks.add_argument("--status", required=True)
     tasks.add_argument("--stale-seconds")
@@ -145,27 +157,28 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     ledger = _open(args)
     try:
         if command == "init":
-            return {"ok": True, "init": {"schema_version": ledger.schema_version}}, 0
+            return {"ok": True, "storage": ledger.storage_info()}, 0
         if command == "create":
             timeout = None if args.timeout_seconds is None else _seconds(
                 args.timeout_seconds, "", 0.0, "timeout_seconds")
             task = ledger.create_task(
                 task_id=args.task_id, parent_id=args.parent, timeout_seconds=timeout,
                 delivery_required=not args.internal, name=args.name,
-                payload_hash=args.payload_hash,
+                payload_hash=args.payload_sha256,
             )
         elif command == "start":
             task = ledger.start_task(args.task_id, owner=False)
         elif command == "heartbeat":
             task = ledger.heartbeat(args.task_id)
         elif command == "close":
-            task = ledger.close_task(args.task_id, args.state, code=args.code)
+            task = ledger.close_task(args.task_id, args.status, code=args.code)
         elif command == "delivery":
-            task = ledger.set_delivery(args.task_id, args.state, code=args.code)
+            task = ledger.set_delivery(args.task_id, args.status, code=args.code)
         elif command == "get":
-            task = ledger.get_task(args.task_id)
+            return {"ok": True, "task": ledger.get_task(args.task_id).to_dict(
+                extras=args.extras)}, 0
         elif command == "children":
-            children = [t.to_dict() for t in ledger.children_of(args.task_id)]
+            children = [t.to_dict(extras=args.extras) for t in ledger.children_of(args.task_id)]
             return {"ok": True, "children": children}, 0
         elif command == "tasks":
             stale = None if args.stale_seconds is None else _seconds(
@@ -186,7 +199,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
             return {"ok": True, "reconcile": report}, 0
         elif command == "doctor":
             report = ledger.doctor()
-            return {"ok": report["healthy"], "doctor": report}, 0 if report["healthy"] else 1
+            return {"ok": report["healthy"], **report}, 0 if report["healthy"] else 1
         elif command in ("status", "metrics"):
             grace = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                              DEFAULT_ACTIVE_GRACE, "active grace")
@@ -204,6 +217,14 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
         return {"ok": True, "task": task.to_dict()}, 0
     finally:
         ledger.close()
+
+
+def error_category(exc: LedgerError) -> str:
+    """The 0.1.0 error name the CLI prints for ``exc``."""
+    for category in (InvalidInput, TaskNotFound, StateConflict):
+        if isinstance(exc, category):
+            return category.__name__
+    return "StateConflict"
 
 
 def _emit(payload: dict[str, Any] | str) -> None:
@@ -225,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         payload, code = _run(args)
     except LedgerError as exc:
-        _emit({"error": type(exc).__name__, "ok": False})
+        _emit({"error": error_category(exc), "ok": False})
         return 2
     except Exception:
         _emit({"error": "InternalError", "ok": False})

@@ -290,6 +290,7 @@ def _connect_read_only(
     else:
         conn = _snapshot(path, snapshot_max_bytes)
     try:
+        conn.execute("PRAGMA foreign_keys=ON")  # reported by storage_info; nothing is written
         conn.execute("PRAGMA query_only=1")
         # The first read: from here on this connection's shared lock keeps a live ledger's
         # WAL in place (the last writer to close would otherwise remove it under us).

@@ -1,5 +1,10 @@
 """Counts-only health check: integrity, exact schema, state semantics, timestamps, event chains.
 
+The report (0.1.0's keys): ``healthy``, ``schema_version``, ``schema_ok``, ``quick_check``
+(``"ok"`` or ``"failed"``), ``task_count``, ``event_count``, ``task_status_counts`` and
+``delivery_status_counts`` (every state, zeros included), and one integer ``*_count`` per class
+of finding.
+
 Memory stays bounded whatever the ledger size: state and code rules are judged once per distinct
 row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
 evaluated inside SQLite, and identifiers are checked in one streaming pass. Findings are counts;
@@ -21,7 +26,6 @@ if TYPE_CHECKING:
 
 _FINDINGS = (
     "integrity_errors",
-    "schema_mismatch",
     "foreign_key_violations",
     "orphan_events",
     "invalid_ids",
@@ -33,6 +37,22 @@ _FINDINGS = (
     "parent_cycles",
     "event_chain_mismatches",
 )
+#: The report key of each finding class.
+_COUNT_KEYS = {
+    "integrity_errors": "integrity_error_count",
+    "foreign_key_violations": "foreign_key_violation_count",
+    "orphan_events": "orphan_event_count",
+    "invalid_ids": "invalid_id_count",
+    "invalid_values": "invalid_value_count",
+    "invalid_states": "invalid_state_count",
+    "invalid_codes": "invalid_code_count",
+    "invalid_timestamps": "invalid_timestamp_count",
+    "parent_order_violations": "parent_order_violation_count",
+    "parent_cycles": "parent_cycle_count",
+    "event_chain_mismatches": "event_chain_mismatch_count",
+}
+_TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
+_DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NAME = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -46,35 +66,38 @@ def _fin(column: str) -> str:
 
 _TIMES_OK = f"""coalesce((
     {_fin("created_at")} AND {_fin("updated_at")} AND updated_at >= created_at
-    AND (timeout_seconds IS NULL OR ({_fin("timeout_seconds")} AND timeout_seconds > 0
+    AND (timeout_seconds IS NULL OR ({_fin("timeout_seconds")} AND timeout_seconds >= 0
          AND timeout_seconds <= 1e10))
     AND (started_at IS NULL OR ({_fin("started_at")} AND started_at >= created_at
          AND updated_at >= started_at))
-    AND (closed_at IS NULL OR ({_fin("closed_at")}
-         AND closed_at >= coalesce(started_at, created_at) AND updated_at >= closed_at))
-    AND (delivery_closed_at IS NULL OR ({_fin("delivery_closed_at")}
-         AND delivery_closed_at >= coalesce(closed_at, started_at, created_at)
-         AND updated_at >= delivery_closed_at))
+    AND (ended_at IS NULL OR ({_fin("ended_at")}
+         AND ended_at >= coalesce(started_at, created_at) AND updated_at >= ended_at))
+    AND {_fin("delivery_updated_at")}
+    AND CASE WHEN delivery_status = 'pending' THEN delivery_updated_at = created_at
+        ELSE delivery_updated_at >= coalesce(ended_at, started_at, created_at) END
     AND (heartbeat_at IS NULL OR ({_fin("heartbeat_at")} AND started_at IS NOT NULL
-         AND heartbeat_at >= started_at AND (closed_at IS NULL OR heartbeat_at <= closed_at)))
+         AND heartbeat_at >= started_at AND updated_at >= heartbeat_at
+         AND (ended_at IS NULL OR heartbeat_at <= ended_at)))
     AND (deadline_at IS NULL OR ({_fin("deadline_at")} AND started_at IS NOT NULL
          AND timeout_seconds IS NOT NULL AND deadline_at = started_at + timeout_seconds))
     AND NOT (started_at IS NOT NULL AND timeout_seconds IS NOT NULL AND deadline_at IS NULL)
     ), 0)"""
 
 # One row per distinct shape: states, codes, which optional fields are set, timestamps valid.
-_SHAPES = f"""SELECT status, code, delivery_status, delivery_code, delivery_required,
-    started_at IS NULL, heartbeat_at IS NULL, closed_at IS NULL, delivery_closed_at IS NULL,
+_SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,
+    started_at IS NULL, heartbeat_at IS NULL, ended_at IS NULL,
     deadline_at IS NULL, owner IS NULL, {_TIMES_OK}, count(*)
-    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"""
+    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
 
-_VALUES = "SELECT id, parent_id, name, owner, payload_hash FROM tsg_tasks"
+_VALUES = "SELECT id, parent_id, name, owner, payload_hash, version FROM tsg_tasks"
 
 # A task's events must be exactly: created, started (if it started), closed (if terminal),
-# delivery (if its delivery closed), each with the task's own state, code and time.
+# delivery (if its delivery closed), each with the task's own state, code and time; and the
+# task's version counts at least those changes (a 0.1.0 ledger may have counted more).
 _EVENT_CHAINS = f"""SELECT count(*) FROM (
     SELECT 1 + (t.started_at IS NOT NULL) + (t.status IN ({_TERMINAL}))
           + (t.delivery_status != 'pending') AS expected,
+        t.version AS version,
         count(e.task_seq) AS actual,
         coalesce(sum(CASE e.step
             WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
@@ -82,14 +105,16 @@ _EVENT_CHAINS = f"""SELECT count(*) FROM (
             WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
                  AND e.at = t.started_at
             WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
-                 AND t.status IN ({_TERMINAL}) AND e.code IS t.code AND e.at = t.closed_at
+                 AND t.status IN ({_TERMINAL}) AND e.code IS t.terminal_code
+                 AND e.at = t.ended_at
             WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
                  AND t.delivery_status != 'pending' AND e.code IS t.delivery_code
-                 AND e.at = t.delivery_closed_at
+                 AND e.at = t.delivery_updated_at
             ELSE 0 END), 0) AS matching
     FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
     GROUP BY t.seq)
-    WHERE actual != expected OR matching != expected"""
+    WHERE actual != expected OR matching != expected
+        OR typeof(version) != 'integer' OR version < expected - 1"""
 
 _ORPHAN_EVENTS = (
     "SELECT count(*) FROM tsg_events e "
@@ -104,7 +129,7 @@ _PARENT_ORDER = (
 
 def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
     """Judge one distinct shape: (states consistent, codes in the registry)."""
-    (status, code, delivery, dcode, required, no_start, no_beat, no_close, no_dclose,
+    (status, code, delivery, dcode, required, no_start, no_beat, no_close,
      no_deadline, no_owner) = shape
     codes_ok = (code is None or code in TASK_CODES.get(status, ())) and (
         dcode is None or dcode in DELIVERY_CODES.get(delivery, ())
@@ -120,9 +145,9 @@ def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
     if status in ("queued", "running") and delivery != "pending":
         ok = False
     if delivery == "pending":
-        ok = ok and no_dclose and dcode is None
+        ok = ok and dcode is None
     else:
-        ok = ok and not no_dclose and (delivery == "not_applicable") != (required == 1)
+        ok = ok and (delivery == "not_applicable") != (required == 1)
     return bool(ok), bool(codes_ok)
 
 
@@ -142,7 +167,7 @@ def _check_values(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
     uuid_ok, name_ok = _UUID.fullmatch, _NAME.fullmatch
     known_names: set[str] = set()
     bad_ids = bad_values = 0
-    for task_id, parent, name, owner, payload in conn.execute(_VALUES):
+    for task_id, parent, name, owner, payload, version in conn.execute(_VALUES):
         if not (type(task_id) is str and uuid_ok(task_id)) or (
             parent is not None and not (type(parent) is str and uuid_ok(parent))
         ):
@@ -154,8 +179,11 @@ def _check_values(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
             else:
                 bad_values += 1
                 continue
-        if (owner is not None and not (type(owner) is str and _HEX32.fullmatch(owner))) or (
-            payload is not None and not (type(payload) is str and _HEX64.fullmatch(payload))
+        if (
+            (owner is not None and not (type(owner) is str and _HEX32.fullmatch(owner)))
+            or (payload is not None and not (type(payload) is str and _HEX64.fullmatch(payload)))
+            or type(version) is not int
+            or version < 0
         ):
             bad_values += 1
     findings["invalid_ids"] = bad_ids
@@ -184,20 +212,40 @@ def _cycles(conn: sqlite3.Connection) -> tuple[int, int]:
     return len(suspects), len(cycles)
 
 
+_STATUS_COUNTS = "SELECT status, delivery_status, count(*) FROM tsg_tasks GROUP BY 1, 2"
+
+
+def _state_counts(conn: sqlite3.Connection) -> tuple[dict[str, int], dict[str, int]]:
+    tasks = dict.fromkeys(_TASK_ORDER, 0)
+    deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
+    for status, delivery, count in conn.execute(_STATUS_COUNTS):
+        if status in tasks:
+            tasks[status] += count
+        if delivery in deliveries:
+            deliveries[delivery] += count
+    return tasks, deliveries
+
+
 def run_doctor(ledger: Ledger) -> dict[str, Any]:
-    """Check the whole ledger and return counts only."""
+    """Check the whole ledger and return counts only (see the module docstring)."""
     findings = dict.fromkeys(_FINDINGS, 0)
     task_count = event_count = 0
-    version: int | None = None
+    fmt: str | None = None
+    checked = False
+    integrity_ok = False
+    tasks = dict.fromkeys(_TASK_ORDER, 0)
+    deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
     with ledger._read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
-            findings["integrity_errors"] = 0 if integrity == ["ok"] else len(integrity)
-            version = schema.detect_version(conn, "main")
-            findings["schema_mismatch"] = 0 if version in (1, 2) else 1
-            if not findings["schema_mismatch"]:
+            integrity_ok = integrity == ["ok"]
+            findings["integrity_errors"] = 0 if integrity_ok else len(integrity)
+            fmt = schema.detect_format(conn, "main")
+            checked = True
+            if fmt in schema.KNOWN:
                 task_count = _count(conn, "SELECT count(*) FROM tsg_tasks")
                 event_count = _count(conn, "SELECT count(*) FROM tsg_events")
+                tasks, deliveries = _state_counts(conn)
                 findings["foreign_key_violations"] = len(
                     conn.execute("PRAGMA foreign_key_check").fetchall()
                 )
@@ -207,13 +255,21 @@ def run_doctor(ledger: Ledger) -> dict[str, Any]:
                 findings["event_chain_mismatches"] = _count(conn, _EVENT_CHAINS)
                 findings["parent_order_violations"], findings["parent_cycles"] = _cycles(conn)
         except sqlite3.DatabaseError as exc:
-            if version is None:
+            if not checked:
                 raise translate(exc) from None
             findings["integrity_errors"] += 1  # damaged beyond what the checks could read
-    return {
-        "healthy": not any(findings.values()),
-        "schema_version": version if version in (1, 2) else None,
+            integrity_ok = False
+    schema_ok = fmt in schema.KNOWN
+    report: dict[str, Any] = {
+        "healthy": schema_ok and not any(findings.values()),
+        "schema_version": schema.STORED_VERSION[fmt] if fmt in schema.KNOWN else None,
+        "schema_ok": schema_ok,
+        "quick_check": "ok" if integrity_ok and not findings["integrity_errors"] else "failed",
         "task_count": task_count,
         "event_count": event_count,
-        "findings": findings,
+        "task_status_counts": tasks,
+        "delivery_status_counts": deliveries,
     }
+    for name, count in findings.items():
+        report[_COUNT_KEYS[name]] = count
+    return report

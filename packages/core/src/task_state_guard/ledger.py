@@ -20,6 +20,7 @@ from .model import (
     TASK_CODES,
     TASK_STATES,
     TERMINAL_STATES,
+    DeliveryStatus,
     InvalidInput,
     LedgerBusy,
     LedgerError,
@@ -27,6 +28,7 @@ from .model import (
     StorageError,
     Task,
     TaskNotFound,
+    TaskStatus,
     canonical_id,
     check_code,
     check_code_shape,
@@ -43,9 +45,9 @@ if TYPE_CHECKING:
     from .reconcile import ReconcilePolicy
 
 TASK_COLUMNS = (
-    "seq, id, parent_id, name, status, code, delivery_required, delivery_status, delivery_code, "
-    "timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, closed_at, "
-    "delivery_closed_at, updated_at, owner, payload_hash"
+    "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
+    "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
+    "ended_at, delivery_updated_at, updated_at, owner, payload_hash, version"
 )
 _SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
 _RETURNING = f" RETURNING {TASK_COLUMNS}"
@@ -56,33 +58,35 @@ _RETURNING = f" RETURNING {TASK_COLUMNS}"
 # its event. When the guard refuses, the same transaction reads the row to explain why.
 _INSERT_TASK = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
-    "payload_hash, timeout_seconds, created_at, updated_at) "
-    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1 WHERE ?3 IS NULL OR EXISTS "
+    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at) "
+    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1, ?1 WHERE ?3 IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = ?3 AND created_at <= ?1) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
+# updated_at is the last task-state change or heartbeat; a delivery change moves only
+# delivery_updated_at. version counts state and delivery changes (heartbeats do not count).
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = ?1, deadline_at = ?1 + timeout_seconds, "
-    "owner = ?3, updated_at = ?1 WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at"
-    + _RETURNING
+    "owner = ?3, updated_at = ?1, version = version + 1 "
+    "WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at" + _RETURNING
 )
 _HEARTBEAT = (
-    "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
+    "UPDATE tsg_tasks SET heartbeat_at = ?1, updated_at = ?1 WHERE id = ?2 AND status = 'running' "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
 )
 _CLOSE = (
-    "UPDATE tsg_tasks SET status = ?3, code = ?4, closed_at = ?1, updated_at = ?1 "
-    "WHERE id = ?2 AND status IN ('queued','running') AND ?1 >= updated_at "
-    "AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
+    "UPDATE tsg_tasks SET status = ?3, terminal_code = ?4, ended_at = ?1, updated_at = ?1, "
+    "version = version + 1 WHERE id = ?2 AND status IN ('queued','running') "
+    "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
 )
 _DELIVER = (
-    "UPDATE tsg_tasks SET delivery_status = ?3, delivery_code = ?4, delivery_closed_at = ?1, "
-    "updated_at = ?1 WHERE id = ?2 AND delivery_status = 'pending' "
+    "UPDATE tsg_tasks SET delivery_status = ?3, delivery_code = ?4, delivery_updated_at = ?1, "
+    "version = version + 1 WHERE id = ?2 AND delivery_status = 'pending' "
     "AND status IN ('succeeded','failed','timed_out','cancelled') AND delivery_required = ?5 "
-    "AND ?1 >= updated_at" + _RETURNING
+    "AND ?1 >= updated_at AND ?1 >= delivery_updated_at" + _RETURNING
 )
 _HEARTBEAT_MANY = (
-    "UPDATE tsg_tasks SET heartbeat_at = ?1 WHERE id = ?2 AND status = 'running' "
+    "UPDATE tsg_tasks SET heartbeat_at = ?1, updated_at = ?1 WHERE id = ?2 AND status = 'running' "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)"
 )
 
@@ -118,22 +122,23 @@ def row_to_task(row: tuple[Any, ...]) -> Task:
     return Task(
         id=row[1],
         parent_id=row[2],
-        name=row[3],
-        status=row[4],
-        code=row[5],
+        status=TaskStatus(row[4]),
+        delivery_status=DeliveryStatus(row[7]),
         delivery_required=bool(row[6]),
-        delivery_status=row[7],
-        delivery_code=row[8],
+        payload_hash=row[18],
         timeout_seconds=_float(row[9]),
-        deadline_at=_float(row[10]),
         created_at=float(row[11]),
         started_at=_float(row[12]),
-        heartbeat_at=_float(row[13]),
-        closed_at=_float(row[14]),
-        delivery_closed_at=_float(row[15]),
         updated_at=float(row[16]),
+        ended_at=_float(row[14]),
+        deadline_at=_float(row[10]),
+        delivery_updated_at=float(row[15]),
+        terminal_code=row[5],
+        delivery_code=row[8],
+        version=int(row[19]),
+        name=row[3],
+        heartbeat_at=_float(row[13]),
         has_owner=row[17] is not None,
-        payload_hash=row[18],
     )
 
 
@@ -152,6 +157,10 @@ def row_is_valid(row: tuple[Any, ...]) -> bool:
         and (row[18] is None or (type(row[18]) is str and is_payload_hash(row[18])))
         and row[6] in (0, 1)
         and row[11] is not None
+        and row[15] is not None
+        and row[16] is not None
+        and type(row[19]) is int
+        and row[19] >= 0
     ):
         return False
     for value in row[9:17]:  # timeout, deadline and every timestamp: None or a finite number
@@ -166,8 +175,8 @@ def _float(value: Any) -> float | None:
 
 
 def _clock_behind(row: tuple[Any, ...], now: float) -> bool:
-    """True when ``now`` is earlier than the task's last change or heartbeat."""
-    return now < row[16] or (row[13] is not None and now < row[13])
+    """True when ``now`` is earlier than the task's last change, heartbeat or delivery change."""
+    return now < row[16] or now < row[15] or (row[13] is not None and now < row[13])
 
 
 class Ledger:
@@ -176,6 +185,9 @@ class Ledger:
     Safe to share between threads (one connection per thread, opened lazily) and to use from
     many processes at once; a connection is never reused across ``fork()``.
     """
+
+    #: The schema version this release writes (older known layouts migrate to it on open).
+    SCHEMA_VERSION: int = schema.SCHEMA_VERSION
 
     def __init__(
         self,
@@ -280,23 +292,22 @@ class Ledger:
 
     def _initialize(self, conn: sqlite3.Connection) -> None:
         try:  # judge the schema before anything (even the journal mode) is written
-            if schema.detect_version(conn) is None:
+            if schema.detect_format(conn) is None:
                 raise StorageError("the database holds a foreign or tampered schema")
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         connections.ensure_wal(conn, self._busy_timeout_ms / 1000.0)
         try:
             conn.execute("BEGIN IMMEDIATE")
-            try:
-                version = schema.detect_version(conn)
-                if version == 0:
+            try:  # judged again under the write lock: another process may have migrated it
+                fmt = schema.detect_format(conn)
+                if fmt == schema.EMPTY:
                     schema.create(conn)
-                    version = schema.SCHEMA_VERSION
-                elif version == 1:
-                    schema.migrate_v1(conn)
-                    version = schema.SCHEMA_VERSION
-                elif version is None:
+                elif fmt is None:
                     raise StorageError("the database holds a foreign or tampered schema")
+                elif fmt != schema.V3:
+                    schema.migrate(conn, fmt)  # one transaction: all of it or nothing
+                version = schema.SCHEMA_VERSION
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -314,13 +325,18 @@ class Ledger:
         conn, snapshot = connections.connect_read_only(
             self._path, self._busy_timeout_ms, self._snapshot_max_bytes
         )
+        version: int | None = None
         try:
-            version = schema.detect_version(conn)
-            if version == 1:
-                conn.execute("PRAGMA query_only=0")
-                conn.execute(schema.V1_COMPAT_VIEW)
-                conn.execute("PRAGMA query_only=1")
-            elif version not in (2,) and self._check_schema:
+            fmt = schema.detect_format(conn)
+            if fmt in schema.KNOWN:
+                version = schema.STORED_VERSION[fmt]
+                views = schema.compat_views(fmt)  # temporary: the file is not touched
+                if views:
+                    conn.execute("PRAGMA query_only=0")
+                    for view in views:
+                        conn.execute(view)
+                    conn.execute("PRAGMA query_only=1")
+            elif self._check_schema:
                 raise StorageError("the database holds a foreign or tampered schema")
         except sqlite3.Error as exc:
             conn.close()
@@ -497,7 +513,7 @@ class Ledger:
         timeout = (
             None
             if timeout_seconds is None
-            else check_seconds(timeout_seconds, "timeout_seconds", allow_zero=False)
+            else check_seconds(timeout_seconds, "timeout_seconds", allow_zero=True)
         )
         if not isinstance(delivery_required, bool):
             raise InvalidInput("delivery_required must be a boolean")
@@ -517,21 +533,32 @@ class Ledger:
             self._current(parent)  # TaskNotFound when the parent is missing
             raise StateConflict("clock is earlier than the parent's creation")
         return Task(
-            id=tid, parent_id=parent, name=label, status="queued", code=None,
-            delivery_required=delivery_required, delivery_status="pending", delivery_code=None,
-            timeout_seconds=timeout, deadline_at=None, created_at=now, started_at=None,
-            heartbeat_at=None, closed_at=None, delivery_closed_at=None, updated_at=now,
-            has_owner=False, payload_hash=fingerprint,
+            id=tid, parent_id=parent, status=TaskStatus.QUEUED,
+            delivery_status=DeliveryStatus.PENDING, delivery_required=delivery_required,
+            payload_hash=fingerprint, timeout_seconds=timeout, created_at=now, started_at=None,
+            updated_at=now, ended_at=None, deadline_at=None, delivery_updated_at=now,
+            terminal_code=None, delivery_code=None, version=0, name=label,
         )
 
     def start_task(self, task_id: str | uuid.UUID, *, owner: bool = True) -> Task:
-        """Move a queued task to running; ``owner=True`` records this process as its owner."""
+        """Move a queued task to running; ``owner=True`` records this process as its owner.
+
+        The owner lock directory (``<db>-owners``) is created only for a start with an owner,
+        and only once the task was found queued: a refused start creates nothing.
+        """
         tid = canonical_id(task_id)
         if not isinstance(owner, bool):
             raise InvalidInput("owner must be a boolean")
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
-        token = owners.own_token(self._path) if owner else None
+        token = None
+        if owner:
+            # Judged before the lock file exists; the guarded update below decides for real.
+            # The lock file is made outside the write transaction: its creation never waits
+            # for (or holds up) another connection's write.
+            if self._current(tid)[4] != "queued":
+                raise StateConflict("only a queued task can start")
+            token = owners.own_token(self._path)
         updated, _now, row = self._guarded(_START, tid, token)
         if updated is not None:
             return row_to_task(updated)
@@ -659,7 +686,7 @@ class Ledger:
             "running": "coalesce(heartbeat_at, started_at)",
             "queued": "created_at",
         }.get(state, "updated_at")
-        where = "delivery_closed_at IS NULL AND status = ?" if state in (
+        where = "delivery_status = 'pending' AND status = ?" if state in (
             "queued", "running") else "status = ?"
         with self._read() as conn:
             now = self._now()
@@ -677,12 +704,33 @@ class Ledger:
 
     # ----------------------------------------------------------------- aggregates
     def reconcile(
-        self, policy: ReconcilePolicy | None = None, *, dry_run: bool = False
+        self,
+        policy: ReconcilePolicy | None = None,
+        *,
+        active_grace_seconds: float | None = None,
+        delivery_grace_seconds: float | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Reconcile stale state; see :func:`task_state_guard.reconcile_restart`."""
+        """Reconcile stale state; see :func:`task_state_guard.reconcile_restart`.
+
+        Give the graces as keywords (as in 0.1.0) or as a ``ReconcilePolicy``, not both; a
+        grace left out is 600 s.
+        """
         from .reconcile import ReconcilePolicy, reconcile_restart
 
-        return reconcile_restart(self, policy or ReconcilePolicy(), dry_run=dry_run)
+        graces = {
+            key: value
+            for key, value in (
+                ("active_grace_seconds", active_grace_seconds),
+                ("delivery_grace_seconds", delivery_grace_seconds),
+            )
+            if value is not None
+        }
+        if policy is not None and graces:
+            raise InvalidInput("pass either a policy or grace keywords, not both")
+        if policy is None:
+            policy = ReconcilePolicy(**graces)
+        return reconcile_restart(self, policy, dry_run=dry_run)
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""
@@ -703,10 +751,22 @@ class Ledger:
         return prune(self, older_than_seconds, dry_run=dry_run)
 
     def storage_info(self) -> dict[str, Any]:
-        """Describe the storage permission model in force (no paths)."""
+        """Describe the storage in force (no paths): the permission model (``posix_mode`` or
+        ``external_acl``), SQLite's journal mode, foreign keys and busy timeout, and more."""
         info = storage.storage_info(
             self._path, allow_external_acl=self._allow_external_acl, read_only=self._read_only
         )
+        conn = self._conn()
+        try:
+            journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        if self._read_only and self._snapshot_mode:
+            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
+        info["journal_mode"] = journal
+        info["foreign_keys"] = foreign_keys
+        info["busy_timeout_ms"] = self._busy_timeout_ms
         info["schema_version"] = self.schema_version
         info["read_snapshot"] = bool(self._read_only and self._snapshot_mode)
         return info

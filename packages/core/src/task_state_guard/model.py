@@ -75,15 +75,24 @@ class TaskNotFound(LedgerError):
 
 
 class StateConflict(LedgerError):
-    """The transition is not allowed from the task's current state."""
+    """The transition is not allowed from the task's current state, or the storage is unusable.
+
+    Storage and identity problems (:class:`StorageError`, :class:`LedgerBusy`) are subclasses,
+    as in 0.1.0, where they were raised as ``StateConflict`` itself.
+    """
 
 
-class StorageError(LedgerError):
-    """The database or its location is unsafe, unusable, foreign or unwritable."""
+class StorageError(StateConflict):
+    """The database is unusable, unwritable, full, foreign, replaced or opened read-only."""
 
 
 class LedgerBusy(StorageError):
     """Another connection held the database lock past the busy timeout."""
+
+
+class UnsafeLocation(InvalidInput):
+    """The database location breaks the path or permission policy (links, modes, owners,
+    network filesystems, or a non-POSIX host without ``allow_external_acl=True``)."""
 
 
 _CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -174,35 +183,60 @@ def is_valid_name(value: str) -> bool:
     return bool(_NAME_RE.fullmatch(value))
 
 
-def payload_fingerprint(data: bytes) -> str:
-    """Return the SHA-256 hex digest of ``data`` (pseudonymous, not anonymous)."""
+def payload_fingerprint(data: str | bytes) -> str:
+    """Return the SHA-256 hex digest of ``data`` (a ``str`` is encoded as UTF-8).
+
+    The digest is pseudonymous, not anonymous: low-entropy content can be guessed offline.
+    """
+    if isinstance(data, str):
+        try:
+            return hashlib.sha256(data.encode("utf-8")).hexdigest()
+        except UnicodeEncodeError:
+            raise InvalidInput("payload text must be encodable as UTF-8") from None
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise InvalidInput("payload must be bytes")
+        raise InvalidInput("payload must be str or bytes")
     return hashlib.sha256(data).hexdigest()
+
+
+#: The keys of :meth:`Task.to_dict`, in 0.1.0's set (``payload_hash`` only on request).
+TASK_DICT_KEYS = (
+    "id", "parent_id", "status", "delivery_status", "delivery_required", "has_payload_hash",
+    "timeout_seconds", "created_at", "started_at", "updated_at", "ended_at", "deadline_at",
+    "delivery_updated_at", "terminal_code", "delivery_code", "version",
+)
+#: Extra keys :meth:`Task.to_dict` adds with ``extras=True``.
+TASK_EXTRA_KEYS = ("name", "heartbeat_at", "has_owner")
 
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One task row as stored in the ledger."""
+    """One task row as stored in the ledger.
+
+    ``updated_at`` is the last task-state change or heartbeat; ``delivery_updated_at`` the last
+    delivery change (``created_at`` until the delivery closes); ``version`` counts state and
+    delivery changes (0 at creation; idempotent repeats and heartbeats leave it unchanged).
+    ``name``, ``heartbeat_at`` and ``has_owner`` are this version's additions.
+    """
 
     id: str
     parent_id: str | None
-    name: str | None
-    status: str
-    code: str | None
+    status: TaskStatus
+    delivery_status: DeliveryStatus
     delivery_required: bool
-    delivery_status: str
-    delivery_code: str | None
+    payload_hash: str | None
     timeout_seconds: float | None
-    deadline_at: float | None
     created_at: float
     started_at: float | None
-    heartbeat_at: float | None
-    closed_at: float | None
-    delivery_closed_at: float | None
     updated_at: float
-    has_owner: bool
-    payload_hash: str | None
+    ended_at: float | None
+    deadline_at: float | None
+    delivery_updated_at: float
+    terminal_code: str | None
+    delivery_code: str | None
+    version: int
+    name: str | None = None
+    heartbeat_at: float | None = None
+    has_owner: bool = False
 
     @property
     def is_terminal(self) -> bool:
@@ -214,28 +248,36 @@ class Task:
         """True when an optional payload fingerprint is stored."""
         return self.payload_hash is not None
 
-    def to_dict(self, include_payload_hash: bool = False) -> dict[str, Any]:
-        """Return a JSON-ready mapping; the fingerprint only on explicit request."""
+    def to_dict(
+        self, include_payload_hash: bool = False, *, extras: bool = False
+    ) -> dict[str, Any]:
+        """Return a JSON-ready mapping with 0.1.0's keys.
+
+        The fingerprint itself only with ``include_payload_hash=True``; ``extras=True`` adds
+        ``name``, ``heartbeat_at`` and ``has_owner``.
+        """
         out: dict[str, Any] = {
             "id": self.id,
             "parent_id": self.parent_id,
-            "name": self.name,
-            "status": self.status,
-            "code": self.code,
+            "status": self.status.value,
+            "delivery_status": self.delivery_status.value,
             "delivery_required": self.delivery_required,
-            "delivery_status": self.delivery_status,
-            "delivery_code": self.delivery_code,
+            "has_payload_hash": self.has_payload_hash,
             "timeout_seconds": self.timeout_seconds,
-            "deadline_at": self.deadline_at,
             "created_at": self.created_at,
             "started_at": self.started_at,
-            "heartbeat_at": self.heartbeat_at,
-            "closed_at": self.closed_at,
-            "delivery_closed_at": self.delivery_closed_at,
             "updated_at": self.updated_at,
-            "has_owner": self.has_owner,
-            "has_payload_hash": self.has_payload_hash,
+            "ended_at": self.ended_at,
+            "deadline_at": self.deadline_at,
+            "delivery_updated_at": self.delivery_updated_at,
+            "terminal_code": self.terminal_code,
+            "delivery_code": self.delivery_code,
+            "version": self.version,
         }
         if include_payload_hash:
             out["payload_hash"] = self.payload_hash
+        if extras:
+            out["name"] = self.name
+            out["heartbeat_at"] = self.heartbeat_at
+            out["has_owner"] = self.has_owner
         return out

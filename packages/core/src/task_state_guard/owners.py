@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from .model import StorageError
+from .model import StorageError, UnsafeLocation
 
 LOCK_SUFFIX = ".lock"
 _TMP_SUFFIX = ".tmp"
@@ -76,7 +76,7 @@ def _ensure_directory(directory: str) -> None:
         raise StorageError("cannot create the owner lock directory") from exc
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise StorageError("the owner lock directory is unsafe")
+        raise UnsafeLocation("the owner lock directory is unsafe")
 
 
 def own_token(db_path: str) -> str:

@@ -18,9 +18,9 @@ BATCH = 2000  # roots per transaction
 
 # Candidate roots: delivery closed, last change before the cut-off (a partial index).
 _ROOTS = (
-    "SELECT seq, updated_at FROM tsg_tasks "
-    "WHERE parent_id IS NULL AND delivery_closed_at IS NOT NULL AND updated_at <= ? "
-    "AND (updated_at, seq) > (?, ?) ORDER BY updated_at, seq LIMIT ?"
+    "SELECT seq, delivery_updated_at FROM tsg_tasks "
+    "WHERE parent_id IS NULL AND delivery_status != 'pending' AND delivery_updated_at <= ? "
+    "AND (delivery_updated_at, seq) > (?, ?) ORDER BY delivery_updated_at, seq LIMIT ?"
 )
 
 
@@ -31,7 +31,8 @@ def _trees_sql(count: int) -> str:
         f" SELECT seq, seq, id FROM tsg_tasks WHERE seq IN ({marks})"
         " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
         " JOIN tree ON c.parent_id = tree.id)"
-        " SELECT tree.root, t.seq, t.status, t.delivery_status, t.updated_at,"
+        " SELECT tree.root, t.seq, t.status, t.delivery_status,"
+        " max(t.updated_at, t.delivery_updated_at),"
         " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq)"
         " FROM tree JOIN tsg_tasks t ON t.seq = tree.seq"
     )

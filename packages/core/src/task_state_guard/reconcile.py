@@ -26,8 +26,8 @@ BATCH = 2000
 # their parents, so a parent sees this pass's decisions about its children).
 _OPEN_BATCH = (
     "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
-    "delivery_required, delivery_status, closed_at FROM tsg_tasks "
-    "WHERE delivery_closed_at IS NULL AND seq < ? ORDER BY seq DESC LIMIT ?"
+    "delivery_required, delivery_status, ended_at FROM tsg_tasks "
+    "WHERE delivery_status = 'pending' AND seq < ? ORDER BY seq DESC LIMIT ?"
 )
 _ACTIVE_CHILDREN = (
     "SELECT parent_id, seq, status FROM tsg_tasks "
@@ -35,12 +35,12 @@ _ACTIVE_CHILDREN = (
 )
 # The schema's triggers write the matching events.
 _TIME_OUT = (
-    "UPDATE tsg_tasks SET status = 'timed_out', code = ?, closed_at = ?, updated_at = ? "
-    "WHERE seq = ?"
+    "UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, updated_at = ?, "
+    "version = version + 1 WHERE seq = ?"
 )
 _CLOSE_DELIVERY = (
-    "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_closed_at = ?, "
-    "updated_at = ? WHERE seq = ?"
+    "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_updated_at = ?, "
+    "version = version + 1 WHERE seq = ?"
 )
 _TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
@@ -155,7 +155,7 @@ class _Pass:
                 [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
             )
             timeouts: list[tuple[str, float, float, int]] = []
-            deliveries: list[tuple[str, str, float, float, int]] = []
+            deliveries: list[tuple[str, str, float, int]] = []
             for row in rows:
                 seq, status, required, closed = row[0], row[1], row[8], row[10]
                 if status in ("queued", "running"):
@@ -177,10 +177,10 @@ class _Pass:
                     counts["pending_delivery_retained"] += 1
                 elif required:
                     counts["deliveries_failed"] += 1
-                    deliveries.append(("failed", "delivery_grace_expired", now, now, seq))
+                    deliveries.append(("failed", "delivery_grace_expired", now, seq))
                 else:
                     counts["deliveries_not_applicable"] += 1
-                    deliveries.append(("not_applicable", "internal_task", now, now, seq))
+                    deliveries.append(("not_applicable", "internal_task", now, seq))
             if not self.dry_run:
                 if timeouts:
                     conn.executemany(_TIME_OUT, timeouts)
@@ -223,7 +223,7 @@ def _remove_dead_owner_files(ledger: Ledger) -> None:
 
     def referenced(token: str) -> bool:
         row = conn.execute(
-            "SELECT 1 FROM tsg_tasks WHERE delivery_closed_at IS NULL AND status = 'running' "
+            "SELECT 1 FROM tsg_tasks WHERE delivery_status = 'pending' AND status = 'running' "
             "AND owner = ? LIMIT 1",
             (token,),
         ).fetchone()

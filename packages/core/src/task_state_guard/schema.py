@@ -1,4 +1,11 @@
-"""Schema DDL, exact fingerprints and the guarded v1 -> v2 migration."""
+"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema (v3).
+
+Four earlier layouts are recognised, each by its exact schema fingerprint and metadata: our v1
+and v2 (never released) and the layout of the published 0.1.0 (tables ``tasks``,
+``task_events`` and ``schema_meta``). A writable open migrates any of them to v3 in one
+transaction; a read-only open leaves the file as it is and reads it through temporary views
+that present the v3 columns. Anything else fails closed.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,111 @@ from functools import cache
 
 from .model import DELIVERY_CODES, TASK_CODES, StorageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APPLICATION = "task-state-guard"
+
+EMPTY = "empty"
+V1 = "v1"
+V2 = "v2"
+V3 = "v3"
+RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
+#: The schema version each layout stores about itself (0.1.0 called its layout version 2).
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, RELEASE_010: 2}
+KNOWN = frozenset(STORED_VERSION)
+
+_TERMINAL = "('succeeded','failed','timed_out','cancelled')"
+
+# ----------------------------------------------------------------------------- v3 (current)
+
+_TASK_COLUMNS_V3 = """
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    parent_id TEXT REFERENCES tsg_tasks(id),
+    status TEXT NOT NULL CHECK (status IN
+        ('queued','running','succeeded','failed','timed_out','cancelled')),
+    terminal_code TEXT,
+    delivery_required INTEGER NOT NULL CHECK (delivery_required IN (0, 1)),
+    delivery_status TEXT NOT NULL CHECK (delivery_status IN
+        ('pending','delivered','failed','not_applicable')),
+    delivery_code TEXT,
+    payload_hash TEXT,
+    timeout_seconds REAL,
+    deadline_at REAL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    heartbeat_at REAL,
+    ended_at REAL,
+    delivery_updated_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    name TEXT,
+    owner TEXT,
+    version INTEGER NOT NULL DEFAULT 0"""
+
+#: The columns of ``tsg_tasks`` in v3, in table order.
+V3_COLUMNS = (
+    "seq, id, parent_id, status, terminal_code, delivery_required, delivery_status, "
+    "delivery_code, payload_hash, timeout_seconds, deadline_at, created_at, started_at, "
+    "heartbeat_at, ended_at, delivery_updated_at, updated_at, name, owner, version"
+)
+
+_META = "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
+# Events are clustered by task: one B-tree page per transition, read in chain order.
+# No foreign key (it costs every transition a lookup); doctor counts orphan events.
+_EVENTS = """CREATE TABLE tsg_events (
+    task_seq INTEGER NOT NULL,
+    step INTEGER NOT NULL CHECK (step IN (1, 2, 3, 4)),
+    kind TEXT NOT NULL CHECK (kind IN ('created','started','closed','delivery')),
+    state TEXT NOT NULL,
+    code TEXT,
+    at REAL NOT NULL,
+    PRIMARY KEY (task_seq, step)
+) WITHOUT ROWID"""
+
+_TABLES_V3 = [_META, f"CREATE TABLE tsg_tasks ({_TASK_COLUMNS_V3}\n)", _EVENTS]
+
+
+def _event_trigger(name: str, when: str, step: int, kind: str, state: str, code: str,
+                   at: str, event: str = "UPDATE OF status") -> str:
+    return (
+        f"CREATE TRIGGER {name} AFTER {event} ON tsg_tasks{when} BEGIN "
+        "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
+        f"VALUES (NEW.seq, {step}, '{kind}', {state}, {code}, {at}); END"
+    )
+
+
+def _triggers(code: str, ended: str, delivered: str) -> list[str]:
+    """Every state change writes its event in the same statement, enforced by the database."""
+    return [
+        _event_trigger("tsg_event_created", "", 1, "created", "'queued'", "'created'",
+                       "NEW.created_at", event="INSERT"),
+        _event_trigger("tsg_event_started",
+                       " WHEN OLD.status = 'queued' AND NEW.status = 'running'",
+                       2, "started", "'running'", "'started'", "NEW.started_at"),
+        _event_trigger("tsg_event_closed",
+                       " WHEN OLD.status IN ('queued','running') AND NEW.status IN "
+                       "('succeeded','failed','timed_out','cancelled')",
+                       3, "closed", "NEW.status", f"NEW.{code}", f"NEW.{ended}"),
+        _event_trigger("tsg_event_delivery",
+                       " WHEN OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
+                       4, "delivery", "NEW.delivery_status", "NEW.delivery_code",
+                       f"NEW.{delivered}", event="UPDATE OF delivery_status"),
+    ]
+
+
+_INDEXES_V3 = [
+    # Open work: every task whose delivery is still pending (active or awaiting delivery).
+    # start/close never touch this index; only creation and the delivery close do.
+    "CREATE INDEX tsg_tasks_open ON tsg_tasks(seq) WHERE delivery_status = 'pending'",
+    "CREATE INDEX tsg_tasks_parent ON tsg_tasks(parent_id) WHERE parent_id IS NOT NULL",
+    # Prune candidates: closed roots by their last change (the delivery close).
+    """CREATE INDEX tsg_tasks_prunable ON tsg_tasks(delivery_updated_at)
+    WHERE parent_id IS NULL AND delivery_status != 'pending'""",
+    *_triggers("terminal_code", "ended_at", "delivery_updated_at"),
+]
+
+DDL_V3 = [*_TABLES_V3, *_INDEXES_V3]
+
+# ----------------------------------------------------------------------------- v1 and v2
 
 _TASK_COLUMNS_V1 = """
     seq INTEGER PRIMARY KEY,
@@ -31,64 +141,121 @@ _TASK_COLUMNS_V1 = """
     delivery_closed_at REAL,
     updated_at REAL NOT NULL"""
 
-_COMMON = [
-    "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
-    # Events are clustered by task: one B-tree page per transition, read in chain order.
-    # No foreign key (it costs every transition a lookup); doctor counts orphan events.
-    """CREATE TABLE tsg_events (
-    task_seq INTEGER NOT NULL,
-    step INTEGER NOT NULL CHECK (step IN (1, 2, 3, 4)),
-    kind TEXT NOT NULL CHECK (kind IN ('created','started','closed','delivery')),
-    state TEXT NOT NULL,
-    code TEXT,
-    at REAL NOT NULL,
-    PRIMARY KEY (task_seq, step)
-) WITHOUT ROWID""",
-    # Open work: every task whose delivery is still pending (active or awaiting delivery).
-    # start/close never touch this index; only creation and the delivery close do.
+DDL_V1 = [
+    f"CREATE TABLE tsg_tasks ({_TASK_COLUMNS_V1}\n)",
+    _META,
+    _EVENTS,
     "CREATE INDEX tsg_tasks_open ON tsg_tasks(seq) WHERE delivery_closed_at IS NULL",
     "CREATE INDEX tsg_tasks_parent ON tsg_tasks(parent_id) WHERE parent_id IS NOT NULL",
 ]
-
-DDL_V1 = [f"CREATE TABLE tsg_tasks ({_TASK_COLUMNS_V1}\n)", *_COMMON]
-
-
-def _event_trigger(name: str, when: str, step: int, kind: str, state: str, code: str,
-                   at: str, event: str = "UPDATE OF status") -> str:
-    return (
-        f"CREATE TRIGGER {name} AFTER {event} ON tsg_tasks{when} BEGIN "
-        "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        f"VALUES (NEW.seq, {step}, '{kind}', {state}, {code}, {at}); END"
-    )
-
-
-# Every state change writes its event in the same statement, enforced by the database.
-_TRIGGERS = [
-    _event_trigger("tsg_event_created", "", 1, "created", "'queued'", "'created'",
-                   "NEW.created_at", event="INSERT"),
-    _event_trigger("tsg_event_started",
-                   " WHEN OLD.status = 'queued' AND NEW.status = 'running'",
-                   2, "started", "'running'", "'started'", "NEW.started_at"),
-    _event_trigger("tsg_event_closed",
-                   " WHEN OLD.status IN ('queued','running') AND NEW.status IN "
-                   "('succeeded','failed','timed_out','cancelled')",
-                   3, "closed", "NEW.status", "NEW.code", "NEW.closed_at"),
-    _event_trigger("tsg_event_delivery",
-                   " WHEN OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
-                   4, "delivery", "NEW.delivery_status", "NEW.delivery_code",
-                   "NEW.delivery_closed_at", event="UPDATE OF delivery_status"),
-]
-
-_V2_ADDITIONS = [
+DDL_V2 = [
+    *DDL_V1,
     "ALTER TABLE tsg_tasks ADD COLUMN name TEXT",
     "ALTER TABLE tsg_tasks ADD COLUMN owner TEXT",
     """CREATE INDEX tsg_tasks_prunable ON tsg_tasks(updated_at)
     WHERE parent_id IS NULL AND delivery_closed_at IS NOT NULL""",
-    *_TRIGGERS,
+    *_triggers("code", "closed_at", "delivery_closed_at"),
 ]
 
-# v2 is v1 plus the additions, so a fresh v2 ledger and a migrated v1 ledger are identical.
-DDL_V2 = [*DDL_V1, *_V2_ADDITIONS]
+# ----------------------------------------------------------------------------- 0.1.0
+
+# The exact schema of a 0.1.0 ledger (whitespace-normalised), as read from such a file.
+_RELEASE_010_FINGERPRINT = (
+    ("index", "tasks_delivery_idx", "tasks",
+     "CREATE INDEX tasks_delivery_idx ON tasks(delivery_status, ended_at)"),
+    ("index", "tasks_parent_idx", "tasks", "CREATE INDEX tasks_parent_idx ON tasks(parent_id)"),
+    ("index", "tasks_status_idx", "tasks",
+     "CREATE INDEX tasks_status_idx ON tasks(status, updated_at)"),
+    ("table", "schema_meta", "schema_meta",
+     "CREATE TABLE schema_meta ( key TEXT PRIMARY KEY, value TEXT NOT NULL )"),
+    ("table", "task_events", "task_events",
+     "CREATE TABLE task_events ( sequence INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT "
+     "NULL REFERENCES tasks(id), event_kind TEXT NOT NULL CHECK ( event_kind IN ('created',"
+     "'task_transition','delivery_transition') ), from_value TEXT, to_value TEXT NOT NULL, "
+     "occurred_at REAL NOT NULL, code TEXT )"),
+    ("table", "tasks", "tasks",
+     "CREATE TABLE tasks ( id TEXT PRIMARY KEY, parent_id TEXT REFERENCES tasks(id), status "
+     "TEXT NOT NULL CHECK ( status IN ('queued','running','succeeded','failed','timed_out',"
+     "'cancelled') ), delivery_status TEXT NOT NULL CHECK ( delivery_status IN ('pending',"
+     "'delivered','failed','not_applicable') ), delivery_required INTEGER NOT NULL CHECK "
+     "(delivery_required IN (0,1)), payload_hash TEXT CHECK ( payload_hash IS NULL OR ( "
+     "length(payload_hash) = 64 AND payload_hash NOT GLOB '*[^0-9a-f]*' ) ), timeout_seconds "
+     "REAL CHECK (timeout_seconds IS NULL OR timeout_seconds >= 0), created_at REAL NOT NULL, "
+     "started_at REAL, updated_at REAL NOT NULL, ended_at REAL, deadline_at REAL, "
+     "delivery_updated_at REAL NOT NULL, terminal_code TEXT, delivery_code TEXT, version "
+     "INTEGER NOT NULL DEFAULT 0 CHECK (version >= 0), CHECK (parent_id IS NULL OR parent_id "
+     "<> id), CHECK (deadline_at IS NULL OR started_at IS NOT NULL), CHECK ( (status IN "
+     "('queued','running') AND ended_at IS NULL) OR (status IN ('succeeded','failed',"
+     "'timed_out','cancelled') AND ended_at IS NOT NULL) ) )"),
+)
+# 0.1.0 stores its schema version and a digest of its own schema, the same in every file.
+_RELEASE_010_META = {
+    "schema_version": "2",
+    "schema_fingerprint": "50ae209ec97afb360e142cfae85767f575acc2a065103f5b642bfd0c141e08f6",
+}
+
+# ----------------------------------------------------------------------------- v3 views of old data
+
+
+def _tasks_select(fmt: str, source: str) -> str:
+    """A SELECT presenting the task rows of an older layout as v3 columns."""
+    if fmt == RELEASE_010:
+        # 0.1.0 folded heartbeats into updated_at: a running task whose updated_at is later
+        # than its start has had one (nothing else changes a running task).
+        return (
+            "SELECT rowid AS seq, id, parent_id, status, terminal_code, delivery_required, "
+            "delivery_status, delivery_code, payload_hash, timeout_seconds, deadline_at, "
+            "created_at, started_at, CASE WHEN status = 'running' AND updated_at > started_at "
+            "THEN updated_at END AS heartbeat_at, ended_at, delivery_updated_at, updated_at, "
+            f"NULL AS name, NULL AS owner, version FROM {source}"
+        )
+    extra = "name, owner" if fmt == V2 else "NULL AS name, NULL AS owner"
+    return (
+        "SELECT seq, id, parent_id, status, code AS terminal_code, delivery_required, "
+        "delivery_status, delivery_code, payload_hash, timeout_seconds, deadline_at, "
+        "created_at, started_at, heartbeat_at, closed_at AS ended_at, "
+        "coalesce(delivery_closed_at, created_at) AS delivery_updated_at, "
+        "max(created_at, coalesce(started_at, created_at), coalesce(heartbeat_at, created_at), "
+        "coalesce(closed_at, created_at)) AS updated_at, "
+        f"{extra}, (started_at IS NOT NULL) + (status IN {_TERMINAL}) "
+        f"+ (delivery_status != 'pending') AS version FROM {source}"
+    )
+
+
+def _events_select_010(events: str, tasks: str) -> str:
+    """0.1.0's events as v3 event rows; an event v3 cannot carry gets a NULL step."""
+    step = (
+        "CASE WHEN e.event_kind = 'created' AND e.from_value IS NULL "
+        "AND e.to_value = 'queued' AND e.code = 'created' THEN 1 "
+        "WHEN e.event_kind = 'task_transition' AND e.from_value = 'queued' "
+        "AND e.to_value = 'running' AND e.code = 'started' THEN 2 "
+        "WHEN e.event_kind = 'task_transition' AND e.from_value IN ('queued','running') "
+        f"AND e.to_value IN {_TERMINAL} THEN 3 "
+        "WHEN e.event_kind = 'delivery_transition' AND e.from_value = 'pending' "
+        "AND e.to_value IN ('delivered','failed','not_applicable') THEN 4 END"
+    )
+    return (
+        "SELECT task_seq, step, CASE step WHEN 1 THEN 'created' WHEN 2 THEN 'started' "
+        "WHEN 3 THEN 'closed' WHEN 4 THEN 'delivery' END AS kind, state, code, at FROM ("
+        f"SELECT t.rowid AS task_seq, {step} AS step, e.to_value AS state, e.code AS code, "
+        f"e.occurred_at AS at FROM {events} e LEFT JOIN {tasks} t ON t.id = e.task_id)"
+    )
+
+
+def compat_views(fmt: str) -> list[str]:
+    """Temporary views that let a read-only connection read an older layout as v3."""
+    if fmt in (V1, V2):
+        return [f"CREATE TEMP VIEW tsg_tasks AS {_tasks_select(fmt, 'main.tsg_tasks')}"]
+    if fmt == RELEASE_010:
+        return [
+            f"CREATE TEMP VIEW tsg_tasks AS {_tasks_select(fmt, 'main.tasks')}",
+            "CREATE TEMP VIEW tsg_events AS "
+            + _events_select_010("main.task_events", "main.tasks"),
+        ]
+    return []
+
+
+# ----------------------------------------------------------------------------- fingerprints
 
 META_KEYS = frozenset({"application", "schema_version"})
 
@@ -105,55 +272,75 @@ def read_fingerprint(conn: sqlite3.Connection, schema: str = "main") -> Fingerpr
 
 
 @cache
-def expected_fingerprint(version: int) -> Fingerprint:
-    """Fingerprint of a database built from the DDL of ``version``."""
+def expected_fingerprint(fmt: str) -> Fingerprint:
+    """Fingerprint of a database built from the DDL of layout ``fmt``."""
+    if fmt == RELEASE_010:
+        return _RELEASE_010_FINGERPRINT
     conn = sqlite3.connect(":memory:")
     try:
-        for statement in DDL_V1 if version == 1 else DDL_V2:
+        for statement in {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3}[fmt]:
             conn.execute(statement)
         return read_fingerprint(conn)
     finally:
         conn.close()
 
 
-def detect_version(conn: sqlite3.Connection, schema: str = "main") -> int | None:
-    """Return 0 for an empty database, 1 or 2 for an exact known schema, else None."""
+def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
+    """Return EMPTY, V1, V2, V3 or RELEASE_010 for an exact known schema, else None."""
     found = read_fingerprint(conn, schema)
     if not found:
-        return 0
-    for version in (2, 1):
-        if found == expected_fingerprint(version):
-            meta = dict(conn.execute(f"SELECT key, value FROM {schema}.tsg_meta").fetchall())
-            if meta == {"application": APPLICATION, "schema_version": str(version)}:
-                return version
-            return None
+        return EMPTY
+    for fmt in (V3, V2, V1, RELEASE_010):
+        if found != expected_fingerprint(fmt):
+            continue
+        if fmt == RELEASE_010:
+            meta = dict(conn.execute(f"SELECT key, value FROM {schema}.schema_meta").fetchall())
+            return fmt if meta == _RELEASE_010_META else None
+        meta = dict(conn.execute(f"SELECT key, value FROM {schema}.tsg_meta").fetchall())
+        expected = {"application": APPLICATION, "schema_version": str(STORED_VERSION[fmt])}
+        return fmt if meta == expected else None
     return None
+
+
+# ----------------------------------------------------------------------------- create / migrate
 
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V2:
+    for statement in DDL_V3:
         conn.execute(statement)
+    _write_meta(conn)
+
+
+def _write_meta(conn: sqlite3.Connection) -> None:
     conn.executemany(
         "INSERT INTO tsg_meta(key, value) VALUES (?, ?)",
         [("application", APPLICATION), ("schema_version", str(SCHEMA_VERSION))],
     )
 
 
-def _legacy_codes_valid(conn: sqlite3.Connection) -> bool:
+def _codes_valid(conn: sqlite3.Connection, tasks: str, code_column: str) -> bool:
+    """Every stored reason belongs to the registry and to its state."""
     for column, state_column, registry in (
-        ("code", "status", TASK_CODES),
+        (code_column, "status", TASK_CODES),
         ("delivery_code", "delivery_status", DELIVERY_CODES),
     ):
         rows = conn.execute(
-            f"SELECT DISTINCT {state_column}, {column} FROM tsg_tasks WHERE {column} IS NOT NULL"
+            f"SELECT DISTINCT {state_column}, {column} FROM {tasks} WHERE {column} IS NOT NULL"
         )
         for state, code in rows:
             if code not in registry.get(state, frozenset()):
                 return False
-    for kind, state, code in conn.execute(
-        "SELECT DISTINCT kind, state, code FROM tsg_events WHERE code IS NOT NULL"
+    return True
+
+
+def _event_codes_valid(conn: sqlite3.Connection, events_select: str) -> bool:
+    for step, kind, state, code in conn.execute(
+        f"SELECT DISTINCT step, kind, state, code FROM ({events_select}) WHERE code IS NOT NULL "
+        "OR step IS NULL"
     ):
+        if step is None:
+            return False
         if kind in ("created", "started"):
             if code != kind:
                 return False
@@ -164,18 +351,59 @@ def _legacy_codes_valid(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def migrate_v1(conn: sqlite3.Connection) -> None:
-    """Upgrade an exact v1 schema in the caller's transaction; fail closed on legacy text."""
-    if not _legacy_codes_valid(conn):
-        raise StorageError("schema v1 holds reason text outside the registry; migrate explicitly")
-    for statement in _V2_ADDITIONS:
+def migrate(conn: sqlite3.Connection, fmt: str) -> None:
+    """Upgrade an exact older layout to v3 in the caller's transaction; fail closed.
+
+    Refused (StorageError, nothing changed once the caller rolls back) when a stored reason is
+    outside the registry or its state, or an event cannot be carried over exactly.
+    """
+    if fmt in (V1, V2):
+        if not _codes_valid(conn, "tsg_tasks", "code") or not _event_codes_valid(
+            conn, "SELECT step, kind, state, code FROM tsg_events"
+        ):
+            raise StorageError(
+                f"schema {fmt} holds reason text outside the registry; migrate explicitly"
+            )
+        for (trigger,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'tsg_tasks'"
+        ).fetchall():
+            conn.execute(f"DROP TRIGGER {trigger}")
+        conn.execute("ALTER TABLE tsg_tasks RENAME TO tsg_tasks_old")
+        conn.execute(_TABLES_V3[1])
+        conn.execute(
+            f"INSERT INTO tsg_tasks({V3_COLUMNS}) "
+            f"{_tasks_select(fmt, 'tsg_tasks_old')} ORDER BY seq"
+        )
+        conn.execute("DROP TABLE tsg_tasks_old")  # with its indexes
+        conn.execute(
+            "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+        )
+    elif fmt == RELEASE_010:
+        events = _events_select_010("task_events", "tasks")
+        if not _codes_valid(conn, "tasks", "terminal_code") or not _event_codes_valid(
+            conn, events
+        ):
+            raise StorageError("the 0.1.0 ledger holds reasons or events outside the registry")
+        for statement in _TABLES_V3:
+            conn.execute(statement)
+        conn.execute(
+            f"INSERT INTO tsg_tasks({V3_COLUMNS}) {_tasks_select(fmt, 'tasks')} ORDER BY rowid"
+        )
+        before = conn.total_changes
+        conn.execute(
+            "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
+            f"SELECT task_seq, step, kind, state, code, at FROM ({events})"
+        )
+        copied = conn.total_changes - before
+        if copied != conn.execute("SELECT count(*) FROM task_events").fetchone()[0]:
+            raise StorageError("the 0.1.0 ledger holds events this version cannot carry")
+        for table in ("task_events", "tasks", "schema_meta"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("DELETE FROM sqlite_sequence")
+        _write_meta(conn)
+    else:
+        raise StorageError("the database holds a foreign or tampered schema")
+    for statement in _INDEXES_V3:
         conn.execute(statement)
-    conn.execute(
-        "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
-    )
-
-
-V1_COMPAT_VIEW = """CREATE TEMP VIEW tsg_tasks AS SELECT seq, id, parent_id, status, code,
-    delivery_required, delivery_status, delivery_code, payload_hash, timeout_seconds,
-    deadline_at, created_at, started_at, heartbeat_at, closed_at, delivery_closed_at,
-    updated_at, NULL AS name, NULL AS owner FROM main.tsg_tasks"""
+    if read_fingerprint(conn) != expected_fingerprint(V3):  # never commit a half-known layout
+        raise StorageError("the migrated schema does not match the current schema")

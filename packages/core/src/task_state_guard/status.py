@@ -40,20 +40,20 @@ def collect_status(ledger: Ledger, *, active_grace_seconds: float | None = None)
         for state, column in (("queued", "created_at"), ("running", "started_at")):
             value = conn.execute(
                 f"SELECT min({column}) FROM tsg_tasks "
-                f"WHERE delivery_closed_at IS NULL AND status = '{state}'"
+                f"WHERE delivery_status = 'pending' AND status = '{state}'"
             ).fetchone()[0]
             oldest[state] = None if value is None else round(max(0.0, now - value), 3)
         past_deadline = conn.execute(
-            "SELECT count(*) FROM tsg_tasks WHERE delivery_closed_at IS NULL "
+            "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND deadline_at <= ?", (now,)
         ).fetchone()[0]
         stale = conn.execute(
-            "SELECT count(*) FROM tsg_tasks WHERE delivery_closed_at IS NULL "
+            "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND coalesce(heartbeat_at, started_at) <= ?", (now - grace,)
         ).fetchone()[0]
         owner_dead = 0
         for token, count in conn.execute(
-            "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_closed_at IS NULL "
+            "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
             if owners.probe(ledger.path, token) is owners.Liveness.DEAD:

@@ -4,6 +4,10 @@ POSIX hosts: the database's directory must be owned by this user and not writabl
 every ancestor must be owned by this user or root and not writable by others unless sticky;
 the database and sidecars must be regular, single-link, non-symlink files and are tightened to
 0600. Other hosts need the caller's explicit acknowledgement of an externally managed ACL.
+
+A location that breaks this policy raises :class:`UnsafeLocation` (an ``InvalidInput``, as in
+0.1.0); one that cannot be used (missing access, not a directory, cannot create) raises
+:class:`StorageError` (a ``StateConflict``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import os
 import stat
 from typing import NamedTuple
 
-from .model import InvalidInput, StorageError
+from .model import InvalidInput, StorageError, UnsafeLocation
 
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 _REMOTE_FS = frozenset(
@@ -41,7 +45,7 @@ def normalize_path(path: object) -> str:
     if path.startswith("file:") or path == ":memory:":
         raise InvalidInput("database path must be a filesystem path")
     if path.startswith("\\\\"):
-        raise StorageError("network paths are not supported")
+        raise UnsafeLocation("network paths are not supported")
     return os.path.abspath(path)
 
 
@@ -63,9 +67,9 @@ def _check_ancestors(directory: str) -> None:
             raise StorageError("database ancestor is not a directory")
         writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if writable_by_others and not st.st_mode & stat.S_ISVTX:
-            raise StorageError("a database ancestor directory is writable by other users")
+            raise UnsafeLocation("a database ancestor directory is writable by other users")
         if st.st_uid not in (0, uid):
-            raise StorageError("a database ancestor directory is owned by another user")
+            raise UnsafeLocation("a database ancestor directory is owned by another user")
         parent = os.path.dirname(current)
         if parent == current:
             return
@@ -86,9 +90,9 @@ def _check_leaf(directory: str, *, tighten: bool) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise StorageError("database directory is not a directory")
     if st.st_uid != os.geteuid():
-        raise StorageError("database directory is owned by another user")
+        raise UnsafeLocation("database directory is owned by another user")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StorageError("database directory is writable by other users")
+        raise UnsafeLocation("database directory is writable by other users")
 
 
 def make_directories(directory: str) -> None:
@@ -120,19 +124,19 @@ def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result
     except OSError as exc:
         raise StorageError(f"{what} is not accessible") from exc
     if stat.S_ISLNK(st.st_mode):
-        raise StorageError(f"{what} is a symbolic link")
+        raise UnsafeLocation(f"{what} is a symbolic link")
     if not stat.S_ISREG(st.st_mode):
         raise StorageError(f"{what} is not a regular file")
     if st.st_nlink == 0:
         return None  # unlinked while we looked (a closing writer removing its sidecar)
     if st.st_nlink != 1:
-        raise StorageError(f"{what} has more than one hard link")
+        raise UnsafeLocation(f"{what} has more than one hard link")
     if POSIX:
         if st.st_uid != os.geteuid():
-            raise StorageError(f"{what} is owned by another user")
+            raise UnsafeLocation(f"{what} is owned by another user")
         if st.st_mode & 0o077:
             if not tighten:
-                raise StorageError(f"{what} is readable or writable by other users")
+                raise UnsafeLocation(f"{what} is readable or writable by other users")
             try:
                 os.chmod(path, 0o600, follow_symlinks=False)
             except FileNotFoundError:
@@ -177,7 +181,7 @@ def check_local_filesystem(directory: str) -> None:
     """Reject databases on filesystems known to be remote."""
     fs_type = _filesystem_type(os.path.realpath(directory))
     if fs_type is not None and fs_type.lower() in _REMOTE_FS:
-        raise StorageError("the database must be on a local filesystem")
+        raise UnsafeLocation("the database must be on a local filesystem")
 
 
 def prepare(
@@ -190,7 +194,7 @@ def prepare(
     directory = os.path.dirname(path)
     if not POSIX:
         if not allow_external_acl:
-            raise StorageError("non-POSIX hosts require allow_external_acl=True")
+            raise UnsafeLocation("non-POSIX hosts require allow_external_acl=True")
         if not os.path.isdir(directory):
             raise InvalidInput("database directory does not exist")
     else:
@@ -253,7 +257,7 @@ def tighten_sidecars(path: str) -> None:
 def storage_info(path: str, *, allow_external_acl: bool, read_only: bool) -> dict[str, object]:
     """Describe the active permission model (no paths)."""
     return {
-        "permission_model": "posix-modes" if POSIX else "external-acl",
+        "permission_model": "posix_mode" if POSIX else "external_acl",
         "external_acl_acknowledged": bool(allow_external_acl) and not POSIX,
         "database_mode": oct(os.stat(path).st_mode & 0o777) if POSIX else None,
         "read_only": read_only,
