@@ -582,7 +582,7 @@ def test_bad_paths(path: str) -> None:
         Ledger(path)
 
 
-# ----------------------------------------------------------------------------- busy (E9)
+# ----------------------------------------------------------------------------- busy
 
 
 def test_lock_wait_past_busy_timeout_is_ledger_busy(tmp_path) -> None:
