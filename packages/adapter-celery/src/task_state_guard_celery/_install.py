@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from celery import bootsteps  # type: ignore[import-untyped]
+from task_state_guard.integration import resolve_settings
 
-from ._config import resolve
 from ._guard import CeleryGuard
 
 _lock = threading.RLock()
@@ -59,10 +59,9 @@ def install(
 ) -> CeleryGuard:
     """Record ``app``'s tasks in the ledger at ``db``; idempotent per app.
 
-    Settings come from the arguments, then ``app.conf.tsg_<name>``, then the
-    ``TSG_<NAME>`` environment variable (``TSG_DB``, ``TSG_ACTIVE_GRACE_SECONDS``,
-    ``TSG_DELIVERY_GRACE_SECONDS``, ``TSG_HEARTBEAT_SECONDS``,
-    ``TSG_RECONCILE_ON_BOOT``, ``TSG_STRICT``, ``TSG_BUSY_TIMEOUT_MS``).
+    Each setting comes from the argument, then ``app.conf.tsg_<name>``, then the
+    ``TSG_<NAME>`` environment variable, then the default shared by every adapter (see
+    :mod:`task_state_guard.integration.settings`); a bad value raises ``ConfigurationError``.
     Call it in the module that defines the app: the worker's main process and every
     pool child then record. A second call for the same app returns the first guard.
     """
@@ -70,8 +69,8 @@ def install(
         existing = guard_for(app)
         if existing is not None:
             return existing
-        settings = resolve(
-            app,
+        settings = resolve_settings(
+            framework=lambda name: app.conf.get(f"tsg_{name}"),
             db=db,
             active_grace_seconds=active_grace_seconds,
             delivery_grace_seconds=delivery_grace_seconds,

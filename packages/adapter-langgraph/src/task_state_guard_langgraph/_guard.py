@@ -12,12 +12,13 @@ from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
 from langgraph.types import Command
+from task_state_guard import Ledger, Task
+from task_state_guard.integration import AdapterRuntime, Closing, Settings, resolve_settings
+from task_state_guard.integration import codes as c
 
-from . import _recorder as rc
-from ._errors import ErrorLog, logger
 from ._ids import logical_task_id, recovery_invocation_id
-from ._recorder import Closing, Recorder
-from .callbacks import GuardCallbackHandler, RetryOracle, classify_error
+from ._recorder import Recorder
+from .callbacks import GuardCallbackHandler, RetryOracle, classify_error, logger
 
 #: Key under ``config["metadata"]`` (and so in every checkpoint's metadata) that holds the
 #: invocation id. Deliberately not ``run_id``: LangGraph treats a repeated metadata
@@ -64,7 +65,7 @@ class _Invocation:
             return "done"
         self._done = True
         if exc is None:
-            status, code = "succeeded", rc.INVOCATION_COMPLETED
+            status, code = c.SUCCEEDED, c.COMPLETED
             if self.handler is not None:
                 interrupted = self.handler.interrupted
             else:
@@ -73,13 +74,13 @@ class _Invocation:
                     or (isinstance(output, dict) and output.get("__interrupt__"))
                 )
             outcome = "interrupted" if interrupted else "succeeded"
-            leftover: tuple[str, str | None] = ("cancelled", None)
+            leftover: c.Outcome = (c.CANCELLED, None)
         else:
             status, code = classify_error(exc)
-            if status == "succeeded":  # a stray ParentCommand at the top is a failure
-                status, code = "failed", rc.WORKER_FAILED
+            if status == c.SUCCEEDED:  # a stray ParentCommand at the top is a failure
+                status, code = c.FAILED, c.WORKER_FAILED
             outcome = status
-            leftover = ("cancelled", rc.CALLER_CANCELLED if status == "cancelled" else None)
+            leftover = (c.CANCELLED, c.CALLER_CANCELLED if status == c.CANCELLED else None)
         closings: list[Closing] = []
         if self.handler is not None:
             closings = self.handler.take_open(*leftover)
@@ -137,18 +138,15 @@ class GuardedGraph:
         graph: Any,
         recorder: Recorder,
         *,
-        owns_ledger: bool,
         name: str | None,
         record_nodes: bool = True,
     ) -> None:
         self._graph = graph
         self._record_nodes = record_nodes
         self._rec = recorder
-        self._owns_ledger = owns_ledger
         self._name = name if name is not None else getattr(graph, "name", None)
         self._oracle = RetryOracle(graph)
         self._local = threading.local()
-        self.last_reconcile: dict[str, Any] | None = None
 
     # -- pass-through -----------------------------------------------------------------------
 
@@ -158,9 +156,24 @@ class GuardedGraph:
         return self._graph
 
     @property
-    def ledger(self) -> Any:
-        """The ledger (``None`` when it could not be opened)."""
-        return self._rec.ledger
+    def ledger(self) -> Ledger | None:
+        """The ledger (``None`` when it cannot be opened)."""
+        return self._rec.rt.ledger_or_none()
+
+    @property
+    def settings(self) -> Settings:
+        """The resolved settings (the same names and defaults as every adapter)."""
+        return self._rec.rt.settings
+
+    @property
+    def runtime(self) -> AdapterRuntime:
+        """The adapter runtime this graph records through."""
+        return self._rec.rt
+
+    @property
+    def last_reconcile(self) -> dict[str, Any] | None:
+        """The report of this process's last reconcile (counts only)."""
+        return self._rec.rt.last_reconcile
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -174,31 +187,23 @@ class GuardedGraph:
         """Ledger id of the invocation task for ``invocation_id`` (deterministic uuid5)."""
         return logical_task_id(invocation_id)
 
-    def mark_delivered(self, invocation_id: str) -> bool:
+    def mark_delivered(self, invocation_id: str) -> Task | None:
         """Record that the invocation's result (or interrupt question) reached its recipient.
 
-        Call it after your transport acknowledged. Returns True when the ledger recorded it.
+        Call it after your transport acknowledged. Outside the running invocation: written at
+        once, returns the updated invocation task, raises the core's errors. From inside that
+        invocation (a node, same process): kept and written with the invocation's close;
+        returns ``None``.
         """
-        return self._set_delivery(invocation_id, "delivered", "transport_acknowledged")
+        return self._rec.rt.mark_delivered(logical_task_id(invocation_id))
 
-    def mark_delivery_failed(self, invocation_id: str) -> bool:
-        """Record that delivering the invocation's result failed."""
-        return self._set_delivery(invocation_id, "failed", "transport_failed")
+    def mark_delivery_failed(self, invocation_id: str) -> Task | None:
+        """Record that delivering the invocation's result failed (same rules as above)."""
+        return self._rec.rt.mark_delivery_failed(logical_task_id(invocation_id))
 
-    def _set_delivery(self, invocation_id: str, status: str, code: str) -> bool:
-        ledger = self._rec.ledger
-        if ledger is None:
-            return False
-        task_id = logical_task_id(invocation_id)
-        done = self._rec.errors.call(
-            "delivery", lambda: ledger.set_delivery(task_id, status, code=code)
-        )
-        return done is not None
-
-    @property
-    def ledger_errors(self) -> dict[str, int]:
-        """Ledger errors seen so far, counted by ``"<operation>:<ExceptionClass>"``."""
-        return self._rec.errors.counts()
+    def stats(self) -> dict[str, Any]:
+        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
+        return self._rec.rt.stats()
 
     @property
     def last_invocation_id(self) -> str | None:
@@ -211,23 +216,15 @@ class GuardedGraph:
         ``interrupted``, ``failed`` or ``cancelled``."""
         return getattr(self._local, "outcome", None)
 
-    def reconcile(self) -> dict[str, Any] | None:
-        """Run the ledger's restart reconcile (done once by :func:`guard`)."""
-        ledger = self._rec.ledger
-        if ledger is None:
-            return None
-        report = self._rec.errors.call("reconcile", lambda: ledger.reconcile(self._policy))
-        self.last_reconcile = report
-        return report
-
-    _policy: Any = None
+    def reconcile(self, *, dry_run: bool = False) -> dict[str, Any]:
+        """Run the core's reconcile with this guard's graces; returns the nine counts."""
+        return self._rec.rt.reconcile(dry_run=dry_run)
 
     def close(self) -> None:
         """Stop the heartbeat thread; close the ledger if :func:`guard` opened it."""
-        self._rec.stop()
-        ledger = self._rec.ledger
-        if self._owns_ledger and ledger is not None:
-            self._rec.errors.call("close", ledger.close)
+        self._rec.rt.close()
+
+    uninstall = close
 
     def __enter__(self) -> GuardedGraph:
         return self
@@ -252,7 +249,7 @@ class GuardedGraph:
         parent: str | None = None
         if previous is not None:
             candidate = logical_task_id(previous)
-            if candidate != own and self._rec.exists(candidate):
+            if candidate != own and self._rec.get(candidate) is not None:
                 parent = candidate
         opened = self._rec.open(
             own,
@@ -286,7 +283,7 @@ class GuardedGraph:
             value = (tup.metadata or {}).get(METADATA_KEY) if tup is not None else None
             return str(value) if value is not None else None
 
-        return self._rec.errors.call("link", _get)
+        return self._rec.rt.policy.call("link", _get)
 
     async def _aprevious(self, input: Any, config: dict[str, Any] | None) -> str | None:
         if not (input is None or isinstance(input, Command)):
@@ -301,9 +298,7 @@ class GuardedGraph:
             except NotImplementedError:
                 tup = saver.get_tuple(lookup)
         except Exception as exc:
-            self._rec.errors.record("link", exc)
-            if self._rec.errors.strict:
-                raise
+            self._rec.rt.policy.error("link", exc)
             return None
         value = (tup.metadata or {}).get(METADATA_KEY) if tup is not None else None
         return str(value) if value is not None else None
@@ -418,7 +413,7 @@ class GuardedGraph:
         if lost is None:
             return None  # never ran under the guard: no proof it is not running elsewhere
         task = self._rec.get(logical_task_id(str(lost)))
-        if task is None or str(task.status) != "timed_out":
+        if task is None or task.status != c.TIMED_OUT:
             return None  # unknown, or still running / closed by its own process
         return str(lost)
 
@@ -480,15 +475,15 @@ class GuardedGraph:
         every resumed run. Errors of a resumed run are reported in the result, not raised.
         """
         saver = getattr(self._graph, "checkpointer", None)
-        if saver is None or isinstance(saver, bool) or self._rec.ledger is None:
+        if saver is None or isinstance(saver, bool) or self.ledger is None:
             return []
-        self.reconcile()
+        self._rec.rt.guarded_reconcile("reconcile")
         ids = thread_ids
         if ids is None:
-            ids = self._rec.errors.call("recover", lambda: self._thread_ids(saver)) or []
+            ids = self._rec.rt.policy.call("recover", lambda: self._thread_ids(saver)) or []
         results: list[Recovery] = []
         for thread_id in ids:
-            lost = self._rec.errors.call(
+            lost = self._rec.rt.policy.call(
                 "recover", partial(self._lost_invocation, saver, thread_id)
             )
             if lost is None:
@@ -521,27 +516,23 @@ class GuardedGraph:
         """Async :meth:`recover` (for async checkpointers such as ``AsyncSqliteSaver``):
         same selection and claims, each thread resumed with ``ainvoke(None, ...)``."""
         saver = getattr(self._graph, "checkpointer", None)
-        if saver is None or isinstance(saver, bool) or self._rec.ledger is None:
+        if saver is None or isinstance(saver, bool) or self.ledger is None:
             return []
-        self.reconcile()
-        errors = self._rec.errors
+        self._rec.rt.guarded_reconcile("reconcile")
+        errors = self._rec.rt.policy
         ids = thread_ids
         if ids is None:
             try:
                 ids = await self._athread_ids(saver)
             except Exception as exc:
-                errors.record("recover", exc)
-                if errors.strict:
-                    raise
+                errors.error("recover", exc)
                 ids = []
         results: list[Recovery] = []
         for thread_id in ids:
             try:
                 lost = await self._alost_invocation(saver, thread_id)
             except Exception as exc:
-                errors.record("recover", exc)
-                if errors.strict:
-                    raise
+                errors.error("recover", exc)
                 continue
             if lost is None:
                 continue
@@ -568,59 +559,40 @@ def guard(
     graph: Any,
     db: str | os.PathLike[str] | None = None,
     *,
-    ledger: Any = None,
-    strict: bool = False,
-    heartbeat_interval: float | None = None,
+    ledger: Ledger | None = None,
+    strict: bool | None = None,
+    heartbeat_seconds: float | None = None,
     active_grace_seconds: float | None = None,
     delivery_grace_seconds: float | None = None,
-    reconcile: bool = True,
+    reconcile_on_boot: bool | None = None,
+    busy_timeout_ms: int | None = None,
     owner: bool = True,
     name: str | None = None,
     record_nodes: bool = True,
 ) -> GuardedGraph:
     """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
 
-    ``db`` is the ledger path (default: ``$TSG_DB``); or pass an open ``ledger``. On creation
-    the ledger is reconciled (``active_grace_seconds``/``delivery_grace_seconds``, default
-    ``$TSG_ACTIVE_GRACE_SECONDS``/``$TSG_DELIVERY_GRACE_SECONDS``, else 600), which closes the
-    tasks of a dead process ``timed_out/owner_lost`` at once. ``heartbeat_interval`` (default
-    ``$TSG_HEARTBEAT_SECONDS`` or 30 s) must stay well under the active grace. ``owner=True``
-    records this process as owner of the tasks it starts. ``record_nodes=False`` records
-    only invocations (no callback handler, far less overhead). ``name`` overrides the graph
-    name used as the invocation's label. Ledger errors are logged once per
-    kind and counted (:attr:`GuardedGraph.ledger_errors`); ``strict=True`` raises them.
+    ``db`` is the ledger path (or pass an open ``ledger``, which you keep closing). Each
+    setting comes from the argument, then the ``TSG_<NAME>`` environment variable, then the
+    default shared by every adapter; a bad value raises ``ConfigurationError``. With
+    ``reconcile_on_boot`` (the default) the ledger is reconciled here, which closes the tasks
+    of a dead process ``timed_out/owner_lost`` at once. ``owner=True`` records this process as
+    owner of the tasks it starts. ``record_nodes=False`` records only invocations (no callback
+    handler, far less overhead). ``name`` overrides the graph name used as the invocation's
+    label. Ledger errors are logged once per kind and counted (:meth:`GuardedGraph.stats`);
+    ``strict=True`` raises them.
     """
-    from task_state_guard import Ledger, ReconcilePolicy
-
-    errors = ErrorLog(strict=strict)
-    owns = False
-    if ledger is None:
-        path = db if db is not None else os.environ.get("TSG_DB")
-        if path is None:
-            raise ValueError("guard(): pass db=... or ledger=..., or set TSG_DB")
-        ledger = errors.call("open", lambda: Ledger(path))
-        owns = ledger is not None
-    if heartbeat_interval is None:
-        heartbeat_interval = _env_float("TSG_HEARTBEAT_SECONDS", 30.0)
-    recorder = Recorder(ledger, errors, heartbeat_interval=heartbeat_interval, owner=owner)
-    app = GuardedGraph(graph, recorder, owns_ledger=owns, name=name, record_nodes=record_nodes)
-    active = active_grace_seconds
-    if active is None:
-        active = _env_float("TSG_ACTIVE_GRACE_SECONDS", 600.0)
-    delivery = delivery_grace_seconds
-    if delivery is None:
-        delivery = _env_float("TSG_DELIVERY_GRACE_SECONDS", 600.0)
-    app._policy = ReconcilePolicy(active_grace_seconds=active, delivery_grace_seconds=delivery)
-    if reconcile:
-        app.reconcile()
+    settings = resolve_settings(
+        db_required=ledger is None,
+        db=db,
+        strict=strict,
+        heartbeat_seconds=heartbeat_seconds,
+        active_grace_seconds=active_grace_seconds,
+        delivery_grace_seconds=delivery_grace_seconds,
+        reconcile_on_boot=reconcile_on_boot,
+        busy_timeout_ms=busy_timeout_ms,
+    )
+    runtime = AdapterRuntime(settings, logger=logger, subject="graph", ledger=ledger)
+    app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
+    runtime.boot_reconcile("reconcile")
     return app
-
-
-def _env_float(key: str, default: float) -> float:
-    raw = os.environ.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        return default

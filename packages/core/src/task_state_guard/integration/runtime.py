@@ -19,6 +19,7 @@ Refused closes of terminal records are counted as conflicts inside the close met
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -36,8 +37,7 @@ from . import codes
 from .errors import ErrorPolicy
 from .settings import Settings
 
-#: One close: ``(task_id, status, code, internal)``; ``internal`` marks an attempt, whose
-#: delivery closes ``not_applicable/internal_task`` in the same transaction.
+#: One close: ``(task_id, status, code, internal)``; ``internal`` marks an attempt.
 Closing = tuple[str, str, "str | None", bool]
 
 _BOOT_RECONCILE_TRIES = 5
@@ -105,8 +105,11 @@ class AdapterRuntime:
         return led
 
     def ledger_or_none(self) -> Ledger | None:
-        """The ledger, or ``None`` when it cannot be opened (the error is counted)."""
-        return self.policy.call("open", lambda: self.ledger)
+        """The ledger, or ``None`` when it cannot be opened right now (not counted)."""
+        try:
+            return self.ledger
+        except LedgerError:
+            return None
 
     def drop_ledger(self) -> None:
         """Close this process's own ledger handle (e.g. right before the framework forks).
@@ -325,12 +328,14 @@ class AdapterRuntime:
     def close_tasks(self, closings: Sequence[Closing], *, where: str = "close") -> int:
         """Close several tasks in one transaction, in the given order (innermost first).
 
-        An attempt (``internal``) has its delivery closed ``not_applicable/internal_task`` in the
-        same transaction. A logical task gets the delivery mark its running job made
-        (:meth:`mark_delivered` from inside the job), also in the same transaction. Each close is
-        judged on its own: a refused close (a terminal record is never rewritten) is counted as
-        a conflict and does not undo the others; any other error goes through the error policy
-        under ``where`` once the block is over. Returns how many tasks this call closed.
+        A task that owes no delivery (every attempt, and a logical task without a delivery
+        obligation) has its delivery closed ``not_applicable/internal_task`` in the same
+        transaction; ``internal`` marks an attempt (it names the conflict kind). A logical task
+        gets the delivery mark its running job made (:meth:`mark_delivered` from inside the
+        job), also in the same transaction. Each close is judged on its own: a refused close
+        (a terminal record is never rewritten) is counted as a conflict and does not undo the
+        others; any other error goes through the error policy under ``where`` once the block
+        is over. Returns how many tasks this call closed.
         """
         if not closings:
             return 0
@@ -360,14 +365,15 @@ class AdapterRuntime:
         self, led: Ledger, task_id: str, status: str, code: str | None, internal: bool
     ) -> int:
         try:
-            led.close_task(task_id, status, code=code)
+            task = led.close_task(task_id, status, code=code)
         except StateConflict:
             self.policy.conflict("attempt_close" if internal else "logical_close")
-            if internal:  # already terminal otherwise: its delivery is still owed nobody
-                with suppress(StateConflict):
-                    led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
+            # Closed otherwise (e.g. by a reconcile): an internal task still owes nobody a
+            # delivery; the core refuses this for a delivering task, which keeps its own.
+            with suppress(StateConflict):
+                led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
             return 0
-        if internal:
+        if not task.delivery_required:
             led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
         return 1
 
@@ -380,7 +386,8 @@ class AdapterRuntime:
     def close_logical(
         self, task_id: str, status: str, code: str | None, *, where: str = "close"
     ) -> bool:
-        """Close a logical task (with the delivery mark its job made, if any)."""
+        """Close a logical task (with the delivery mark its job made, if any); one that owes no
+        delivery has it closed ``not_applicable/internal_task`` at once."""
         return self.close_tasks(((task_id, status, code, False),), where=where) == 1
 
     def get(self, task_id: str) -> Task | None:
@@ -450,7 +457,7 @@ class AdapterRuntime:
         """Reconcile when a worker boots, if ``reconcile_on_boot``; guarded by the error policy.
 
         A busy ledger (several workers booting at once) is retried a few times; reconcile is
-        idempotent. Logs the counts-only report at info level.
+        idempotent. Logs the counts-only report (compact JSON) at info level.
         """
         if not self.settings.reconcile_on_boot:
             return None
@@ -466,7 +473,11 @@ class AdapterRuntime:
                     if attempt == _BOOT_RECONCILE_TRIES - 1:
                         raise
                     continue
-                self.logger.info("task-state-guard: reconcile (%s) %s", where, report)
+                self.logger.info(
+                    "task-state-guard: reconcile (%s) %s",
+                    where,
+                    json.dumps(report, sort_keys=True, separators=(",", ":")),
+                )
                 return report
         return None
 
