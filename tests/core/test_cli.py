@@ -246,7 +246,7 @@ def test_read_commands_never_create_a_database(tmp_path, args: list[str]) -> Non
     assert os.listdir(existing) == []
 
 
-# ----------------------------------------------------------------------------- env (E8)
+# ----------------------------------------------------------------------------- env
 
 
 def test_tsg_db_env_and_flag_precedence(tmp_path) -> None:

@@ -1,5 +1,5 @@
-"""Connections across threads and fork() (E1) and owner liveness with real processes (E4),
-including a live owner in another pid namespace, and E5 over a dead owner."""
+"""Connections across threads and fork() and owner liveness with real processes,
+including a live owner in another pid namespace, and parent freshness over a dead owner."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class TickClock:
             return T0 + next(self._n) / 1000.0
 
 
-# ----------------------------------------------------------------------------- E1 threads
+# ----------------------------------------------------------------------------- threads
 
 
 def test_many_threads_share_one_ledger(db: str) -> None:
@@ -155,7 +155,7 @@ def test_read_only_snapshot_ledger_from_many_threads(db: str) -> None:
     assert errors == []
 
 
-# ----------------------------------------------------------------------------- E1 fork
+# ----------------------------------------------------------------------------- fork
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -218,7 +218,7 @@ def test_read_only_snapshot_ledger_after_fork(db: str) -> None:
     reader.close()
 
 
-# ----------------------------------------------------------------------------- E4 owners
+# ----------------------------------------------------------------------------- owners
 
 OWNER_SCRIPT = textwrap.dedent(
     """
@@ -378,7 +378,7 @@ def test_dead_owner_with_unknown_liveness_falls_back_to_grace(db: str) -> None:
         assert led.get_task(task.id).code == "restart_stale"
 
 
-# ----------------------------------------------------------------------------- E5 over E4
+# ------------------------------------------------- parent freshness over owner liveness
 
 
 def test_parent_with_queued_child_kept_even_when_its_owner_is_dead(

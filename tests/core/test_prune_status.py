@@ -1,4 +1,4 @@
-"""Retention (E6) and the read-side aggregates status / metrics (E7): counts only, no ids."""
+"""Retention and the read-side aggregates status / metrics: counts only, no ids."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Reconcile: nine keys, invariants, inclusive boundaries, queued work, dry-run == apply at the
-same clock, parent freshness (E5), one corrupt row, and the snapshot-before-clock rule."""
+same clock, parent freshness, one corrupt row, and the snapshot-before-clock rule."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_stored_times_ahead_of_clock_are_never_closed(ledger: Ledger, clock: Clo
     assert ledger.doctor()["healthy"] is True
 
 
-# ----------------------------------------------------------------------------- E5
+# ----------------------------------------------------------------------------- parent freshness
 
 
 def test_running_parent_with_queued_child_never_times_out(ledger: Ledger, clock: Clock) -> None:

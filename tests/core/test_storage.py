@@ -1,5 +1,5 @@
 """Storage safety on POSIX, schema fingerprint and v1 -> v2 migration, read-only construction,
-and the busy-ledger error (E9)."""
+and the busy-ledger error."""
 
 from __future__ import annotations
 
@@ -500,7 +500,7 @@ def test_bad_paths(path: str) -> None:
         Ledger(path)
 
 
-# ----------------------------------------------------------------------------- busy (E9)
+# ----------------------------------------------------------------------------- busy
 
 
 def test_lock_wait_past_busy_timeout_is_ledger_busy(tmp_path) -> None:

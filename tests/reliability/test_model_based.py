@@ -2,7 +2,7 @@
 
 A hypothesis ``RuleBasedStateMachine`` drives a real ledger (injected clock that only moves
 forward) and ``RefModel`` - a few dicts implementing the two state machines, the reason-code
-registry, idempotent/conflicting transitions, reconcile (deadline, E5 parent freshness, E4 owner
+registry, idempotent/conflicting transitions, reconcile (deadline, parent freshness, owner
 liveness, active grace, delivery grace) and prune - side by side. After every step the two
 must agree on every task field, on status counts, and the ledger's doctor must be healthy.
 Every reconcile runs as dry-run then apply at the same clock and both reports must equal the
@@ -180,7 +180,7 @@ class RefModel:
             p = tasks[tid].parent_id
             if p is not None:
                 children.setdefault(p, []).append(tid)
-        # Newest first: a child is always decided before its parent (E5 "this same pass").
+        # Newest first: a child is always decided before its parent ("this same pass").
         for tid in reversed(self.order):
             t = tasks[tid]
             if t.status not in ("queued", "running"):

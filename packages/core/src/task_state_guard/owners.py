@@ -1,4 +1,4 @@
-"""Owner liveness (E4): one exclusively locked file per owning process.
+"""Owner liveness: one exclusively locked file per owning process.
 
 A process that starts a task first creates ``<db>-owners/<token>.lock`` (under a temporary name,
 locked with ``flock(LOCK_EX)``, then renamed) and keeps it locked for its whole lifetime. The

@@ -1,4 +1,4 @@
-"""Retention (E6): delete whole closed task trees older than a cut-off, in bounded batches."""
+"""Retention: delete whole closed task trees older than a cut-off, in bounded batches."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class _Pass:
         return found
 
     def fresh_through_children(self, children: list[tuple[int, str]]) -> bool:
-        """E5: a queued child, or a running child this pass keeps, keeps its parent."""
+        """Parent freshness: a queued child, or a running child this pass keeps, keeps it."""
         return any(status == "queued" or seq not in self.timed_out for seq, status in children)
 
     @staticmethod
@@ -164,7 +164,7 @@ class _Pass:
                     if code in ("owner_lost", "restart_stale") and self.fresh_through_children(
                         children.get(row[7], [])
                     ):
-                        code = None  # E5 outranks owner liveness and heartbeat staleness
+                        code = None  # freshness outranks owner liveness and heartbeat staleness
                     if code is None:
                         counts["fresh_active_retained"] += 1
                         continue

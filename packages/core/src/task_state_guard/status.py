@@ -1,4 +1,4 @@
-"""Read-side aggregates (E7): status counts, a text table and Prometheus exposition. No ids."""
+"""Read-side aggregates: status counts, a text table and Prometheus exposition. No ids."""
 
 from __future__ import annotations
 
