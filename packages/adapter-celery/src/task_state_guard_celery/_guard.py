@@ -14,8 +14,8 @@ import logging
 from typing import Any
 
 from celery import signals  # type: ignore[import-untyped]
-from task_state_guard import Ledger, Task
-from task_state_guard.integration import AdapterRuntime, Settings
+from task_state_guard import Ledger
+from task_state_guard.integration import AdapterRuntime, AdapterSurface, Settings
 
 from ._child import ChildReceivers
 from ._ids import logical_task_id
@@ -38,15 +38,17 @@ _WIRING: tuple[tuple[Any, str, str], ...] = (
 )
 
 
-class CeleryGuard:
+class CeleryGuard(AdapterSurface):
     """Records a Celery app's task lifecycle in a TaskStateGuard ledger.
 
     Create it with :func:`task_state_guard_celery.install`; do not instantiate directly.
+    ``mark_delivered``, ``mark_delivery_failed``, ``reconcile``, ``stats`` and ``settings``
+    are the core's :class:`~task_state_guard.integration.AdapterSurface` (one meaning in every
+    adapter); the ids are Celery task ids.
     """
 
     def __init__(self, app: Any, settings: Settings) -> None:
         self.app = app
-        self.settings = settings
         self.runtime = AdapterRuntime(settings, logger=log, subject="task")
         self._child = ChildReceivers(self.runtime, self._ours, app)
         self._main = MainReceivers(self.runtime, self._ours)
@@ -80,29 +82,6 @@ class CeleryGuard:
     def logical_task_id(self, celery_task_id: str) -> str:
         """The ledger id of the logical task (parent) of ``celery_task_id``."""
         return logical_task_id(celery_task_id)
-
-    def mark_delivered(self, celery_task_id: str) -> Task | None:
-        """Record that the application's transport acknowledged the task's result.
-
-        A broker ack or a stored result is not a delivery. Outside the running task: written
-        at once, returns the updated logical task, raises the core's errors (``StateConflict``
-        while the task is not terminal or its delivery closed otherwise, ``TaskNotFound``...).
-        Inside the running task (same process): kept and written with the task's close;
-        returns ``None``.
-        """
-        return self.runtime.mark_delivered(logical_task_id(celery_task_id))
-
-    def mark_delivery_failed(self, celery_task_id: str) -> Task | None:
-        """Record that delivering the result failed (``failed/transport_failed``); same rules."""
-        return self.runtime.mark_delivery_failed(logical_task_id(celery_task_id))
-
-    def reconcile(self, *, dry_run: bool = False) -> dict[str, Any]:
-        """Run the core's reconcile with this guard's graces; returns the nine counts."""
-        return self.runtime.reconcile(dry_run=dry_run)
-
-    def stats(self) -> dict[str, Any]:
-        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
-        return self.runtime.stats()
 
     def uninstall(self) -> None:
         """Disconnect every receiver and the boot step, stop heartbeats, close the ledger."""

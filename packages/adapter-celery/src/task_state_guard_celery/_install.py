@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, Unpack
 
 from celery import bootsteps  # type: ignore[import-untyped]
-from task_state_guard.integration import resolve_settings
+from task_state_guard.integration import SettingArgs, resolve_settings
 
 from ._guard import CeleryGuard
 
@@ -47,15 +47,7 @@ def installed_guards() -> list[CeleryGuard]:
 
 
 def install(
-    app: Any,
-    db: str | os.PathLike[str] | None = None,
-    *,
-    active_grace_seconds: float | None = None,
-    delivery_grace_seconds: float | None = None,
-    heartbeat_seconds: float | None = None,
-    reconcile_on_boot: bool | None = None,
-    strict: bool | None = None,
-    busy_timeout_ms: int | None = None,
+    app: Any, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
 ) -> CeleryGuard:
     """Record ``app``'s tasks in the ledger at ``db``; idempotent per app.
 
@@ -69,17 +61,10 @@ def install(
         existing = guard_for(app)
         if existing is not None:
             return existing
-        settings = resolve_settings(
-            framework=lambda name: app.conf.get(f"tsg_{name}"),
-            db=db,
-            active_grace_seconds=active_grace_seconds,
-            delivery_grace_seconds=delivery_grace_seconds,
-            heartbeat_seconds=heartbeat_seconds,
-            reconcile_on_boot=reconcile_on_boot,
-            strict=strict,
-            busy_timeout_ms=busy_timeout_ms,
+        resolved = resolve_settings(
+            framework=lambda name: app.conf.get(f"tsg_{name}"), db=db, **settings
         )
-        guard = CeleryGuard(app, settings)
+        guard = CeleryGuard(app, resolved)
         guard._connect()
         app.steps["worker"].add(ReconcileOnBoot)
         _guards[id(app)] = guard

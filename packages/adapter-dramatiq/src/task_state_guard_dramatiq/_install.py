@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
+
+from task_state_guard.integration import SettingArgs
 
 from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
 
@@ -25,16 +27,7 @@ def find(broker: Broker) -> TaskStateGuardMiddleware | None:
 
 
 def install(
-    broker: Broker,
-    db: str | os.PathLike[str] | None = None,
-    *,
-    active_grace_seconds: float | None = None,
-    delivery_grace_seconds: float | None = None,
-    heartbeat_seconds: float | None = None,
-    reconcile_on_boot: bool | None = None,
-    reconcile_interval_seconds: float | None = None,
-    strict: bool | None = None,
-    busy_timeout_ms: int | None = None,
+    broker: Broker, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
 ) -> TaskStateGuardMiddleware:
     """Add a :class:`TaskStateGuardMiddleware` as the **outermost** middleware of ``broker``.
 
@@ -47,16 +40,7 @@ def install(
 
     No ledger connection is opened here (each worker process opens its own after fork).
     """
-    middleware = TaskStateGuardMiddleware(
-        db,
-        active_grace_seconds=active_grace_seconds,
-        delivery_grace_seconds=delivery_grace_seconds,
-        heartbeat_seconds=heartbeat_seconds,
-        reconcile_on_boot=reconcile_on_boot,
-        reconcile_interval_seconds=reconcile_interval_seconds,
-        strict=strict,
-        busy_timeout_ms=busy_timeout_ms,
-    )
+    middleware = TaskStateGuardMiddleware(db, **settings)
     existing = find(broker)
     if existing is not None:
         if existing.settings != middleware.settings:

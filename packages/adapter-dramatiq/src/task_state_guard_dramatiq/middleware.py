@@ -6,11 +6,17 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from dramatiq.middleware import Middleware, Shutdown, TimeLimitExceeded
-from task_state_guard import Ledger, LedgerError, Task
-from task_state_guard.integration import AdapterRuntime, name_label, resolve_settings
+from task_state_guard import Ledger, LedgerError
+from task_state_guard.integration import (
+    AdapterRuntime,
+    AdapterSurface,
+    SettingArgs,
+    name_label,
+    resolve_settings,
+)
 from task_state_guard.integration import codes as c
 
 from ._ids import attempt_task_id, logical_task_id
@@ -59,40 +65,25 @@ class _Attempt:
     held: bool = True
 
 
-class TaskStateGuardMiddleware(Middleware):
+class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     """Record Dramatiq messages (logical tasks) and their attempts in a TaskStateGuard ledger.
 
     Add it **outermost** (first in ``broker.middleware``), before actor modules are imported;
     :func:`task_state_guard_dramatiq.install` does both for you. Settings: argument, then
     ``TSG_<NAME>`` environment variable, then the default shared by every adapter.
+    ``mark_delivered``, ``mark_delivery_failed``, ``reconcile``, ``stats`` and ``settings`` are
+    the core's :class:`~task_state_guard.integration.AdapterSurface` (one meaning in every
+    adapter); the ids are Dramatiq message ids.
 
     No SQLite connection is opened here: the ledger is opened lazily, per process, on first
     use, so a broker built before a ``fork`` is safe.
     """
 
     def __init__(
-        self,
-        db: str | os.PathLike[str] | None = None,
-        *,
-        active_grace_seconds: float | None = None,
-        delivery_grace_seconds: float | None = None,
-        heartbeat_seconds: float | None = None,
-        reconcile_on_boot: bool | None = None,
-        reconcile_interval_seconds: float | None = None,
-        strict: bool | None = None,
-        busy_timeout_ms: int | None = None,
+        self, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
     ) -> None:
-        self.settings = resolve_settings(
-            db=db,
-            active_grace_seconds=active_grace_seconds,
-            delivery_grace_seconds=delivery_grace_seconds,
-            heartbeat_seconds=heartbeat_seconds,
-            reconcile_on_boot=reconcile_on_boot,
-            reconcile_interval_seconds=reconcile_interval_seconds,
-            strict=strict,
-            busy_timeout_ms=busy_timeout_ms,
-        )
-        self.runtime = AdapterRuntime(self.settings, logger=logger, subject="message")
+        resolved = resolve_settings(db=db, **settings)
+        self.runtime = AdapterRuntime(resolved, logger=logger, subject="message")
         self._local = threading.local()
         self._reconciler: tuple[int, threading.Event, threading.Thread] | None = None
         self._broker: Broker | None = None
@@ -117,28 +108,6 @@ class TaskStateGuardMiddleware(Middleware):
         """The attempt id of the message running in this thread (sync actors), if any."""
         state: _Attempt | None = getattr(self._local, "current", None)
         return state.attempt_id if state is not None else None
-
-    def mark_delivered(self, message_id: str) -> Task | None:
-        """Record that the result of ``message_id`` reached its user (transport acknowledged).
-
-        A broker ack is not a delivery. Outside the running message: written at once, returns
-        the updated logical task, raises the core's errors. From inside the actor processing
-        that message (same process): kept and written with the logical task's close; returns
-        ``None``.
-        """
-        return self.runtime.mark_delivered(logical_task_id(message_id))
-
-    def mark_delivery_failed(self, message_id: str) -> Task | None:
-        """Record that delivering the result of ``message_id`` failed (same rules as above)."""
-        return self.runtime.mark_delivery_failed(logical_task_id(message_id))
-
-    def reconcile(self, *, dry_run: bool = False) -> dict[str, Any]:
-        """Run the core's reconcile with this middleware's graces; returns the nine counts."""
-        return self.runtime.reconcile(dry_run=dry_run)
-
-    def stats(self) -> dict[str, Any]:
-        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
-        return self.runtime.stats()
 
     def uninstall(self) -> None:
         """Remove this middleware from the broker it was installed on and close it."""

@@ -12,14 +12,17 @@ from . import codes
 from .errors import ErrorPolicy
 from .ids import IdScheme, name_label
 from .runtime import AdapterRuntime, Closing
-from .settings import ConfigurationError, Settings, env_name, resolve_settings
+from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
+from .surface import AdapterSurface
 
 __all__ = [
     "AdapterRuntime",
+    "AdapterSurface",
     "Closing",
     "ConfigurationError",
     "ErrorPolicy",
     "IdScheme",
+    "SettingArgs",
     "Settings",
     "codes",
     "env_name",

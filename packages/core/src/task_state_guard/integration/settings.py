@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from ..model import MAX_SECONDS, InvalidInput
 
@@ -49,6 +49,18 @@ _NAMES = (
     "strict",
     "busy_timeout_ms",
 )
+
+
+class SettingArgs(TypedDict, total=False):
+    """The settings an adapter's install function takes as keywords (``None``: not given)."""
+
+    active_grace_seconds: float | None
+    delivery_grace_seconds: float | None
+    heartbeat_seconds: float | None
+    reconcile_on_boot: bool | None
+    reconcile_interval_seconds: float | None
+    strict: bool | None
+    busy_timeout_ms: int | None
 
 
 class ConfigurationError(InvalidInput, ValueError):
@@ -216,6 +228,7 @@ def resolve_settings(
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
     "ConfigurationError",
+    "SettingArgs",
     "Settings",
     "env_name",
     "resolve_settings",
