@@ -49,7 +49,7 @@ class Invocation:
                     getattr(output, "interrupts", None)
                     or (isinstance(output, dict) and output.get("__interrupt__"))
                 )
-            outcome = "interrupted" if interrupted else "succeeded"
+            outcome = "interrupted" if interrupted else c.SUCCEEDED
             leftover: c.Outcome = (c.CANCELLED, None)
         else:
             status, code = classify_error(exc)
