@@ -94,7 +94,7 @@ def main() -> None:
                     per_s, ms = rate(calls[label], args.per_round)
                     rates[label].append(per_s)
                     cpu_ms[label].append(ms)
-            errors = sum(full.ledger_errors.values()) + sum(light.ledger_errors.values())
+            errors = sum(full.stats()["errors"].values()) + sum(light.stats()["errors"].values())
         finally:
             full.close()
             light.close()

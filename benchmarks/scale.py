@@ -1,4 +1,4 @@
-"""Scale run (E10): reconcile, dry-run, doctor, status and prune on 100k and 1M task ledgers.
+"""Scale run: reconcile, dry-run, doctor, status and prune on 100k and 1M task ledgers.
 
 A bulk loader writes exactly the rows and events the API would write (doctor must call the
 result healthy before anything is measured). Per block of 20 tasks: 2 running tasks whose

@@ -12,7 +12,10 @@ What it does, in a private temporary directory that it deletes at the end:
 4. restarts the worker: before it takes its first task, its boot step reconciles the
    ledger, and the lost attempt - and its logical task - are closed ``timed_out/owner_lost``
    at once, because the process that owned them is provably dead (no 600 s wait);
-5. sends two more tasks, which succeed, and runs ``doctor``.
+5. sends two more tasks, which succeed;
+6. runs a later ``tsg reconcile`` with a short delivery grace, which closes the killed task's
+   deliveries (owed to nobody) ``not_applicable``, and runs ``doctor``: no delivery is left
+   pending.
 
 The ledger is shown with the ``task-state-guard status --format text`` command at each step.
 The demo's task arguments are fixed, synthetic numbers; nothing else is stored.
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+DEMO_DELIVERY_GRACE = 2.0
 
 # --------------------------------------------------------------------------- worker side
 # `celery -A celery_crash_demo worker` imports this module with TSG_DEMO_DIR set.
@@ -221,9 +225,9 @@ def main() -> int:
 
         _banner("5. Restart the worker: it reconciles on boot, before consuming")
         second = demo.start_worker()
-        boot = [line for line in demo.logs[-1].read_text().splitlines()
-                if "reconcile on boot" in line]
-        report = json.loads(boot[0].split("reconcile on boot ", 1)[1]) if boot else {}
+        marker = "task-state-guard: reconcile (reconcile_on_boot) "
+        boot = [line for line in demo.logs[-1].read_text().splitlines() if marker in line]
+        report = json.loads(boot[0].split(marker, 1)[1]) if boot else {}
         _say(f"  worker pid {second.pid} is ready; its boot reconcile report:")
         _say("  " + json.dumps(report, sort_keys=True))
         demo.ledger_view(long_job.id, "long task")
@@ -240,18 +244,33 @@ def main() -> int:
             demo.wait("new tasks", lambda r=result: demo.task_status(r.id) == "succeeded")
         demo.status("7. Tasks sent after the restart succeeded")
 
+        _say("  Every attempt, and every task that owes nobody a delivery, closed its delivery")
+        _say("  not_applicable together with the task. Only the killed task's two records are")
+        _say("  still pending: the worker died before it could close anything, and reconcile")
+        _say("  closes a terminal task's delivery once the delivery grace has passed.")
+
+        time.sleep(DEMO_DELIVERY_GRACE)
+        _banner(f"8. A later reconcile (here with a {DEMO_DELIVERY_GRACE:g} s delivery grace)")
+        out = subprocess.run(
+            [sys.executable, "-m", "task_state_guard", "--db", demo.db, "reconcile",
+             "--delivery-grace-seconds", f"{DEMO_DELIVERY_GRACE:g}"],
+            env=demo.env, capture_output=True, text=True, check=False,
+        )
+        _say("  " + out.stdout.strip())
+
         from task_state_guard import Ledger
 
         with Ledger(demo.db) as ledger:
             doctor = ledger.doctor()
-        _banner("8. doctor (counts only)")
+            pending = ledger.status()["deliveries"]["pending"]
+        _banner("9. doctor (counts only)")
         _say("  " + json.dumps({"healthy": doctor["healthy"], "task_count": doctor["task_count"]},
                               sort_keys=True))
+        _say(f"  pending deliveries: {pending} (no task here owes anybody a delivery)")
         _say("  Nothing unknown was turned into success: the killed report is timed_out.")
-        _say("  Deliveries stay pending until the application confirms them (mark_delivered);")
-        _say("  for tasks that deliver nothing, reconcile makes them not_applicable after the")
-        _say("  delivery grace.")
-        return 0 if doctor["healthy"] else 1
+        _say("  A task declared with tsg_delivery=True would keep its delivery pending until")
+        _say("  the application confirms it (mark_delivered) or the grace expires (failed).")
+        return 0 if doctor["healthy"] and pending == 0 else 1
     finally:
         if demo is not None:
             demo.stop()

@@ -92,7 +92,8 @@ def main() -> int:
         return run([python, "examples/celery_crash_demo.py", *extra])
     ensure_services()
     status = run([os.path.join(venv_bin, "ruff"), "check", "."])
-    status |= run([os.path.join(venv_bin, "mypy"), "--strict", "packages/core/src"])
+    status |= run([os.path.join(venv_bin, "mypy"), "--strict", "packages/core/src",
+                   *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph"))])
     status |= run([python, "-m", "pytest", "-q", *extra])
     return 1 if status else 0
 

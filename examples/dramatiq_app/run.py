@@ -35,7 +35,7 @@ def main() -> int:
     os.environ.update(
         {
             "TSG_DB": str(db),
-            "TSG_HEARTBEAT_INTERVAL_SECONDS": "1",
+            "TSG_HEARTBEAT_SECONDS": "1",
             "DEMO_OUTBOX": str(workdir),
             "DEMO_NAMESPACE": f"tsg-dramatiq-demo-{uuid.uuid4().hex[:8]}",
             "DEMO_REDIS_HEARTBEAT_MS": "3000",

@@ -129,7 +129,7 @@ def run(work: Path) -> None:
             app.mark_delivered(rec.invocation_id)
     show(app.ledger, app.logical_task_id("req-5"))
     print(f"    doctor: {json.dumps(app.ledger.doctor(), sort_keys=True)}")
-    print(f"    ledger errors: {app.ledger_errors}")
+    print(f"    ledger errors: {app.stats()['errors']}")
     app.close()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import task_state_guard_celery
 from celery_harness import Scenario, wait_for
+from task_state_guard import StateConflict
 
 
 def test_success_then_mark_delivered(scenario: Scenario) -> None:
@@ -44,14 +45,17 @@ def test_success_then_mark_delivered(scenario: Scenario) -> None:
     finally:
         guard.uninstall()
 
-    # The non-delivering task's delivery becomes not_applicable after the grace.
-    assert str(scenario.parent(plain.id).delivery_status) == "pending"
-    scenario.reconcile(delivery_grace=0)
+    # The non-delivering task and every attempt owe nobody a delivery: closed at once.
     parent = scenario.parent(plain.id)
     assert (str(parent.delivery_status), parent.delivery_code) == (
         "not_applicable",
         "internal_task",
     )
+    for result in (plain, delivering):
+        assert all(
+            (str(a.delivery_status), a.delivery_code) == ("not_applicable", "internal_task")
+            for a in scenario.attempts(result.id)
+        )
     assert str(scenario.parent(delivering.id).delivery_status) == "delivered"
     scenario.assert_healthy()
 
@@ -69,9 +73,9 @@ def test_mark_delivery_failed(scenario: Scenario) -> None:
             "failed",
             "transport_failed",
         )
-        # Delivered after failed is a conflict: counted, never a rewrite.
-        assert guard.mark_delivered(result.id) is None
-        assert guard.stats()["conflicts"] == {"delivery_delivered": 1}
+        # Delivered after failed is a conflict: raised like the core, never a rewrite.
+        with pytest.raises(StateConflict):
+            guard.mark_delivered(result.id)
     finally:
         guard.uninstall()
     assert str(scenario.parent(result.id).delivery_status) == "failed"
@@ -207,13 +211,14 @@ def test_other_pools_success_failure_retry(scenario: Scenario, pool: str) -> Non
     scenario.assert_healthy()
 
 
-def test_name_that_does_not_fit_is_dropped(scenario: Scenario) -> None:
+def test_name_that_does_not_fit_is_relabelled(scenario: Scenario) -> None:
+    """The label rule of every adapter: characters outside the label set become ``_``."""
     scenario.start_worker()
     result = scenario.send("tsgt bad name!")
     assert result.get(timeout=20) == "ok"
     parent = scenario.wait_parent(result.id, "succeeded")
-    assert parent.name is None
-    assert [a.name for a in scenario.attempts(result.id)] == [None]
+    assert parent.name == "tsgt_bad_name_"
+    assert [a.name for a in scenario.attempts(result.id)] == ["tsgt_bad_name_"]
     scenario.assert_healthy()
 
 
@@ -238,11 +243,11 @@ def test_unwritable_ledger_tasks_still_run(scenario: Scenario) -> None:
     with pytest.raises(ValueError):
         results[3].get(timeout=20)
     log = worker.log()
-    kinds = [line for line in log.splitlines() if "task-state-guard: ledger error in" in line]
+    kinds = [line for line in log.splitlines() if "task-state-guard: ledger error (" in line]
     assert kinds, log
-    hooks = [line.split("ledger error in ")[1].split(" ")[0] for line in kinds]
-    assert len(hooks) == len(set(hooks)), kinds  # once per kind (per process)
-    assert "task_prerun" in hooks
+    logged = [line.split("ledger error (")[1].split(")")[0] for line in kinds]
+    assert len(logged) == len(set(logged)), kinds  # once per kind (per process)
+    assert "task_prerun" in [kind.split(":")[0] for kind in logged]
     worker.stop()
     # Nothing was written; the ledger is still healthy.
     assert scenario.ledger.status()["tasks"]["queued"] == 1

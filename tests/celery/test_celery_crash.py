@@ -79,7 +79,7 @@ def test_whole_worker_sigkill_default_acks(any_broker: Scenario) -> None:
     log = restarted.log()
     assert '"tasks_timed_out":2' in log, log
     # The boot reconcile happened before the worker was ready to consume.
-    assert log.index("reconcile on boot") < log.index(" ready.")
+    assert log.index("task-state-guard: reconcile (") < log.index(" ready.")
     assert scenario.outcome(result.id) == (
         ("timed_out", "owner_lost"),
         [("timed_out", "owner_lost")],
@@ -109,7 +109,8 @@ def test_whole_worker_sigkill_acks_late(any_broker: Scenario) -> None:
     assert result.get(timeout=30) == "second"
     log = restarted.log()
     # Closed at boot, before this worker received the redelivered message.
-    assert log.index("reconcile on boot") < log.index(f"tsgt.sleep_late[{result.id}] received")
+    booted = log.index("task-state-guard: reconcile (")
+    assert booted < log.index(f"tsgt.sleep_late[{result.id}] received")
     scenario.wait_parent(result.id, "succeeded")
     assert scenario.outcome(result.id) == (
         ("succeeded", "worker_completed"),
@@ -155,7 +156,7 @@ def test_several_workers_boot_at_once(scenario: Scenario, workers: int) -> None:
     total = 0
     for worker in started:
         log = worker.log()
-        assert "reconcile on boot" in log and "ledger error" not in log, log
+        assert "task-state-guard: reconcile (" in log and "ledger error" not in log, log
         for count in range(0, 3):
             if f'"tasks_timed_out":{count}' in log:
                 total += count

@@ -132,7 +132,7 @@ def test_hard_time_limit_double_failure_is_idempotent(
         # give the second one a moment, then check that nothing conflicted.
         time.sleep(0.5)
         new = base.workers[0].log()[len(before) :]
-        assert "rejected conflicting" not in new and "ledger error" not in new, new
+        assert " refused: " not in new and "ledger error" not in new, new
         sc.assert_healthy()
     finally:
         sc.close()
@@ -233,6 +233,10 @@ def test_late_completion_after_timeout_is_a_counted_conflict(scenario: Scenario)
     attempt = scenario.ledger.get_task(attempt_id)
     assert (str(attempt.status), attempt.terminal_code) == ("timed_out", "deadline_exceeded")
     log = worker.log()
-    assert log.count("rejected conflicting transition (attempt_close_conflict)") == 1, log
+    assert log.count("task-state-guard: attempt_close refused") == 1, log
+    # The timed-out attempt still owed nobody a delivery: closed with the refused completion.
+    assert (str(attempt.delivery_status), attempt.delivery_code) == (
+        "not_applicable", "internal_task"
+    )
     scenario.assert_healthy()
 

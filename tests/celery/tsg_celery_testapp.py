@@ -77,6 +77,12 @@ def _register(app: Celery) -> None:
     def deliver() -> str:
         return "answer"
 
+    @app.task(name="tsgt.deliver_inside", bind=True, tsg_delivery=True)
+    def deliver_inside(self: Any) -> str:
+        # Inside the running task the mark is kept until the task's own close.
+        marked = task_state_guard_celery.mark_delivered(self.request.id, app=app)
+        return "deferred" if marked is None else "written"
+
     @app.task(name="tsgt.fail")
     def fail() -> None:
         raise ValueError("user secret that must never reach the ledger")

@@ -34,7 +34,7 @@ def _sigkill_mid_message(env: BrokerEnv, *, redelivery_extra: dict[str, str]) ->
     """SIGKILL the worker process running a message, restart the CLI at once (grace 600 s)."""
     common = {
         "TSG_ACTIVE_GRACE_SECONDS": "600",
-        "TSG_HEARTBEAT_INTERVAL_SECONDS": "0.5",
+        "TSG_HEARTBEAT_SECONDS": "0.5",
         "TSG_TEST_REDIS_HEARTBEAT_MS": "2000",
     }
     first = CliWorker(env, extra_env=common).start()
@@ -74,8 +74,8 @@ def _sigkill_mid_message(env: BrokerEnv, *, redelivery_extra: dict[str, str]) ->
             if attempt.started_at >= second.started_at:
                 assert lost.ended_at is not None and lost.ended_at <= attempt.started_at
         log = second.log()
-        assert "'tasks_timed_out': 1" in log or '"tasks_timed_out": 1' in log, log
-        assert "TaskStateGuard ledger error" not in log, log
+        assert '"tasks_timed_out":1' in log, log
+        assert "task-state-guard: ledger error" not in log, log
         assert_healthy(ledger)
     finally:
         if second is not None:
@@ -98,7 +98,7 @@ def test_sigkill_mid_message_rabbitmq(rabbit_env: BrokerEnv) -> None:
 
 def test_same_message_in_flight_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
     """Two deliveries of one message_id at once (as after a RabbitMQ consumer timeout)."""
-    worker = CliWorker(rabbit_env, extra_env={"TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2"}).start()
+    worker = CliWorker(rabbit_env, extra_env={"TSG_HEARTBEAT_SECONDS": "0.2"}).start()
     producer = Producer(rabbit_env)
     ledger = Ledger(str(rabbit_env.db))
     try:
@@ -118,7 +118,7 @@ def test_same_message_in_flight_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
         assert a.started_at < b.ended_at and b.started_at < a.ended_at  # really concurrent
         parent = wait_closed(ledger, msg.message_id)
         assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
-        assert "TaskStateGuard ledger error" not in worker.log()
+        assert "task-state-guard: ledger error" not in worker.log()
         assert_healthy(ledger)
     finally:
         worker.stop()
@@ -127,7 +127,7 @@ def test_same_message_in_flight_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
 
 
 def test_shutdown_interrupts_notified_actor(redis_env: BrokerEnv) -> None:
-    extra = {"TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2"}
+    extra = {"TSG_HEARTBEAT_SECONDS": "0.2"}
     first = CliWorker(redis_env, extra_env=extra).start()
     producer = Producer(redis_env)
     ledger = Ledger(str(redis_env.db))
@@ -150,7 +150,7 @@ def test_shutdown_interrupts_notified_actor(redis_env: BrokerEnv) -> None:
             ("succeeded", "worker_completed"),
         ]
         assert attempts[1].id == attempt_task_id(mid, 1)  # the queued attempt was claimed
-        assert "TaskStateGuard ledger error" not in first.log()
+        assert "task-state-guard: ledger error" not in first.log()
         assert_healthy(ledger)
     finally:
         if second is not None:
@@ -185,7 +185,7 @@ def test_unwritable_ledger_never_breaks_messages(redis_env: BrokerEnv) -> None:
     per_message = list(
         line
         for line in log.splitlines()
-        if "TaskStateGuard ledger error in before_process_message" in line
+        if "task-state-guard: ledger error (before_process_message" in line
     )
     # Logged once per kind and process (2 processes), however many messages failed.
     assert 1 <= len(per_message) <= 2, log
@@ -197,7 +197,7 @@ def test_unwritable_ledger_never_breaks_messages(redis_env: BrokerEnv) -> None:
 @pytest.mark.parametrize("processes", [2])
 def test_concurrent_boot_reconcile_is_safe(redis_env: BrokerEnv, processes: int) -> None:
     """Two CLIs (4 processes) booting at once on one ledger all reconcile without errors."""
-    extra = {"TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2"}
+    extra = {"TSG_HEARTBEAT_SECONDS": "0.2"}
     workers = [CliWorker(redis_env, extra_env=extra, processes=processes) for _ in range(2)]
     for worker in workers:
         worker.start(wait=False)
@@ -217,8 +217,8 @@ def test_concurrent_boot_reconcile_is_safe(redis_env: BrokerEnv, processes: int)
             worker.stop()
     for worker in workers:
         log = worker.log()
-        assert log.count("TaskStateGuard reconcile (before_worker_boot)") == processes, log
-        assert "TaskStateGuard ledger error" not in log, log
+        assert log.count("task-state-guard: reconcile (before_worker_boot)") == processes, log
+        assert "task-state-guard: ledger error" not in log, log
 
 
 def _rabbit_setting(key: str, value: int | None = None) -> int:
@@ -253,7 +253,7 @@ def test_consumer_timeout_runs_the_message_twice_rabbitmq(rabbit_env: BrokerEnv)
     old_tick = _rabbit_setting("channel_tick_interval")
     producer = Producer(rabbit_env)
     ledger = Ledger(str(rabbit_env.db))
-    worker = CliWorker(rabbit_env, extra_env={"TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2"})
+    worker = CliWorker(rabbit_env, extra_env={"TSG_HEARTBEAT_SECONDS": "0.2"})
     try:
         _rabbit_setting("consumer_timeout", 2000)
         _rabbit_setting("channel_tick_interval", 500)
@@ -283,7 +283,7 @@ def test_consumer_timeout_runs_the_message_twice_rabbitmq(rabbit_env: BrokerEnv)
         assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
         log = worker.log()
         assert "PRECONDITION_FAILED" in log  # it really was the broker's consumer timeout
-        assert "TaskStateGuard ledger error" not in log
+        assert "task-state-guard: ledger error" not in log
         assert_healthy(ledger)
     finally:
         worker.stop()

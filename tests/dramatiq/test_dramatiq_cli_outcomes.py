@@ -51,7 +51,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, redis_available: None) -> I
         env,
         extra_env={
             "TSG_ACTIVE_GRACE_SECONDS": str(WORKER_GRACE),
-            "TSG_HEARTBEAT_INTERVAL_SECONDS": "0.2",
+            "TSG_HEARTBEAT_SECONDS": "0.2",
             "TSG_TEST_BACKOFF_MS": str(BACKOFF_MS),
         },
     ).start()
@@ -65,7 +65,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, redis_available: None) -> I
         state.ledger.close()
         env.cleanup()
         # No ledger error was logged by any hook during the whole module.
-        assert "TaskStateGuard ledger error" not in log, log
+        assert "task-state-guard: ledger error" not in log, log
         assert "Unexpected failure" not in log, log
 
 
@@ -78,7 +78,7 @@ def _healthy_after(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def test_boot_reconciles_in_every_worker_process(shared: Shared) -> None:
     log = shared.worker.log()
-    assert log.count("TaskStateGuard reconcile (before_worker_boot)") == 2, log
+    assert log.count("task-state-guard: reconcile (before_worker_boot)") == 2, log
 
 
 def test_success_and_delivery(shared: Shared) -> None:
@@ -90,10 +90,12 @@ def test_success_and_delivery(shared: Shared) -> None:
     for mid in (internal, marked, unmarked, inside):
         parent = wait_closed(ledger, mid)
         assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
-        assert parent.delivery_status == ("delivered" if mid == inside else "pending")
+        expected = {inside: "delivered", internal: "not_applicable"}.get(mid, "pending")
+        assert parent.delivery_status == expected  # a task that owes nobody closes it at once
         attempts = attempts_of(ledger, mid)
         assert outcomes(attempts) == [("succeeded", "worker_completed")]
         assert attempts[0].delivery_required is False
+        assert attempts[0].delivery_status == "not_applicable"  # closed with the attempt
         assert attempts[0].has_owner is True
         assert parent.has_owner is False
     assert parent_of(ledger, internal).delivery_required is False  # type: ignore[union-attr]
@@ -108,7 +110,7 @@ def test_success_and_delivery(shared: Shared) -> None:
     assert (task.delivery_status, task.delivery_code) == ("delivered", "transport_acknowledged")
     assert guard.logical_task_id(marked) == logical_task_id(marked) == task.id
 
-    # Broker acks are not deliveries: the others stay pending until the delivery grace.
+    # Broker acks are not deliveries: an unmarked delivery stays pending until the grace.
     time.sleep(0.6)
     ledger.reconcile(ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=0.5))
     internal_parent = parent_of(ledger, internal)

@@ -10,7 +10,7 @@ TSG_TEST_QUEUE      queue of every actor
 TSG_TEST_DIR        scratch directory (pid / marker files)
 TSG_TEST_BACKOFF_MS min_backoff of the retrying actors
 TSG_TEST_REDIS_HEARTBEAT_MS  Redis broker heartbeat_timeout (redelivery after a crash)
-TSG_DB, TSG_ACTIVE_GRACE_SECONDS, TSG_HEARTBEAT_INTERVAL_SECONDS, TSG_STRICT ...  adapter
+TSG_DB, TSG_ACTIVE_GRACE_SECONDS, TSG_HEARTBEAT_SECONDS, TSG_STRICT ...  adapter
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def test_long_node_stays_running_with_background_heartbeats(
         _graph(long).compile(checkpointer=saver),
         db=db,
         strict=True,
-        heartbeat_interval=0.1,
+        heartbeat_seconds=0.1,
         active_grace_seconds=GRACE,
     )
     apps.append(app)
@@ -124,7 +125,7 @@ def test_heartbeat_helper_keeps_a_long_node_fresh(db: str, saver: Any, apps: lis
         _graph(long).compile(checkpointer=saver),
         db=db,
         strict=True,
-        heartbeat_interval=0,
+        heartbeat_seconds=0,
         active_grace_seconds=GRACE,
     )
     apps.append(app)
@@ -148,7 +149,7 @@ def test_without_heartbeats_a_late_completion_is_a_rejected_conflict(
     app = guard(
         _graph(long).compile(checkpointer=saver),
         db=db,
-        heartbeat_interval=0,
+        heartbeat_seconds=0,
         active_grace_seconds=GRACE,
     )
     apps.append(app)
@@ -162,17 +163,20 @@ def test_without_heartbeats_a_late_completion_is_a_rejected_conflict(
         "restart_stale",
         (("long", "timed_out", "restart_stale", ()),),
     )
-    assert app.ledger_errors == {"close:StateConflict": 2}
+    assert app.stats()["conflicts"] == {"attempt_close": 1, "logical_close": 1}
+    assert app.stats()["errors"] == {}
     assert_healthy(app.ledger)
 
 
 def test_open_tasks_are_beaten_and_forgotten_after_close_and_fork(db: str) -> None:
-    from task_state_guard_langgraph._errors import ErrorLog
+    from task_state_guard.integration import AdapterRuntime, resolve_settings
     from task_state_guard_langgraph._recorder import Recorder
 
     task = "6f0c3b8e-4a57-5d7e-9a51-000000000001"
     with Ledger(db) as ledger:
-        rec = Recorder(ledger, ErrorLog(strict=True), heartbeat_interval=0.05)
+        settings = resolve_settings(db_required=False, strict=True, heartbeat_seconds=0.05)
+        runtime = AdapterRuntime(settings, logger=logging.getLogger("t"), ledger=ledger)
+        rec = Recorder(runtime)
         try:
             assert rec.open(task, parent_id=None, delivery_required=True, name="inv")
             deadline = time.monotonic() + 10
@@ -181,13 +185,13 @@ def test_open_tasks_are_beaten_and_forgotten_after_close_and_fork(db: str) -> No
                 time.sleep(0.02)
             pid = os.fork()
             if pid == 0:  # a forked child does not beat its parent's tasks
-                os._exit(0 if rec._snapshot() == [] else 1)
+                os._exit(0 if runtime.stats()["heartbeating"] == 0 else 1)
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0
-            assert rec._snapshot() == [task]
+            assert runtime.held(task) and runtime.stats()["heartbeating"] == 1
             rec.close(task, "succeeded", "completed", internal=False)
-            assert rec._snapshot() == []
+            assert runtime.stats()["heartbeating"] == 0
             assert str(ledger.get_task(task).status) == "succeeded"
         finally:
-            rec.stop()
+            runtime.close()
         assert_healthy(ledger)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 import uuid
 
+from task_state_guard.integration import name_label as sanitize_name
 from task_state_guard_langgraph import (
     NAMESPACE,
     attempt_task_id,
     logical_task_id,
     recovery_invocation_id,
 )
-from task_state_guard_langgraph._ids import AttemptIds, sanitize_name
+from task_state_guard_langgraph._ids import AttemptIds
 
 LABEL = re.compile(r"^[A-Za-z0-9_<][A-Za-z0-9_.:\-/<>]{0,199}$")
 

@@ -62,14 +62,15 @@ def test_invocation_completes(db: str, saver: Any, apps: list[Any]) -> None:
         assert child["delivery"] == "not_applicable"
     assert_healthy(app.ledger)
 
-    assert app.mark_delivered("req-1") is True
+    delivered = app.mark_delivered("req-1")
+    assert delivered is not None and delivered.delivery_status == "delivered"
     task = app.ledger.get_task(task_id)
     assert (str(task.delivery_status), task.delivery_code) == (
         "delivered",
         "transport_acknowledged",
     )
-    assert app.mark_delivered("req-1") is True  # idempotent
-    assert app.ledger_errors == {}
+    assert app.mark_delivered("req-1") == delivered  # idempotent
+    assert app.stats()["errors"] == {}
     assert_healthy(app.ledger)
 
 
@@ -79,7 +80,7 @@ def test_mark_delivery_failed_and_generated_id(db: str, saver: Any, apps: list[A
     app.invoke({"log": []}, {"configurable": {"thread_id": "t2"}})
     generated = app.last_invocation_id
     assert generated
-    assert app.mark_delivery_failed(generated) is True
+    assert app.mark_delivery_failed(generated) is not None
     task = app.ledger.get_task(app.logical_task_id(generated))
     assert (str(task.status), str(task.delivery_status), task.delivery_code) == (
         "succeeded",
@@ -89,13 +90,17 @@ def test_mark_delivery_failed_and_generated_id(db: str, saver: Any, apps: list[A
     assert_healthy(app.ledger)
 
 
-def test_unknown_invocation_delivery_is_counted_not_raised(
+def test_unknown_invocation_delivery_raises_like_the_core(
     db: str, saver: Any, apps: list[Any]
 ) -> None:
+    import pytest
+    from task_state_guard import TaskNotFound
+
     app = guard(_linear().compile(checkpointer=saver), db=db)
     apps.append(app)
-    assert app.mark_delivered("never-ran") is False
-    assert app.ledger_errors == {"delivery:TaskNotFound": 1}
+    with pytest.raises(TaskNotFound):
+        app.mark_delivered("never-ran")
+    assert app.stats()["errors"] == {}
 
 
 def test_names_are_sanitized_labels(db: str, saver: Any, apps: list[Any]) -> None:
@@ -151,7 +156,7 @@ def test_reused_invocation_id_runs_the_graph_and_counts_a_conflict(
     app.invoke({"log": []}, cfg, invocation_id="dup")
     out = app.invoke({"log": []}, cfg, invocation_id="dup")
     assert out["log"][-2:] == ["plan", "act"]
-    assert app.ledger_errors == {"start:StateConflict": 1}
+    assert app.stats()["errors"] == {"open:StateConflict": 1}
     root = tree(app.ledger, app.logical_task_id("dup"))
     assert len(root["children"]) == 2  # the second run was not recorded over the first
     assert_healthy(app.ledger)
@@ -186,7 +191,7 @@ def test_concurrent_invocations_from_threads(db: str, saver: Any, apps: list[Any
             "succeeded",
             "completed",
         )
-    assert app.ledger_errors == {}
+    assert app.stats()["errors"] == {}
     assert_healthy(app.ledger)
 
 
@@ -253,7 +258,7 @@ def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> Non
     builder.add_edge("plan", "act")
     ledger = _CountingLedger(db)
     app = guard(
-        builder.compile(checkpointer=saver), ledger=ledger, strict=True, heartbeat_interval=0
+        builder.compile(checkpointer=saver), ledger=ledger, strict=True, heartbeat_seconds=0
     )
     apps.append(app)
     before = ledger.transactions

@@ -71,7 +71,7 @@ def test_callback_handler_without_wrapper(db: str, saver: Any) -> None:
     graph = builder.compile(checkpointer=saver)
     with Ledger(db) as ledger:
         handler = GuardCallbackHandler(
-            ledger, invocation_id="cb-1", graph=graph, strict=True, heartbeat_interval=None
+            ledger, invocation_id="cb-1", graph=graph, strict=True, heartbeat_seconds=0
         )
         graph.invoke({"log": []}, {"configurable": {"thread_id": "cb"}, "callbacks": [handler]})
         root = tree(ledger, logical_task_id("cb-1"))
@@ -89,7 +89,7 @@ def test_callback_handler_without_wrapper(db: str, saver: Any) -> None:
             ),
         )
         assert root["delivery_required"] is True
-        assert handler.errors.counts() == {}
+        assert handler.stats()["errors"] == {}
         assert_healthy(ledger)
 
 
@@ -102,7 +102,7 @@ def test_callback_handler_records_failure(db: str, saver: Any) -> None:
     builder.add_edge(START, "bad")
     graph = builder.compile(checkpointer=saver)
     with Ledger(db) as ledger:
-        handler = GuardCallbackHandler(ledger, strict=True, heartbeat_interval=None)
+        handler = GuardCallbackHandler(ledger, strict=True, heartbeat_seconds=0)
         with pytest.raises(KeyError):
             graph.invoke({"log": []}, {"configurable": {"thread_id": "cf"}, "callbacks": [handler]})
         roots = [t for t in (ledger.get_task(i) for i in ledger.find_task_ids("failed"))]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, Unpack
 
 from celery import bootsteps  # type: ignore[import-untyped]
+from task_state_guard.integration import SettingArgs, resolve_settings
 
-from ._config import resolve
 from ._guard import CeleryGuard
 
 _lock = threading.RLock()
@@ -47,22 +47,13 @@ def installed_guards() -> list[CeleryGuard]:
 
 
 def install(
-    app: Any,
-    db: str | os.PathLike[str] | None = None,
-    *,
-    active_grace_seconds: float | None = None,
-    delivery_grace_seconds: float | None = None,
-    heartbeat_seconds: float | None = None,
-    reconcile_on_boot: bool | None = None,
-    strict: bool | None = None,
-    busy_timeout_ms: int | None = None,
+    app: Any, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
 ) -> CeleryGuard:
     """Record ``app``'s tasks in the ledger at ``db``; idempotent per app.
 
-    Settings come from the arguments, then ``app.conf.tsg_<name>``, then the
-    ``TSG_<NAME>`` environment variable (``TSG_DB``, ``TSG_ACTIVE_GRACE_SECONDS``,
-    ``TSG_DELIVERY_GRACE_SECONDS``, ``TSG_HEARTBEAT_SECONDS``,
-    ``TSG_RECONCILE_ON_BOOT``, ``TSG_STRICT``, ``TSG_BUSY_TIMEOUT_MS``).
+    Each setting comes from the argument, then ``app.conf.tsg_<name>``, then the
+    ``TSG_<NAME>`` environment variable, then the default shared by every adapter (see
+    :mod:`task_state_guard.integration.settings`); a bad value raises ``ConfigurationError``.
     Call it in the module that defines the app: the worker's main process and every
     pool child then record. A second call for the same app returns the first guard.
     """
@@ -70,17 +61,10 @@ def install(
         existing = guard_for(app)
         if existing is not None:
             return existing
-        settings = resolve(
-            app,
-            db=db,
-            active_grace_seconds=active_grace_seconds,
-            delivery_grace_seconds=delivery_grace_seconds,
-            heartbeat_seconds=heartbeat_seconds,
-            reconcile_on_boot=reconcile_on_boot,
-            strict=strict,
-            busy_timeout_ms=busy_timeout_ms,
+        resolved = resolve_settings(
+            framework=lambda name: app.conf.get(f"tsg_{name}"), db=db, **settings
         )
-        guard = CeleryGuard(app, settings)
+        guard = CeleryGuard(app, resolved)
         guard._connect()
         app.steps["worker"].add(ReconcileOnBoot)
         _guards[id(app)] = guard

@@ -10,22 +10,23 @@ internal child task. See the package README for the full model.
 
 from __future__ import annotations
 
+from task_state_guard.integration import ConfigurationError, Settings
+
 from ._ids import ATTEMPT_NAMESPACE, MESSAGE_NAMESPACE, attempt_task_id, logical_task_id
 from ._install import find, install, uninstall
-from ._settings import Settings, resolve_settings
 from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
 
 __all__ = [
     "ACTOR_OPTION",
     "ATTEMPT_NAMESPACE",
     "MESSAGE_NAMESPACE",
+    "ConfigurationError",
     "Settings",
     "TaskStateGuardMiddleware",
     "attempt_task_id",
     "find",
     "install",
     "logical_task_id",
-    "resolve_settings",
     "uninstall",
 ]
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import re
 import uuid
+
+from task_state_guard.integration import IdScheme, name_label
 
 __all__ = [
     "ATTEMPT_NAMESPACE",
     "MESSAGE_NAMESPACE",
     "attempt_task_id",
-    "label",
     "logical_task_id",
+    "name_label",
 ]
 
 #: Namespace of the logical task (parent) ids: ``uuid5(MESSAGE_NAMESPACE, message_id)``.
@@ -18,8 +19,8 @@ MESSAGE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramati
 #: Namespace of the expected attempt ids: ``uuid5(ATTEMPT_NAMESPACE, f"{message_id}/{retries}")``.
 ATTEMPT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:attempt")
 
-_LABEL_OK = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
-_LABEL_BAD_CHAR = re.compile(r"[^A-Za-z0-9_.:/<>\-]")
+_MESSAGES = IdScheme(MESSAGE_NAMESPACE)
+_ATTEMPTS = IdScheme(ATTEMPT_NAMESPACE)
 
 
 def logical_task_id(message_id: str) -> str:
@@ -28,9 +29,7 @@ def logical_task_id(message_id: str) -> str:
     Deterministic, so any process (a producer, a web handler, an operator) can find it.
     Retries keep the ``message_id``, so every attempt of one message shares this parent.
     """
-    if not isinstance(message_id, str) or not message_id:
-        raise TypeError("message_id must be a non-empty string")
-    return str(uuid.uuid5(MESSAGE_NAMESPACE, message_id))
+    return _MESSAGES.logical_task_id(message_id)
 
 
 def attempt_task_id(message_id: str, retries: int) -> str:
@@ -40,16 +39,4 @@ def attempt_task_id(message_id: str, retries: int) -> str:
     delivery of the same message (crash redelivery, consumer timeout) finds it already
     claimed and records a fresh random attempt instead.
     """
-    return str(uuid.uuid5(ATTEMPT_NAMESPACE, f"{message_id}/{int(retries)}"))
-
-
-def label(actor_name: str) -> str | None:
-    """The ledger ``name`` label for an actor name (the core only accepts identifiers)."""
-    if _LABEL_OK.fullmatch(actor_name):
-        return actor_name
-    cleaned = _LABEL_BAD_CHAR.sub("_", actor_name)[:200]
-    if not cleaned:
-        return None
-    if not re.match(r"[A-Za-z0-9_<]", cleaned[0]):
-        cleaned = ("_" + cleaned)[:200]
-    return cleaned if _LABEL_OK.fullmatch(cleaned) else None
+    return _ATTEMPTS.derived_id(f"{message_id}/{int(retries)}")

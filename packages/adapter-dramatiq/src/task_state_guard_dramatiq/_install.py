@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
+
+from task_state_guard.integration import SettingArgs
 
 from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
 
@@ -25,35 +27,20 @@ def find(broker: Broker) -> TaskStateGuardMiddleware | None:
 
 
 def install(
-    broker: Broker,
-    db: str | os.PathLike[str] | None = None,
-    *,
-    active_grace_seconds: float | None = None,
-    delivery_grace_seconds: float | None = None,
-    heartbeat_interval_seconds: float | None = None,
-    reconcile_on_boot: bool | None = None,
-    reconcile_interval_seconds: float | None = None,
-    strict: bool | None = None,
+    broker: Broker, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
 ) -> TaskStateGuardMiddleware:
     """Add a :class:`TaskStateGuardMiddleware` as the **outermost** middleware of ``broker``.
 
     Idempotent: if the broker already has one, that instance is returned unchanged (a
-    warning is logged when different settings were asked for). Settings come from the
-    arguments, then from ``TSG_*`` environment variables. Call it where the broker is
-    built, **before** any actor module is imported: ``@dramatiq.actor(tsg_delivery=True)``
-    is validated against the broker's actor options at declaration time.
+    warning is logged when different settings were asked for). Each setting comes from the
+    argument, then the ``TSG_<NAME>`` environment variable, then the default shared by every
+    adapter; a bad value raises ``ConfigurationError``. Call it where the broker is built,
+    **before** any actor module is imported: ``@dramatiq.actor(tsg_delivery=True)`` is
+    validated against the broker's actor options at declaration time.
 
     No ledger connection is opened here (each worker process opens its own after fork).
     """
-    middleware = TaskStateGuardMiddleware(
-        db,
-        active_grace_seconds=active_grace_seconds,
-        delivery_grace_seconds=delivery_grace_seconds,
-        heartbeat_interval_seconds=heartbeat_interval_seconds,
-        reconcile_on_boot=reconcile_on_boot,
-        reconcile_interval_seconds=reconcile_interval_seconds,
-        strict=strict,
-    )
+    middleware = TaskStateGuardMiddleware(db, **settings)
     existing = find(broker)
     if existing is not None:
         if existing.settings != middleware.settings:
@@ -69,21 +56,24 @@ def install(
             broker.middleware.insert(0, middleware)
     else:
         broker.add_middleware(middleware)
+    middleware._broker = broker
     return middleware
 
 
 def uninstall(broker: Broker) -> bool:
     """Remove the middleware that :func:`install` added; ``True`` if there was one.
 
-    Stops its heartbeat and periodic-reconcile threads in this process and withdraws the
-    ``tsg_delivery`` actor option unless another middleware still declares it. Actors
-    already declared keep their options (Dramatiq does not re-validate them).
+    Stops its heartbeat and periodic-reconcile threads in this process, closes its ledger
+    handle, and withdraws the ``tsg_delivery`` actor option unless another middleware still
+    declares it. Actors already declared keep their options (Dramatiq does not re-validate).
     """
     middleware = find(broker)
     if middleware is None:
         return False
     broker.middleware.remove(middleware)
+    middleware._broker = None
     middleware.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
+    middleware.runtime.close()
     if not any(ACTOR_OPTION in mw.actor_options for mw in broker.middleware):
         broker.actor_options.discard(ACTOR_OPTION)
     return True

@@ -1,17 +1,16 @@
-"""Deterministic ledger ids and name labels for LangGraph runs."""
+"""Deterministic ledger ids for LangGraph runs (name labels: the core's ``name_label``)."""
 
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid
+
+from task_state_guard.integration import IdScheme
 
 #: Namespace of every ledger id this adapter derives (``uuid5(NAMESPACE, ...)``).
 NAMESPACE = uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42")
 
-_NAME_BAD = re.compile(r"[^A-Za-z0-9_.:\-/<>]")
-_NAME_FIRST = re.compile(r"[A-Za-z0-9_<]")
-_NAME_MAX = 200
+_INVOCATIONS = IdScheme(NAMESPACE)
 
 
 def logical_task_id(invocation_id: str) -> str:
@@ -19,7 +18,7 @@ def logical_task_id(invocation_id: str) -> str:
 
     Any process can compute it from the invocation id alone.
     """
-    return str(uuid.uuid5(NAMESPACE, str(invocation_id)))
+    return _INVOCATIONS.logical_task_id(invocation_id)
 
 
 def attempt_task_id(invocation_id: str, checkpoint_ns: str, attempt: int) -> str:
@@ -56,18 +55,3 @@ def recovery_invocation_id(lost_invocation_id: str) -> str:
     """Invocation id of the run that recovers ``lost_invocation_id`` (deterministic, so two
     processes recovering at once race on one ledger task and only one wins the claim)."""
     return "recover-" + uuid.uuid5(NAMESPACE, f"recover|{lost_invocation_id}").hex
-
-
-def sanitize_name(name: object) -> str | None:
-    """Map a graph or node name onto the ledger's name charset; ``None`` when nothing is left.
-
-    Disallowed characters become ``_``, the label is cut to 200 characters, and a first
-    character outside ``[A-Za-z0-9_<]`` gets a ``_`` prefix.
-    """
-    if not isinstance(name, str) or not name:
-        return None
-    label = _NAME_BAD.sub("_", name)
-    if not _NAME_FIRST.match(label):
-        label = "_" + label
-    label = label[:_NAME_MAX]
-    return label or None

@@ -8,6 +8,7 @@ without the wrapper.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from collections.abc import Sequence
@@ -16,11 +17,13 @@ from typing import Any
 
 from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
 from langgraph.errors import GraphBubbleUp, ParentCommand
+from task_state_guard.integration import AdapterRuntime, Closing, resolve_settings
+from task_state_guard.integration import codes as c
 
-from . import _recorder as rc
-from ._errors import ErrorLog
 from ._ids import AttemptIds, logical_task_id
-from ._recorder import Closing, Recorder
+from ._recorder import Recorder
+
+logger = logging.getLogger("task_state_guard_langgraph")
 
 
 class RetryOracle:
@@ -92,13 +95,13 @@ def _retry_on(policy: Any, exc: Exception) -> bool:
 def classify_error(exc: BaseException) -> tuple[str, str]:
     """Ledger ``(status, code)`` for a run that ended with ``exc`` (no retry considered)."""
     if isinstance(exc, ParentCommand):
-        return "succeeded", rc.ATTEMPT_COMPLETED
+        return c.SUCCEEDED, c.WORKER_COMPLETED
     if isinstance(exc, GraphBubbleUp):
         # GraphInterrupt (interrupt()), GraphDrained (cooperative shutdown): control flow.
-        return "cancelled", rc.INTERRUPTED
+        return c.CANCELLED, c.INTERRUPTED
     if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit)):
-        return "cancelled", rc.CALLER_CANCELLED
-    return "failed", rc.WORKER_FAILED
+        return c.CANCELLED, c.CALLER_CANCELLED
+    return c.FAILED, c.WORKER_FAILED
 
 
 def _is_node_run(tags: list[str] | None, metadata: dict[str, Any] | None) -> bool:
@@ -154,14 +157,17 @@ class GuardCallbackHandler(GraphCallbackHandler):
         *,
         invocation_id: str | None = None,
         graph: Any = None,
-        strict: bool = False,
-        heartbeat_interval: float | None = 30.0,
+        strict: bool | None = None,
+        heartbeat_seconds: float | None = None,
         owner: bool = True,
     ) -> None:
         super().__init__()
-        errors = ErrorLog(strict=strict)
+        settings = resolve_settings(
+            db_required=False, strict=strict, heartbeat_seconds=heartbeat_seconds
+        )
+        runtime = AdapterRuntime(settings, logger=logger, subject="graph", ledger=ledger)
         self._init(
-            Recorder(ledger, errors, heartbeat_interval=heartbeat_interval, owner=owner),
+            Recorder(runtime, owner=owner),
             invocation_id=invocation_id,
             invocation_task=None,
             oracle=RetryOracle(graph) if graph is not None else None,
@@ -178,7 +184,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
         owns_root: bool,
     ) -> None:
         self._rec = recorder
-        self.raise_error = recorder.errors.strict
+        self.raise_error = recorder.strict
         self._invocation_id = invocation_id
         self._invocation_task = invocation_task
         self._oracle = oracle
@@ -212,9 +218,13 @@ class GuardCallbackHandler(GraphCallbackHandler):
     # -- public helpers ---------------------------------------------------------------------
 
     @property
-    def errors(self) -> ErrorLog:
-        """The error counters of this handler's recorder."""
-        return self._rec.errors
+    def runtime(self) -> AdapterRuntime:
+        """The adapter runtime this handler records through."""
+        return self._rec.rt
+
+    def stats(self) -> dict[str, Any]:
+        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
+        return self._rec.rt.stats()
 
     def open_task_ids(self) -> list[str]:
         """Ledger ids of node attempts started and not yet closed by this handler."""
@@ -323,9 +333,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
         if run is None:
             return
         if run.task is not None:
-            self._rec.close(run.task, "succeeded", rc.ATTEMPT_COMPLETED, internal=True)
+            self._rec.close(run.task, c.SUCCEEDED, c.WORKER_COMPLETED, internal=True)
         elif run.root:
-            self._end_root(run, "succeeded", rc.INVOCATION_COMPLETED)
+            self._end_root(run, c.SUCCEEDED, c.COMPLETED)
 
     def on_chain_error(self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any) -> None:
         with self._lock:
@@ -335,12 +345,12 @@ class GuardCallbackHandler(GraphCallbackHandler):
         status, code = classify_error(error)
         if run.task is not None:
             if (
-                status == "failed"
+                status == c.FAILED
                 and run.ns is not None
                 and self._oracle is not None
                 and self._oracle.will_retry(run.ns, run.attempt, error)
             ):
-                code = rc.RETRY_SCHEDULED
+                code = c.RETRY_SCHEDULED
             self._rec.close(run.task, status, code, internal=True)
         elif run.root:
             self._end_root(run, status, code)
@@ -359,7 +369,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
             self._attempt_ids.pop(run.invocation, None)
         leftovers.sort(key=lambda r: len(r.chain), reverse=True)
         closings: list[Closing] = [
-            (left.task, "cancelled", rc.CALLER_CANCELLED, True)
+            (left.task, c.CANCELLED, c.CALLER_CANCELLED, True)
             for left in leftovers
             if left.task is not None
         ]

@@ -39,7 +39,7 @@ def heartbeat() -> bool:
             try:
                 beat = handler.beat_run(run_id) > 0 or beat
             except Exception:
-                if handler.errors.strict:
+                if handler.runtime.policy.strict:
                     raise
     try:
         from langgraph.runtime import get_runtime

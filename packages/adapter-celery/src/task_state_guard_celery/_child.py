@@ -1,0 +1,254 @@
+"""Receivers of the process that executes a task (a prefork pool child, a thread, solo, eager).
+
+Celery sends ``task_prerun``, ``task_success``, ``task_failure`` (for exceptions raised by the
+task body), ``task_retry`` and ``task_postrun`` where the task runs, and ``before_task_publish``
+where ``Task.replace()`` sends the replacement. The attempt this delivery runs as is claimed at
+prerun, kept on the request context (:class:`~._request.Attempt`) and closed by the first of
+the outcome signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import (  # type: ignore[import-untyped]
+    Reject,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+)
+from task_state_guard import TaskNotFound
+from task_state_guard.integration import AdapterRuntime, name_label
+from task_state_guard.integration import codes as c
+
+from ._ids import logical_task_id, replace_attempt_id, requeue_attempt_id, retry_attempt_id
+from ._request import (
+    Attempt,
+    acks_late,
+    attempt_of,
+    attempt_timeout,
+    delivers,
+    expected_attempts,
+    fresh_attempt_id,
+    nesting,
+    retries,
+    set_attempt,
+)
+
+
+class ChildReceivers:
+    """The executing process's receivers for one guard."""
+
+    def __init__(self, runtime: AdapterRuntime, ours: Callable[[Any], bool], app: Any) -> None:
+        self.rt = runtime
+        self.ours = ours
+        self.app = app
+
+    # ------------------------------------------------------------------ start
+
+    def on_prerun(
+        self, sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any
+    ) -> None:
+        """Record the logical task (first delivery) and claim this delivery's attempt."""
+        task = task if task is not None else sender
+        if task is None or not self.ours(task):
+            return
+        ctx = task.request
+        celery_id = getattr(ctx, "id", None) or task_id
+        if not celery_id or attempt_of(ctx) is not None:
+            return
+        rt = self.rt
+        with rt.guarded("task_prerun"):
+            parent = logical_task_id(celery_id)
+            # An acks_late message comes back to another worker if this one dies: the logical
+            # task then outlives this process, so it gets no owner.
+            owner = not acks_late(task) or bool(getattr(ctx, "is_eager", False))
+            name = name_label(getattr(task, "name", None))
+
+            def open_parent() -> None:
+                rt.open_logical(parent, delivery_required=delivers(task), name=name, owner=owner)
+
+            def claim() -> str:
+                return rt.claim_attempt(
+                    parent,
+                    name=name,
+                    timeout_seconds=attempt_timeout(task),
+                    expected=expected_attempts(ctx, celery_id),
+                    fresh_id=fresh_attempt_id(ctx),
+                )
+
+            with rt.ledger.atomic():  # the parent and the attempt: one writer-lock round
+                if retries(ctx) == 0 and nesting(ctx) == 0:
+                    open_parent()
+                try:
+                    attempt = claim()
+                except TaskNotFound:
+                    # A retry or replacement whose parent was never recorded (the ledger was
+                    # unavailable when the first attempt ran): record the parent now.
+                    open_parent()
+                    attempt = claim()
+            set_attempt(ctx, Attempt(attempt, parent))
+            rt.hold(attempt, parent)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _finish(
+        self,
+        ctx: Any,
+        hook: str,
+        status: str,
+        code: str,
+        *,
+        parent_close: bool = True,
+        placeholder: Callable[[], object] | None = None,
+    ) -> None:
+        att = attempt_of(ctx)
+        if att is None or att.closed:
+            return
+        att.closed = True
+        closings = [(att.attempt_id, status, code, True)]
+        if parent_close:
+            closings.append((att.parent_id, status, code, False))
+        try:
+            with self.rt.guarded(hook), self.rt.ledger.atomic():
+                if placeholder is not None:
+                    placeholder()
+                self.rt.close_tasks(closings, where=hook)
+        finally:
+            self._release(att)
+
+    def _release(self, att: Attempt) -> None:
+        if not att.released:
+            att.released = True
+            self.rt.release(att.attempt_id, att.parent_id)
+
+    def on_success(self, sender: Any = None, **_: Any) -> None:
+        """The task body returned."""
+        if sender is not None and self.ours(sender):
+            self._finish(sender.request, "task_success", c.SUCCEEDED, c.WORKER_COMPLETED)
+
+    def on_failure(self, ctx: Any, exception: BaseException | None) -> None:
+        """The task body raised (called by the guard when this process runs the attempt)."""
+        if isinstance(exception, SoftTimeLimitExceeded | TimeLimitExceeded):
+            self._finish(ctx, "task_failure", c.TIMED_OUT, c.TIME_LIMIT_EXCEEDED)
+        elif not isinstance(exception, Reject):  # a Reject is closed by task_postrun
+            self._finish(ctx, "task_failure", c.FAILED, c.WORKER_FAILED)
+
+    def on_retry(self, sender: Any, ctx: Any, celery_id: str) -> None:
+        """``self.retry()``: close the attempt, queue the next one; the parent stays open."""
+        att = attempt_of(ctx)
+        assert att is not None
+        placeholder = retry_attempt_id(celery_id, retries(ctx) + 1)
+        self._finish(
+            ctx,
+            "task_retry",
+            c.FAILED,
+            c.RETRY_SCHEDULED,
+            parent_close=False,
+            placeholder=lambda: self.rt.queue_attempt(
+                placeholder, att.parent_id, name=name_label(getattr(sender, "name", None)),
+                timeout_seconds=attempt_timeout(sender),
+            ),
+        )
+
+    def on_postrun(
+        self,
+        sender: Any = None,
+        task_id: str | None = None,
+        task: Any = None,
+        retval: Any = None,
+        state: str | None = None,
+        **_: Any,
+    ) -> None:
+        """The last signal of an execution: close what no outcome signal closed."""
+        task = task if task is not None else sender
+        if task is None or not self.ours(task):
+            return
+        ctx = task.request
+        att = attempt_of(ctx)
+        if att is None:
+            return
+        try:
+            if att.closed or state is None:
+                return
+            if state == "IGNORED":
+                self._finish(ctx, "task_postrun", c.CANCELLED, c.IGNORED, parent_close=False)
+                with self.rt.guarded("task_postrun"):
+                    self._close_parent_if_idle(att.parent_id, c.CANCELLED, c.IGNORED)
+            elif state == "REJECTED":
+                self._rejected(task, ctx, att, retval, task_id)
+            elif state == "SUCCESS":
+                self._finish(ctx, "task_postrun", c.SUCCEEDED, c.WORKER_COMPLETED)
+            elif state == "FAILURE":
+                # e.g. eager mode with task_eager_propagates (task_internal_error instead
+                # of task_failure).
+                self._finish(ctx, "task_postrun", c.FAILED, c.WORKER_FAILED)
+        finally:
+            self._release(att)
+            # A delivery mark made by the job is written with the parent's close; a job that
+            # ended without closing its parent (retry, requeue) leaves it behind: drop it.
+            self.rt.drop_deferred_mark(att.parent_id)
+
+    def _rejected(self, task: Any, ctx: Any, att: Attempt, retval: Any, task_id: Any) -> None:
+        # Only an unacknowledged message can be requeued: with early acks the message is
+        # gone whatever the Reject says.
+        requeue = bool(getattr(retval, "requeue", False)) and acks_late(task)
+        celery_id = str(getattr(ctx, "id", None) or task_id)
+        placeholder = requeue_attempt_id(celery_id, retries(ctx))
+        self._finish(
+            ctx,
+            "task_postrun",
+            c.CANCELLED,
+            c.REJECTED,
+            parent_close=not requeue,
+            placeholder=(
+                lambda: self.rt.queue_attempt(
+                    placeholder, att.parent_id, name=name_label(getattr(task, "name", None)),
+                    timeout_seconds=attempt_timeout(task),
+                )
+            )
+            if requeue
+            else None,
+        )
+
+    def _close_parent_if_idle(self, parent: str, status: str, code: str) -> None:
+        found = self.rt.get(parent)
+        if found is None or found.status in c.TERMINAL:
+            return  # e.g. Task.replace(): the replacement already closed it
+        if any(child.status in c.ACTIVE for child in self.rt.ledger.children_of(parent)):
+            return
+        self.rt.close_logical(parent, status, code, where="task_postrun")
+
+    # ------------------------------------------------------------------ Task.replace()
+
+    def on_before_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+        """``Task.replace()``: queue the replacement's attempt before the message leaves.
+
+        The replacement runs under the same Celery id, hence the same logical task; the queued
+        attempt keeps that task open (and fresh) until the replacement claims it, whether the
+        replaced task's own ``task_postrun`` comes first or last.
+        """
+        if not isinstance(headers, dict) or not headers.get("replaced_task_nesting"):
+            return
+        from celery import current_task  # type: ignore[import-untyped]
+
+        task = current_task._get_current_object() if current_task else None
+        if task is None or not self.ours(task):
+            return
+        ctx = task.request
+        celery_id = getattr(ctx, "id", None)
+        att = attempt_of(ctx)
+        try:
+            depth = int(headers["replaced_task_nesting"])
+        except (TypeError, ValueError):
+            return
+        if att is None or not celery_id or headers.get("id") != celery_id or depth <= nesting(ctx):
+            return
+        replacement = self.app.tasks.get(headers.get("task"))
+        with self.rt.guarded("before_task_publish"):
+            self.rt.queue_attempt(
+                replace_attempt_id(celery_id, depth),
+                att.parent_id,
+                name=name_label(headers.get("task")),
+                timeout_seconds=attempt_timeout(replacement) if replacement else None,
+            )

@@ -1,0 +1,255 @@
+"""Receivers of the worker's main process (the consumer).
+
+Under prefork the main process sees ``task_received``, ``task_revoked``, the ``task_failure``
+of a lost child or a hard time limit, and the ``task_retry`` of ``retry_on_worker_lost`` or a
+cold-shutdown cancel. It injects a per-delivery token into each request at receipt, so that it
+can later name the attempt the executing process recorded for that delivery.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import (  # type: ignore[import-untyped]
+    Reject,
+    TimeLimitExceeded,
+    WorkerLostError,
+)
+from task_state_guard.integration import AdapterRuntime, name_label
+from task_state_guard.integration import codes as c
+
+from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id, token_attempt_id
+from ._request import (
+    TOKEN_KEY,
+    acks_late,
+    attempt_timeout,
+    delivers,
+    nesting,
+    placeholder_attempts,
+    redelivered,
+    retries,
+    token,
+)
+
+# Requests of acks_late tasks tracked per Celery id: (token, retries, redelivered, request).
+_Tracked = tuple[str, int, bool, "weakref.ref[Any]"]
+_TRACK_SWEEP = 1000
+
+
+class MainReceivers:
+    """The main process's receivers for one guard."""
+
+    def __init__(self, runtime: AdapterRuntime, ours: Callable[[Any], bool]) -> None:
+        self.rt = runtime
+        self.ours = ours
+        # Deliveries of acks_late tasks, so that a redelivery can close the attempt of an
+        # earlier delivery whose process died silently (acks_late + reject_on_worker_lost
+        # sends no signal at all).
+        self._inflight: dict[str, list[_Tracked]] = {}
+        self._inflight_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _resolve(self, ctx: Any, celery_id: str, *, with_nesting: bool = True) -> str | None:
+        """The attempt a delivery ran as: the token's fresh attempt if recorded, else a running
+        placeholder the executing process claimed."""
+        named = token_attempt_id(token(ctx)) if token(ctx) else None
+        if named is not None and self.rt.get(named) is not None:
+            return named
+        for candidate in placeholder_attempts(ctx, celery_id, with_nesting=with_nesting):
+            found = self.rt.get(candidate)
+            if found is not None and found.status == c.RUNNING:
+                return candidate
+        return None
+
+    def _close_if_open(self, attempt: str | None, status: str, code: str, where: str) -> None:
+        if attempt is not None:
+            found = self.rt.get(attempt)
+            if found is not None and found.status in c.ACTIVE:
+                self.rt.close_attempt(attempt, status, code, where=where)
+
+    def _queue(self, attempt_id: str, celery_id: str, task: Any) -> None:
+        self.rt.queue_attempt(
+            attempt_id,
+            logical_task_id(celery_id),
+            name=name_label(getattr(task, "name", None)),
+            timeout_seconds=attempt_timeout(task),
+        )
+
+    # ------------------------------------------------------------------ receipt
+
+    def on_before_fork(self, sender: Any = None, **_: Any) -> None:
+        """Right before the pool forks a child: no open connection may be inherited."""
+        self.rt.drop_ledger()
+
+    def on_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        """Tag the delivery with a token; record an ETA task's parent as queued."""
+        if request is None or not self.ours(sender):
+            return
+        tag = uuid.uuid4().hex
+        try:
+            request.request_dict[TOKEN_KEY] = tag
+            cached = request.__dict__.get("_context")
+            if cached is not None:
+                setattr(cached, TOKEN_KEY, tag)
+        except Exception as exc:  # pragma: no cover - celery internals changed
+            self.rt.policy.error("task_received", exc)
+            return
+        celery_id = request.id
+        task = getattr(request, "task", None)
+        count = int(request.request_dict.get("retries") or 0)
+        again = redelivered(request)
+        if task is not None and acks_late(task):
+            self._track(celery_id, tag, count, again, request)
+        with self.rt.guarded("task_received"):
+            if again:
+                self._close_silently_lost(celery_id, request)
+            if count == 0 and getattr(request, "eta", None) and not nesting(request):
+                # A task that waits for its ETA/countdown is visible as queued meanwhile.
+                # Immediate tasks get their parent at prerun, which keeps this write (and its
+                # lock wait) off the consumer loop of the prefork main process.
+                self.rt.open_logical(
+                    logical_task_id(celery_id),
+                    delivery_required=delivers(task),
+                    name=name_label(getattr(task, "name", None)),
+                    start=False,
+                )
+
+    def _track(self, celery_id: str, tag: str, count: int, again: bool, request: Any) -> None:
+        with self._inflight_lock:
+            if len(self._inflight) > _TRACK_SWEEP:
+                for key in list(self._inflight):
+                    alive = [e for e in self._inflight[key] if e[3]() is not None]
+                    if alive:
+                        self._inflight[key] = alive
+                    else:
+                        del self._inflight[key]
+            self._inflight.setdefault(celery_id, []).append(
+                (tag, count, again, weakref.ref(request))
+            )
+
+    def _close_silently_lost(self, celery_id: str, current: Any) -> None:
+        """Close attempts of earlier deliveries of this id that ended with no signal."""
+        from celery.worker import state as worker_state  # type: ignore[import-untyped]
+
+        with self._inflight_lock:
+            entries = list(self._inflight.get(celery_id, ()))
+        keep = []
+        for entry in entries:
+            tag, count, again, ref = entry
+            req = ref()
+            if req is current or (
+                req is not None
+                and (req in worker_state.active_requests or req in worker_state.reserved_requests)
+            ):
+                keep.append(entry)
+                continue
+            earlier = _Earlier(tag, count, again)
+            attempt = self._resolve(earlier, celery_id, with_nesting=False)
+            if attempt is not None:
+                found = self.rt.get(attempt)
+                if found is not None and found.status == c.RUNNING:
+                    self.rt.close_attempt(attempt, c.FAILED, c.WORKER_LOST, where="task_received")
+        with self._inflight_lock:
+            if keep:
+                self._inflight[celery_id] = keep
+            else:
+                self._inflight.pop(celery_id, None)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def on_failure(self, task: Any, ctx: Any, task_id: str, exception: BaseException) -> None:
+        """A lost child, a hard time limit or a rejection, seen by the main process."""
+        if not isinstance(exception, WorkerLostError | TimeLimitExceeded | Reject):
+            # Exceptions raised in the task body are seen where the attempt runs; an attempt
+            # that could not be recorded there has nothing to close.
+            return
+        with self.rt.guarded("task_failure"):
+            same = ctx is not None and getattr(ctx, "id", None) == task_id
+            parent = logical_task_id(task_id)
+            if isinstance(exception, Reject):
+                status, code = c.CANCELLED, c.REJECTED
+            elif isinstance(exception, TimeLimitExceeded):
+                status, code = c.TIMED_OUT, c.TIME_LIMIT_EXCEEDED
+            else:
+                status, code = c.FAILED, c.WORKER_LOST
+            attempt = self._resolve(ctx, task_id) if same else None
+            requeued = (
+                isinstance(exception, TimeLimitExceeded)
+                and acks_late(task)
+                and not bool(getattr(task, "acks_on_timeout", True))
+            )
+            if requeued:
+                self._queue(requeue_attempt_id(task_id, retries(ctx) if same else 0), task_id, task)
+            self._close_if_open(attempt, status, code, "task_failure")
+            if not requeued:
+                self.rt.close_logical(parent, status, code, where="task_failure")
+
+    def on_retry(self, sender: Any, ctx: Any, celery_id: str, reason: Any) -> None:
+        """``retry_on_worker_lost`` (with a reason) or a cold-shutdown / connection-loss cancel
+        (no reason; nothing is republished)."""
+        with self.rt.guarded("task_retry"):
+            count = retries(ctx)
+            attempt = self._resolve(ctx, celery_id)
+            parent_close = False
+            if reason is not None:
+                self._queue(retry_attempt_id(celery_id, count + 1), celery_id, sender)
+                status, code = c.FAILED, c.RETRY_SCHEDULED
+            else:
+                status, code = c.CANCELLED, c.INTERRUPTED
+                parent_close = not acks_late(sender)
+                if not parent_close:
+                    # acks_late: the broker gets the message back; keep the parent open.
+                    self._queue(requeue_attempt_id(celery_id, count), celery_id, sender)
+            self._close_if_open(attempt, status, code, "task_retry")
+            if parent_close:
+                self.rt.close_logical(logical_task_id(celery_id), status, code, where="task_retry")
+
+    def on_revoked(
+        self,
+        sender: Any = None,
+        request: Any = None,
+        terminated: bool = False,
+        expired: bool = False,
+        **_: Any,
+    ) -> None:
+        """A revoked task: its parent closes ``cancelled/revoked`` (and a terminated attempt)."""
+        if sender is None or not self.ours(sender):
+            return
+        celery_id = getattr(request, "id", None)
+        if not celery_id:
+            return
+        with self.rt.guarded("task_revoked"):
+            count = retries(request)
+            parent = logical_task_id(celery_id)
+            if count == 0:
+                self.rt.open_logical(
+                    parent,
+                    delivery_required=delivers(sender),
+                    name=name_label(getattr(sender, "name", None)),
+                    start=False,
+                )
+            if terminated:
+                attempt = self._resolve(request, celery_id, with_nesting=False)
+                if attempt is not None:
+                    self.rt.close_attempt(attempt, c.CANCELLED, c.REVOKED, where="task_revoked")
+            elif count > 0:
+                placeholder = self.rt.get(retry_attempt_id(celery_id, count))
+                if placeholder is not None and placeholder.status == c.QUEUED:
+                    self.rt.close_attempt(
+                        placeholder.id, c.CANCELLED, c.REVOKED, where="task_revoked"
+                    )
+            self.rt.close_logical(parent, c.CANCELLED, c.REVOKED, where="task_revoked")
+
+
+class _Earlier:
+    """The request fields of an earlier delivery, as tracked at its receipt."""
+
+    def __init__(self, tag: str, count: int, again: bool) -> None:
+        setattr(self, TOKEN_KEY, tag)
+        self.retries = count
+        self.delivery_info = {"redelivered": again}

@@ -1,0 +1,101 @@
+"""One recorded invocation, and the config a guarded invocation runs with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.callbacks import BaseCallbackManager
+from task_state_guard.integration import Closing
+from task_state_guard.integration import codes as c
+
+from ._recorder import Recorder
+from .callbacks import GuardCallbackHandler, classify_error
+
+#: Key under ``config["metadata"]`` (and so in every checkpoint's metadata) that holds the
+#: invocation id. Deliberately not ``run_id``: LangGraph treats a repeated metadata
+#: ``run_id`` as re-entry and ignores new input.
+METADATA_KEY = "tsg_invocation_id"
+
+
+class Invocation:
+    """Book-keeping for one running invocation."""
+
+    def __init__(
+        self,
+        invocation_id: str,
+        task_id: str | None,
+        handler: GuardCallbackHandler | None,
+        config: dict[str, Any],
+        recorder: Recorder,
+    ) -> None:
+        self.invocation_id = invocation_id
+        self.task_id = task_id
+        self.handler = handler
+        self.config = config
+        self._rec = recorder
+        self._done = False
+
+    def finish(self, exc: BaseException | None, output: Any = None) -> str:
+        """Close leftover attempts and the invocation; returns the outcome label."""
+        if self._done:
+            return "done"
+        self._done = True
+        if exc is None:
+            status, code = c.SUCCEEDED, c.COMPLETED
+            if self.handler is not None:
+                interrupted = self.handler.interrupted
+            else:
+                interrupted = bool(
+                    getattr(output, "interrupts", None)
+                    or (isinstance(output, dict) and output.get("__interrupt__"))
+                )
+            outcome = "interrupted" if interrupted else c.SUCCEEDED
+            leftover: c.Outcome = (c.CANCELLED, None)
+        else:
+            status, code = classify_error(exc)
+            if status == c.SUCCEEDED:  # a stray ParentCommand at the top is a failure
+                status, code = c.FAILED, c.WORKER_FAILED
+            outcome = status
+            leftover = (c.CANCELLED, c.CALLER_CANCELLED if status == c.CANCELLED else None)
+        closings: list[Closing] = []
+        if self.handler is not None:
+            closings = self.handler.take_open(*leftover)
+        if self.task_id is not None:
+            closings.append((self.task_id, status, code, False))
+        # Leftover attempts and the invocation close at the same moment: one transaction.
+        self._rec.close_many(closings)
+        return outcome
+
+
+def with_handler(
+    config: dict[str, Any] | None, handler: GuardCallbackHandler | None, invocation_id: str
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = dict(config or {})
+    callbacks = cfg.get("callbacks")
+    if handler is None:
+        pass
+    elif callbacks is None:
+        cfg["callbacks"] = [handler]
+    elif isinstance(callbacks, list):
+        cfg["callbacks"] = [*callbacks, handler]
+    elif isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(handler, inherit=True)
+        cfg["callbacks"] = manager
+    else:
+        cfg["callbacks"] = [*callbacks, handler]
+    metadata = dict(cfg.get("metadata") or {})
+    metadata[METADATA_KEY] = invocation_id
+    cfg["metadata"] = metadata
+    return cfg
+
+
+def thread_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    configurable = (config or {}).get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    if thread_id is None:
+        return None
+    inner: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+    if configurable.get("checkpoint_id"):
+        inner["checkpoint_id"] = configurable["checkpoint_id"]
+    return {"configurable": inner}

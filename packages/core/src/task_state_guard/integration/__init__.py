@@ -1,0 +1,31 @@
+"""The integration layer adapters are built on (standard library only).
+
+An adapter translates its framework's signals, middleware hooks or callbacks into calls on an
+:class:`AdapterRuntime`; the runtime owns the ledger handle per process, heartbeats, attempts,
+the error policy, delivery marks and counters. :func:`resolve_settings` gives every adapter the
+same settings, :class:`IdScheme` and :func:`name_label` the same id and label rules, and
+:mod:`~task_state_guard.integration.codes` names the states and reason codes. See
+``docs/architecture.md`` ("Writing an adapter").
+"""
+
+from . import codes
+from .errors import ErrorPolicy
+from .ids import IdScheme, name_label
+from .runtime import AdapterRuntime, Closing
+from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
+from .surface import AdapterSurface
+
+__all__ = [
+    "AdapterRuntime",
+    "AdapterSurface",
+    "Closing",
+    "ConfigurationError",
+    "ErrorPolicy",
+    "IdScheme",
+    "SettingArgs",
+    "Settings",
+    "codes",
+    "env_name",
+    "name_label",
+    "resolve_settings",
+]

@@ -1,0 +1,113 @@
+"""The error policy every adapter applies to ledger calls made from framework hooks.
+
+A ledger call inside a hook must never break the user's job. So a failure is
+
+* counted under ``"<where>:<ExceptionClass>"`` (``where`` names the hook or operation),
+* logged once per kind, at warning level, with the exception's class name only (ledger
+  errors never echo values, paths or exception texts into logs),
+* and raised again only in strict mode (meant for tests).
+
+A *conflict* is different: the ledger refused to rewrite a terminal record (for example a late
+completion after a reconcile timed the task out). It is the ledger protecting history, not a
+failure, so it is counted by kind and logged once, and never raised.
+
+Counters belong to one process: a forked child starts with empty counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ErrorPolicy:
+    """Counts, logs once per kind and (in strict mode) raises ledger errors of hooks."""
+
+    def __init__(self, logger: logging.Logger, *, strict: bool, subject: str = "job") -> None:
+        self.logger = logger
+        self.strict = strict
+        self.subject = subject
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._errors: Counter[str] = Counter()
+        self._conflicts: Counter[str] = Counter()
+
+    def _own(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's counts are not this process's
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+            self._errors = Counter()
+            self._conflicts = Counter()
+
+    def record(self, where: str, exc: BaseException) -> None:
+        """Count and (the first time for its kind) log ``exc``; never raises."""
+        self._own()
+        kind = f"{where}:{type(exc).__name__}"
+        with self._lock:
+            self._errors[kind] += 1
+            first = self._errors[kind] == 1
+        if first:
+            self.logger.warning(
+                "task-state-guard: ledger error (%s); the %s runs on. "
+                "Further errors of this kind are counted, not logged.",
+                kind,
+                self.subject,
+            )
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """:meth:`record` ``exc``, then raise it again in strict mode."""
+        self.record(where, exc)
+        if self.strict:
+            raise exc
+
+    def conflict(self, kind: str) -> None:
+        """Count a refused rewrite of a terminal record; log the first of each kind."""
+        self._own()
+        with self._lock:
+            self._conflicts[kind] += 1
+            first = self._conflicts[kind] == 1
+        if first:
+            self.logger.warning(
+                "task-state-guard: %s refused: the record is already closed otherwise "
+                "(e.g. by a reconcile) and keeps its first outcome. Further refusals of this "
+                "kind are counted, not logged.",
+                kind,
+            )
+
+    @contextmanager
+    def guarded(self, where: str) -> Iterator[None]:
+        """Apply the policy to any ``Exception`` raised in the block."""
+        try:
+            yield
+        except Exception as exc:
+            self.error(where, exc)
+
+    def call(self, where: str, fn: Callable[[], T]) -> T | None:
+        """Run ``fn``; on an ``Exception`` apply the policy and return ``None``."""
+        try:
+            return fn()
+        except Exception as exc:
+            self.error(where, exc)
+            return None
+
+    def errors(self) -> dict[str, int]:
+        """Errors counted in this process, by ``"<where>:<ExceptionClass>"``."""
+        self._own()
+        with self._lock:
+            return dict(self._errors)
+
+    def conflicts(self) -> dict[str, int]:
+        """Refused rewrites counted in this process, by kind."""
+        self._own()
+        with self._lock:
+            return dict(self._conflicts)
+
+
+__all__ = ["ErrorPolicy"]

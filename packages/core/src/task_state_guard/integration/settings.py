@@ -1,0 +1,235 @@
+"""Adapter settings: one set of names and defaults for every adapter.
+
+Each setting is looked up, in order, as the adapter's explicit argument, the framework's own
+configuration (for Celery ``app.conf.tsg_<name>``; adapters without a configuration object skip
+this step), the ``TSG_<NAME>`` environment variable (an empty value counts as unset), and the
+default below. A value that does not parse or is out of range raises :class:`ConfigurationError`
+naming the setting and its source, never the value.
+
+==============================  ====================================  ========================
+setting                         environment variable                  default
+==============================  ====================================  ========================
+``db``                          ``TSG_DB``                            required
+``active_grace_seconds``        ``TSG_ACTIVE_GRACE_SECONDS``          600
+``delivery_grace_seconds``      ``TSG_DELIVERY_GRACE_SECONDS``        600
+``heartbeat_seconds``           ``TSG_HEARTBEAT_SECONDS``             min(30, active grace / 4)
+``reconcile_on_boot``           ``TSG_RECONCILE_ON_BOOT``             true
+``reconcile_interval_seconds``  ``TSG_RECONCILE_INTERVAL_SECONDS``    0 (off)
+``strict``                      ``TSG_STRICT``                        false
+``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
+==============================  ====================================  ========================
+
+``heartbeat_seconds=0`` turns the background heartbeat off; otherwise it must be below the
+active grace. ``reconcile_interval_seconds`` is used by adapters with a long-lived worker loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypedDict
+
+from ..model import MAX_SECONDS, InvalidInput
+
+DEFAULT_GRACE_SECONDS: Final = 600.0
+MAX_DEFAULT_HEARTBEAT_SECONDS: Final = 30.0
+DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_NAMES = (
+    "db",
+    "active_grace_seconds",
+    "delivery_grace_seconds",
+    "heartbeat_seconds",
+    "reconcile_on_boot",
+    "reconcile_interval_seconds",
+    "strict",
+    "busy_timeout_ms",
+)
+
+
+class SettingArgs(TypedDict, total=False):
+    """The settings an adapter's install function takes as keywords (``None``: not given)."""
+
+    active_grace_seconds: float | None
+    delivery_grace_seconds: float | None
+    heartbeat_seconds: float | None
+    reconcile_on_boot: bool | None
+    reconcile_interval_seconds: float | None
+    strict: bool | None
+    busy_timeout_ms: int | None
+
+
+class ConfigurationError(InvalidInput, ValueError):
+    """A setting is missing, does not parse, or is out of range."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved adapter settings (see the module docstring)."""
+
+    db: str
+    active_grace_seconds: float
+    delivery_grace_seconds: float
+    heartbeat_seconds: float
+    reconcile_on_boot: bool
+    reconcile_interval_seconds: float
+    strict: bool
+    busy_timeout_ms: int
+
+
+def env_name(name: str) -> str:
+    """The environment variable of setting ``name``."""
+    return "TSG_" + name.upper()
+
+
+FrameworkConfig = Callable[[str], Any]
+
+
+def _lookup(
+    name: str,
+    explicit: Mapping[str, Any],
+    framework: FrameworkConfig | None,
+    environ: Mapping[str, str],
+) -> tuple[Any, str]:
+    value = explicit.get(name)
+    if value is not None:
+        return value, name
+    if framework is not None:
+        try:
+            value = framework(name)
+        except Exception:  # a broken configuration object reads as "not configured"
+            value = None
+        if value is not None:
+            return value, f"the framework option tsg_{name}"
+    raw = environ.get(env_name(name))
+    if raw is not None and raw.strip() != "":
+        return raw, env_name(name)
+    return None, name
+
+
+def _seconds(value: Any, source: str, *, allow_zero: bool) -> float:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"task-state-guard: {source} must be a number of seconds")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"task-state-guard: {source} must be a number of seconds"
+        ) from None
+    if not math.isfinite(number) or number < 0 or number > MAX_SECONDS or (
+        number == 0 and not allow_zero
+    ):
+        low = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(
+            f"task-state-guard: {source} must be a finite number of seconds {low}"
+        )
+    return number
+
+
+def _flag(value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ConfigurationError(
+        f"task-state-guard: {source} must be a boolean (1/0, true/false, yes/no, on/off)"
+    )
+
+
+def _milliseconds(value: Any, source: str) -> int:
+    number = _seconds(value, source, allow_zero=True)
+    if number != int(number) or number > 600_000:
+        raise ConfigurationError(
+            f"task-state-guard: {source} must be a whole number of milliseconds <= 600000"
+        )
+    return int(number)
+
+
+def resolve_settings(
+    *,
+    framework: FrameworkConfig | None = None,
+    environ: Mapping[str, str] | None = None,
+    db_required: bool = True,
+    **explicit: Any,
+) -> Settings:
+    """Resolve every setting (explicit keyword > ``framework(name)`` > environment > default).
+
+    ``framework`` returns the framework's configured value of a setting name, or ``None``.
+    ``db_required=False`` lets an adapter that was handed an open ledger go without a path.
+    """
+    unknown = set(explicit) - set(_NAMES)
+    if unknown:
+        raise ConfigurationError("task-state-guard: unknown setting " + sorted(unknown)[0])
+    env: Mapping[str, str] = os.environ if environ is None else environ
+
+    def get(name: str) -> tuple[Any, str]:
+        return _lookup(name, explicit, framework, env)
+
+    db, source = get("db")
+    if db is None:
+        if db_required:
+            raise ConfigurationError(
+                "task-state-guard: no ledger path; pass db=..., set the framework option "
+                "tsg_db or the TSG_DB environment variable"
+            )
+        db = ""
+    elif isinstance(db, str | os.PathLike):
+        db = os.fspath(db)
+        if not isinstance(db, str) or not db:
+            raise ConfigurationError(f"task-state-guard: {source} must be a non-empty path")
+    else:
+        raise ConfigurationError(f"task-state-guard: {source} must be a path")
+
+    value, source = get("active_grace_seconds")
+    active = DEFAULT_GRACE_SECONDS if value is None else _seconds(value, source, allow_zero=False)
+    value, source = get("delivery_grace_seconds")
+    delivery = (
+        DEFAULT_GRACE_SECONDS if value is None else _seconds(value, source, allow_zero=False)
+    )
+    value, source = get("heartbeat_seconds")
+    if value is None:
+        heartbeat = min(MAX_DEFAULT_HEARTBEAT_SECONDS, active / 4.0)
+    else:
+        heartbeat = _seconds(value, source, allow_zero=True)
+        if heartbeat >= active:
+            raise ConfigurationError(
+                f"task-state-guard: {source} must be below the active grace (0 turns it off)"
+            )
+    value, source = get("reconcile_on_boot")
+    boot = True if value is None else _flag(value, source)
+    value, source = get("reconcile_interval_seconds")
+    interval = 0.0 if value is None else _seconds(value, source, allow_zero=True)
+    value, source = get("strict")
+    strict = False if value is None else _flag(value, source)
+    value, source = get("busy_timeout_ms")
+    busy = DEFAULT_BUSY_TIMEOUT_MS if value is None else _milliseconds(value, source)
+    return Settings(
+        db=str(db),
+        active_grace_seconds=active,
+        delivery_grace_seconds=delivery,
+        heartbeat_seconds=heartbeat,
+        reconcile_on_boot=boot,
+        reconcile_interval_seconds=interval,
+        strict=strict,
+        busy_timeout_ms=busy,
+    )
+
+
+__all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "ConfigurationError",
+    "SettingArgs",
+    "Settings",
+    "env_name",
+    "resolve_settings",
+]

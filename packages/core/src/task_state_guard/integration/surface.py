@@ -1,0 +1,55 @@
+"""The public surface every adapter object shares, with one meaning (a mixin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model import Task
+from .runtime import AdapterRuntime
+from .settings import Settings
+
+
+class AdapterSurface:
+    """``mark_delivered``, ``mark_delivery_failed``, ``reconcile``, ``stats`` and ``settings``.
+
+    An adapter class sets ``runtime`` and implements :meth:`logical_task_id` (its id rule).
+    """
+
+    runtime: AdapterRuntime
+
+    def logical_task_id(self, framework_id: str) -> str:
+        """The ledger id of the logical task of a framework job id (a non-empty string)."""
+        raise NotImplementedError
+
+    @property
+    def settings(self) -> Settings:
+        """The resolved settings (the same names and defaults in every adapter)."""
+        return self.runtime.settings
+
+    def mark_delivered(self, framework_id: str) -> Task | None:
+        """Record that the job's result reached its recipient (``transport_acknowledged``).
+
+        Call it only after your transport confirmed; a broker ack is not a delivery. Outside
+        the running job: written at once, returns the updated logical task, raises the core's
+        errors (``InvalidInput``, ``TaskNotFound``, ``StateConflict`` while the job is still
+        open or its delivery closed otherwise, ``StorageError``) whatever ``strict`` says.
+        Inside the running job of that id in this process: kept and written in the transaction
+        that closes the logical task; returns ``None``.
+        """
+        return self.runtime.mark_delivered(self.logical_task_id(framework_id))
+
+    def mark_delivery_failed(self, framework_id: str) -> Task | None:
+        """Record that delivering the job's result failed (``transport_failed``); the same rules
+        as :meth:`mark_delivered`."""
+        return self.runtime.mark_delivery_failed(self.logical_task_id(framework_id))
+
+    def reconcile(self, *, dry_run: bool = False) -> dict[str, Any]:
+        """Run the core's reconcile with the adapter's graces; returns the nine counts."""
+        return self.runtime.reconcile(dry_run=dry_run)
+
+    def stats(self) -> dict[str, Any]:
+        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
+        return self.runtime.stats()
+
+
+__all__ = ["AdapterSurface"]

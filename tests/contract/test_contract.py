@@ -1,0 +1,257 @@
+"""The adapters' shared contract: the same settings, error policy, public surface, counters
+and attempt closing in Celery, Dramatiq and LangGraph."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, TaskNotFound
+from task_state_guard.integration import ConfigurationError
+
+STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating"}
+
+
+def _logical(driver: Any, db: str, fid: str) -> Any:
+    with Ledger(db) as ledger:
+        return ledger.get_task(driver.guard.logical_task_id(fid))
+
+
+def _attempts(driver: Any, db: str, fid: str) -> list[Any]:
+    with Ledger(db) as ledger:
+        return ledger.children_of(driver.guard.logical_task_id(fid))
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def test_defaults_are_the_same(driver: Any, db: str) -> None:
+    settings = driver.install(db).settings
+    assert (settings.db, settings.active_grace_seconds, settings.delivery_grace_seconds) == (
+        db, 600.0, 600.0
+    )
+    assert settings.heartbeat_seconds == 30.0  # min(30, active grace / 4)
+    assert settings.reconcile_on_boot is True and settings.strict is False
+    assert settings.busy_timeout_ms == 5000 and settings.reconcile_interval_seconds == 0
+
+
+def test_precedence_argument_then_framework_then_environment(
+    driver: Any, db: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TSG_DB", str(tmp_path / "env.sqlite"))
+    monkeypatch.setenv("TSG_ACTIVE_GRACE_SECONDS", "120")
+    monkeypatch.setenv("TSG_DELIVERY_GRACE_SECONDS", "40")
+    monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "7")
+    conf = {"delivery_grace_seconds": 50} if driver.has_framework_config else None
+    settings = driver.install(db, conf=conf, heartbeat_seconds=3).settings
+    assert settings.db == db  # the argument wins over TSG_DB
+    assert settings.active_grace_seconds == 120  # from the environment
+    assert settings.heartbeat_seconds == 3  # the argument wins over the environment
+    # The framework's configuration (where there is one) wins over the environment.
+    assert settings.delivery_grace_seconds == (50 if driver.has_framework_config else 40)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TSG_ACTIVE_GRACE_SECONDS", "soon"),
+        ("TSG_ACTIVE_GRACE_SECONDS", "-5"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "nan"),
+        ("TSG_HEARTBEAT_SECONDS", "inf"),
+        ("TSG_HEARTBEAT_SECONDS", "900"),  # not below the active grace
+        ("TSG_STRICT", "maybe"),
+        ("TSG_RECONCILE_ON_BOOT", "2"),
+        ("TSG_BUSY_TIMEOUT_MS", "1.5"),
+    ],
+)
+def test_a_bad_environment_value_is_the_same_clear_error(
+    driver: Any, db: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as caught:
+        driver.install(db)
+    assert variable in str(caught.value) and value not in str(caught.value)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, InvalidInput)
+
+
+def test_a_bad_argument_and_a_missing_path_are_the_same_clear_error(
+    driver: Any, db: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="active_grace_seconds"):
+        driver.install(db, active_grace_seconds=0)
+    with pytest.raises(ConfigurationError, match="TSG_DB"):
+        driver.install(None)
+
+
+# ---------------------------------------------------------------------------- error policy
+
+
+def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
+    driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=driver.logger):
+        driver.install(broken_db)
+        driver.boot()
+        ids = [driver.run("ok") for _ in range(3)]
+    assert len(ids) == 3 and not getattr(driver, "raised", [])  # the jobs ran
+    errors = driver.guard.stats()["errors"]
+    assert errors and all(kind.endswith(":StorageError") for kind in errors)
+    assert max(errors.values()) >= 3  # every job met the error
+    logged = [r.getMessage() for r in caplog.records
+              if r.name == driver.logger and "ledger error" in r.getMessage()]
+    assert sorted(logged) == sorted(
+        f"task-state-guard: ledger error ({kind}); the {driver.guard.runtime.policy.subject} "
+        "runs on. Further errors of this kind are counted, not logged."
+        for kind in errors
+    )
+    assert all(broken_db not in message for message in logged)  # class names only
+
+
+def test_strict_mode_raises_the_ledger_error_out_of_the_hook(
+    driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        driver.install(broken_db, strict=True, reconcile_on_boot=False)
+        driver.boot()
+        driver.run("ok")
+    assert driver.strict_raised(caplog)
+    assert driver.guard.stats()["errors"]  # counted as well
+
+
+# ---------------------------------------------------------------------------- public surface
+
+
+def test_logical_task_id_is_the_same_rule(driver: Any, db: str) -> None:
+    import importlib
+
+    guard = driver.install(db)
+    module = importlib.import_module(f"task_state_guard_{driver.name}")
+    assert guard.logical_task_id("job-1") == module.logical_task_id("job-1")
+    assert guard.logical_task_id("job-1") != guard.logical_task_id("job-2")
+    for bad in ("", None, 42):
+        with pytest.raises(InvalidInput):
+            guard.logical_task_id(bad)
+
+
+def test_mark_delivered_outside_a_job(driver: Any, db: str) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    fid = driver.run("ok", deliver=True)
+    assert _logical(driver, db, fid).delivery_status == "pending"
+    task = guard.mark_delivered(fid)
+    assert (task.delivery_status, task.delivery_code) == ("delivered", "transport_acknowledged")
+    assert guard.mark_delivered(fid) == task  # idempotent
+    with pytest.raises(StateConflict):
+        guard.mark_delivery_failed(fid)  # never a rewrite
+    with pytest.raises(TaskNotFound):
+        guard.mark_delivered("never-ran")
+    with pytest.raises(InvalidInput):
+        guard.mark_delivered("")
+    assert guard.stats()["errors"] == {} and guard.stats()["conflicts"] == {}
+
+
+def test_mark_delivery_failed_outside_a_job(driver: Any, db: str) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    fid = driver.run("ok", deliver=True)
+    task = guard.mark_delivery_failed(fid)
+    assert (task.delivery_status, task.delivery_code) == ("failed", "transport_failed")
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("mark", ("delivered", "transport_acknowledged")),
+        ("mark_failed", ("failed", "transport_failed")),
+    ],
+)
+def test_a_mark_inside_the_job_is_written_with_its_close(
+    driver: Any, db: str, kind: str, expected: tuple[str, str]
+) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    fid = driver.run(kind, deliver=True)
+    assert driver.seen[fid] is None  # kept: the logical task was still running
+    logical = _logical(driver, db, fid)
+    assert (logical.status, logical.terminal_code) in {
+        ("succeeded", "worker_completed"), ("succeeded", "completed")
+    }
+    assert (logical.delivery_status, logical.delivery_code) == expected
+    assert logical.delivery_updated_at >= logical.ended_at  # written with the close, no reconcile
+    assert guard.stats()["errors"] == {}
+
+
+def test_a_mark_for_a_job_running_elsewhere_raises_and_changes_nothing(
+    driver: Any, db: str
+) -> None:
+    guard = driver.install(db)
+    logical = guard.logical_task_id("running-elsewhere")
+    with Ledger(db) as other:  # another process runs this job right now
+        other.create_task(task_id=logical)
+        before = other.start_task(logical, owner=False)
+    with pytest.raises(StateConflict):
+        guard.mark_delivered("running-elsewhere")
+    with Ledger(db) as other:
+        assert other.get_task(logical) == before
+    assert guard.stats()["errors"] == {}
+
+
+# ---------------------------------------------------------------------------- counters
+
+
+def test_counters_have_the_same_keys_and_meaning(driver: Any, db: str) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    assert set(guard.stats()) == STATS_KEYS
+    assert guard.stats()["reconciles"] == 1  # the boot reconcile
+    inside = driver.run("stats")
+    assert driver.seen[inside]["heartbeating"] == 2  # the attempt and its logical task
+    assert guard.stats()["heartbeating"] == 0
+    late = driver.run("close_parent")
+    assert guard.stats()["conflicts"] == {"logical_close": 1}  # refused, never rewritten
+    logical = _logical(driver, db, late)
+    assert (logical.status, logical.terminal_code) == ("cancelled", "caller_cancelled")
+    assert guard.stats()["errors"] == {}
+
+
+# ---------------------------------------------------------------------------- attempts
+
+
+@pytest.mark.parametrize("kind", ["ok", "fail"])
+def test_an_attempt_closes_its_delivery_at_once(driver: Any, db: str, kind: str) -> None:
+    driver.install(db)
+    driver.boot()
+    fid = driver.run(kind)
+    attempts = _attempts(driver, db, fid)
+    assert attempts
+    for attempt in attempts:
+        assert attempt.status in ("succeeded", "failed")
+        assert (attempt.delivery_status, attempt.delivery_code) == (
+            "not_applicable", "internal_task"
+        )
+        assert attempt.delivery_updated_at >= attempt.ended_at  # closed with the attempt
+    logical = _logical(driver, db, fid)
+    if driver.logical_delivers_by_default:
+        assert logical.delivery_status == "pending"  # owed to somebody: stays open
+    else:  # a logical task that owes nobody a delivery closes it at once, too
+        assert (logical.delivery_status, logical.delivery_code) == (
+            "not_applicable", "internal_task"
+        )
+    with Ledger(db) as ledger:
+        assert ledger.doctor()["healthy"]
+
+
+def test_uninstall_and_close_are_idempotent(driver: Any, db: str) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    driver.run("ok")
+    driver.close()
+    guard.uninstall()
+    guard.close()
+    driver.guard = None
+
+
+def test_configuration_error_is_exported() -> None:
+    assert issubclass(ConfigurationError, ValueError)
+    assert issubclass(StorageError, Exception)

@@ -1,0 +1,131 @@
+"""Contract rows that need real worker processes and a real broker (Redis): Celery's prefork
+``celery worker`` and Dramatiq's CLI (2 processes x 2 threads). LangGraph runs in the caller's
+process and has no broker: its rows are in test_contract.py."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from task_state_guard import Ledger, StateConflict, Task
+
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS / "celery"))
+sys.path.insert(0, str(TESTS / "dramatiq"))
+
+from _dramatiq_helpers import (  # noqa: E402
+    BrokerEnv,
+    CliWorker,
+    Producer,
+    attempts_of,
+    parent_of,
+    wait_closed,
+)
+from celery_harness import Scenario  # noqa: E402
+
+
+class CeleryRow:
+    """A real prefork ``celery worker`` on Redis; marks from here are another process's."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.scenario = Scenario(tmp)
+        self.scenario.start_worker()
+        self.ledger = self.scenario.ledger
+        import task_state_guard_celery
+
+        self.guard = task_state_guard_celery.install(self.scenario.client, db=self.scenario.db)
+
+    def run(self, kind: str) -> tuple[str, Any]:
+        result = self.scenario.send({"ok": "tsgt.ok", "deliver": "tsgt.deliver",
+                                     "deliver_inside": "tsgt.deliver_inside"}[kind])
+        value = result.get(timeout=30)
+        self.scenario.wait_parent(result.id, "succeeded")
+        return str(result.id), value
+
+    def logical(self, fid: str) -> Task:
+        return self.scenario.parent(fid)
+
+    def attempts(self, fid: str) -> list[Task]:
+        return self.scenario.attempts(fid)
+
+    def close(self) -> None:
+        self.guard.uninstall()
+        self.scenario.close()
+
+
+class DramatiqRow:
+    """A real ``dramatiq`` CLI on Redis; marks from here are another process's."""
+
+    def __init__(self, tmp: Path) -> None:
+        from task_state_guard_dramatiq import TaskStateGuardMiddleware
+
+        self.env = BrokerEnv.new("redis", tmp)
+        self.worker = CliWorker(self.env).start()
+        self.producer = Producer(self.env)
+        self.ledger = Ledger(str(self.env.db))
+        self.guard = TaskStateGuardMiddleware(db=self.env.db)
+
+    def run(self, kind: str) -> tuple[str, Any]:
+        mid = self.producer.send(kind)
+        wait_closed(self.ledger, mid)
+        return mid, None
+
+    def logical(self, fid: str) -> Task:
+        found = parent_of(self.ledger, fid)
+        assert found is not None
+        return found
+
+    def attempts(self, fid: str) -> list[Task]:
+        return attempts_of(self.ledger, fid)
+
+    def close(self) -> None:
+        self.guard.close()
+        self.producer.close()
+        self.worker.stop()
+        self.ledger.close()
+        self.env.cleanup()
+
+
+@pytest.fixture(params=["celery", "dramatiq"])
+def row(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    try:  # required (CI starts it): a missing broker fails, never skips
+        socket.create_connection(("127.0.0.1", 6379), timeout=2).close()
+    except OSError as exc:
+        pytest.fail(f"Redis is required at 127.0.0.1:6379: {exc!r}")
+    made = (CeleryRow if request.param == "celery" else DramatiqRow)(tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_real_workers_keep_the_contract(row: Any) -> None:
+    # Attempts, and a logical task that owes nobody a delivery: closed not_applicable at once.
+    plain, _ = row.run("ok")
+    logical = row.logical(plain)
+    assert (logical.delivery_status, logical.delivery_code) == ("not_applicable", "internal_task")
+    attempts = row.attempts(plain)
+    assert attempts and all(
+        (a.delivery_status, a.delivery_code) == ("not_applicable", "internal_task")
+        for a in attempts
+    )
+    # A mark made inside the running job is written with the logical task's close.
+    inside, value = row.run("deliver_inside")
+    assert value in (None, "deferred")
+    logical = row.logical(inside)
+    assert (logical.delivery_status, logical.delivery_code) == (
+        "delivered", "transport_acknowledged"
+    )
+    # Outside the job (this process): written at once, the Task returned; no rewrite.
+    outside, _ = row.run("deliver")
+    assert row.logical(outside).delivery_status == "pending"
+    task = row.guard.mark_delivered(outside)
+    assert (task.delivery_status, task.delivery_code) == ("delivered", "transport_acknowledged")
+    with pytest.raises(StateConflict):
+        row.guard.mark_delivery_failed(outside)
+    with Ledger(str(row.ledger.path)) as ledger:
+        assert ledger.doctor()["healthy"]
