@@ -58,7 +58,7 @@ def test_full_lifecycle_through_cli(tmp_path) -> None:
     assert got == beat and set(got) == TASK_KEYS
     extras = ok(run_cli("--db", db, "get", pid, "--extras"))["task"]
     assert extras == {**got, "name": "app.job", "heartbeat_at": beat["updated_at"],
-                      "has_owner": False}
+                      "has_owner": False, "framework_id": None}
     kids = ok(run_cli("--db", db, "children", pid))["children"]
     assert [k["id"] for k in kids] == [child["id"]] and set(kids[0]) == TASK_KEYS
     kids = ok(run_cli("--db", db, "children", pid, "--extras"))["children"]

@@ -83,7 +83,7 @@ def test_task_fields(ledger: Ledger) -> None:
         "timeout_seconds", "created_at", "started_at", "updated_at", "ended_at", "deadline_at",
         "delivery_updated_at", "terminal_code", "delivery_code", "version",
     }
-    assert names - {"name", "heartbeat_at", "has_owner"} == {
+    assert names - {"name", "heartbeat_at", "has_owner", "framework_id"} == {
         "id", "parent_id", "status", "delivery_status", "delivery_required", "payload_hash",
         "timeout_seconds", "created_at", "started_at", "updated_at", "ended_at", "deadline_at",
         "delivery_updated_at", "terminal_code", "delivery_code", "version",
@@ -138,7 +138,7 @@ def test_to_dict_keys(ledger: Ledger) -> None:
     assert set(full) == TASK_KEYS | {"payload_hash"} and full["payload_hash"] == digest
     assert ledger.create_task().to_dict(include_payload_hash=True)["payload_hash"] is None
     extras = task.to_dict(extras=True)
-    assert set(extras) == TASK_KEYS | {"name", "heartbeat_at", "has_owner"}
+    assert set(extras) == TASK_KEYS | {"name", "heartbeat_at", "has_owner", "framework_id"}
     assert extras["name"] == "x.y"
 
 

@@ -495,7 +495,9 @@ def test_payload_fingerprint_hidden_by_default(ledger: Ledger) -> None:
         "delivery_updated_at", "terminal_code", "delivery_code", "version",
     }
     assert set(task.to_dict(include_payload_hash=True)) == set(public) | {"payload_hash"}
-    assert set(task.to_dict(extras=True)) == set(public) | {"name", "heartbeat_at", "has_owner"}
+    assert set(task.to_dict(extras=True)) == set(public) | {
+        "name", "heartbeat_at", "has_owner", "framework_id"
+    }
 
 
 def test_children_of_lists_direct_children_oldest_first(ledger: Ledger, clock) -> None:

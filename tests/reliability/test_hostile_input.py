@@ -251,6 +251,7 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: ledger.create_task(task_id=d(ANY)),
             lambda: ledger.create_task(name=d(ANY)),
             lambda: ledger.create_task(timeout_seconds=d(ANY)),
+            lambda: ledger.create_task(framework_id=d(some)),
             lambda: ledger.start_task(d(some), owner=d(ANY)),
             lambda: ledger.heartbeat(d(some)),
             lambda: ledger.heartbeat_many(d(st.lists(some, max_size=4))),
@@ -263,6 +264,8 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: ledger.reconcile(ReconcilePolicy(d(ANY), d(ANY)), dry_run=d(ANY)),
             lambda: ledger.reconcile(d(ANY), dry_run=d(ANY)),
             lambda: reconcile_restart(ledger, d(ANY), d(ANY)),
+            lambda: ledger.reconcile(dry_run=d(ANY), on_decision=d(ANY)),
+            lambda: reconcile_restart(ledger, dry_run=d(ANY), on_decision=[].append),
             lambda: ledger.prune(d(ANY), dry_run=d(ANY)),
             lambda: ledger.status(active_grace_seconds=d(ANY)),
             lambda: payload_fingerprint(d(ANY)),
@@ -318,6 +321,7 @@ TAMPERS = {
                       "delivery_code=? WHERE id=?"),
     "name": "UPDATE tsg_tasks SET name=? WHERE id=?",
     "payload_hash": "UPDATE tsg_tasks SET payload_hash=? WHERE id=?",
+    "framework_id": "UPDATE tsg_tasks SET framework_id=? WHERE id=?",
     "owner": ("UPDATE tsg_tasks SET status='running', started_at=created_at, owner=? "
               "WHERE id=?"),
     "timestamp": "UPDATE tsg_tasks SET heartbeat_at=? WHERE id=?",
@@ -596,7 +600,7 @@ def test_everything_exported_is_covered() -> None:
     """Keep the fuzz honest: a new public name must be added to the fuzzers above."""
     assert set(task_state_guard.__all__) == {
         "DeliveryStatus", "Heartbeater", "InvalidInput", "Ledger", "LedgerBusy", "LedgerError",
-        "ReconcilePolicy", "StateConflict", "StorageError", "Task", "TaskNotFound",
-        "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
+        "ReconcileDecision", "ReconcilePolicy", "StateConflict", "StorageError", "Task",
+        "TaskNotFound", "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
         "reconcile_restart"}
     json.dumps(task_state_guard.__version__)

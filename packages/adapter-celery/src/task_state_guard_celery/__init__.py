@@ -2,7 +2,9 @@
 
 ``install(app, db=...)`` records every Celery task as a logical ledger task (the
 parent, id ``uuid5`` of the Celery task id) with one internal child per execution
-attempt, heartbeats running attempts, and reconciles the ledger when a worker boots.
+attempt, heartbeats running attempts, and reconciles the ledger when a worker boots (and
+periodically with ``reconcile_interval_seconds``); a task found lost gets ``FAILURE`` with
+:class:`TaskLostError` in the result backend and fires the ``on_lost`` hook.
 See the package README for the full model.
 """
 
@@ -15,12 +17,14 @@ from task_state_guard import Task
 from ._guard import TOKEN_KEY, CeleryGuard
 from ._ids import NAMESPACE, logical_task_id, name_label
 from ._install import ReconcileOnBoot, guard_for, install, installed_guards, uninstall
+from ._lost import TaskLostError
 
 __all__ = [
     "NAMESPACE",
     "TOKEN_KEY",
     "CeleryGuard",
     "ReconcileOnBoot",
+    "TaskLostError",
     "guard_for",
     "install",
     "logical_task_id",

@@ -66,7 +66,10 @@ class ChildReceivers:
             name = name_label(getattr(task, "name", None))
 
             def open_parent() -> None:
-                rt.open_logical(parent, delivery_required=delivers(task), name=name, owner=owner)
+                rt.open_logical(
+                    parent, delivery_required=delivers(task), name=name, owner=owner,
+                    framework_id=celery_id,
+                )
 
             def claim() -> str:
                 return rt.claim_attempt(

@@ -15,10 +15,17 @@ from typing import Any
 
 from celery import signals  # type: ignore[import-untyped]
 from task_state_guard import Ledger
-from task_state_guard.integration import AdapterRuntime, AdapterSurface, Settings
+from task_state_guard.integration import (
+    AdapterRuntime,
+    AdapterSurface,
+    LostHook,
+    LostTask,
+    Settings,
+)
 
 from ._child import ChildReceivers
-from ._ids import logical_task_id
+from ._ids import IDS, logical_task_id
+from ._lost import fail_in_backend
 from ._main import MainReceivers
 from ._request import TOKEN_KEY, attempt_of
 
@@ -47,9 +54,12 @@ class CeleryGuard(AdapterSurface):
     adapter); the ids are Celery task ids.
     """
 
-    def __init__(self, app: Any, settings: Settings) -> None:
+    def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
         self.app = app
-        self.runtime = AdapterRuntime(settings, logger=log, subject="task")
+        self.runtime = AdapterRuntime(
+            settings, logger=log, subject="task", ids=IDS, on_lost=on_lost
+        )
+        self.runtime.fail_lost = self._fail_lost_result
         self._child = ChildReceivers(self.runtime, self._ours, app)
         self._main = MainReceivers(self.runtime, self._ours)
         self._installed = False
@@ -115,6 +125,9 @@ class CeleryGuard(AdapterSurface):
 
     def _boot_reconcile(self) -> None:
         self.runtime.boot_reconcile("reconcile_on_boot")
+
+    def _fail_lost_result(self, lost: LostTask) -> None:
+        fail_in_backend(self.app, lost)
 
     # ------------------------------------------------------------------ shared signals
 

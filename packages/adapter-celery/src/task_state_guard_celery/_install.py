@@ -7,7 +7,7 @@ import threading
 from typing import Any, Unpack
 
 from celery import bootsteps  # type: ignore[import-untyped]
-from task_state_guard.integration import SettingArgs, resolve_settings
+from task_state_guard.integration import LostHook, SettingArgs, resolve_settings
 
 from ._guard import CeleryGuard
 
@@ -16,7 +16,8 @@ _guards: dict[int, CeleryGuard] = {}
 
 
 class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Worker boot step: reconcile the ledger in the main process before consuming.
+    """Worker boot step: reconcile the ledger in the main process before consuming, then
+    every ``reconcile_interval_seconds`` (when above 0) until the worker stops.
 
     Custom worker steps start before the Consumer step (which is ``last``), so this
     runs before the worker receives its first message. Reconcile is idempotent, so
@@ -29,6 +30,12 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
         guard = guard_for(getattr(parent, "app", None))
         if guard is not None:
             guard._boot_reconcile()
+            guard.runtime.start_periodic_reconcile()
+
+    def stop(self, parent: Any) -> None:
+        guard = guard_for(getattr(parent, "app", None))
+        if guard is not None:
+            guard.runtime.stop_periodic_reconcile()
 
 
 def guard_for(app: Any) -> CeleryGuard | None:
@@ -47,9 +54,17 @@ def installed_guards() -> list[CeleryGuard]:
 
 
 def install(
-    app: Any, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
+    app: Any,
+    db: str | os.PathLike[str] | None = None,
+    *,
+    on_lost: LostHook | None = None,
+    **settings: Unpack[SettingArgs],
 ) -> CeleryGuard:
     """Record ``app``'s tasks in the ledger at ``db``; idempotent per app.
+
+    ``on_lost`` is called with a :class:`~task_state_guard.integration.LostTask` (Celery task
+    id, ledger id, task name, code) for each task a reconcile found lost, after ``FAILURE`` was
+    written into the result backend (see ``task_state_guard_celery.TaskLostError``).
 
     Each setting comes from the argument, then ``app.conf.tsg_<name>``, then the
     ``TSG_<NAME>`` environment variable, then the default shared by every adapter (see
@@ -64,7 +79,7 @@ def install(
         resolved = resolve_settings(
             framework=lambda name: app.conf.get(f"tsg_{name}"), db=db, **settings
         )
-        guard = CeleryGuard(app, resolved)
+        guard = CeleryGuard(app, resolved, on_lost)
         guard._connect()
         app.steps["worker"].add(ReconcileOnBoot)
         _guards[id(app)] = guard

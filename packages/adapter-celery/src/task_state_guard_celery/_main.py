@@ -117,6 +117,7 @@ class MainReceivers:
                     delivery_required=delivers(task),
                     name=name_label(getattr(task, "name", None)),
                     start=False,
+                    framework_id=celery_id,
                 )
 
     def _track(self, celery_id: str, tag: str, count: int, again: bool, request: Any) -> None:
@@ -232,6 +233,7 @@ class MainReceivers:
                     delivery_required=delivers(sender),
                     name=name_label(getattr(sender, "name", None)),
                     start=False,
+                    framework_id=celery_id,
                 )
             if terminated:
                 attempt = self._resolve(request, celery_id, with_nesting=False)

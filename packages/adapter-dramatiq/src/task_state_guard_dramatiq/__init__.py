@@ -14,7 +14,7 @@ from task_state_guard.integration import ConfigurationError, Settings
 
 from ._ids import ATTEMPT_NAMESPACE, MESSAGE_NAMESPACE, attempt_task_id, logical_task_id
 from ._install import find, install, uninstall
-from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
+from .middleware import ACTOR_OPTION, TaskLostError, TaskStateGuardMiddleware
 
 __all__ = [
     "ACTOR_OPTION",
@@ -22,6 +22,7 @@ __all__ = [
     "MESSAGE_NAMESPACE",
     "ConfigurationError",
     "Settings",
+    "TaskLostError",
     "TaskStateGuardMiddleware",
     "attempt_task_id",
     "find",

@@ -19,7 +19,8 @@ MESSAGE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramati
 #: Namespace of the expected attempt ids: ``uuid5(ATTEMPT_NAMESPACE, f"{message_id}/{retries}")``.
 ATTEMPT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:attempt")
 
-_MESSAGES = IdScheme(MESSAGE_NAMESPACE)
+MESSAGES = IdScheme(MESSAGE_NAMESPACE)
+_MESSAGES = MESSAGES
 _ATTEMPTS = IdScheme(ATTEMPT_NAMESPACE)
 
 

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Unpack
 
-from task_state_guard.integration import SettingArgs
+from task_state_guard.integration import LostHook, SettingArgs
 
 from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
 
@@ -27,7 +27,11 @@ def find(broker: Broker) -> TaskStateGuardMiddleware | None:
 
 
 def install(
-    broker: Broker, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
+    broker: Broker,
+    db: str | os.PathLike[str] | None = None,
+    *,
+    on_lost: LostHook | None = None,
+    **settings: Unpack[SettingArgs],
 ) -> TaskStateGuardMiddleware:
     """Add a :class:`TaskStateGuardMiddleware` as the **outermost** middleware of ``broker``.
 
@@ -39,8 +43,11 @@ def install(
     validated against the broker's actor options at declaration time.
 
     No ledger connection is opened here (each worker process opens its own after fork).
+    ``on_lost`` is called with a :class:`~task_state_guard.integration.LostTask` (message id,
+    ledger id, actor name, code) for each message a reconcile found lost, after a
+    ``TaskLostError`` was stored in the ``Results`` backend (when configured).
     """
-    middleware = TaskStateGuardMiddleware(db, **settings)
+    middleware = TaskStateGuardMiddleware(db, on_lost=on_lost, **settings)
     existing = find(broker)
     if existing is not None:
         if existing.settings != middleware.settings:

@@ -13,20 +13,22 @@ from task_state_guard import Ledger, LedgerError
 from task_state_guard.integration import (
     AdapterRuntime,
     AdapterSurface,
+    LostHook,
+    LostTask,
     SettingArgs,
     name_label,
     resolve_settings,
 )
 from task_state_guard.integration import codes as c
 
-from ._ids import attempt_task_id, logical_task_id
+from ._ids import MESSAGES, attempt_task_id, logical_task_id
 
 if TYPE_CHECKING:
     from dramatiq.broker import Broker, MessageProxy
     from dramatiq.message import Message
     from dramatiq.worker import Worker
 
-__all__ = ["ACTOR_OPTION", "TaskStateGuardMiddleware"]
+__all__ = ["ACTOR_OPTION", "TaskLostError", "TaskStateGuardMiddleware"]
 
 logger = logging.getLogger("task_state_guard_dramatiq")
 
@@ -49,6 +51,15 @@ _INNER_MIDDLEWARE = (
     "CurrentMessage",
     "Results",
 )
+
+
+class TaskLostError(Exception):
+    """Stored in the ``Results`` backend for a message a reconcile found lost.
+
+    ``message.get_result()`` then raises ``dramatiq.results.ResultFailure`` (whose
+    ``orig_exc_type`` is ``"TaskLostError"``) instead of timing out. ``args`` are
+    ``(message, code)`` with the ledger's reason code.
+    """
 
 
 @dataclass(eq=False)
@@ -80,12 +91,18 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     """
 
     def __init__(
-        self, db: str | os.PathLike[str] | None = None, **settings: Unpack[SettingArgs]
+        self,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        on_lost: LostHook | None = None,
+        **settings: Unpack[SettingArgs],
     ) -> None:
         resolved = resolve_settings(db=db, **settings)
-        self.runtime = AdapterRuntime(resolved, logger=logger, subject="message")
+        self.runtime = AdapterRuntime(
+            resolved, logger=logger, subject="message", ids=MESSAGES, on_lost=on_lost
+        )
+        self.runtime.fail_lost = self._fail_lost_result
         self._local = threading.local()
-        self._reconciler: tuple[int, threading.Event, threading.Thread] | None = None
         self._broker: Broker | None = None
 
     # ------------------------------------------------------------------ public surface
@@ -129,17 +146,10 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
         """Reconcile before this process consumes anything; start the periodic reconcile."""
         self._check_placement(broker)
+        if self._broker is None:
+            self._broker = broker
         self.runtime.boot_reconcile("before_worker_boot")
-        interval = self.settings.reconcile_interval_seconds
-        running = self._reconciler
-        if interval > 0 and (running is None or running[0] != os.getpid()):
-            stop = threading.Event()
-            thread = threading.Thread(
-                target=self._reconcile_loop, args=(stop, interval), name="tsg-reconcile",
-                daemon=True,
-            )
-            self._reconciler = (os.getpid(), stop, thread)
-            thread.start()
+        self.runtime.start_periodic_reconcile()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         """Stop heartbeats and the periodic reconcile (attempts can run until this point)."""
@@ -153,15 +163,45 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
             )
 
     def _stop_threads(self) -> None:
-        running, self._reconciler = self._reconciler, None
-        if running is not None and running[0] == os.getpid():
-            running[1].set()
-            running[2].join(timeout=5)
+        self.runtime.stop_periodic_reconcile()
         self.runtime.stop_heartbeats()
 
-    def _reconcile_loop(self, stop: threading.Event, interval: float) -> None:
-        while not stop.wait(interval):
-            self.runtime.guarded_reconcile("periodic_reconcile")
+    def _fail_lost_result(self, lost: LostTask) -> None:
+        """Store :class:`TaskLostError` for a lost message when the ``Results`` middleware is
+        configured and the actor stores results, unless a result is stored already."""
+        broker = self._broker
+        if broker is None or lost.name is None:
+            return
+        from dramatiq import Message
+        from dramatiq.results import ResultFailure, ResultMissing, Results
+
+        results = next((mw for mw in broker.middleware if isinstance(mw, Results)), None)
+        if results is None:
+            return
+        try:
+            actor = broker.get_actor(lost.name)
+        except Exception:
+            return  # not an actor of this broker (the label differs from the actor name)
+        if not actor.options.get("store_results", results.store_results):
+            return
+        ttl = actor.options.get("result_ttl", results.result_ttl)
+        message: Message[Any] = Message(
+            queue_name=actor.queue_name, actor_name=actor.actor_name, args=(), kwargs={},
+            options={}, message_id=lost.framework_id,
+        )
+        try:
+            results.backend.get_result(message)
+        except ResultMissing:
+            pass
+        except ResultFailure:
+            return  # a failure is stored already
+        else:
+            return  # a result is stored already: never overwritten
+        error = TaskLostError(
+            f"task-state-guard: the worker running this message was lost ({lost.code})",
+            lost.code,
+        )
+        results.backend.store_exception(message, error, ttl)
 
     def _check_placement(self, broker: Broker) -> None:
         for mw in broker.middleware:
@@ -206,7 +246,9 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         with rt.ledger.atomic():
             # owner=False: the broker redelivers an unacked message after a crash, so the
             # logical task outlives the process that happens to run an attempt.
-            rt.open_logical(parent_id, delivery_required=bool(delivery), name=name)
+            rt.open_logical(
+                parent_id, delivery_required=bool(delivery), name=name, framework_id=message_id
+            )
             attempt_id = rt.claim_attempt(
                 parent_id, name=name, expected=((attempt_task_id(message_id, retries), True),)
             )

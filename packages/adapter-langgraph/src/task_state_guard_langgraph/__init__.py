@@ -4,7 +4,7 @@
 every node attempt as an internal child task in a TaskStateGuard ledger. See README.md.
 """
 
-from ._guard import METADATA_KEY, GuardedGraph, Recovery, guard
+from ._guard import METADATA_KEY, GuardedGraph, Recovery, RecoveryReport, guard
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
 from .callbacks import GuardCallbackHandler
 from .heartbeat import heartbeat
@@ -15,6 +15,7 @@ __all__ = [
     "GuardCallbackHandler",
     "GuardedGraph",
     "Recovery",
+    "RecoveryReport",
     "attempt_task_id",
     "guard",
     "heartbeat",

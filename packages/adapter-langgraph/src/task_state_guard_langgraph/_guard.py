@@ -13,6 +13,7 @@ from task_state_guard import Ledger
 from task_state_guard.integration import (
     AdapterRuntime,
     AdapterSurface,
+    LostHook,
     SettingArgs,
     resolve_settings,
 )
@@ -20,10 +21,10 @@ from task_state_guard.integration import (
 from ._ids import logical_task_id
 from ._invocation import METADATA_KEY, Invocation, thread_config, with_handler
 from ._recorder import Recorder
-from ._recovery import Recovery, RecoveryMixin
+from ._recovery import Recovery, RecoveryMixin, RecoveryReport
 from .callbacks import GuardCallbackHandler, RetryOracle, logger
 
-__all__ = ["METADATA_KEY", "GuardedGraph", "Recovery", "guard"]
+__all__ = ["METADATA_KEY", "GuardedGraph", "Recovery", "RecoveryReport", "guard"]
 
 
 class GuardedGraph(RecoveryMixin, AdapterSurface):
@@ -268,6 +269,7 @@ def guard(
     owner: bool = True,
     name: str | None = None,
     record_nodes: bool = True,
+    on_lost: LostHook | None = None,
     **settings: Unpack[SettingArgs],
 ) -> GuardedGraph:
     """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
@@ -280,10 +282,14 @@ def guard(
     owner of the tasks it starts. ``record_nodes=False`` records only invocations (no callback
     handler, far less overhead). ``name`` overrides the graph name used as the invocation's
     label. Ledger errors are logged once per kind and counted (:meth:`GuardedGraph.stats`);
-    ``strict=True`` raises them.
+    ``strict=True`` raises them. ``on_lost`` is called with a
+    :class:`~task_state_guard.integration.LostTask` for each lost thread
+    :meth:`GuardedGraph.recover` finds.
     """
     resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
-    runtime = AdapterRuntime(resolved, logger=logger, subject="graph", ledger=ledger)
+    runtime = AdapterRuntime(
+        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost
+    )
     app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
     runtime.boot_reconcile("reconcile")
     return app

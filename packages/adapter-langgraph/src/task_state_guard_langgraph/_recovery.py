@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from task_state_guard.integration import LostTask
 from task_state_guard.integration import codes as c
 
 from ._ids import logical_task_id, recovery_invocation_id
@@ -30,6 +31,28 @@ class Recovery:
     outcome: str
     #: Exception class name when the resumed run raised (the run's error is not re-raised).
     error: str | None = None
+
+
+class RecoveryReport(list[Recovery]):
+    """What :meth:`GuardedGraph.recover` did: a list of the :class:`Recovery` of each thread it
+    resumed (as before), plus :attr:`lost` and :attr:`resumed`.
+
+    ``lost``: every thread whose last invocation the ledger shows lost (``timed_out``), in the
+    order examined, whether or not it could be resumed (a thread waiting at an interrupt or
+    whose task failed is lost but not resumed; so is one another process claimed first).
+    ``resumed``: the threads this call resumed.
+    """
+
+    lost: list[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = []
+
+    @property
+    def resumed(self) -> list[str]:
+        """The thread ids this call resumed, in order."""
+        return [r.thread_id for r in self]
 
 
 class RecoveryMixin:
@@ -67,6 +90,11 @@ class RecoveryMixin:
 
     def _lost_from_checkpoint(self, tup: Any) -> str | None:
         """The lost invocation id recorded in a thread's latest checkpoint, if it is lost."""
+        found = self._lost_task(tup)
+        return None if found is None else found[0]
+
+    def _lost_task(self, tup: Any) -> tuple[str, Any] | None:
+        """``(invocation id, logical task)`` of a thread's latest checkpoint, if it is lost."""
         if tup is None:
             return None
         lost = (tup.metadata or {}).get(METADATA_KEY)
@@ -75,7 +103,15 @@ class RecoveryMixin:
         task = self._rec.get(logical_task_id(str(lost)))
         if task is None or task.status != c.TIMED_OUT:
             return None  # unknown, or still running / closed by its own process
-        return str(lost)
+        return str(lost), task
+
+    def _found_lost(self, report: RecoveryReport, thread_id: str, found: tuple[str, Any]) -> None:
+        """Note a lost thread in the report and fire the ``on_lost`` hook for it."""
+        invocation, task = found
+        report.lost.append(thread_id)
+        self._rec.rt.notify_lost(
+            LostTask(invocation, task.id, task.name, str(task.terminal_code), thread_id)
+        )
 
     @staticmethod
     def _resumable(state: Any) -> bool:
@@ -84,26 +120,32 @@ class RecoveryMixin:
         # A pending interrupt waits for a human; a failed task is not a crash.
         return not any(t.interrupts or t.error is not None for t in state.tasks)
 
-    def _lost_invocation(self, saver: Any, thread_id: str) -> str | None:
+    def _lost_invocation(
+        self, saver: Any, thread_id: str, report: RecoveryReport
+    ) -> str | None:
         """Invocation id of the thread's last invocation when it is lost and resumable."""
         lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-        lost = self._lost_from_checkpoint(saver.get_tuple(lookup))
-        if lost is None:
+        found = self._lost_task(saver.get_tuple(lookup))
+        if found is None:
             return None
+        self._found_lost(report, thread_id, found)
         state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
-        return lost if self._resumable(state) else None
+        return found[0] if self._resumable(state) else None
 
-    async def _alost_invocation(self, saver: Any, thread_id: str) -> str | None:
+    async def _alost_invocation(
+        self, saver: Any, thread_id: str, report: RecoveryReport
+    ) -> str | None:
         lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
         try:
             tup = await saver.aget_tuple(lookup)
         except NotImplementedError:
             tup = saver.get_tuple(lookup)
-        lost = self._lost_from_checkpoint(tup)
-        if lost is None:
+        found = self._lost_task(tup)
+        if found is None:
             return None
+        self._found_lost(report, thread_id, found)
         state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
-        return lost if self._resumable(state) else None
+        return found[0] if self._resumable(state) else None
 
     async def _athread_ids(self, saver: Any) -> list[str]:
         try:
@@ -148,7 +190,7 @@ class RecoveryMixin:
         *,
         thread_ids: list[str] | None = None,
         **kwargs: Any,
-    ) -> list[Recovery]:
+    ) -> RecoveryReport:
         """Resume the threads whose last invocation was lost in a crash.
 
         Reconciles the ledger first (a dead owner's invocation becomes
@@ -159,18 +201,24 @@ class RecoveryMixin:
         of the lost invocation. Two processes recovering at once: only one wins each thread.
         ``config`` (callbacks, tags...) and ``kwargs`` (e.g. ``durability``) are passed to
         every resumed run. Errors of a resumed run are reported in the result, not raised.
+
+        Returns a :class:`RecoveryReport`: the list of resumed threads' :class:`Recovery`, with
+        ``.lost`` (every thread found lost) and ``.resumed`` (the thread ids resumed). The
+        ``on_lost`` hook fires once per lost thread found, before it is resumed, with a
+        :class:`~task_state_guard.integration.LostTask` (lost invocation id, ledger id, graph
+        name, code, thread id).
         """
+        results = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or self.ledger is None:
-            return []
+            return results
         self._rec.rt.guarded_reconcile("reconcile")
         ids = thread_ids
         if ids is None:
             ids = self._rec.rt.policy.call("recover", lambda: self._thread_ids(saver)) or []
-        results: list[Recovery] = []
         for thread_id in ids:
             lost = self._rec.rt.policy.call(
-                "recover", partial(self._lost_invocation, saver, thread_id)
+                "recover", partial(self._lost_invocation, saver, thread_id, results)
             )
             if lost is None:
                 continue
@@ -192,12 +240,14 @@ class RecoveryMixin:
         *,
         thread_ids: list[str] | None = None,
         **kwargs: Any,
-    ) -> list[Recovery]:
+    ) -> RecoveryReport:
         """Async :meth:`recover` (for async checkpointers such as ``AsyncSqliteSaver``):
-        same selection and claims, each thread resumed with ``ainvoke(None, ...)``."""
+        same selection, claims, report and hook, each thread resumed with
+        ``ainvoke(None, ...)``."""
+        results = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or self.ledger is None:
-            return []
+            return results
         self._rec.rt.guarded_reconcile("reconcile")
         errors = self._rec.rt.policy
         ids = thread_ids
@@ -207,10 +257,9 @@ class RecoveryMixin:
             except Exception as exc:
                 errors.error("recover", exc)
                 ids = []
-        results: list[Recovery] = []
         for thread_id in ids:
             try:
-                lost = await self._alost_invocation(saver, thread_id)
+                lost = await self._alost_invocation(saver, thread_id, results)
             except Exception as exc:
                 errors.error("recover", exc)
                 continue

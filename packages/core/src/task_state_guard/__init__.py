@@ -21,7 +21,7 @@ from .model import (
     UnsafeLocation,
     payload_fingerprint,
 )
-from .reconcile import ReconcilePolicy, reconcile_restart
+from .reconcile import ReconcileDecision, ReconcilePolicy, reconcile_restart
 
 __version__ = "0.2.0"
 
@@ -32,6 +32,7 @@ __all__ = [
     "Ledger",
     "LedgerBusy",
     "LedgerError",
+    "ReconcileDecision",
     "ReconcilePolicy",
     "StateConflict",
     "StorageError",

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=f"{name} by task id")
         cmd.add_argument("task_id")
         cmd.add_argument("--extras", action="store_true",
-                         help="add name, heartbeat_at and has_owner to each task")
+                         help="add name, heartbeat_at, has_owner and framework_id to each task")
     tasks = sub.add_parser("tasks", help="ids of tasks in a state")
     tasks.add_argument("--status", required=True)
     tasks.add_argument("--stale-seconds")

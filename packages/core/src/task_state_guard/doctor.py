@@ -89,7 +89,7 @@ _SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, deli
     deadline_at IS NULL, owner IS NULL, {_TIMES_OK}, count(*)
     FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
 
-_VALUES = "SELECT id, parent_id, name, owner, payload_hash, version FROM tsg_tasks"
+_VALUES = "SELECT id, parent_id, name, owner, payload_hash, version, framework_id FROM tsg_tasks"
 
 # A task's events must be exactly: created, started (if it started), closed (if terminal),
 # delivery (if its delivery closed), each with the task's own state, code and time; and the
@@ -167,9 +167,11 @@ def _check_values(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
     uuid_ok, name_ok = _UUID.fullmatch, _NAME.fullmatch
     known_names: set[str] = set()
     bad_ids = bad_values = 0
-    for task_id, parent, name, owner, payload, version in conn.execute(_VALUES):
-        if not (type(task_id) is str and uuid_ok(task_id)) or (
-            parent is not None and not (type(parent) is str and uuid_ok(parent))
+    for task_id, parent, name, owner, payload, version, framework in conn.execute(_VALUES):
+        if (
+            not (type(task_id) is str and uuid_ok(task_id))
+            or (parent is not None and not (type(parent) is str and uuid_ok(parent)))
+            or (framework is not None and not (type(framework) is str and uuid_ok(framework)))
         ):
             bad_ids += 1
         if name is not None and name not in known_names:

@@ -42,12 +42,12 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .reconcile import ReconcilePolicy
+    from .reconcile import DecisionCallback, ReconcilePolicy
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
     "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
-    "ended_at, delivery_updated_at, updated_at, owner, payload_hash, version"
+    "ended_at, delivery_updated_at, updated_at, owner, payload_hash, version, framework_id"
 )
 _SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
 _RETURNING = f" RETURNING {TASK_COLUMNS}"
@@ -58,8 +58,8 @@ _RETURNING = f" RETURNING {TASK_COLUMNS}"
 # its event. When the guard refuses, the same transaction reads the row to explain why.
 _INSERT_TASK = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
-    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at) "
-    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1, ?1 WHERE ?3 IS NULL OR EXISTS "
+    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id) "
+    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1, ?1, ?8 WHERE ?3 IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = ?3 AND created_at <= ?1) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
@@ -139,6 +139,7 @@ def row_to_task(row: tuple[Any, ...]) -> Task:
         name=row[3],
         heartbeat_at=_float(row[13]),
         has_owner=row[17] is not None,
+        framework_id=row[20],
     )
 
 
@@ -161,12 +162,23 @@ def row_is_valid(row: tuple[Any, ...]) -> bool:
         and row[16] is not None
         and type(row[19]) is int
         and row[19] >= 0
+        and (row[20] is None or (type(row[20]) is str and is_canonical(row[20])))
     ):
         return False
     for value in row[9:17]:  # timeout, deadline and every timestamp: None or a finite number
         if value is not None and not (type(value) in (float, int) and -1e300 < value < 1e300):
             return False
     return True
+
+
+def _framework_id(value: object) -> str:
+    """A framework id as stored: exactly a canonical lowercase UUID (anything else may carry
+    user data and is refused)."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if type(value) is str and is_canonical(value):
+        return value
+    raise InvalidInput("framework id must be a canonical lowercase UUID")
 
 
 def _float(value: Any) -> float | None:
@@ -506,8 +518,14 @@ class Ledger:
         delivery_required: bool = True,
         name: str | None = None,
         payload_hash: str | None = None,
+        framework_id: str | uuid.UUID | None = None,
     ) -> Task:
-        """Create a queued task; with an explicit ``task_id`` an identical repeat is a no-op."""
+        """Create a queued task; with an explicit ``task_id`` an identical repeat is a no-op.
+
+        ``framework_id``: the framework's own id of the job (a Celery task id, a Dramatiq message
+        id), stored so that an operator or a callback can map the task back; only a canonical
+        UUID is accepted (an id that is not one may carry user data and is never stored).
+        """
         tid = str(uuid.uuid4()) if task_id is None else canonical_id(task_id)
         parent = None if parent_id is None else canonical_id(parent_id, "parent id")
         timeout = (
@@ -519,13 +537,14 @@ class Ledger:
             raise InvalidInput("delivery_required must be a boolean")
         label = check_name(name)
         fingerprint = check_payload_hash(payload_hash)
+        fid = None if framework_id is None else _framework_id(framework_id)
         inserted, now, row = self._guarded(
-            _INSERT_TASK, tid, parent, label, int(delivery_required), fingerprint, timeout
+            _INSERT_TASK, tid, parent, label, int(delivery_required), fingerprint, timeout, fid
         )
         if inserted is None:
             if row is not None:  # an explicit id that already exists
-                if (row[2], bool(row[6]), row[3], row[9], row[18]) != (
-                    parent, delivery_required, label, timeout, fingerprint
+                if (row[2], bool(row[6]), row[3], row[9], row[18], row[20]) != (
+                    parent, delivery_required, label, timeout, fingerprint, fid
                 ):
                     raise StateConflict("a task with this id exists with other attributes")
                 return row_to_task(row)
@@ -537,7 +556,7 @@ class Ledger:
             delivery_status=DeliveryStatus.PENDING, delivery_required=delivery_required,
             payload_hash=fingerprint, timeout_seconds=timeout, created_at=now, started_at=None,
             updated_at=now, ended_at=None, deadline_at=None, delivery_updated_at=now,
-            terminal_code=None, delivery_code=None, version=0, name=label,
+            terminal_code=None, delivery_code=None, version=0, name=label, framework_id=fid,
         )
 
     def start_task(self, task_id: str | uuid.UUID, *, owner: bool = True) -> Task:
@@ -710,11 +729,14 @@ class Ledger:
         active_grace_seconds: float | None = None,
         delivery_grace_seconds: float | None = None,
         dry_run: bool = False,
+        on_decision: DecisionCallback | None = None,
     ) -> dict[str, Any]:
         """Reconcile stale state; see :func:`task_state_guard.reconcile_restart`.
 
         Give the graces as keywords (as in 0.1.0) or as a ``ReconcilePolicy``, not both; a
-        grace left out is 600 s.
+        grace left out is 600 s. ``on_decision`` receives each task the pass closed or whose
+        delivery it closed (a :class:`~task_state_guard.reconcile.ReconcileDecision`); the
+        returned report stays counts only.
         """
         from .reconcile import ReconcilePolicy, reconcile_restart
 
@@ -730,7 +752,7 @@ class Ledger:
             raise InvalidInput("pass either a policy or grace keywords, not both")
         if policy is None:
             policy = ReconcilePolicy(**graces)
-        return reconcile_restart(self, policy, dry_run=dry_run)
+        return reconcile_restart(self, policy, dry_run=dry_run, on_decision=on_decision)
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""

@@ -205,7 +205,7 @@ TASK_DICT_KEYS = (
     "delivery_updated_at", "terminal_code", "delivery_code", "version",
 )
 #: Extra keys :meth:`Task.to_dict` adds with ``extras=True``.
-TASK_EXTRA_KEYS = ("name", "heartbeat_at", "has_owner")
+TASK_EXTRA_KEYS = ("name", "heartbeat_at", "has_owner", "framework_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +215,9 @@ class Task:
     ``updated_at`` is the last task-state change or heartbeat; ``delivery_updated_at`` the last
     delivery change (``created_at`` until the delivery closes); ``version`` counts state and
     delivery changes (0 at creation; idempotent repeats and heartbeats leave it unchanged).
-    ``name``, ``heartbeat_at`` and ``has_owner`` are this version's additions.
+    ``name``, ``heartbeat_at``, ``has_owner`` and ``framework_id`` (the framework's own id of
+    the job when it is a canonical UUID, e.g. a Celery task id; else ``None``) are this
+    version's additions.
     """
 
     id: str
@@ -237,6 +239,7 @@ class Task:
     name: str | None = None
     heartbeat_at: float | None = None
     has_owner: bool = False
+    framework_id: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -254,7 +257,7 @@ class Task:
         """Return a JSON-ready mapping with 0.1.0's keys.
 
         The fingerprint itself only with ``include_payload_hash=True``; ``extras=True`` adds
-        ``name``, ``heartbeat_at`` and ``has_owner``.
+        ``name``, ``heartbeat_at``, ``has_owner`` and ``framework_id``.
         """
         out: dict[str, Any] = {
             "id": self.id,
@@ -280,4 +283,5 @@ class Task:
             out["name"] = self.name
             out["heartbeat_at"] = self.heartbeat_at
             out["has_owner"] = self.has_owner
+            out["framework_id"] = self.framework_id
         return out

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import connections, owners
-from .model import InvalidInput, check_seconds
+from .model import InvalidInput, check_seconds, is_canonical
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -26,7 +27,7 @@ BATCH = 2000
 # their parents, so a parent sees this pass's decisions about its children).
 _OPEN_BATCH = (
     "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
-    "delivery_required, delivery_status, ended_at FROM tsg_tasks "
+    "delivery_required, delivery_status, ended_at, parent_id, name, framework_id FROM tsg_tasks "
     "WHERE delivery_status = 'pending' AND seq < ? ORDER BY seq DESC LIMIT ?"
 )
 _ACTIVE_CHILDREN = (
@@ -57,6 +58,28 @@ class ReconcilePolicy:
         check_seconds(self.delivery_grace_seconds, "delivery_grace_seconds", allow_zero=True)
 
 
+@dataclass(frozen=True, slots=True)
+class ReconcileDecision:
+    """One task a reconcile pass closed, or whose delivery it closed (for in-process callers).
+
+    ``kind`` is ``"task"`` (the task was timed out: ``status`` is ``timed_out`` and ``code``
+    one of ``deadline_exceeded``, ``owner_lost``, ``restart_stale``) or ``"delivery"`` (its
+    delivery was closed: ``status`` ``failed``/``not_applicable``). ``framework_id`` is the
+    framework's own id when one was stored (a canonical UUID), else ``None``.
+    """
+
+    kind: str
+    task_id: str
+    parent_id: str | None
+    framework_id: str | None
+    name: str | None
+    status: str
+    code: str
+
+
+#: The callback :func:`reconcile_restart` hands its decisions to.
+DecisionCallback = Callable[[ReconcileDecision], object]
+
 _isfinite = math.isfinite
 _NUMBER_TYPES = (int, float)  # exact types: a bool is no timestamp
 
@@ -72,7 +95,7 @@ class _Pass:
     """The state of one reconcile pass."""
 
     def __init__(self, ledger: Ledger, conn: sqlite3.Connection, policy: ReconcilePolicy,
-                 now: float, dry_run: bool) -> None:
+                 now: float, dry_run: bool, collect: bool = False) -> None:
         self.ledger = ledger
         self.conn = conn
         self.now = now
@@ -81,6 +104,7 @@ class _Pass:
         self.delivery_cutoff = now - float(policy.delivery_grace_seconds)
         self.timed_out: set[int] = set()
         self.liveness: dict[str, owners.Liveness] = {}
+        self.decisions: list[ReconcileDecision] | None = [] if collect else None
         self.counts = dict.fromkeys(
             (
                 "active_examined", "tasks_timed_out", "fresh_active_retained",
@@ -127,6 +151,13 @@ class _Pass:
         """A queued child, or a running child this pass keeps, keeps its parent fresh."""
         return any(status == "queued" or seq not in self.timed_out for seq, status in children)
 
+    def decide(self, kind: str, row: tuple[Any, ...], status: str, code: str) -> None:
+        """Keep one decision for the caller (only when one asked for them)."""
+        if self.decisions is not None:
+            fid = row[13] if type(row[13]) is str and is_canonical(row[13]) else None
+            name = row[12] if type(row[12]) is str else None
+            self.decisions.append(ReconcileDecision(kind, row[7], row[11], fid, name, status, code))
+
     @staticmethod
     def well_formed(row: tuple[Any, ...]) -> bool:
         """Skip rows that fail validation (doctor reports them) instead of failing the pass."""
@@ -171,6 +202,7 @@ class _Pass:
                     counts["tasks_timed_out"] += 1
                     self.timed_out.add(seq)
                     timeouts.append((code, now, now, seq))
+                    self.decide("task", row, "timed_out", code)
                     closed = now  # its delivery is judged in this same pass
                 counts["pending_delivery_examined"] += 1
                 if closed > self.delivery_cutoff:
@@ -178,9 +210,11 @@ class _Pass:
                 elif required:
                     counts["deliveries_failed"] += 1
                     deliveries.append(("failed", "delivery_grace_expired", now, seq))
+                    self.decide("delivery", row, "failed", "delivery_grace_expired")
                 else:
                     counts["deliveries_not_applicable"] += 1
                     deliveries.append(("not_applicable", "internal_task", now, seq))
+                    self.decide("delivery", row, "not_applicable", "internal_task")
             if not self.dry_run:
                 if timeouts:
                     conn.executemany(_TIME_OUT, timeouts)
@@ -189,11 +223,19 @@ class _Pass:
 
 
 def reconcile_restart(
-    ledger: Ledger, policy: ReconcilePolicy | None = None, dry_run: bool = False
+    ledger: Ledger,
+    policy: ReconcilePolicy | None = None,
+    dry_run: bool = False,
+    *,
+    on_decision: DecisionCallback | None = None,
 ) -> dict[str, Any]:
     """Time out stale running tasks and settle overdue deliveries in one atomic pass.
 
     Returns exactly nine keys: the seven counts plus ``dry_run`` and ``applied``; never ids.
+    ``on_decision`` (in-process callers only) is called once per :class:`ReconcileDecision`,
+    in the pass's order (newest task first; a task's own close before its delivery's), after
+    the pass committed (a dry run hands over the decisions it would make); an exception it
+    raises propagates after the pass, which stays applied.
     """
     if policy is None:
         policy = ReconcilePolicy()
@@ -201,19 +243,25 @@ def reconcile_restart(
         raise InvalidInput("policy must be a ReconcilePolicy")
     if not isinstance(dry_run, bool):
         raise InvalidInput("dry_run must be a boolean")
+    if on_decision is not None and not callable(on_decision):
+        raise InvalidInput("on_decision must be callable")
+    collect = on_decision is not None
     if dry_run:
         with ledger._read(query_only=True) as conn:
-            run = _Pass(ledger, conn, policy, ledger._now(), dry_run)
+            run = _Pass(ledger, conn, policy, ledger._now(), dry_run, collect)
             run.scan()
     else:
         with connections.bulk_cache(ledger._conn()), ledger._write() as conn:
-            run = _Pass(ledger, conn, policy, ledger._now(), dry_run)
+            run = _Pass(ledger, conn, policy, ledger._now(), dry_run, collect)
             run.scan()
     if not dry_run:
         _remove_dead_owner_files(ledger)
     report: dict[str, Any] = dict(run.counts)
     report["dry_run"] = dry_run
     report["applied"] = not dry_run
+    if on_decision is not None and run.decisions:
+        for decision in run.decisions:
+            on_decision(decision)
     return report
 
 

@@ -52,13 +52,14 @@ _TASK_COLUMNS_V3 = """
     updated_at REAL NOT NULL,
     name TEXT,
     owner TEXT,
-    version INTEGER NOT NULL DEFAULT 0"""
+    version INTEGER NOT NULL DEFAULT 0,
+    framework_id TEXT"""
 
 #: The columns of ``tsg_tasks`` in v3, in table order.
 V3_COLUMNS = (
     "seq, id, parent_id, status, terminal_code, delivery_required, delivery_status, "
     "delivery_code, payload_hash, timeout_seconds, deadline_at, created_at, started_at, "
-    "heartbeat_at, ended_at, delivery_updated_at, updated_at, name, owner, version"
+    "heartbeat_at, ended_at, delivery_updated_at, updated_at, name, owner, version, framework_id"
 )
 
 _META = "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
@@ -207,7 +208,7 @@ def _tasks_select(fmt: str, source: str) -> str:
             "delivery_status, delivery_code, payload_hash, timeout_seconds, deadline_at, "
             "created_at, started_at, CASE WHEN status = 'running' AND updated_at > started_at "
             "THEN updated_at END AS heartbeat_at, ended_at, delivery_updated_at, updated_at, "
-            f"NULL AS name, NULL AS owner, version FROM {source}"
+            f"NULL AS name, NULL AS owner, version, NULL AS framework_id FROM {source}"
         )
     extra = "name, owner" if fmt == V2 else "NULL AS name, NULL AS owner"
     return (
@@ -218,7 +219,7 @@ def _tasks_select(fmt: str, source: str) -> str:
         "max(created_at, coalesce(started_at, created_at), coalesce(heartbeat_at, created_at), "
         "coalesce(closed_at, created_at)) AS updated_at, "
         f"{extra}, (started_at IS NOT NULL) + (status IN {_TERMINAL}) "
-        f"+ (delivery_status != 'pending') AS version FROM {source}"
+        f"+ (delivery_status != 'pending') AS version, NULL AS framework_id FROM {source}"
     )
 
 

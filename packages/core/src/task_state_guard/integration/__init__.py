@@ -11,7 +11,7 @@ same settings, :class:`IdScheme` and :func:`name_label` the same id and label ru
 from . import codes
 from .errors import ErrorPolicy
 from .ids import IdScheme, name_label
-from .runtime import AdapterRuntime, Closing
+from .runtime import AdapterRuntime, Closing, LostHook, LostTask
 from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
 from .surface import AdapterSurface
 
@@ -22,6 +22,8 @@ __all__ = [
     "ConfigurationError",
     "ErrorPolicy",
     "IdScheme",
+    "LostHook",
+    "LostTask",
     "SettingArgs",
     "Settings",
     "codes",

@@ -9,8 +9,14 @@ One :class:`AdapterRuntime` per installed adapter. It owns
 * opening, claiming and closing attempts (closing an attempt closes its delivery
   ``not_applicable/internal_task`` in the same transaction) and logical tasks;
 * the error policy (:class:`~task_state_guard.integration.ErrorPolicy`);
-* delivery marks (:meth:`mark_delivered`, :meth:`mark_delivery_failed`), reconcile and the
-  counters behind every adapter's ``stats()``.
+* delivery marks (:meth:`mark_delivered`, :meth:`mark_delivery_failed`), reconcile (at boot,
+  periodically in a worker's main process, or on request) and the counters behind every
+  adapter's ``stats()``;
+* lost jobs: after each applied reconcile, every logical task of this adapter that the pass
+  timed out (its worker died, it went stale, or it passed its deadline) and whose framework id
+  is stored becomes a :class:`LostTask`, handed first to the adapter's result-backend writer
+  (:attr:`AdapterRuntime.fail_lost`, unless ``fail_lost_results`` is off) and then to the
+  user's ``on_lost`` hook.
 
 Transition methods raise ledger errors; an adapter wraps each framework hook in
 :meth:`guarded` so that the policy (count, log once per kind, raise only when strict) decides.
@@ -25,22 +31,46 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
-from ..model import LedgerBusy, LedgerError, StateConflict, Task, TaskNotFound
-from ..reconcile import ReconcilePolicy
+from ..model import LedgerBusy, LedgerError, StateConflict, Task, TaskNotFound, is_canonical
+from ..reconcile import DecisionCallback, ReconcileDecision, ReconcilePolicy
 from . import codes
 from .errors import ErrorPolicy
+from .ids import IdScheme
 from .settings import Settings
 
 #: One close: ``(task_id, status, code, internal)``; ``internal`` marks an attempt.
 Closing = tuple[str, str, "str | None", bool]
 
 _BOOT_RECONCILE_TRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class LostTask:
+    """A job found lost: what the ``on_lost`` hook receives (in-process only, never logged).
+
+    ``framework_id``: the framework's id of the job (Celery task id, Dramatiq message id,
+    LangGraph invocation id); ``task_id``: its logical task's ledger id; ``name``: the name
+    label (task, actor or graph name); ``code``: why it was closed (``owner_lost``,
+    ``restart_stale`` or ``deadline_exceeded``); ``thread_id``: the LangGraph thread, else
+    ``None``.
+    """
+
+    framework_id: str
+    task_id: str
+    name: str | None
+    code: str
+    thread_id: str | None = None
+
+
+#: The ``on_lost`` hook: called once per lost job, after the reconcile that found it committed.
+LostHook = Callable[[LostTask], object]
 
 
 class _Process:
@@ -55,6 +85,7 @@ class _Process:
         self.refs: Counter[str] = Counter()
         self.deferred: dict[str, codes.Outcome] = {}
         self.reconciles = 0
+        self.reconciler: tuple[threading.Event, threading.Thread] | None = None
 
 
 class AdapterRuntime:
@@ -62,6 +93,9 @@ class AdapterRuntime:
 
     ``ledger``: an already open ledger to use instead of opening ``settings.db`` per process
     (the caller keeps closing it). ``subject`` names the framework's unit of work in log lines.
+    ``ids``: the adapter's id scheme; with it, a reconcile recognises this adapter's logical
+    tasks by their stored framework id and reports the lost ones (see the module docstring).
+    ``on_lost``: the user's hook for lost jobs.
     """
 
     def __init__(
@@ -71,12 +105,21 @@ class AdapterRuntime:
         logger: logging.Logger,
         subject: str = "job",
         ledger: Ledger | None = None,
+        ids: IdScheme | None = None,
+        on_lost: LostHook | None = None,
     ) -> None:
         self.settings = settings
         self.logger = logger
         self.policy = ErrorPolicy(logger, strict=settings.strict, subject=subject)
         self._external = ledger
         self._proc = _Process()
+        self.ids = ids
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
+        #: The user's hook for lost jobs (see :class:`LostTask`).
+        self.on_lost: LostHook | None = on_lost
+        #: The adapter's writer of a failure into the framework's result backend.
+        self.fail_lost: LostHook | None = None
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
 
@@ -131,7 +174,9 @@ class AdapterRuntime:
             self._start_heartbeats(proc)
 
     def close(self) -> None:
-        """Stop this process's heartbeats and close its own ledger handle (idempotent)."""
+        """Stop this process's heartbeats and periodic reconcile and close its own ledger
+        handle (idempotent)."""
+        self.stop_periodic_reconcile()
         proc = self._state()
         with proc.lock:
             hb, proc.heartbeater = proc.heartbeater, None
@@ -219,19 +264,25 @@ class AdapterRuntime:
         name: str | None,
         start: bool = True,
         owner: bool = False,
+        framework_id: str | None = None,
     ) -> None:
         """Record the logical task (idempotent) and, with ``start``, start it if still queued.
 
         A logical task recorded earlier with other attributes (say the delivery option changed
         between deployments) is kept as it is. ``owner=True`` records this process as its owner:
         only right when no other process can take the job over (no broker redelivery).
+        ``framework_id`` is stored only when it is a canonical UUID (Celery's default task ids,
+        Dramatiq message ids); any other id may carry user data and is never stored.
         """
+        fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
         with led.atomic():
             try:
                 queued = (
-                    led.create_task(task_id=task_id, delivery_required=delivery_required, name=name)
-                    .status
+                    led.create_task(
+                        task_id=task_id, delivery_required=delivery_required, name=name,
+                        framework_id=fid,
+                    ).status
                     == codes.QUEUED
                 )
             except StateConflict:
@@ -443,15 +494,107 @@ class AdapterRuntime:
             delivery_grace_seconds=self.settings.delivery_grace_seconds,
         )
 
-    def reconcile(self, *, dry_run: bool = False) -> dict[str, Any]:
-        """Run the core's reconcile with the settings' graces (raises ledger errors)."""
-        report = dict(self.ledger.reconcile(self.reconcile_policy, dry_run=dry_run))
+    def reconcile(
+        self, *, dry_run: bool = False, on_decision: DecisionCallback | None = None
+    ) -> dict[str, Any]:
+        """Run the core's reconcile with the settings' graces (raises ledger errors).
+
+        ``on_decision`` receives each task the pass closed or whose delivery it closed (see
+        :class:`~task_state_guard.ReconcileDecision`). An applied pass then reports the lost
+        jobs of this adapter (:meth:`report_lost`). The returned report is counts only.
+        """
+        decisions: list[ReconcileDecision] = []
+        wanted = on_decision is not None or (not dry_run and self.ids is not None)
+        report = dict(
+            self.ledger.reconcile(
+                self.reconcile_policy, dry_run=dry_run,
+                on_decision=decisions.append if wanted else None,
+            )
+        )
         if not dry_run:
             proc = self._state()
             with proc.lock:
                 proc.reconciles += 1
             self.last_reconcile = report
+            self.report_lost(decisions)
+        if on_decision is not None:
+            for decision in decisions:
+                on_decision(decision)
         return report
+
+    def lost_task(self, decision: ReconcileDecision) -> LostTask | None:
+        """The :class:`LostTask` of a decision that timed out one of this adapter's logical
+        tasks with a stored framework id (else ``None``)."""
+        fid = decision.framework_id
+        if (
+            decision.kind != "task"
+            or decision.parent_id is not None
+            or fid is None
+            or self.ids is None
+            or self.ids.logical_task_id(fid) != decision.task_id
+        ):
+            return None
+        return LostTask(fid, decision.task_id, decision.name, decision.code)
+
+    def report_lost(self, decisions: Iterable[ReconcileDecision]) -> int:
+        """Hand every lost job among ``decisions`` to :meth:`notify_lost`; returns how many."""
+        found = 0
+        for decision in decisions:
+            lost = self.lost_task(decision)
+            if lost is not None:
+                found += 1
+                self.notify_lost(lost)
+        return found
+
+    def notify_lost(self, lost: LostTask) -> None:
+        """Write the failure into the result backend (unless ``fail_lost_results`` is off),
+        then call ``on_lost``. An error of either is counted (``fail_lost_result:<Class>``,
+        ``on_lost:<Class>``) and logged once per kind, never raised: the reconcile stands."""
+        writer = self.fail_lost
+        if writer is not None and self.settings.fail_lost_results:
+            try:
+                writer(lost)
+            except Exception as exc:
+                self.policy.record("fail_lost_result", exc)
+        hook = self.on_lost
+        if hook is not None:
+            try:
+                hook(lost)
+            except Exception as exc:
+                self.policy.record("on_lost", exc)
+
+    def start_periodic_reconcile(self, where: str = "periodic_reconcile") -> bool:
+        """Reconcile every ``reconcile_interval_seconds`` in a daemon thread of this process
+        (for a worker's main process); False when the interval is 0 or it already runs."""
+        interval = self.settings.reconcile_interval_seconds
+        if interval <= 0:
+            return False
+        proc = self._state()
+        with proc.lock:
+            if proc.reconciler is not None:
+                return False
+            stop = threading.Event()
+            thread = threading.Thread(
+                target=self._reconcile_loop, args=(stop, interval, where),
+                name="tsg-reconcile", daemon=True,
+            )
+            proc.reconciler = (stop, thread)
+        thread.start()
+        return True
+
+    def stop_periodic_reconcile(self) -> None:
+        """Stop this process's periodic reconcile, if it runs (idempotent)."""
+        proc = self._state()
+        with proc.lock:
+            running, proc.reconciler = proc.reconciler, None
+        if running is not None:
+            running[0].set()
+            if running[1] is not threading.current_thread():
+                running[1].join(timeout=5)
+
+    def _reconcile_loop(self, stop: threading.Event, interval: float, where: str) -> None:
+        while not stop.wait(interval):
+            self.guarded_reconcile(where)
 
     def boot_reconcile(self, where: str = "boot_reconcile") -> dict[str, Any] | None:
         """Reconcile when a worker boots, if ``reconcile_on_boot``; guarded by the error policy.
@@ -500,4 +643,4 @@ class AdapterRuntime:
         }
 
 
-__all__ = ["AdapterRuntime", "Closing"]
+__all__ = ["AdapterRuntime", "Closing", "LostHook", "LostTask"]

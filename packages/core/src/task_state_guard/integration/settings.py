@@ -16,11 +16,15 @@ setting                         environment variable                  default
 ``reconcile_on_boot``           ``TSG_RECONCILE_ON_BOOT``             true
 ``reconcile_interval_seconds``  ``TSG_RECONCILE_INTERVAL_SECONDS``    0 (off)
 ``strict``                      ``TSG_STRICT``                        false
+``fail_lost_results``           ``TSG_FAIL_LOST_RESULTS``             true
 ``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
 ==============================  ====================================  ========================
 
 ``heartbeat_seconds=0`` turns the background heartbeat off; otherwise it must be below the
-active grace. ``reconcile_interval_seconds`` is used by adapters with a long-lived worker loop.
+active grace. ``reconcile_interval_seconds`` is used by adapters with a long-lived worker loop
+(Celery and Dramatiq workers: a periodic reconcile in the worker's main process).
+``fail_lost_results=false`` stops adapters from writing a failure into the framework's result
+backend for a job a reconcile found lost (the ``on_lost`` hook still fires).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ _NAMES = (
     "reconcile_on_boot",
     "reconcile_interval_seconds",
     "strict",
+    "fail_lost_results",
     "busy_timeout_ms",
 )
 
@@ -60,6 +65,7 @@ class SettingArgs(TypedDict, total=False):
     reconcile_on_boot: bool | None
     reconcile_interval_seconds: float | None
     strict: bool | None
+    fail_lost_results: bool | None
     busy_timeout_ms: int | None
 
 
@@ -79,6 +85,7 @@ class Settings:
     reconcile_interval_seconds: float
     strict: bool
     busy_timeout_ms: int
+    fail_lost_results: bool = True
 
 
 def env_name(name: str) -> str:
@@ -211,6 +218,8 @@ def resolve_settings(
     interval = 0.0 if value is None else _seconds(value, source, allow_zero=True)
     value, source = get("strict")
     strict = False if value is None else _flag(value, source)
+    value, source = get("fail_lost_results")
+    fail_lost = True if value is None else _flag(value, source)
     value, source = get("busy_timeout_ms")
     busy = DEFAULT_BUSY_TIMEOUT_MS if value is None else _milliseconds(value, source)
     return Settings(
@@ -222,6 +231,7 @@ def resolve_settings(
         reconcile_interval_seconds=interval,
         strict=strict,
         busy_timeout_ms=busy,
+        fail_lost_results=fail_lost,
     )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import Task
-from .runtime import AdapterRuntime
+from ..reconcile import DecisionCallback
+from .runtime import AdapterRuntime, LostHook
 from .settings import Settings
 
 
@@ -43,9 +44,28 @@ class AdapterSurface:
         as :meth:`mark_delivered`."""
         return self.runtime.mark_delivery_failed(self.logical_task_id(framework_id))
 
-    def reconcile(self, *, dry_run: bool = False) -> dict[str, Any]:
-        """Run the core's reconcile with the adapter's graces; returns the nine counts."""
-        return self.runtime.reconcile(dry_run=dry_run)
+    def reconcile(
+        self, *, dry_run: bool = False, on_decision: DecisionCallback | None = None
+    ) -> dict[str, Any]:
+        """Run the core's reconcile with the adapter's graces; returns the nine counts.
+
+        ``on_decision`` receives each task the pass closed or whose delivery it closed (a
+        :class:`~task_state_guard.ReconcileDecision`: ledger id, framework id where stored,
+        name label, new state, code). An applied pass also reports lost jobs (``on_lost``).
+        """
+        return self.runtime.reconcile(dry_run=dry_run, on_decision=on_decision)
+
+    @property
+    def on_lost(self) -> LostHook | None:
+        """The hook called with a :class:`~task_state_guard.integration.LostTask` for each job
+        a reconcile found lost (``None``: none). Settable."""
+        return self.runtime.on_lost
+
+    @on_lost.setter
+    def on_lost(self, hook: LostHook | None) -> None:
+        if hook is not None and not callable(hook):
+            raise TypeError("on_lost must be callable")
+        self.runtime.on_lost = hook
 
     def stats(self) -> dict[str, Any]:
         """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
