@@ -438,11 +438,14 @@ def test_v1_migrates_to_v3(tmp_path) -> None:
         assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
         running = led.get_task(ids[1])
         assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
+        assert running.framework_id is None and done.framework_id is None
         report = led.doctor()
         assert report["healthy"] is True and report["schema_version"] == 3
         assert report["task_count"] == 2 and report["event_count"] == 4
-        task = led.create_task(name="after.migration")
+        fid = "0ac03e98-045d-499b-a3e1-22df12f98c64"
+        task = led.create_task(name="after.migration", framework_id=fid)
         assert led.get_task(task.id).name == "after.migration"
+        assert led.get_task(task.id).framework_id == fid
         assert led.set_delivery(ids[0], "delivered").version == 2
     assert meta_version(db) == "3"
     assert same_schema_as_fresh(db, tmp_path)
@@ -472,6 +475,7 @@ def test_v2_migrates_to_v3(tmp_path) -> None:
         assert delivered.version == 2
         assert running.name == "app.job" and running.has_owner and running.heartbeat_at == T0 + 4
         assert running.updated_at == T0 + 4 and running.version == 1
+        assert delivered.framework_id is None and running.framework_id is None
         assert running.delivery_updated_at == running.created_at == T0
         report = led.doctor()
         assert report["healthy"] is True and report["event_count"] == 5

@@ -90,7 +90,7 @@ def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
                 assert type(got[key]) is float, (role, key)
             assert isinstance(task.status, TaskStatus) and task.status.value == expected["status"]
             assert isinstance(task.delivery_status, DeliveryStatus)
-            assert task.name is None and task.has_owner is False
+            assert task.name is None and task.has_owner is False and task.framework_id is None
         report = led.doctor()
     assert report["healthy"] is True and report["schema_ok"] is True
     assert report["schema_version"] == 3 and report["quick_check"] == "ok"
