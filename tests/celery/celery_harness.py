@@ -9,6 +9,7 @@ Redis DB 5 so that other suites sharing the server never see its keys.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -130,9 +131,15 @@ class Scenario:
         queue: str | None = None,
         queues: list[str] | None = None,
         broker: str = BROKER,
+        backend: str | None = None,
+        track_started: bool = False,
     ) -> None:
         self.tmp = tmp
         self.broker = broker
+        #: an SQL result backend URL (per-test tables), else Redis
+        self.backend = backend
+        self.tables = f"tsgt_{uuid.uuid4().hex[:10]}" if backend else None
+        self.track_started = track_started
         self.queue = queue or f"tsgt-{uuid.uuid4().hex[:12]}"
         #: queues a worker started by this scenario consumes (a shared worker serves
         #: several tests, each with its own queue)
@@ -153,7 +160,8 @@ class Scenario:
 
     def app(self, *, visibility_timeout: float | None = None) -> Any:
         app = make_app(
-            self.broker, self.queue, visibility_timeout=visibility_timeout, register=False
+            self.broker, self.queue, visibility_timeout=visibility_timeout, register=False,
+            backend=self.backend, tables=self.tables, track_started=self.track_started,
         )
         self._apps.append(app)
         return app
@@ -179,6 +187,9 @@ class Scenario:
                 "TSG_DELIVERY_GRACE_SECONDS": "600",
                 "TSG_HEARTBEAT_SECONDS": str(self.heartbeat),
                 "PYTHONDONTWRITEBYTECODE": "1",
+                "TSGT_BACKEND": self.backend or "",
+                "TSGT_TABLES": self.tables or "",
+                "TSGT_TRACK_STARTED": "1" if self.track_started else "",
             }
         )
         env.update({k: str(v) for k, v in extra.items()})
@@ -266,6 +277,27 @@ class Scenario:
         )
         return self.ledger.reconcile(policy)
 
+    def lost_hook_calls(self) -> dict[str, dict[str, Any]]:
+        """What the workers' ``on_lost`` hooks received (TSGT_ON_LOST=1), by Celery id."""
+        found = {}
+        for path in self.markers.glob("lost-*"):
+            if not path.name.endswith(".tmp"):
+                found[path.name[5:]] = json.loads(path.read_text())
+        return found
+
+    def _drop_tables(self) -> None:
+        """Drop this test's tables of the SQL result backend (never anything else)."""
+        import sqlalchemy
+
+        assert self.backend is not None
+        engine = sqlalchemy.create_engine(self.backend.removeprefix("db+"))
+        try:
+            with engine.begin() as conn:
+                for suffix in ("task", "group"):
+                    conn.execute(sqlalchemy.text(f'DROP TABLE IF EXISTS "{self.tables}_{suffix}"'))
+        finally:
+            engine.dispose()
+
     def assert_healthy(self) -> None:
         report = self.ledger.doctor()
         assert report["healthy"], report
@@ -286,6 +318,8 @@ class Scenario:
             with contextlib.suppress(Exception), self.client.connection_for_write() as conn:
                 for queue in {self.queue, *self.queues}:
                     conn.default_channel.queue_delete(queue)
+        if self.tables:
+            self._drop_tables()
         for app in self._apps:
             with contextlib.suppress(Exception):
                 app.close()

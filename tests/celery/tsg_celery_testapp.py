@@ -3,12 +3,16 @@
 Configured from the environment so that each test gets its own queue and ledger:
 TSGT_BROKER (Redis or RabbitMQ URL; results always go to Redis), TSGT_QUEUE,
 TSGT_MARKERS (directory for marker files), TSGT_VISIBILITY (Redis visibility timeout,
-seconds), TSGT_INSTALL (0 = no adapter), TSGT_EAGER (1 = task_always_eager), and the
+seconds), TSGT_INSTALL (0 = no adapter), TSGT_EAGER (1 = task_always_eager), TSGT_BACKEND
+(result backend URL instead of Redis, e.g. an SQLAlchemy URL), TSGT_TABLES (table-name prefix
+of an SQL result backend), TSGT_TRACK_STARTED (1 = task_track_started), TSGT_ON_LOST (1 =
+an ``on_lost`` hook that writes each lost task as JSON into the marker directory), and the
 adapter's own TSG_* variables.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -27,14 +31,21 @@ def make_app(
     visibility_timeout: float | None = None,
     eager: bool = False,
     register: bool = True,
+    backend: str | None = None,
+    tables: str | None = None,
+    track_started: bool = False,
 ) -> Celery:
-    """A Celery app bound to one queue, with the Redis result backend.
+    """A Celery app bound to one queue, with the Redis result backend (or ``backend``).
 
     Clients send tasks by name and need no task definitions (``register=False``).
     """
-    # Results always go to Redis (a RabbitMQ broker keeps its results there too).
-    backend = broker if broker.startswith("redis://") else RESULT_BACKEND
+    # Results go to Redis unless told otherwise (a RabbitMQ broker keeps its results there).
+    if backend is None:
+        backend = broker if broker.startswith("redis://") else RESULT_BACKEND
     app = Celery("tsgt", broker=broker, backend=backend, set_as_current=False)
+    if tables:
+        app.conf.database_table_names = {"task": f"{tables}_task", "group": f"{tables}_group"}
+    app.conf.task_track_started = track_started
     transport: dict[str, Any] = {}
     if visibility_timeout is not None:
         transport = {
@@ -206,10 +217,27 @@ def _from_env() -> Celery:
         os.environ.get("TSGT_QUEUE", "tsgt-default"),
         visibility_timeout=float(vis) if vis else None,
         eager=os.environ.get("TSGT_EAGER") == "1",
+        backend=os.environ.get("TSGT_BACKEND") or None,
+        tables=os.environ.get("TSGT_TABLES") or None,
+        track_started=os.environ.get("TSGT_TRACK_STARTED") == "1",
     )
     if os.environ.get("TSGT_INSTALL", "1") == "1":
-        task_state_guard_celery.install(app)
+        hook = _record_lost if os.environ.get("TSGT_ON_LOST") == "1" else None
+        task_state_guard_celery.install(app, on_lost=hook)
     return app
+
+
+def _record_lost(lost: Any) -> None:
+    """The test's ``on_lost`` hook: one JSON marker per lost task (with the backend's state
+    as the hook saw it, after the guard wrote FAILURE)."""
+    fields = {
+        "framework_id": lost.framework_id,
+        "task_id": lost.task_id,
+        "name": lost.name,
+        "code": lost.code,
+        "pid": os.getpid(),
+    }
+    _marker(f"lost-{lost.framework_id}", json.dumps(fields))
 
 
 app = _from_env() if os.environ.get("TSGT_QUEUE") and os.environ.get("TSG_DB") else None
