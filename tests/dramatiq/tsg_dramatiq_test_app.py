@@ -10,12 +10,16 @@ TSG_TEST_QUEUE      queue of every actor
 TSG_TEST_DIR        scratch directory (pid / marker files)
 TSG_TEST_BACKOFF_MS min_backoff of the retrying actors
 TSG_TEST_REDIS_HEARTBEAT_MS  Redis broker heartbeat_timeout (redelivery after a crash)
+TSG_TEST_RESULTS    1 = the Results middleware (Redis backend, namespace ``<namespace>-results``)
+                    and the ``stored_sleeper`` actor (store_results=True)
+TSG_TEST_ON_LOST    1 = an ``on_lost`` hook that writes each lost message as JSON (scratch dir)
 TSG_DB, TSG_ACTIVE_GRACE_SECONDS, TSG_HEARTBEAT_SECONDS, TSG_STRICT ...  adapter
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -58,11 +62,33 @@ def _broker() -> dramatiq.Broker:
     broker.add_middleware(AsyncIO())
     broker.add_middleware(CurrentMessage())
     broker.add_middleware(SkipByName())
+    if RESULTS:
+        from dramatiq.results import Results
+        from dramatiq.results.backends import RedisBackend
+
+        backend = RedisBackend(url=url, namespace=os.environ["TSG_TEST_NAMESPACE"] + "-results")
+        broker.add_middleware(Results(backend=backend))
     return broker
 
 
+def _record_lost(lost: Any) -> None:
+    """The test's ``on_lost`` hook: one JSON file per lost message."""
+    fields = {
+        "framework_id": lost.framework_id,
+        "task_id": lost.task_id,
+        "name": lost.name,
+        "code": lost.code,
+        "pid": os.getpid(),
+    }
+    path = SCRATCH / f"lost-{lost.framework_id}"
+    path.with_suffix(".tmp").write_text(json.dumps(fields))
+    path.with_suffix(".tmp").replace(path)
+
+
+RESULTS = os.environ.get("TSG_TEST_RESULTS") == "1"
 broker = _broker()
-guard = install(broker)  # settings from TSG_* environment
+# Settings from the TSG_* environment.
+guard = install(broker, on_lost=_record_lost if os.environ.get("TSG_TEST_ON_LOST") == "1" else None)
 dramatiq.set_broker(broker)
 
 
@@ -190,3 +216,13 @@ async def async_flaky(tag: str, failures: int) -> None:
 async def async_fail() -> None:
     await asyncio.sleep(0.01)
     raise ValueError("async failure")
+
+
+if RESULTS:
+
+    @dramatiq.actor(queue_name=QUEUE, max_retries=0, store_results=True)
+    def stored_sleeper(tag: str, seconds: float) -> str:
+        """Writes its pid, then sleeps; its result (or failure) goes to the Results backend."""
+        _touch(f"pid-{tag}", str(os.getpid()))
+        _sleep(seconds)
+        return "slept"
