@@ -1,17 +1,25 @@
-"""TaskStateGuard crash-recovery demo with a real Celery worker (no broker server needed).
+"""TaskStateGuard crash-recovery demo with a real Celery worker.
 
-    python examples/celery_crash_demo.py
+    python3 scripts/dev.py demo          # starts Redis when it is not running, then this
+    python examples/celery_crash_demo.py  # needs Redis on 127.0.0.1:6379 (results only)
 
-What it does, in a private temporary directory that it deletes at the end:
+The broker is kombu's ``filesystem://`` transport (no broker server); task results go to Redis
+(database 8, or ``TSG_DEMO_RESULTS``) with ``task_track_started=True``, as in a typical app, so
+the demo can show what a user of ``AsyncResult`` sees. What it does, in a private temporary
+directory that it deletes at the end (and it forgets its own results in Redis):
 
-1. starts a real ``celery worker`` (prefork, 2 processes) on kombu's ``filesystem://``
-   transport, with ``task_state_guard_celery.install(app)`` in the app module;
-2. sends two quick tasks and one long task;
+1. starts a real ``celery worker`` (prefork, 2 processes), with
+   ``task_state_guard_celery.install(app, on_lost=...)`` in the app module;
+2. sends two quick tasks and one long task; the long task's ``AsyncResult.state`` is
+   ``STARTED``;
 3. SIGKILLs the whole worker while the long task runs (no signal fires; nothing in the
-   worker can record anything);
+   worker can record anything): the backend still says ``STARTED`` and ``get()`` would wait
+   forever;
 4. restarts the worker: before it takes its first task, its boot step reconciles the
    ledger, and the lost attempt - and its logical task - are closed ``timed_out/owner_lost``
-   at once, because the process that owned them is provably dead (no 600 s wait);
+   at once, because the process that owned them is provably dead (no 600 s wait); the
+   adapter writes ``FAILURE`` with ``TaskLostError`` into the result backend and calls the
+   ``on_lost`` hook: ``STARTED -> FAILURE``;
 5. sends two more tasks, which succeed;
 6. runs a later ``tsg reconcile`` with a short delivery grace, which closes the killed task's
    deliveries (owed to nobody) ``not_applicable``, and runs ``doctor``: no delivery is left
@@ -37,6 +45,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEMO_DELIVERY_GRACE = 2.0
+RESULTS = os.environ.get("TSG_DEMO_RESULTS", "redis://127.0.0.1:6379/8")
 
 # --------------------------------------------------------------------------- worker side
 # `celery -A celery_crash_demo worker` imports this module with TSG_DEMO_DIR set.
@@ -44,11 +53,13 @@ DEMO_DELIVERY_GRACE = 2.0
 app: Any = None
 
 if os.environ.get("TSG_DEMO_DIR"):
+    import logging
+
     import task_state_guard_celery
     from celery import Celery  # type: ignore[import-untyped]
 
     _dir = Path(os.environ["TSG_DEMO_DIR"])
-    app = Celery("demo", broker="filesystem://", set_as_current=False)
+    app = Celery("demo", broker="filesystem://", backend=RESULTS, set_as_current=False)
     app.conf.update(
         broker_transport_options={
             "data_folder_in": str(_dir / "broker"),
@@ -60,11 +71,22 @@ if os.environ.get("TSG_DEMO_DIR"):
         },
         worker_prefetch_multiplier=1,
         worker_enable_remote_control=False,
-        task_ignore_result=True,
+        task_track_started=True,
+        result_expires=3600,
         broker_connection_retry_on_startup=True,
     )
+
+    def on_lost(lost: task_state_guard_celery.LostTask) -> None:
+        """Called in the worker for each task a reconcile found lost (after FAILURE was
+        written into the result backend): alert, re-enqueue, or whatever the app needs."""
+        logging.getLogger("demo").warning(
+            "on_lost hook: task %s (%s) was lost: %s", lost.framework_id, lost.name, lost.code
+        )
+
     # One line covers the worker's main process and every pool child.
-    task_state_guard_celery.install(app, db=str(_dir / "ledger" / "tasks.sqlite"))
+    task_state_guard_celery.install(
+        app, db=str(_dir / "ledger" / "tasks.sqlite"), on_lost=on_lost
+    )
 
     @app.task(name="demo.add")
     def add(x: int, y: int) -> int:
@@ -169,6 +191,18 @@ class _Demo:
             time.sleep(0.1)
         raise SystemExit(f"timed out waiting for {what}")
 
+    def backend_view(self, result: Any, label: str) -> None:
+        """What a user of Celery sees: the result backend's state (and get() once settled)."""
+        state = result.state
+        _say(f"  {label}: Celery AsyncResult.state = {state}")
+        if state == "FAILURE":
+            try:
+                result.get(timeout=5, propagate=True)
+            except Exception as exc:
+                _say(f"    AsyncResult.get() raises {type(exc).__name__}{exc.args!r}")
+        elif state == "STARTED":
+            _say("    (AsyncResult.get() would wait for it)")
+
     def task_status(self, celery_id: str) -> str:
         import task_state_guard_celery
         from task_state_guard import Ledger
@@ -196,9 +230,26 @@ class _Demo:
                     proc.wait(10)
 
 
+def _redis_reachable() -> bool:
+    import redis
+
+    client = redis.Redis.from_url(RESULTS, socket_connect_timeout=2)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def main() -> int:
+    if not _redis_reachable():
+        _say("The demo keeps Celery's task results in Redis (127.0.0.1:6379, or TSG_DEMO_RESULTS),")
+        _say("which is not reachable. `python3 scripts/dev.py demo` starts it for you.")
+        return 2
     root = Path(tempfile.mkdtemp(prefix="tsg-celery-demo-"))
     demo: _Demo | None = None
+    sent: list[Any] = []
     try:
         demo = _Demo(root)
         _banner("1. Start a real Celery worker (prefork, filesystem:// transport)")
@@ -207,10 +258,13 @@ def main() -> int:
 
         quick = [demo.app.send_task("demo.add", args=[n, n]) for n in (1, 2)]
         long_job = demo.app.send_task("demo.long_report", args=[600])
+        sent.extend([*quick, long_job])
         for result in quick:
             demo.wait("quick tasks", lambda r=result: demo.task_status(r.id) == "succeeded")
         demo.wait("the long task to start", lambda: demo.attempt_running(long_job.id))
+        demo.wait("STARTED in the result backend", lambda: long_job.state == "STARTED")
         demo.status("2. Two quick tasks succeeded; the long task is running")
+        demo.backend_view(long_job, "long task")
         _say("  (Counts include each logical task and its attempts: one Celery task that ran")
         _say("  once is two ledger records, the logical task and attempt 1.)")
 
@@ -219,8 +273,10 @@ def main() -> int:
         first.wait(10)
         time.sleep(0.5)  # its pool children die with it (PR_SET_PDEATHSIG)
         _say(f"  sent SIGKILL to worker pid {first.pid}: no Celery signal fires, nothing")
-        _say("  in the worker can record anything. The ledger still says 'running':")
+        _say("  in the worker can record anything. The ledger still says 'running',")
+        _say("  and the result backend still says STARTED:")
         demo.ledger_view(long_job.id, "long task")
+        demo.backend_view(long_job, "long task")
         demo.status("4. Ledger after the crash, before any restart (the owner is dead)")
 
         _banner("5. Restart the worker: it reconciles on boot, before consuming")
@@ -231,15 +287,21 @@ def main() -> int:
         _say(f"  worker pid {second.pid} is ready; its boot reconcile report:")
         _say("  " + json.dumps(report, sort_keys=True))
         demo.ledger_view(long_job.id, "long task")
+        demo.backend_view(long_job, "long task")
+        hook = [line.split("on_lost hook: ", 1)[1] for line in
+                demo.logs[-1].read_text().splitlines() if "on_lost hook: " in line]
+        _say(f"  the worker's on_lost hook was called: {hook[0] if hook else 'no'}")
         _say("  The lost attempt is closed timed_out/owner_lost at once (its owner process is")
         _say("  provably dead), without waiting for the 600 s active grace. Its logical task")
         _say("  is closed too: the filesystem:// transport removes a message when the worker")
         _say("  receives it, so it can never be redelivered after a SIGKILL. (With Redis and")
         _say("  acks_late the logical task would stay open and the redelivered message would")
-        _say("  run as a new attempt of it.)")
+        _say("  run as a new attempt of it.) The result backend still said STARTED, so the")
+        _say("  adapter wrote FAILURE with TaskLostError(owner_lost): STARTED -> FAILURE.")
         demo.status("6. Ledger after the restart, before the new worker takes its first task")
 
         more = [demo.app.send_task("demo.add", args=[n, 10]) for n in (3, 4)]
+        sent.extend(more)
         for result in more:
             demo.wait("new tasks", lambda r=result: demo.task_status(r.id) == "succeeded")
         demo.status("7. Tasks sent after the restart succeeded")
@@ -270,10 +332,14 @@ def main() -> int:
         _say("  Nothing unknown was turned into success: the killed report is timed_out.")
         _say("  A task declared with tsg_delivery=True would keep its delivery pending until")
         _say("  the application confirms it (mark_delivered) or the grace expires (failed).")
-        return 0 if doctor["healthy"] and pending == 0 else 1
+        ok = long_job.state == "FAILURE" and all(r.state == "SUCCESS" for r in quick + more)
+        return 0 if doctor["healthy"] and pending == 0 and ok else 1
     finally:
         if demo is not None:
             demo.stop()
+        for result in sent:  # the demo's own results only
+            with contextlib.suppress(Exception):
+                result.forget()
         shutil.rmtree(root, ignore_errors=True)
 
 

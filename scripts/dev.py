@@ -1,6 +1,6 @@
 """One-step set-up and entry point for a fresh machine that only has python3 (>= 3.11).
 
-    python3 scripts/dev.py demo    # set up, then run the Celery crash-recovery demo
+    python3 scripts/dev.py demo    # set up, start Redis if needed, run the Celery crash demo
     python3 scripts/dev.py test    # set up, start Redis/RabbitMQ if needed, run every check
 
 Set-up: installs uv into ./.tools (a private virtual environment) when it is not on PATH, then
@@ -52,16 +52,17 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def ensure_services() -> None:
-    """Start Redis, RabbitMQ and PostgreSQL on 127.0.0.1 when they are not running."""
-    if not _listening(6379):
+def ensure_services(names: tuple[str, ...] = ("redis", "rabbitmq", "postgresql")) -> None:
+    """Start the named services (Redis, RabbitMQ, PostgreSQL) on 127.0.0.1 when they are not
+    running."""
+    if "redis" in names and not _listening(6379):
         run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
              "--save", "", "--appendonly", "no"])
         for _ in range(50):
             if _listening(6379):
                 break
             time.sleep(0.2)
-    if not _listening(5672):
+    if "rabbitmq" in names and not _listening(5672):
         run(["rabbitmq-server", "-detached"])
         for _ in range(10):  # the node needs a moment before rabbitmqctl can even reach it
             if run(["rabbitmqctl", "-q", "await_startup", "--timeout", "120"],
@@ -73,14 +74,14 @@ def ensure_services() -> None:
                 break
             time.sleep(0.5)
     # The SQL result backend of the Celery tests (trust auth, database "test").
-    if not _listening(5432) and shutil.which("pg_ctlcluster"):
+    if "postgresql" in names and not _listening(5432) and shutil.which("pg_ctlcluster"):
         run(["pg_ctlcluster", "15", "main", "start"])
         for _ in range(100):
             if _listening(5432):
                 break
             time.sleep(0.2)
     services = (("redis", 6379), ("rabbitmq", 5672), ("postgresql", 5432))
-    missing = [name for name, port in services if not _listening(port)]
+    missing = [name for name, port in services if name in names and not _listening(port)]
     if missing:
         print("services not reachable: " + ", ".join(missing) + " (tests will fail)", flush=True)
 
@@ -97,6 +98,7 @@ def main() -> int:
     if command == "setup":
         return 0
     if command == "demo":
+        ensure_services(("redis",))  # the demo keeps Celery's task results in Redis
         return run([python, "examples/celery_crash_demo.py", *extra])
     ensure_services()
     status = run([os.path.join(venv_bin, "ruff"), "check", "."])

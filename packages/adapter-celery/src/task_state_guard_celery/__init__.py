@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from task_state_guard import Task
+from task_state_guard.integration import LostTask
 
 from ._guard import TOKEN_KEY, CeleryGuard
 from ._ids import NAMESPACE, logical_task_id, name_label
@@ -23,6 +24,7 @@ __all__ = [
     "NAMESPACE",
     "TOKEN_KEY",
     "CeleryGuard",
+    "LostTask",
     "ReconcileOnBoot",
     "TaskLostError",
     "guard_for",

@@ -10,7 +10,7 @@ internal child task. See the package README for the full model.
 
 from __future__ import annotations
 
-from task_state_guard.integration import ConfigurationError, Settings
+from task_state_guard.integration import ConfigurationError, LostTask, Settings
 
 from ._ids import ATTEMPT_NAMESPACE, MESSAGE_NAMESPACE, attempt_task_id, logical_task_id
 from ._install import find, install, uninstall
@@ -21,6 +21,7 @@ __all__ = [
     "ATTEMPT_NAMESPACE",
     "MESSAGE_NAMESPACE",
     "ConfigurationError",
+    "LostTask",
     "Settings",
     "TaskLostError",
     "TaskStateGuardMiddleware",

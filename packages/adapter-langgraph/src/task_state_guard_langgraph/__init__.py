@@ -4,6 +4,8 @@
 every node attempt as an internal child task in a TaskStateGuard ledger. See README.md.
 """
 
+from task_state_guard.integration import LostTask
+
 from ._guard import METADATA_KEY, GuardedGraph, Recovery, RecoveryReport, guard
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
 from .callbacks import GuardCallbackHandler
@@ -14,6 +16,7 @@ __all__ = [
     "NAMESPACE",
     "GuardCallbackHandler",
     "GuardedGraph",
+    "LostTask",
     "Recovery",
     "RecoveryReport",
     "attempt_task_id",
