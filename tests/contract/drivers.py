@@ -11,12 +11,16 @@ invocations of a compiled graph. A job ``kind`` is one of:
 ``mark_failed``   the same with ``mark_delivery_failed``;
 ``stats``         records ``stats()`` taken inside the job;
 ``close_parent``  closes its own logical task through another ledger connection first (as a
-                  reconcile elsewhere would), so the job's own close of it is refused.
+                  reconcile elsewhere would), so the job's own close of it is refused;
+``reconcile_inside``  waits past a tiny active grace, then runs the adapter's ``reconcile`` with
+                  an ``on_decision`` collector and records the decisions (its own job is then
+                  stale: the pass closes it ``restart_stale``, as if its worker had hung).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import types
 import uuid
 from typing import Any
@@ -35,6 +39,11 @@ def _inside(adapter: Any, kind: str, fid: str, seen: Seen, db: str | None) -> No
         seen[fid] = adapter.mark_delivery_failed(fid)
     elif kind == "stats":
         seen[fid] = adapter.stats()
+    elif kind == "reconcile_inside":
+        time.sleep(0.2)
+        found: list[Any] = []
+        adapter.reconcile(on_decision=found.append)
+        seen[fid] = found
     elif kind == "close_parent":
         assert db is not None
         with Ledger(db) as other:
@@ -46,6 +55,7 @@ class CeleryDriver:
     logger = "task_state_guard_celery"
     has_framework_config = True
     logical_delivers_by_default = False
+    stores_framework_id = True  # eager task ids are uuid4 strings
 
     def __init__(self) -> None:
         self.seen: Seen = {}
@@ -104,6 +114,7 @@ class DramatiqDriver:
     logger = "task_state_guard_dramatiq"
     has_framework_config = False
     logical_delivers_by_default = False
+    stores_framework_id = True  # message ids are uuid4 strings
 
     def __init__(self) -> None:
         self.seen: Seen = {}
@@ -168,6 +179,7 @@ class LangGraphDriver:
     logger = "task_state_guard_langgraph"
     has_framework_config = False
     logical_delivers_by_default = True  # an invocation always answers somebody
+    stores_framework_id = False  # invocation and thread ids are never stored
 
     def __init__(self) -> None:
         self.seen: Seen = {}

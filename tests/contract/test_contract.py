@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, TaskNotFound
-from task_state_guard.integration import ConfigurationError
+from task_state_guard.integration import ConfigurationError, LostTask
 
 STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating"}
 
@@ -34,6 +34,7 @@ def test_defaults_are_the_same(driver: Any, db: str) -> None:
     assert settings.heartbeat_seconds == 30.0  # min(30, active grace / 4)
     assert settings.reconcile_on_boot is True and settings.strict is False
     assert settings.busy_timeout_ms == 5000 and settings.reconcile_interval_seconds == 0
+    assert settings.fail_lost_results is True
 
 
 def test_precedence_argument_then_framework_then_environment(
@@ -213,6 +214,62 @@ def test_counters_have_the_same_keys_and_meaning(driver: Any, db: str) -> None:
     logical = _logical(driver, db, late)
     assert (logical.status, logical.terminal_code) == ("cancelled", "caller_cancelled")
     assert guard.stats()["errors"] == {}
+
+
+# ---------------------------------------------------------------------------- lost jobs
+
+
+def _lost_run(driver: Any, db: str, hook: Any) -> tuple[Any, str, list[Any]]:
+    guard = driver.install(db, active_grace_seconds=0.05, heartbeat_seconds=0)
+    assert guard.on_lost is None
+    guard.on_lost = hook
+    driver.boot()
+    fid = driver.run("reconcile_inside")
+    return guard, fid, driver.seen[fid]
+
+
+def test_reconcile_hands_its_decisions_and_reports_lost_jobs(driver: Any, db: str) -> None:
+    lost: list[LostTask] = []
+    guard, fid, decisions = _lost_run(driver, db, lost.append)
+    logical_id = guard.logical_task_id(fid)
+    by = {(d.task_id, d.kind): d for d in decisions}
+    mine = by[(logical_id, "task")]
+    assert (mine.status, mine.code, mine.parent_id) == ("timed_out", "restart_stale", None)
+    assert mine.name is not None
+    for attempt in _attempts(driver, db, fid):
+        decided = by[(attempt.id, "task")]
+        assert (decided.parent_id, decided.framework_id) == (logical_id, None)
+    logical = _logical(driver, db, fid)
+    assert (logical.status, logical.terminal_code) == ("timed_out", "restart_stale")
+    if driver.stores_framework_id:
+        assert mine.framework_id == fid == logical.framework_id
+        assert lost == [LostTask(fid, logical_id, mine.name, "restart_stale")]
+    else:  # LangGraph reports lost threads from recover(), where it knows them
+        assert mine.framework_id is None and logical.framework_id is None and lost == []
+    # The job's own closes came too late: refused and counted, never rewritten.
+    assert guard.stats()["conflicts"]
+    assert guard.stats()["errors"] == {}
+    report = guard.runtime.last_reconcile
+    assert set(report) == {
+        "active_examined", "tasks_timed_out", "fresh_active_retained",
+        "pending_delivery_examined", "deliveries_failed", "deliveries_not_applicable",
+        "pending_delivery_retained", "dry_run", "applied",
+    }
+    assert fid not in str(report) and logical_id not in str(report)
+    with Ledger(db) as ledger:
+        assert ledger.doctor()["healthy"]
+
+
+def test_an_on_lost_hook_that_raises_is_counted_not_raised(driver: Any, db: str) -> None:
+    def boom(lost: LostTask) -> None:
+        raise RuntimeError("hook failed")
+
+    guard, _fid, decisions = _lost_run(driver, db, boom)
+    assert decisions  # the pass ran and handed its decisions over
+    expected = {"on_lost:RuntimeError": 1} if driver.stores_framework_id else {}
+    assert guard.stats()["errors"] == expected
+    with pytest.raises(TypeError):
+        guard.on_lost = "not callable"
 
 
 # ---------------------------------------------------------------------------- attempts

@@ -50,6 +50,8 @@ def fail_in_backend(app: Any, lost: LostTask) -> bool:
     """
     from celery.backends.base import DisabledBackend  # type: ignore[import-untyped]
 
+    if app.conf.task_always_eager and not app.conf.task_store_eager_result:
+        return False  # eager results are never stored: nobody reads them from the backend
     backend = app.backend
     if isinstance(backend, DisabledBackend):
         return False
