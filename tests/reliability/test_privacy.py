@@ -61,6 +61,7 @@ def _free_text_is_rejected(ledger: Ledger, tid: str) -> int:
         lambda: ledger.create_task(task_id=CANARY),
         lambda: ledger.create_task(parent_id=CANARY),
         lambda: ledger.create_task(payload_hash=CANARY),
+        lambda: ledger.create_task(framework_id=CANARY),
         lambda: ledger.start_task(CANARY),
         lambda: ledger.heartbeat(CANARY),
         lambda: ledger.heartbeat_many([CANARY]),
@@ -101,7 +102,7 @@ def test_core_run_with_canaries_leaves_no_trace() -> None:
         ledger.start_task(parent.id)
         ledger.start_task(child.id)
         ledger.heartbeat(child.id)
-        assert _free_text_is_rejected(ledger, child.id) >= 16
+        assert _free_text_is_rejected(ledger, child.id) >= 17
         ledger.close_task(child.id, "failed", code="worker_failed")
         ledger.close_task(parent.id, "succeeded", code="worker_completed")
         ledger.set_delivery(parent.id, "delivered", code="transport_acknowledged")

@@ -61,6 +61,9 @@ class TaskLostError(Exception):
     ``(message, code)`` with the ledger's reason code.
     """
 
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "task lost"
+
 
 @dataclass(eq=False)
 class _Attempt:
