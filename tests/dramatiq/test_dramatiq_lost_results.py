@@ -130,3 +130,51 @@ def test_no_results_middleware_no_write(redis_env: BrokerEnv) -> None:
         if second is not None:
             second.stop()
         first.stop()
+
+
+def test_periodic_reconcile_of_a_surviving_worker(redis_env: BrokerEnv) -> None:
+    """A fleet that never restarts: CLI A's process dies mid-message; CLI B, running all along
+    with ``reconcile_interval_seconds``, closes the message as lost, fails its result and
+    fires the hook."""
+    env = redis_env
+    common = {
+        "TSG_TEST_RESULTS": "1",
+        "TSG_TEST_ON_LOST": "1",
+        "TSG_HEARTBEAT_SECONDS": "0.5",
+        "TSG_ACTIVE_GRACE_SECONDS": str(GRACE),
+    }
+    victim = CliWorker(env, extra_env=common).start()
+    producer = Producer(env)
+    backend = RedisBackend(url=env.url, namespace=env.namespace + "-results")
+    ledger = Ledger(str(env.db))
+    survivor: CliWorker | None = None
+    try:
+        tag = uuid.uuid4().hex
+        mid = producer.send("stored_sleeper", tag, 120.0)
+        pid_path = env.scratch / f"pid-{tag}"
+        wait_for(pid_path.exists, 20, "the message to start")
+        survivor = CliWorker(
+            env, extra_env={**common, "TSG_RECONCILE_INTERVAL_SECONDS": "0.5"}
+        ).start()
+        # B booted while A heartbeats the message: B's boot reconcile kept it.
+        assert ledger.get_task(logical_task_id(mid)).status == "running"
+        os.kill(int(pid_path.read_text()), signal.SIGKILL)
+        assert victim.wait_exit(30) != 0
+
+        with pytest.raises(ResultFailure) as caught:
+            backend.get_result(_message(env, mid), block=True, timeout=60_000)
+        assert caught.value.orig_exc_type == "TaskLostError"
+        parent = ledger.get_task(logical_task_id(mid))
+        assert (parent.status, parent.terminal_code) == ("timed_out", "restart_stale")
+        hook = env.scratch / f"lost-{mid}"
+        wait_for(hook.exists, 10, "the on_lost hook")
+        assert json.loads(hook.read_text())["pid"] in survivor.worker_pids()
+        assert survivor.proc is not None and survivor.proc.poll() is None
+        assert "task-state-guard: reconcile (periodic_reconcile)" in survivor.log()
+        assert_healthy(ledger)
+    finally:
+        ledger.close()
+        producer.close()
+        if survivor is not None:
+            survivor.stop()
+        victim.stop()
