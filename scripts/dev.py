@@ -309,6 +309,7 @@ def test(extra: list[str]) -> int:
     """ruff, mypy and the support matrix; non-zero when any check or leg fails."""
     started = time.monotonic()
     venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    add_sbin_to_path()
     ensure_services()
     checks = run([os.path.join(ROOT, ".venv", "bin", "ruff"), "check", "."])
     checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src"])
@@ -357,6 +358,15 @@ def test(extra: list[str]) -> int:
           f"failed; ruff and mypy {'ok' if checks == 0 else 'FAILED'}; {minutes:.1f} min in all",
           flush=True)
     return 1 if checks or failed or failed_newest else 0
+
+
+def add_sbin_to_path() -> None:
+    """Append the sbin directories to PATH when missing: Debian installs rabbitmq-server and
+    rabbitmqctl there, and both this script and the Dramatiq tests call them by name."""
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    parts += [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin")
+              if d not in parts and os.path.isdir(d)]
+    os.environ["PATH"] = os.pathsep.join(p for p in parts if p)
 
 
 def _listening(port: int) -> bool:

@@ -178,13 +178,26 @@ def check_writable(path: str) -> None:
         raise StorageError("the database file is not writable")
     missing = False
     for suffix in ("-wal", "-shm"):
-        if os.path.lexists(path + suffix):
-            if not _may_write(path + suffix):
-                raise StorageError("a database sidecar is not writable")
-        else:
-            missing = True
+        writable = _sidecar_writable(path + suffix)
+        if writable is False:
+            raise StorageError("a database sidecar is not writable")
+        missing = missing or writable is None
     if missing and not _may_write(os.path.dirname(path)):
         raise StorageError("the database directory is not writable")
+
+
+def _sidecar_writable(path: str) -> bool | None:
+    """True if writable, None if absent, False if present and not writable.
+
+    Other processes create and remove sidecars concurrently (the last writer to close removes
+    them), so a failed check counts only when the file is still there and still refused.
+    """
+    for _ in range(3):
+        if _may_write(path):
+            return True
+        if not os.path.lexists(path):
+            return None
+    return False
 
 
 def _filesystem_type(path: str) -> str | None:
