@@ -341,6 +341,8 @@ def test(extra: list[str]) -> int:
     whole = Leg(f"CPython {own} ({os.path.realpath(sys.executable)}) whole suite, uv.lock "
                 "versions")
     junit = os.path.join(ROOT, ".venv", "tsg-matrix-junit.xml")
+    if os.path.exists(junit):
+        os.unlink(junit)  # never count a previous run's results
     _pytest(whole, venv_python, ["-q", f"--junitxml={junit}", *extra])
     print("", flush=True)
     for line in notes:
