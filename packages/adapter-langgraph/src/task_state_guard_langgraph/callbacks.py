@@ -193,6 +193,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
         self._runs: dict[uuid.UUID, _Run] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._attempt_ids: dict[str, AttemptIds] = {}
+        # Closes of attempts that ended, committed with the next ledger write (the next
+        # attempt's start or the invocation's close): one transaction per node boundary.
+        self._pending: list[Closing] = []
         self.interrupted = False
 
     @classmethod
@@ -244,8 +247,10 @@ class GuardCallbackHandler(GraphCallbackHandler):
         with self._lock:
             open_runs = [r for r in self._runs.values() if r.task is not None]
             self._runs.clear()
+            pending, self._pending = self._pending, []
         open_runs.sort(key=lambda r: len(r.chain), reverse=True)
-        return [(r.task, status, code, True) for r in open_runs if r.task is not None]
+        # Ended attempts first (a child ends before its parent), then the leftovers.
+        return pending + [(r.task, status, code, True) for r in open_runs if r.task is not None]
 
     def close_open(self, status: str, code: str | None) -> None:
         """Close every attempt still open (one ledger transaction)."""
@@ -296,11 +301,13 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 attempt=attempt,
             )
             self._runs[run_id] = run
+            pending, self._pending = self._pending, []
         opened = self._rec.open(
             task,
             parent_id=parent_task,
             delivery_required=False,
             name=metadata.get("langgraph_node"),
+            closings=pending,
         )
         if not opened:
             with self._lock:
@@ -333,7 +340,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
         if run is None:
             return
         if run.task is not None:
-            self._rec.close(run.task, c.SUCCEEDED, c.WORKER_COMPLETED, internal=True)
+            self._defer((run.task, c.SUCCEEDED, c.WORKER_COMPLETED, True))
         elif run.root:
             self._end_root(run, c.SUCCEEDED, c.COMPLETED)
 
@@ -351,14 +358,21 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 and self._oracle.will_retry(run.ns, run.attempt, error)
             ):
                 code = c.RETRY_SCHEDULED
-            self._rec.close(run.task, status, code, internal=True)
+            self._defer((run.task, status, code, True))
         elif run.root:
             self._end_root(run, status, code)
+
+    def _defer(self, closing: Closing) -> None:
+        """Keep an ended attempt's close for the next boundary write; stop beating it now."""
+        self._rec.rt.release(closing[0])
+        with self._lock:
+            self._pending.append(closing)
 
     def _end_root(self, run: _Run, status: str, code: str) -> None:
         if not self._owns_root:
             return
         with self._lock:
+            pending, self._pending = self._pending, []
             leftovers = [
                 r
                 for r in self._runs.values()
@@ -368,7 +382,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 del self._counts[key]
             self._attempt_ids.pop(run.invocation, None)
         leftovers.sort(key=lambda r: len(r.chain), reverse=True)
-        closings: list[Closing] = [
+        closings: list[Closing] = pending + [
             (left.task, c.CANCELLED, c.CALLER_CANCELLED, True)
             for left in leftovers
             if left.task is not None
