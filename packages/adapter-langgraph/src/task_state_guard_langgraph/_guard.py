@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Generator
+from concurrent.futures import Future
 from typing import Any, Unpack
 
 from langgraph.types import Command
@@ -21,7 +23,7 @@ from ._ids import logical_task_id
 from ._invocation import METADATA_KEY, Invocation, thread_config, with_handler
 from ._recorder import Recorder
 from ._recovery import Recovery, RecoveryMixin
-from .callbacks import GuardCallbackHandler, RetryOracle, logger
+from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, RetryOracle, logger
 
 __all__ = ["METADATA_KEY", "GuardedGraph", "Recovery", "guard"]
 
@@ -94,8 +96,9 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         return getattr(self._local, "outcome", None)
 
     def close(self) -> None:
-        """Stop the heartbeat thread; close the ledger if :func:`guard` opened it."""
-        self._rec.rt.close()
+        """Finish queued writes, stop the heartbeat and writer threads; close the ledger if
+        :func:`guard` opened it."""
+        self._rec.shutdown()
 
     uninstall = close
 
@@ -118,6 +121,35 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
     ) -> Invocation | None:
         inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
         self._local.invocation_id = inv
+        return self._open_run(config, inv, previous, claim, GuardCallbackHandler)
+
+    async def _abegin(
+        self, config: dict[str, Any] | None, invocation_id: str | None, previous: str | None
+    ) -> Invocation:
+        """:meth:`_begin` for async runs: the ledger work runs on the writer thread, and the
+        invocation's running record is committed before this returns."""
+        inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
+        self._local.invocation_id = inv
+        future = self._rec.submit(
+            self._open_run, config, inv, previous, False, AsyncGuardCallbackHandler
+        )
+        try:
+            run = await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            # The caller gave up while the start was being written: close it once it is.
+            future.add_done_callback(_cancel_started)
+            raise
+        assert run is not None
+        return run
+
+    def _open_run(
+        self,
+        config: dict[str, Any] | None,
+        inv: str,
+        previous: str | None,
+        claim: bool,
+        handler_cls: type[GuardCallbackHandler],
+    ) -> Invocation | None:
         own = logical_task_id(inv)
         parent: str | None = None
         if previous is not None:
@@ -137,11 +169,17 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         task_id = own if opened else None
         handler: GuardCallbackHandler | None = None
         if opened and self._record_nodes:
-            handler = GuardCallbackHandler._bound(self._rec, inv, own, self._oracle)
+            handler = handler_cls._bound(self._rec, inv, own, self._oracle)
         return Invocation(inv, task_id, handler, with_handler(config, handler, inv), self._rec)
 
     def _end(self, run: Invocation, exc: BaseException | None, output: Any = None) -> None:
         self._local.outcome = run.finish(exc, output)
+
+    async def _aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> None:
+        """:meth:`_end` with the closing write on the writer thread (it completes even when
+        the caller is cancelled meanwhile)."""
+        future = self._rec.submit(run.finish, exc, output)
+        self._local.outcome = await asyncio.shield(asyncio.wrap_future(future))
 
     def _previous(self, input: Any, config: dict[str, Any] | None) -> str | None:
         if not (input is None or isinstance(input, Command)):
@@ -169,7 +207,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
             try:
                 tup = await saver.aget_tuple(lookup)
             except NotImplementedError:
-                tup = saver.get_tuple(lookup)
+                tup = await asyncio.to_thread(saver.get_tuple, lookup)
         except Exception as exc:
             self._rec.rt.policy.error("link", exc)
             return None
@@ -207,14 +245,13 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
     ) -> Any:
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
         previous = await self._aprevious(input, config)
-        run = self._begin(input, config, invocation_id, previous)
-        assert run is not None
+        run = await self._abegin(config, invocation_id, previous)
         try:
             out = await self._graph.ainvoke(input, run.config, **kwargs)
         except BaseException as exc:
-            self._end(run, exc)
+            await self._aend(run, exc)
             raise
-        self._end(run, None, out)
+        await self._aend(run, None, out)
         return out
 
     def stream(
@@ -249,15 +286,43 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
         previous = await self._aprevious(input, config)
-        run = self._begin(input, config, invocation_id, previous)
-        assert run is not None
+        run = await self._abegin(config, invocation_id, previous)
         try:
             async for chunk in self._graph.astream(input, run.config, **kwargs):
                 yield chunk
         except BaseException as exc:
-            self._end(run, exc)
+            await self._aend(run, exc)
             raise
-        self._end(run, None)
+        await self._aend(run, None)
+
+    async def astream_events(
+        self,
+        input: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        invocation_id: str | None = None,
+        version: str = "v2",
+        **kwargs: Any,
+    ) -> AsyncGenerator[Any, None]:
+        """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
+        previous = await self._aprevious(input, config)
+        run = await self._abegin(config, invocation_id, previous)
+        try:
+            async for event in self._graph.astream_events(
+                input, run.config, version=version, **kwargs
+            ):
+                yield event
+        except BaseException as exc:
+            await self._aend(run, exc)
+            raise
+        await self._aend(run, None)
+
+
+def _cancel_started(future: Future[Invocation | None]) -> None:
+    # Runs on the writer thread once a start whose caller was cancelled is written.
+    run = None if future.cancelled() or future.exception() else future.result()
+    if run is not None:
+        run.finish(asyncio.CancelledError())
 
 
 def guard(

@@ -11,11 +11,17 @@ writer; halving the commits per node removes most of that wait.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from task_state_guard import StateConflict
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
+
+T = TypeVar("T")
 
 
 class Recorder:
@@ -28,6 +34,37 @@ class Recorder:
     def __init__(self, runtime: AdapterRuntime, *, owner: bool = True) -> None:
         self.rt = runtime
         self.owner = owner
+        self._writer: ThreadPoolExecutor | None = None
+        self._writer_pid = 0
+        self._writer_lock = threading.Lock()
+
+    # -- the writer thread of async runs ----------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on this recorder's writer thread (one per process, started on
+        first use): async entry points never touch SQLite on the event loop. One thread runs
+        the calls in submission order."""
+        with self._writer_lock:
+            if self._writer is None or self._writer_pid != os.getpid():
+                # A forked child never uses the parent's (dead) thread.
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="tsg-ledger-writer")
+                self._writer_pid = os.getpid()
+            writer = self._writer
+        return writer.submit(fn, *args)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Await ``fn(*args)`` run on the writer thread (see :meth:`submit`). A cancelled
+        caller stops waiting; the call itself still completes."""
+        return await asyncio.wrap_future(self.submit(fn, *args))
+
+    def shutdown(self) -> None:
+        """Finish queued writes, stop the writer thread, then close the runtime."""
+        with self._writer_lock:
+            writer, self._writer = self._writer, None
+            mine = self._writer_pid == os.getpid()
+        if writer is not None and mine:
+            writer.shutdown(wait=True)
+        self.rt.close()
 
     @property
     def strict(self) -> bool:

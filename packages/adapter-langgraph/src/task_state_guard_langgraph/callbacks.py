@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
@@ -397,3 +398,65 @@ class GuardCallbackHandler(GraphCallbackHandler):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class AsyncGuardCallbackHandler(GuardCallbackHandler):
+    """:class:`GuardCallbackHandler` for async runs (``ainvoke``, ``astream``,
+    ``astream_events``): every ledger write runs on the recorder's writer thread and is awaited,
+    so the event loop never waits for SQLite (not even while another process holds the ledger
+    locked), events keep their order, and a node starts only once its attempt is committed.
+    Events that write nothing (ends of node attempts, whose closes ride with the next write,
+    routing functions) are handled inline.
+    """
+
+    def _writes_on_end(self, run_id: uuid.UUID) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+        return run is not None and run.root and self._owns_root
+
+    async def on_chain_start(  # type: ignore[override]
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: uuid.UUID,
+        parent_run_id: uuid.UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        start = partial(
+            GuardCallbackHandler.on_chain_start,
+            self,
+            serialized,
+            inputs,
+            run_id=run_id,
+            parent_run_id=parent_run_id,
+            tags=tags,
+            metadata=metadata,
+            **kwargs,
+        )
+        with self._lock:
+            tracked = parent_run_id is not None and parent_run_id in self._runs
+        if _is_node_run(tags, metadata) or not tracked:
+            await self._rec.call(start)  # may write: a node attempt, or a stand-alone root
+        else:
+            start()
+
+    async def on_chain_end(  # type: ignore[override]
+        self, outputs: Any, *, run_id: uuid.UUID, **kwargs: Any
+    ) -> None:
+        end = partial(GuardCallbackHandler.on_chain_end, self, outputs, run_id=run_id, **kwargs)
+        if self._writes_on_end(run_id):
+            await self._rec.call(end)
+        else:
+            end()
+
+    async def on_chain_error(  # type: ignore[override]
+        self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any
+    ) -> None:
+        fail = partial(GuardCallbackHandler.on_chain_error, self, error, run_id=run_id, **kwargs)
+        if self._writes_on_end(run_id):
+            await self._rec.call(fail)
+        else:
+            fail()
