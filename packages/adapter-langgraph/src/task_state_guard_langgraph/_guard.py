@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Generator
-from concurrent.futures import Future
-from typing import Any, Unpack
+from collections.abc import AsyncGenerator, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Unpack, cast
 
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import merge_configs
 from langgraph.types import Command
 from task_state_guard import Ledger
 from task_state_guard.integration import (
@@ -54,6 +57,24 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         self._name = name if name is not None else getattr(graph, "name", None)
         self._oracle = RetryOracle(graph)
         self._local = threading.local()
+        self._defaults: dict[str, Any] = {}
+
+    def _merged(self, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not self._defaults:
+            return config
+        return dict(merge_configs(cast(RunnableConfig, self._defaults), cast(Any, config)))
+
+    def with_config(self, config: dict[str, Any] | None = None, **kwargs: Any) -> GuardedGraph:
+        """A guarded graph whose runs merge ``config`` (and ``kwargs``: ``tags``,
+        ``callbacks``, ``configurable``...) into the config of every call, like
+        ``Runnable.with_config``; it shares this one's ledger, threads and counters."""
+        bound = copy.copy(self)
+        bound._local = threading.local()
+        merged = merge_configs(
+            cast(RunnableConfig, self._defaults), cast(Any, {**(config or {}), **kwargs})
+        )
+        bound._defaults = dict(merged)
+        return bound
 
     # -- pass-through -----------------------------------------------------------------------
 
@@ -225,6 +246,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> Any:
         """``graph.invoke`` recorded as one invocation (see the package README)."""
+        config = self._merged(config)
         run = self._begin(input, config, invocation_id, self._previous(input, config))
         assert run is not None
         try:
@@ -244,6 +266,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> Any:
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
+        config = self._merged(config)
         previous = await self._aprevious(input, config)
         run = await self._abegin(config, invocation_id, previous)
         try:
@@ -267,6 +290,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         The invocation starts at the first ``next()``; closing the iterator early ends it
         ``cancelled/caller_cancelled``.
         """
+        config = self._merged(config)
         run = self._begin(input, config, invocation_id, self._previous(input, config))
         assert run is not None
         try:
@@ -285,6 +309,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
+        config = self._merged(config)
         previous = await self._aprevious(input, config)
         run = await self._abegin(config, invocation_id, previous)
         try:
@@ -305,6 +330,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
+        config = self._merged(config)
         previous = await self._aprevious(input, config)
         run = await self._abegin(config, invocation_id, previous)
         try:
@@ -316,6 +342,81 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
             await self._aend(run, exc)
             raise
         await self._aend(run, None)
+
+    def batch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`invoke` for each input (one recorded invocation each), in threads like
+        ``Runnable.batch`` (``max_concurrency`` of the first config bounds them); outputs in
+        input order. ``config``: one for all, or one per input; ``invocation_ids`` likewise
+        one per input."""
+        configs = _configs(config, len(inputs))
+        ids = _ids(invocation_ids, len(inputs))
+        if not inputs:
+            return []
+        limit = (configs[0] or {}).get("max_concurrency") or len(inputs)
+
+        def one(i: int) -> Any:
+            try:
+                return self.invoke(inputs[i], configs[i], invocation_id=ids[i], **kwargs)
+            except Exception as exc:
+                if return_exceptions:
+                    return exc
+                raise
+
+        with ThreadPoolExecutor(max_workers=min(limit, len(inputs))) as pool:
+            return list(pool.map(one, range(len(inputs))))
+
+    async def abatch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
+        configs = _configs(config, len(inputs))
+        ids = _ids(invocation_ids, len(inputs))
+        if not inputs:
+            return []
+        gate = asyncio.Semaphore((configs[0] or {}).get("max_concurrency") or len(inputs))
+
+        async def one(i: int) -> Any:
+            async with gate:
+                try:
+                    return await self.ainvoke(
+                        inputs[i], configs[i], invocation_id=ids[i], **kwargs
+                    )
+                except Exception as exc:
+                    if return_exceptions:
+                        return exc
+                    raise
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(inputs)))))
+
+
+def _configs(config: Any, count: int) -> list[dict[str, Any] | None]:
+    if isinstance(config, Sequence) and not isinstance(config, str | bytes):
+        if len(config) != count:
+            raise ValueError("batch: one config per input, or a single config")
+        return list(config)
+    return [config] * count
+
+
+def _ids(invocation_ids: Sequence[str] | None, count: int) -> list[str | None]:
+    if invocation_ids is None:
+        return [None] * count
+    if len(invocation_ids) != count:
+        raise ValueError("batch: one invocation id per input")
+    return list(invocation_ids)
 
 
 def _cancel_started(future: Future[Invocation | None]) -> None:
