@@ -155,3 +155,32 @@ def test_subgraph_pattern(db: str, apps: list[Any]) -> None:
         "LangGraph", "succeeded", "completed",
         (("inner", "succeeded", "worker_completed", (("a", *OK), ("b", *OK))),),
     )
+
+
+def test_bound_handler_records_every_call(db: str) -> None:
+    # For hosts that only accept a compiled graph: the handler bound with with_config records
+    # each invocation (sync and async), keyed by the root callback run id.
+    from langchain_core.tracers.context import collect_runs
+    from task_state_guard import Ledger
+    from task_state_guard_langgraph import (
+        AsyncGuardCallbackHandler,
+        GuardCallbackHandler,
+        logical_task_id,
+    )
+
+    compiled = _builder().compile()
+    with Ledger(db) as ledger:
+        sync_graph = compiled.with_config(
+            callbacks=[GuardCallbackHandler(ledger, graph=compiled, heartbeat_seconds=0)]
+        )
+        async_graph = compiled.with_config(
+            callbacks=[AsyncGuardCallbackHandler(ledger, graph=compiled, heartbeat_seconds=0)]
+        )
+        with collect_runs() as runs:
+            sync_graph.invoke({"log": []})
+            asyncio.run(async_graph.ainvoke({"log": []}))
+        roots = [r for r in runs.traced_runs if r.parent_run_id is None]
+        assert len(roots) == 2
+        for root in roots:
+            assert shape(tree(ledger, logical_task_id(str(root.id)))) == RECORDED
+        assert_healthy(ledger)
