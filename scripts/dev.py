@@ -379,7 +379,7 @@ def _listening(port: int) -> bool:
 
 
 def ensure_services() -> None:
-    """Start Redis and RabbitMQ on 127.0.0.1 when they are not running."""
+    """Start Redis, RabbitMQ and PostgreSQL on 127.0.0.1 when they are not running."""
     if not _listening(6379):
         run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
              "--save", "", "--appendonly", "no"])
@@ -398,7 +398,17 @@ def ensure_services() -> None:
             if _listening(5672):
                 break
             time.sleep(0.5)
-    missing = [name for name, port in (("redis", 6379), ("rabbitmq", 5672)) if not _listening(port)]
+    if not _listening(5432):
+        run(["pg_ctlcluster", "15", "main", "start"])
+        for _ in range(50):
+            if _listening(5432):
+                break
+            time.sleep(0.2)
+    missing = [
+        name
+        for name, port in (("redis", 6379), ("rabbitmq", 5672), ("postgresql", 5432))
+        if not _listening(port)
+    ]
     if missing:
         print("brokers not reachable: " + ", ".join(missing) + " (tests will fail)", flush=True)
 
