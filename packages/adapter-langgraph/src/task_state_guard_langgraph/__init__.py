@@ -8,12 +8,13 @@ from task_state_guard.integration import LostTask
 
 from ._guard import METADATA_KEY, GuardedGraph, Recovery, RecoveryReport, guard
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
-from .callbacks import GuardCallbackHandler
+from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
 from .heartbeat import heartbeat
 
 __all__ = [
     "METADATA_KEY",
     "NAMESPACE",
+    "AsyncGuardCallbackHandler",
     "GuardCallbackHandler",
     "GuardedGraph",
     "LostTask",
