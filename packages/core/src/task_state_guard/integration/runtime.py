@@ -365,7 +365,8 @@ class AdapterRuntime:
         self, led: Ledger, task_id: str, status: str, code: str | None, internal: bool
     ) -> int:
         try:
-            task = led.close_task(task_id, status, code=code)
+            # One statement closes the task and, when it owes no delivery, its delivery too.
+            led.close_task_settled(task_id, status, code=code)
         except StateConflict:
             self.policy.conflict("attempt_close" if internal else "logical_close")
             # Closed otherwise (e.g. by a reconcile): an internal task still owes nobody a
@@ -373,8 +374,6 @@ class AdapterRuntime:
             with suppress(StateConflict):
                 led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
             return 0
-        if not task.delivery_required:
-            led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
         return 1
 
     def close_attempt(
