@@ -111,6 +111,10 @@ class SQLiteDatabase:
         self._open_conns: list[sqlite3.Connection] = []
         self._identity: storage.FileIdentity | None = None
         self._shared: sqlite3.Connection | None = None  # read-only snapshot connection
+        # The one connection every thread of this process writes through (under the writer
+        # lock): its page cache stays warm from one thread's transaction to the next, where a
+        # connection per thread would find its cache invalidated by every other thread's commit.
+        self._writer: sqlite3.Connection | None = None
         self._closed = False
         self.schema_version: int | None = None
         #: True for a read-only private snapshot of a closed ledger.
@@ -130,8 +134,12 @@ class SQLiteDatabase:
 
     # ----------------------------------------------------------------- connections
     def conn(self) -> sqlite3.Connection:
-        """This thread's connection in this process (opened, checked and migrated lazily)."""
+        """This thread's connection in this process (opened, checked and migrated lazily);
+        inside a write transaction of this thread, the writer connection."""
         pid = os.getpid()
+        writing = getattr(self._local, "writing", None)
+        if writing is not None and writing[0] == pid:
+            return writing[1]  # type: ignore[no-any-return]
         entry = getattr(self._local, "entry", None)
         if entry is not None and entry[0] == pid:
             conn: sqlite3.Connection = entry[1]
@@ -143,10 +151,7 @@ class SQLiteDatabase:
             self._snapshot_lock = threading.RLock()
         with self._lock:
             if pid != self._pid:  # forked: park inherited handles, never close them here
-                _INHERITED.extend(self._open_conns)
-                if self._shared is not None:
-                    _INHERITED.append(self._shared)
-                self._open_conns, self._shared, self._pid = [], None, pid
+                self._forked(pid)
             if self._read_only and self._shared is not None:
                 conn = self._shared
             else:
@@ -155,6 +160,29 @@ class SQLiteDatabase:
                 if self._read_only and self._identity is not None and self.snapshot_mode:
                     self._shared = conn
         self._local.entry = (pid, conn)
+        return conn
+
+    def _forked(self, pid: int) -> None:
+        _INHERITED.extend(self._open_conns)
+        if self._shared is not None:
+            _INHERITED.append(self._shared)
+        self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
+
+    def writer(self) -> sqlite3.Connection:
+        """This process's writer connection (opened lazily; never reused after ``fork()``)."""
+        pid = os.getpid()
+        conn = self._writer
+        if conn is not None and pid == self._pid:
+            return conn
+        self.conn()  # the safety checks, fork handling and the migration, once per thread
+        with self._lock:
+            if pid != self._pid:
+                self._forked(pid)
+            conn = self._writer
+            if conn is None:
+                conn = self._open()
+                self._open_conns.append(conn)
+                self._writer = conn
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -249,6 +277,7 @@ class SQLiteDatabase:
                         conn.close()
             self._open_conns = []
             self._shared = None
+            self._writer = None
         self._local = threading.local()
 
     def _check_identity(self) -> None:
@@ -286,10 +315,11 @@ class SQLiteDatabase:
         """
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
-        conn = self.conn()
-        if getattr(self._local, "atomic", False):
-            yield conn
+        local = self._local
+        if getattr(local, "atomic", False):
+            yield self.conn()
             return
+        conn = self.writer()
         self._check_identity()
         lock = writer_lock(self._path)
         if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
@@ -299,6 +329,7 @@ class SQLiteDatabase:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise connections.translate(exc) from None
+            local.writing = (os.getpid(), conn)
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -308,6 +339,8 @@ class SQLiteDatabase:
                 if isinstance(exc, sqlite3.Error):
                     raise connections.translate(exc) from None
                 raise
+            finally:
+                local.writing = None
         finally:
             lock.release()
 
@@ -360,7 +393,9 @@ class SQLiteDatabase:
     @contextmanager
     def bulk(self) -> Iterator[None]:
         """A large page cache and rarer checkpoints for this thread's connection meanwhile."""
-        with connections.bulk_cache(self.conn()):
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        with connections.bulk_cache(self.writer()):
             yield
 
 

@@ -89,6 +89,8 @@ _CLOSE_SETTLED = (
     "AND delivery_status = 'pending' AND ?1 >= updated_at AND ?1 >= delivery_updated_at "
     "AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
 )
+_START_QUIET = _START.replace(_RETURNING, " RETURNING seq")
+_CLOSE_SETTLED_QUIET = _CLOSE_SETTLED.replace(_RETURNING, " RETURNING seq")
 _DELIVER = (
     "UPDATE tsg_tasks SET delivery_status = ?3, delivery_code = ?4, delivery_updated_at = ?1, "
     "version = version + 1 WHERE id = ?2 AND delivery_status = 'pending' "
@@ -252,13 +254,24 @@ class Ledger:
         Returns the first RETURNING row (None when the guard refused), the clock reading, and
         the task's current row when the guard refused (None if the task does not exist).
         """
-        with self._db.write() as conn:
-            now = self._db.now()
+        db = self._db
+        if db.in_group:  # joining the enclosing transaction: no context manager needed
+            return self._guarded_on(db.conn(), sql, tid, params)
+        with db.write() as conn:
+            return self._guarded_on(conn, sql, tid, params)
+
+    def _guarded_on(
+        self, conn: sqlite3.Connection, sql: str, tid: str, params: tuple[Any, ...]
+    ) -> tuple[Any, float, tuple[Any, ...] | None]:
+        now = self._db.now()
+        try:
             rows = conn.execute(sql, (now, tid, *params)).fetchall() if sql else []
             if rows:
                 return rows[0], now, None
             found = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-            return None, now, (None if found is None else tuple(found))
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        return None, now, (None if found is None else tuple(found))
 
     def _current(self, tid: str) -> tuple[Any, ...]:
         """Read a task row (TaskNotFound when missing)."""
@@ -283,6 +296,23 @@ class Ledger:
         payload_hash: str | None = None,
     ) -> Task:
         """Create a queued task; with an explicit ``task_id`` an identical repeat is a no-op."""
+        task = self._create(task_id, parent_id, timeout_seconds, delivery_required, name,
+                            payload_hash, quiet=False)
+        assert isinstance(task, Task)
+        return task
+
+    def _create(
+        self,
+        task_id: str | uuid.UUID | None,
+        parent_id: str | uuid.UUID | None,
+        timeout_seconds: float | None,
+        delivery_required: bool,
+        name: str | None,
+        payload_hash: str | None,
+        *,
+        quiet: bool,
+    ) -> Task | str:
+        """:meth:`create_task`; ``quiet=True`` returns only the task's state (no Task built)."""
         tid = str(uuid.uuid4()) if task_id is None else canonical_id(task_id)
         parent = None if parent_id is None else canonical_id(parent_id, "parent id")
         timeout = (
@@ -303,10 +333,16 @@ class Ledger:
                     parent, delivery_required, label, timeout, fingerprint
                 ):
                     raise StateConflict("a task with this id exists with other attributes")
+                if quiet:
+                    if not row_is_valid(row):
+                        raise StorageError("a stored task row failed validation (run doctor)")
+                    return str(row[4])
                 return row_to_task(row)
             assert parent is not None
             self._current(parent)  # TaskNotFound when the parent is missing
             raise StateConflict("clock is earlier than the parent's creation")
+        if quiet:
+            return "queued"
         return Task(
             id=tid, parent_id=parent, status=TaskStatus.QUEUED,
             delivery_status=DeliveryStatus.PENDING, delivery_required=delivery_required,
@@ -337,6 +373,26 @@ class Ledger:
         updated, _now, row = self._guarded(_START, tid, token)
         if updated is not None:
             return row_to_task(updated)
+        if row is None:
+            raise TaskNotFound("task not found")
+        if row[4] != "queued":
+            raise StateConflict("only a queued task can start")
+        raise StateConflict("clock is earlier than the task's stored times")
+
+    def _start_quiet(self, task_id: str, *, owner: bool) -> None:
+        """:meth:`start_task` for the integration layer: same guard and errors, no Task built.
+
+        Once this process holds its owner lock file, the start is the guarded update alone
+        (no look ahead: the lock file exists already, so a refused start creates nothing).
+        """
+        tid = canonical_id(task_id)
+        token = owners.held_token(self._db.path) if owner else None
+        if owner and token is None:
+            self.start_task(tid, owner=True)
+            return
+        updated, _now, row = self._guarded(_START_QUIET, tid, token)
+        if updated is not None:
+            return
         if row is None:
             raise TaskNotFound("task not found")
         if row[4] != "queued":
@@ -411,6 +467,25 @@ class Ledger:
             if task.delivery_required or task.delivery_status != DeliveryStatus.PENDING:
                 return task
             return self.set_delivery(tid, "not_applicable", code="internal_task")
+
+    def _close_settled_quiet(self, task_id: str, status: str, code: str | None) -> None:
+        """:meth:`close_task_settled` for the integration layer: no Task built."""
+        tid = canonical_id(task_id)
+        state = check_state(status, TERMINAL_STATES, "terminal task status")
+        reason = check_code_shape(code)
+        if reason is None or reason in TASK_CODES[state]:
+            db = self._db
+            if db.in_group:
+                now = db.now()
+                try:
+                    done = db.conn().execute(
+                        _CLOSE_SETTLED_QUIET, (now, tid, state, reason)
+                    ).fetchone()
+                except sqlite3.Error as exc:
+                    raise connections.translate(exc) from None
+                if done is not None:
+                    return
+        self.close_task_settled(tid, state, code=reason)  # outside a group, or to explain
 
     def set_delivery(
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
