@@ -170,11 +170,13 @@ class SQLiteDatabase:
 
     def writer(self) -> sqlite3.Connection:
         """This process's writer connection (opened lazily; never reused after ``fork()``)."""
+        # A thread's first use opens its own connection: the file's safety checks (modes
+        # tightened or refused, identity) and fork handling run then, as before any write.
+        self.conn()
         pid = os.getpid()
         conn = self._writer
         if conn is not None and pid == self._pid:
             return conn
-        self.conn()  # the safety checks, fork handling and the migration, once per thread
         with self._lock:
             if pid != self._pid:
                 self._forked(pid)
