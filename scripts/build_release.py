@@ -29,7 +29,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +56,49 @@ def build_command(package_dir: Path, out: Path) -> list[str]:
             str(package_dir)]
 
 
+def extract_checked(tf: tarfile.TarFile, dest: Path) -> None:
+    """Extract ``tf`` into ``dest``, refusing anything but plain files and directories.
+
+    This is the fallback for interpreters whose tarfile has no extraction filters (CPython
+    before 3.11.4, e.g. Debian 12's 3.11.2). A member with an absolute path, a ``..`` component,
+    a target outside ``dest``, or that is a link, device or FIFO raises ValueError before any
+    byte is written. Files get mode 0644 (0755 when the owner could execute), no
+    set-id bits and no owner from the archive, like the ``data`` filter.
+    """
+    root = dest.resolve()
+    members = tf.getmembers()
+    for member in members:
+        parts = PurePosixPath(member.name).parts
+        if (member.name.startswith("/") or ".." in parts
+                or not (member.isfile() or member.isdir())):
+            raise ValueError("refusing an unsafe archive member")
+        target = (root / member.name).resolve()
+        if target != root and root not in target.parents:
+            raise ValueError("refusing an unsafe archive member")
+    for member in members:
+        target = root / member.name
+        if member.isdir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = tf.extractfile(member)
+        assert source is not None  # a regular file always has data
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        mode = 0o755 if member.mode & 0o100 else 0o644
+        with source, os.fdopen(os.open(target, flags, mode), "wb") as handle:
+            shutil.copyfileobj(source, handle)
+        os.chmod(target, mode)
+        os.utime(target, (member.mtime, member.mtime))
+
+
+def extract(tf: tarfile.TarFile, dest: Path) -> None:
+    """Extract safely: tarfile's ``data`` filter where it exists, else :func:`extract_checked`."""
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, filter="data")
+    else:
+        extract_checked(tf, dest)
+
+
 def export_ref(ref: str, dest: Path) -> Path:
     """Export ``packages/`` at a git ref (tag or commit) into ``dest``; return the new root."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref, "packages"],
@@ -64,7 +107,7 @@ def export_ref(ref: str, dest: Path) -> Path:
     tar = dest / "src.tar"
     tar.write_bytes(archive)
     with tarfile.open(tar) as tf:
-        tf.extractall(dest, filter="data")
+        extract(tf, dest)
     tar.unlink()
     return dest
 
@@ -130,7 +173,7 @@ def audit_sdist_file(sdist: Path, into: Path) -> list[str]:
     """Run the privacy audit on the extracted sdist: what is shipped, not what is checked in."""
     into.mkdir(parents=True)
     with tarfile.open(sdist) as tf:
-        tf.extractall(into, filter="data")
+        extract(tf, into)
     (root,) = list(into.iterdir())
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "privacy_audit.py"),
                            "--sdist", str(root)], capture_output=True, text=True, check=False)

@@ -5,27 +5,45 @@
 
 Set-up: installs uv into ./.tools (a private virtual environment) when it is not on PATH, then
 ``uv sync --all-packages --frozen`` builds ./.venv from uv.lock with the four packages and the
-dev tools. ``test`` runs ruff, mypy --strict on the core, and the whole pytest suite (real
-Celery/Dramatiq workers against Redis and RabbitMQ on 127.0.0.1). A broker that cannot be
-started is an error, never a skip.
+dev tools. ``test`` runs ruff, mypy --strict on the core and the adapters, then the support
+matrix (real Celery/Dramatiq workers against Redis and RabbitMQ on 127.0.0.1; a broker that
+cannot be started is an error, never a skip):
+
+* the core and reliability suites on every other CPython >= 3.11 installed on this machine,
+  each in its own ./.venv-py<version> built from uv.lock (interpreters are found, never
+  downloaded; a supported minor version that is not installed is printed as not tested);
+* each adapter's suite against the lowest framework versions its pyproject declares, on the
+  newest interpreter found (uv's ``lowest-direct`` resolution into ./.venv-lowest-<adapter>;
+  uv.lock is not touched), with a check that the resolved versions are exactly the declared
+  lower bounds;
+* the whole suite on the interpreter running this script, with uv.lock's (newest) framework
+  versions.
+
+Every leg prints a ``matrix:`` line with its pass count; the exit status is non-zero when any
+leg fails. ``test`` with pytest arguments runs only the whole-suite leg with those arguments.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import tomllib
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, ".tools")
 
 
-def run(cmd: list[str], **kwargs: object) -> int:
+def run(cmd: list[str], **kwargs: Any) -> int:
     print("+ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd, cwd=ROOT, **kwargs)  # type: ignore[call-overload, no-any-return]
+    return subprocess.call(cmd, cwd=ROOT, **kwargs)
 
 
 def uv() -> str:
@@ -46,6 +64,314 @@ def sync() -> None:
         sys.exit("uv sync failed")
 
 
+# ------------------------------------------------------------------------------ support matrix
+# CPython minor versions to look for; one that is not installed is printed, never hidden (the
+# packages claim only what a run on the CI machine proved: 3.11-3.13).
+KNOWN_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+ADAPTERS = ("celery", "dramatiq", "langgraph")
+# What each adapter leg reports as its framework version set (distribution names).
+FRAMEWORK_DISTS = {
+    "celery": ("celery", "kombu", "redis"),
+    "dramatiq": ("dramatiq", "redis", "pika"),
+    "langgraph": ("langgraph", "langgraph-checkpoint-sqlite", "langgraph-checkpoint",
+                  "langchain-core"),
+}
+SUITE_CORE = ["tests/core", "tests/reliability"]
+LEG_PYTEST = ["-q", "-p", "no:cacheprovider"]
+_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
+_PROBE = (
+    "import json, os, platform, sys; print(json.dumps([platform.python_implementation(), "
+    "list(sys.version_info[:3]), os.path.realpath(sys.executable), "
+    "sys.prefix != sys.base_prefix, bool(getattr(sys, '_is_gil_enabled', lambda: 1)())]))"
+)
+
+
+class Leg:
+    """One row of the matrix: what ran, its pytest closing line and its exit status."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.status, self.closing, self.seconds = label, 1, "", 0.0
+
+    def line(self) -> str:
+        verdict = "ok" if self.status == 0 else "FAILED"
+        counts = self.closing or "no pytest summary"
+        return f"matrix: {self.label}: {counts} [{verdict}, {self.seconds:.0f} s wall]"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", **extra)
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def _pytest(leg: Leg, python: str, args: list[str]) -> None:
+    """Run pytest, streaming its output, and keep its closing (counts) line."""
+    started = time.monotonic()
+    cmd = [python, "-m", "pytest", *args]
+    print("+ " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", env=_env())
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        text = line.strip().strip("=").strip()
+        if _COUNT.search(text) and " in " in text:
+            leg.closing = text
+    sys.stdout.flush()
+    leg.status = proc.wait()
+    if leg.status == 0 and not leg.closing:
+        leg.status = 1  # a leg whose result cannot be read has not proved anything
+    leg.seconds = time.monotonic() - started
+
+
+def _probe(exe: str) -> tuple[str, tuple[int, int, int], str, bool, bool] | None:
+    try:
+        out = subprocess.run([exe, "-I", "-c", _PROBE], capture_output=True, text=True,
+                             timeout=20, check=False)
+        impl, version, real, in_venv, gil = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return impl, (version[0], version[1], version[2]), real, in_venv, gil
+
+
+def find_pythons() -> list[tuple[str, str]]:
+    """Installed CPython >= 3.11 interpreters other than this one: (version, executable).
+
+    Candidates come from ``uv python list --only-installed`` (downloads disabled), pyenv's
+    versions directory and python3.* on PATH and in /usr/bin and /usr/local/bin; each is asked
+    for its own version, and one executable per exact version is kept.
+    """
+    candidates: list[str] = []
+    try:
+        listed = subprocess.run([uv(), "python", "list", "--only-installed", "--output-format",
+                                 "json"], capture_output=True, text=True, timeout=60,
+                                check=False, env=_env())
+        candidates += [item["path"] for item in json.loads(listed.stdout or "[]")]
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        pass
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    candidates += sorted(glob.glob(os.path.join(pyenv, "versions", "*", "bin", "python3")))
+    for directory in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/local/bin",
+                      "/usr/bin"]:
+        candidates += sorted(glob.glob(os.path.join(directory, "python3.[0-9]*")))
+    own = _probe(sys.executable)
+    own_real = own[2] if own else os.path.realpath(sys.executable)
+    seen_real, seen_version = {own_real}, {own[1] if own else sys.version_info[:3]}
+    found: list[tuple[str, str]] = []
+    for exe in candidates:
+        if exe.endswith(("-config", "m-config")) or not os.access(exe, os.X_OK):
+            continue
+        info = _probe(exe)
+        if info is None:
+            continue
+        impl, version, real, in_venv, gil = info
+        if impl != "CPython" or version < (3, 11) or in_venv or not gil or real in seen_real:
+            continue
+        seen_real.add(real)
+        label = ".".join(map(str, version))
+        if version in seen_version:
+            print(f"matrix: CPython {label} at {real}: this exact version is already in the "
+                  "matrix: not tested twice", flush=True)
+            continue
+        seen_version.add(version)
+        found.append((label, real))
+    return sorted(found, key=lambda item: tuple(int(p) for p in item[0].split(".")))
+
+
+def _installed(python: str, dists: tuple[str, ...]) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json, sys; print(json.dumps({d: m.version(d) "
+            "for d in sys.argv[1:]}))")
+    out = subprocess.run([python, "-c", code, *dists], capture_output=True, text=True,
+                         check=False, env=_env())
+    try:
+        return dict(json.loads(out.stdout))
+    except ValueError:
+        return {}
+
+
+def _release(text: str) -> tuple[int, ...]:
+    parts = [int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def declared_lower_bounds(adapter: str) -> dict[str, str]:
+    """The ``>=`` bound of each framework dependency in the adapter's pyproject."""
+    path = os.path.join(ROOT, "packages", f"adapter-{adapter}", "pyproject.toml")
+    with open(path, "rb") as handle:
+        deps = tomllib.load(handle)["project"]["dependencies"]
+    bounds = {}
+    for dep in deps:
+        match = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*(.*)", dep)
+        if not match or match.group(1) == "task-state-guard":
+            continue
+        lower = re.search(r">=\s*([0-9][^,;\s]*)", match.group(2))
+        if lower:
+            bounds[match.group(1).lower()] = lower.group(1)
+    return bounds
+
+
+def _lock_version(name: str) -> str:
+    with open(os.path.join(ROOT, "uv.lock"), "rb") as handle:
+        lock = tomllib.load(handle)
+    return str(next(p["version"] for p in lock["package"] if p["name"] == name))
+
+
+def python_leg(version: str, exe: str) -> Leg:
+    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/reliability, uv.lock versions")
+    env_dir = os.path.join(ROOT, f".venv-py{version}")
+    if run([uv(), "sync", "--quiet", "--all-packages", "--frozen", "--python", exe],
+           env=_env(UV_PROJECT_ENVIRONMENT=env_dir)) != 0:
+        leg.closing = "uv sync failed"
+        return leg
+    _pytest(leg, os.path.join(env_dir, "bin", "python"), [*LEG_PYTEST, *SUITE_CORE])
+    return leg
+
+
+def _venv_version(env_dir: str) -> str | None:
+    try:
+        with open(os.path.join(env_dir, "pyvenv.cfg"), encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition("=")
+                if key.strip() in ("version_info", "version"):
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
+    """The adapter's suite against the lowest framework versions its pyproject declares."""
+    leg = Leg(f"{adapter} lowest declared versions on CPython {version}, tests/{adapter}")
+    env_dir = os.path.join(ROOT, f".venv-lowest-{adapter}")
+    python = os.path.join(env_dir, "bin", "python")
+    if _venv_version(env_dir) != version or not os.path.exists(python):
+        shutil.rmtree(env_dir, ignore_errors=True)
+        if run([uv(), "venv", "--quiet", "--python", exe, env_dir], env=_env()) != 0:
+            leg.closing = "uv venv failed"
+            return leg
+    wanted = os.path.join(env_dir, "requirements.in")
+    pinned = os.path.join(env_dir, "requirements.txt")
+    with open(wanted, "w", encoding="utf-8") as handle:  # test tools as locked, not lowest
+        handle.write(f"-e {os.path.join(ROOT, 'packages', 'core')}\n"
+                     f"-e {os.path.join(ROOT, 'packages', f'adapter-{adapter}')}\n"
+                     f"pytest=={_lock_version('pytest')}\n"
+                     f"pytest-timeout=={_lock_version('pytest-timeout')}\n")
+    if run([uv(), "pip", "compile", "--quiet", "--resolution", "lowest-direct", "--python",
+            python, "--no-header", "--output-file", pinned, wanted], env=_env()) != 0 or run(
+            [uv(), "pip", "sync", "--quiet", "--python", python, pinned], env=_env()) != 0:
+        leg.closing = "the lowest declared versions did not install"
+        return leg
+    installed = _installed(python, FRAMEWORK_DISTS[adapter])
+    leg.label += " (" + ", ".join(f"{k} {v}" for k, v in installed.items()) + ")"
+    wrong = [f"{name} {installed.get(name)} is not the declared lower bound {bound}"
+             for name, bound in declared_lower_bounds(adapter).items()
+             if name not in installed or _release(installed[name]) != _release(bound)]
+    _pytest(leg, python, [*LEG_PYTEST, f"tests/{adapter}"])
+    if wrong:
+        leg.status = 1
+        leg.closing += "; " + "; ".join(wrong)
+    return leg
+
+
+def newest_lines(junit: str, python: str) -> list[str]:
+    """Per-adapter pass counts of the whole-suite run (uv.lock's, i.e. the newest, versions)."""
+    import xml.etree.ElementTree as ET
+
+    counts = {a: {"passed": 0, "failed": 0, "skipped": 0} for a in ADAPTERS}
+    try:
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        cases = []
+    for case in cases:
+        parts = case.get("classname", "").split(".")
+        adapter = parts[1] if len(parts) > 1 and parts[0] == "tests" else ""
+        if adapter not in counts:
+            continue
+        if case.find("skipped") is not None:
+            counts[adapter]["skipped"] += 1
+        elif case.find("failure") is not None or case.find("error") is not None:
+            counts[adapter]["failed"] += 1
+        else:
+            counts[adapter]["passed"] += 1
+    lines = []
+    for adapter in ADAPTERS:
+        installed = _installed(python, FRAMEWORK_DISTS[adapter])
+        versions = ", ".join(f"{k} {v}" for k, v in installed.items())
+        c = counts[adapter]
+        verdict = "ok" if c["passed"] and not c["failed"] and not c["skipped"] else "FAILED"
+        lines.append(f"matrix: {adapter} newest (uv.lock: {versions}), tests/{adapter} in the "
+                     f"whole suite: {c['passed']} passed, {c['failed']} failed, "
+                     f"{c['skipped']} skipped [{verdict}]")
+    return lines
+
+
+def test(extra: list[str]) -> int:
+    """ruff, mypy and the support matrix; non-zero when any check or leg fails."""
+    started = time.monotonic()
+    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    add_sbin_to_path()
+    ensure_services()
+    checks = run([os.path.join(ROOT, ".venv", "bin", "ruff"), "check", "."])
+    checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src",
+                   *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph"))])
+    legs: list[Leg] = []
+    notes: list[str] = []
+    own = ".".join(map(str, sys.version_info[:3]))
+    if extra:
+        notes.append("matrix: pytest arguments given: only the whole-suite leg runs")
+    else:
+        pythons = find_pythons()
+        present = {".".join(v.split(".")[:2]) for v, _ in pythons}
+        present.add(f"{sys.version_info[0]}.{sys.version_info[1]}")
+        notes += [f"matrix: CPython {minor} not installed: not tested"
+                  for minor in KNOWN_PYTHONS if minor not in present]
+        for line in notes:
+            print(line, flush=True)
+        for version, exe in pythons:
+            legs.append(python_leg(version, exe))
+            print(legs[-1].line(), flush=True)
+        # The lowest framework versions run on the newest interpreter, the newest (uv.lock's)
+        # on this one: each adapter is proven at both ends of both ranges.
+        newest_version, newest_exe = max(
+            [*pythons, (own, os.path.realpath(sys.executable))],
+            key=lambda item: tuple(int(p) for p in item[0].split(".")),
+        )
+        for adapter in ADAPTERS:
+            legs.append(lowest_leg(adapter, newest_version, newest_exe))
+            print(legs[-1].line(), flush=True)
+    whole = Leg(f"CPython {own} ({os.path.realpath(sys.executable)}) whole suite, uv.lock "
+                "versions")
+    junit = os.path.join(ROOT, ".venv", "tsg-matrix-junit.xml")
+    if os.path.exists(junit):
+        os.unlink(junit)  # never count a previous run's results
+    _pytest(whole, venv_python, ["-q", f"--junitxml={junit}", *extra])
+    print("", flush=True)
+    for line in notes:
+        print(line)
+    for leg in legs:
+        print(leg.line())
+    newest = newest_lines(junit, venv_python) if not extra else []
+    for line in newest:
+        print(line)
+    print(whole.line())
+    failed = [leg for leg in [*legs, whole] if leg.status != 0]
+    failed_newest = [line for line in newest if line.endswith("[FAILED]")]
+    minutes = (time.monotonic() - started) / 60
+    print(f"matrix: {len(legs) + 1 + len(newest)} lines, {len(failed) + len(failed_newest)} "
+          f"failed; ruff and mypy {'ok' if checks == 0 else 'FAILED'}; {minutes:.1f} min in all",
+          flush=True)
+    return 1 if checks or failed or failed_newest else 0
+
+
+def add_sbin_to_path() -> None:
+    """Append the sbin directories to PATH when missing: Debian installs rabbitmq-server and
+    rabbitmqctl there, and both this script and the Dramatiq tests call them by name."""
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    parts += [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin")
+              if d not in parts and os.path.isdir(d)]
+    os.environ["PATH"] = os.pathsep.join(p for p in parts if p)
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1.0)
@@ -53,7 +379,7 @@ def _listening(port: int) -> bool:
 
 
 def ensure_services() -> None:
-    """Start Redis and RabbitMQ on 127.0.0.1 when they are not running."""
+    """Start Redis, RabbitMQ and PostgreSQL on 127.0.0.1 when they are not running."""
     if not _listening(6379):
         run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
              "--save", "", "--appendonly", "no"])
@@ -72,7 +398,17 @@ def ensure_services() -> None:
             if _listening(5672):
                 break
             time.sleep(0.5)
-    missing = [name for name, port in (("redis", 6379), ("rabbitmq", 5672)) if not _listening(port)]
+    if not _listening(5432):
+        run(["pg_ctlcluster", "15", "main", "start"])
+        for _ in range(50):
+            if _listening(5432):
+                break
+            time.sleep(0.2)
+    missing = [
+        name
+        for name, port in (("redis", 6379), ("rabbitmq", 5672), ("postgresql", 5432))
+        if not _listening(port)
+    ]
     if missing:
         print("brokers not reachable: " + ", ".join(missing) + " (tests will fail)", flush=True)
 
@@ -90,12 +426,7 @@ def main() -> int:
         return 0
     if command == "demo":
         return run([python, "examples/celery_crash_demo.py", *extra])
-    ensure_services()
-    status = run([os.path.join(venv_bin, "ruff"), "check", "."])
-    status |= run([os.path.join(venv_bin, "mypy"), "--strict", "packages/core/src",
-                   *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph"))])
-    status |= run([python, "-m", "pytest", "-q", *extra])
-    return 1 if status else 0
+    return test(extra)
 
 
 if __name__ == "__main__":

@@ -251,9 +251,17 @@ def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> Non
         seen["running"] = sorted((str(t.name), t.has_owner) for t in running)
         return {"log": ["plan"]}
 
+    def act(state: State) -> dict[str, Any]:
+        # The previous attempt's close was committed with this attempt's start.
+        with Ledger(db) as other:
+            ids = [i for st in ("running", "succeeded") for i in other.find_task_ids(st)]
+            tasks = [other.get_task(i) for i in ids]
+        seen["act"] = sorted((str(t.name), str(t.status)) for t in tasks)
+        return {"log": ["act"]}
+
     builder = StateGraph(State)
     builder.add_node("plan", plan)
-    builder.add_node("act", lambda s: {"log": ["act"]})
+    builder.add_node("act", act)
     builder.add_edge(START, "plan")
     builder.add_edge("plan", "act")
     ledger = _CountingLedger(db)
@@ -263,9 +271,11 @@ def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> Non
     apps.append(app)
     before = ledger.transactions
     app.invoke({"log": []}, {"configurable": {"thread_id": "tx"}}, invocation_id="tx")
-    # Invocation: create+start, close. Each attempt: create+start, close+delivery.
-    assert ledger.transactions - before == 2 + 2 * 2
+    # One transaction per boundary: the invocation's start; plan's start; plan's close (and
+    # delivery) with act's start; act's close with the invocation's close.
+    assert ledger.transactions - before == 4
     assert seen["running"] == [("LangGraph", True), ("plan", True)]
+    assert seen["act"] == [("LangGraph", "running"), ("act", "running"), ("plan", "succeeded")]
     ok = ("succeeded", "worker_completed", ())
     assert shape(tree(ledger, app.logical_task_id("tx"))) == (
         "LangGraph",

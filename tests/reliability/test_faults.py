@@ -240,15 +240,45 @@ def test_permissions_changed_under_a_running_process(tmp_path: Path) -> None:
                for v in outcomes.values()), results
     # While this process keeps its WAL sidecars open, a read-only directory does not stop it
     # (no new file is needed); test_read_only_directory_through_the_cli covers a fresh open.
-    # A new Ledger on the now read-only file: refused, unless SQLite reuses a writable
-    # descriptor this process still holds for the same file (one of a garbage-collected
-    # earlier Ledger's connections, kept open while other connections hold locks): whether it
-    # does depends on when the collector ran, so both outcomes are allowed.
-    assert results["ro_file_new_ledger"] in ("StorageError", "ok")
+    # A new Ledger on the now read-only file is refused by the ledger's own writability check,
+    # whatever SQLite's version or any descriptor SQLite may still hold for the same file.
+    assert results["ro_file_new_ledger"] == "StorageError"
     assert results["loose_dir_new_ledger"] == "UnsafeLocation"  # an InvalidInput
     assert results["loose_file_new_thread"] == "ok"
     assert results["file_mode_after"] == "0o600"
     assert results["restored"] == "ok"
+    assert_healthy(db, [])
+
+
+SIDECAR_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    from task_state_guard import Ledger, LedgerError
+    db = sys.argv[1]; results = {}
+    ledger = Ledger(db)
+    ledger.create_task()
+    for suffix in ("-wal", "-shm"):
+        os.chmod(db + suffix, 0o400)
+        try:
+            Ledger(db).create_task(); results[suffix] = "ok"
+        except LedgerError as exc:
+            results[suffix] = type(exc).__name__
+        os.chmod(db + suffix, 0o600)
+    results["count"] = ledger.doctor()["task_count"]
+    print(json.dumps(results, sort_keys=True))
+    """
+)
+
+
+def test_read_only_sidecar_refuses_a_new_writer(tmp_path: Path) -> None:
+    """A writer needs its WAL sidecars writable; the ledger checks before SQLite opens them."""
+    db = tmp_path / "l" / "tasks.sqlite"
+    populate(db, 2)
+    proc = subprocess.run([*UNPRIVILEGED, sys.executable, "-c", SIDECAR_SCRIPT, str(db)],
+                          capture_output=True, text=True, timeout=120, env=cli_env(), check=False)
+    assert proc.stderr == "" and proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"-wal": "StorageError", "-shm": "StorageError",
+                                       "count": 3}
     assert_healthy(db, [])
 
 

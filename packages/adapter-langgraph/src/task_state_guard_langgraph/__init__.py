@@ -6,12 +6,13 @@ every node attempt as an internal child task in a TaskStateGuard ledger. See REA
 
 from ._guard import METADATA_KEY, GuardedGraph, Recovery, guard
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
-from .callbacks import GuardCallbackHandler
+from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
 from .heartbeat import heartbeat
 
 __all__ = [
     "METADATA_KEY",
     "NAMESPACE",
+    "AsyncGuardCallbackHandler",
     "GuardCallbackHandler",
     "GuardedGraph",
     "Recovery",

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import os
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Generator
-from typing import Any, Unpack
+from collections.abc import AsyncGenerator, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Unpack, cast
 
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import merge_configs
 from langgraph.types import Command
 from task_state_guard import Ledger
 from task_state_guard.integration import (
@@ -21,7 +26,7 @@ from ._ids import logical_task_id
 from ._invocation import METADATA_KEY, Invocation, thread_config, with_handler
 from ._recorder import Recorder
 from ._recovery import Recovery, RecoveryMixin
-from .callbacks import GuardCallbackHandler, RetryOracle, logger
+from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, RetryOracle, logger
 
 __all__ = ["METADATA_KEY", "GuardedGraph", "Recovery", "guard"]
 
@@ -52,6 +57,24 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         self._name = name if name is not None else getattr(graph, "name", None)
         self._oracle = RetryOracle(graph)
         self._local = threading.local()
+        self._defaults: dict[str, Any] = {}
+
+    def _merged(self, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not self._defaults:
+            return config
+        return dict(merge_configs(cast(RunnableConfig, self._defaults), cast(Any, config)))
+
+    def with_config(self, config: dict[str, Any] | None = None, **kwargs: Any) -> GuardedGraph:
+        """A guarded graph whose runs merge ``config`` (and ``kwargs``: ``tags``,
+        ``callbacks``, ``configurable``...) into the config of every call, like
+        ``Runnable.with_config``; it shares this one's ledger, threads and counters."""
+        bound = copy.copy(self)
+        bound._local = threading.local()
+        merged = merge_configs(
+            cast(RunnableConfig, self._defaults), cast(Any, {**(config or {}), **kwargs})
+        )
+        bound._defaults = dict(merged)
+        return bound
 
     # -- pass-through -----------------------------------------------------------------------
 
@@ -94,8 +117,9 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         return getattr(self._local, "outcome", None)
 
     def close(self) -> None:
-        """Stop the heartbeat thread; close the ledger if :func:`guard` opened it."""
-        self._rec.rt.close()
+        """Finish queued writes, stop the heartbeat and writer threads; close the ledger if
+        :func:`guard` opened it."""
+        self._rec.shutdown()
 
     uninstall = close
 
@@ -118,6 +142,35 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
     ) -> Invocation | None:
         inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
         self._local.invocation_id = inv
+        return self._open_run(config, inv, previous, claim, GuardCallbackHandler)
+
+    async def _abegin(
+        self, config: dict[str, Any] | None, invocation_id: str | None, previous: str | None
+    ) -> Invocation:
+        """:meth:`_begin` for async runs: the ledger work runs on the writer thread, and the
+        invocation's running record is committed before this returns."""
+        inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
+        self._local.invocation_id = inv
+        future = self._rec.submit(
+            self._open_run, config, inv, previous, False, AsyncGuardCallbackHandler
+        )
+        try:
+            run = await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            # The caller gave up while the start was being written: close it once it is.
+            future.add_done_callback(_cancel_started)
+            raise
+        assert run is not None
+        return run
+
+    def _open_run(
+        self,
+        config: dict[str, Any] | None,
+        inv: str,
+        previous: str | None,
+        claim: bool,
+        handler_cls: type[GuardCallbackHandler],
+    ) -> Invocation | None:
         own = logical_task_id(inv)
         parent: str | None = None
         if previous is not None:
@@ -137,11 +190,17 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         task_id = own if opened else None
         handler: GuardCallbackHandler | None = None
         if opened and self._record_nodes:
-            handler = GuardCallbackHandler._bound(self._rec, inv, own, self._oracle)
+            handler = handler_cls._bound(self._rec, inv, own, self._oracle)
         return Invocation(inv, task_id, handler, with_handler(config, handler, inv), self._rec)
 
     def _end(self, run: Invocation, exc: BaseException | None, output: Any = None) -> None:
         self._local.outcome = run.finish(exc, output)
+
+    async def _aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> None:
+        """:meth:`_end` with the closing write on the writer thread (it completes even when
+        the caller is cancelled meanwhile)."""
+        future = self._rec.submit(run.finish, exc, output)
+        self._local.outcome = await asyncio.shield(asyncio.wrap_future(future))
 
     def _previous(self, input: Any, config: dict[str, Any] | None) -> str | None:
         if not (input is None or isinstance(input, Command)):
@@ -169,7 +228,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
             try:
                 tup = await saver.aget_tuple(lookup)
             except NotImplementedError:
-                tup = saver.get_tuple(lookup)
+                tup = await asyncio.to_thread(saver.get_tuple, lookup)
         except Exception as exc:
             self._rec.rt.policy.error("link", exc)
             return None
@@ -187,6 +246,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> Any:
         """``graph.invoke`` recorded as one invocation (see the package README)."""
+        config = self._merged(config)
         run = self._begin(input, config, invocation_id, self._previous(input, config))
         assert run is not None
         try:
@@ -206,15 +266,15 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> Any:
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
+        config = self._merged(config)
         previous = await self._aprevious(input, config)
-        run = self._begin(input, config, invocation_id, previous)
-        assert run is not None
+        run = await self._abegin(config, invocation_id, previous)
         try:
             out = await self._graph.ainvoke(input, run.config, **kwargs)
         except BaseException as exc:
-            self._end(run, exc)
+            await self._aend(run, exc)
             raise
-        self._end(run, None, out)
+        await self._aend(run, None, out)
         return out
 
     def stream(
@@ -230,6 +290,7 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         The invocation starts at the first ``next()``; closing the iterator early ends it
         ``cancelled/caller_cancelled``.
         """
+        config = self._merged(config)
         run = self._begin(input, config, invocation_id, self._previous(input, config))
         assert run is not None
         try:
@@ -248,16 +309,121 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
         **kwargs: Any,
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
+        config = self._merged(config)
         previous = await self._aprevious(input, config)
-        run = self._begin(input, config, invocation_id, previous)
-        assert run is not None
+        run = await self._abegin(config, invocation_id, previous)
         try:
             async for chunk in self._graph.astream(input, run.config, **kwargs):
                 yield chunk
         except BaseException as exc:
-            self._end(run, exc)
+            await self._aend(run, exc)
             raise
-        self._end(run, None)
+        await self._aend(run, None)
+
+    async def astream_events(
+        self,
+        input: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        invocation_id: str | None = None,
+        version: str = "v2",
+        **kwargs: Any,
+    ) -> AsyncGenerator[Any, None]:
+        """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
+        config = self._merged(config)
+        previous = await self._aprevious(input, config)
+        run = await self._abegin(config, invocation_id, previous)
+        try:
+            async for event in self._graph.astream_events(
+                input, run.config, version=version, **kwargs
+            ):
+                yield event
+        except BaseException as exc:
+            await self._aend(run, exc)
+            raise
+        await self._aend(run, None)
+
+    def batch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`invoke` for each input (one recorded invocation each), in threads like
+        ``Runnable.batch`` (``max_concurrency`` of the first config bounds them); outputs in
+        input order. ``config``: one for all, or one per input; ``invocation_ids`` likewise
+        one per input."""
+        configs = _configs(config, len(inputs))
+        ids = _ids(invocation_ids, len(inputs))
+        if not inputs:
+            return []
+        limit = (configs[0] or {}).get("max_concurrency") or len(inputs)
+
+        def one(i: int) -> Any:
+            try:
+                return self.invoke(inputs[i], configs[i], invocation_id=ids[i], **kwargs)
+            except Exception as exc:
+                if return_exceptions:
+                    return exc
+                raise
+
+        with ThreadPoolExecutor(max_workers=min(limit, len(inputs))) as pool:
+            return list(pool.map(one, range(len(inputs))))
+
+    async def abatch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
+        configs = _configs(config, len(inputs))
+        ids = _ids(invocation_ids, len(inputs))
+        if not inputs:
+            return []
+        gate = asyncio.Semaphore((configs[0] or {}).get("max_concurrency") or len(inputs))
+
+        async def one(i: int) -> Any:
+            async with gate:
+                try:
+                    return await self.ainvoke(
+                        inputs[i], configs[i], invocation_id=ids[i], **kwargs
+                    )
+                except Exception as exc:
+                    if return_exceptions:
+                        return exc
+                    raise
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(inputs)))))
+
+
+def _configs(config: Any, count: int) -> list[dict[str, Any] | None]:
+    if isinstance(config, Sequence) and not isinstance(config, str | bytes):
+        if len(config) != count:
+            raise ValueError("batch: one config per input, or a single config")
+        return list(config)
+    return [config] * count
+
+
+def _ids(invocation_ids: Sequence[str] | None, count: int) -> list[str | None]:
+    if invocation_ids is None:
+        return [None] * count
+    if len(invocation_ids) != count:
+        raise ValueError("batch: one invocation id per input")
+    return list(invocation_ids)
+
+
+def _cancel_started(future: Future[Invocation | None]) -> None:
+    # Runs on the writer thread once a start whose caller was cancelled is written.
+    run = None if future.cancelled() or future.exception() else future.result()
+    if run is not None:
+        run.finish(asyncio.CancelledError())
 
 
 def guard(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -11,6 +12,7 @@ from task_state_guard.integration import codes as c
 
 from ._ids import logical_task_id, recovery_invocation_id
 from ._invocation import METADATA_KEY, Invocation
+from ._threads import athread_ids, thread_ids
 from .callbacks import logger
 
 if TYPE_CHECKING:
@@ -49,21 +51,15 @@ class RecoveryMixin:
         def last_outcome(self) -> str | None: ...
 
     def _thread_ids(self, saver: Any) -> list[str]:
-        conn = getattr(saver, "conn", None)
-        cursor = getattr(saver, "cursor", None)
-        if conn is not None and callable(cursor) and type(saver).__name__ == "SqliteSaver":
-            with cursor(transaction=False) as cur:
-                cur.execute(
-                    "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = ''"
-                    " ORDER BY thread_id"
-                )
-                return [str(row[0]) for row in cur.fetchall()]
-        seen: dict[str, None] = {}
-        for tup in saver.list(None):
-            cfg = tup.config.get("configurable", {})
-            if cfg.get("checkpoint_ns", "") == "":
-                seen.setdefault(str(cfg["thread_id"]), None)
-        return list(seen)
+        if self._nothing_lost():
+            return []
+        return thread_ids(saver)
+
+    def _nothing_lost(self) -> bool:
+        """True when the ledger holds no ``timed_out`` task at all: no invocation can be lost,
+        so the checkpointer is not read."""
+        ledger = self.ledger
+        return ledger is not None and not ledger.find_task_ids(c.TIMED_OUT, limit=1)
 
     def _lost_from_checkpoint(self, tup: Any) -> str | None:
         """The lost invocation id recorded in a thread's latest checkpoint, if it is lost."""
@@ -106,15 +102,9 @@ class RecoveryMixin:
         return lost if self._resumable(state) else None
 
     async def _athread_ids(self, saver: Any) -> list[str]:
-        try:
-            seen: dict[str, None] = {}
-            async for tup in saver.alist(None):
-                cfg = tup.config.get("configurable", {})
-                if cfg.get("checkpoint_ns", "") == "":
-                    seen.setdefault(str(cfg["thread_id"]), None)
-            return list(seen)
-        except NotImplementedError:
-            return self._thread_ids(saver)
+        if await asyncio.to_thread(self._nothing_lost):
+            return []
+        return await athread_ids(saver)
 
     def _claim(
         self, config: dict[str, Any] | None, thread_id: str, lost: str

@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
@@ -193,6 +194,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
         self._runs: dict[uuid.UUID, _Run] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._attempt_ids: dict[str, AttemptIds] = {}
+        # Closes of attempts that ended, committed with the next ledger write (the next
+        # attempt's start or the invocation's close): one transaction per node boundary.
+        self._pending: list[Closing] = []
         self.interrupted = False
 
     @classmethod
@@ -244,8 +248,10 @@ class GuardCallbackHandler(GraphCallbackHandler):
         with self._lock:
             open_runs = [r for r in self._runs.values() if r.task is not None]
             self._runs.clear()
+            pending, self._pending = self._pending, []
         open_runs.sort(key=lambda r: len(r.chain), reverse=True)
-        return [(r.task, status, code, True) for r in open_runs if r.task is not None]
+        # Ended attempts first (a child ends before its parent), then the leftovers.
+        return pending + [(r.task, status, code, True) for r in open_runs if r.task is not None]
 
     def close_open(self, status: str, code: str | None) -> None:
         """Close every attempt still open (one ledger transaction)."""
@@ -296,11 +302,13 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 attempt=attempt,
             )
             self._runs[run_id] = run
+            pending, self._pending = self._pending, []
         opened = self._rec.open(
             task,
             parent_id=parent_task,
             delivery_required=False,
             name=metadata.get("langgraph_node"),
+            closings=pending,
         )
         if not opened:
             with self._lock:
@@ -333,7 +341,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
         if run is None:
             return
         if run.task is not None:
-            self._rec.close(run.task, c.SUCCEEDED, c.WORKER_COMPLETED, internal=True)
+            self._defer((run.task, c.SUCCEEDED, c.WORKER_COMPLETED, True))
         elif run.root:
             self._end_root(run, c.SUCCEEDED, c.COMPLETED)
 
@@ -351,14 +359,21 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 and self._oracle.will_retry(run.ns, run.attempt, error)
             ):
                 code = c.RETRY_SCHEDULED
-            self._rec.close(run.task, status, code, internal=True)
+            self._defer((run.task, status, code, True))
         elif run.root:
             self._end_root(run, status, code)
+
+    def _defer(self, closing: Closing) -> None:
+        """Keep an ended attempt's close for the next boundary write; stop beating it now."""
+        self._rec.rt.release(closing[0])
+        with self._lock:
+            self._pending.append(closing)
 
     def _end_root(self, run: _Run, status: str, code: str) -> None:
         if not self._owns_root:
             return
         with self._lock:
+            pending, self._pending = self._pending, []
             leftovers = [
                 r
                 for r in self._runs.values()
@@ -368,7 +383,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 del self._counts[key]
             self._attempt_ids.pop(run.invocation, None)
         leftovers.sort(key=lambda r: len(r.chain), reverse=True)
-        closings: list[Closing] = [
+        closings: list[Closing] = pending + [
             (left.task, c.CANCELLED, c.CALLER_CANCELLED, True)
             for left in leftovers
             if left.task is not None
@@ -383,3 +398,65 @@ class GuardCallbackHandler(GraphCallbackHandler):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class AsyncGuardCallbackHandler(GuardCallbackHandler):
+    """:class:`GuardCallbackHandler` for async runs (``ainvoke``, ``astream``,
+    ``astream_events``): every ledger write runs on the recorder's writer thread and is awaited,
+    so the event loop never waits for SQLite (not even while another process holds the ledger
+    locked), events keep their order, and a node starts only once its attempt is committed.
+    Events that write nothing (ends of node attempts, whose closes ride with the next write,
+    routing functions) are handled inline.
+    """
+
+    def _writes_on_end(self, run_id: uuid.UUID) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+        return run is not None and run.root and self._owns_root
+
+    async def on_chain_start(  # type: ignore[override]
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: uuid.UUID,
+        parent_run_id: uuid.UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        start = partial(
+            GuardCallbackHandler.on_chain_start,
+            self,
+            serialized,
+            inputs,
+            run_id=run_id,
+            parent_run_id=parent_run_id,
+            tags=tags,
+            metadata=metadata,
+            **kwargs,
+        )
+        with self._lock:
+            tracked = parent_run_id is not None and parent_run_id in self._runs
+        if _is_node_run(tags, metadata) or not tracked:
+            await self._rec.call(start)  # may write: a node attempt, or a stand-alone root
+        else:
+            start()
+
+    async def on_chain_end(  # type: ignore[override]
+        self, outputs: Any, *, run_id: uuid.UUID, **kwargs: Any
+    ) -> None:
+        end = partial(GuardCallbackHandler.on_chain_end, self, outputs, run_id=run_id, **kwargs)
+        if self._writes_on_end(run_id):
+            await self._rec.call(end)
+        else:
+            end()
+
+    async def on_chain_error(  # type: ignore[override]
+        self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any
+    ) -> None:
+        fail = partial(GuardCallbackHandler.on_chain_error, self, error, run_id=run_id, **kwargs)
+        if self._writes_on_end(run_id):
+            await self._rec.call(fail)
+        else:
+            fail()

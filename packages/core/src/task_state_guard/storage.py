@@ -155,6 +155,55 @@ def check_sidecars(db_path: str, *, tighten: bool) -> dict[str, bool]:
     return present
 
 
+def _may_write(path: str) -> bool:
+    """Whether this process may write ``path`` (permission bits, ACLs and capabilities).
+
+    The kernel's own check, so it also sees a capability root lacks. Real and effective ids
+    normally agree; only a set-id process needs the effective-id variant (emulated by some C
+    libraries), so the exact real-id check is used whenever it answers the same question.
+    """
+    if not POSIX:
+        return True  # an externally managed ACL decides; SQLite reports a refusal itself
+    same_ids = os.getuid() == os.geteuid() and os.getgid() == os.getegid()
+    if same_ids or os.access not in os.supports_effective_ids:
+        return os.access(path, os.W_OK)
+    return os.access(path, os.W_OK, effective_ids=True)
+
+
+def check_writable(path: str) -> None:
+    """Refuse to open ``path`` for writing unless this process may write what SQLite needs.
+
+    Whether SQLite itself refuses a database file that became read-only depends on its
+    version and on whether it reuses a descriptor this process already holds for the file,
+    so the ledger decides: the database file and the existing WAL sidecars must be writable,
+    and the directory too when a sidecar still has to be created. Checked once per open.
+    """
+    if not _may_write(path):
+        raise StorageError("the database file is not writable")
+    missing = False
+    for suffix in ("-wal", "-shm"):
+        writable = _sidecar_writable(path + suffix)
+        if writable is False:
+            raise StorageError("a database sidecar is not writable")
+        missing = missing or writable is None
+    if missing and not _may_write(os.path.dirname(path)):
+        raise StorageError("the database directory is not writable")
+
+
+def _sidecar_writable(path: str) -> bool | None:
+    """True if writable, None if absent, False if present and not writable.
+
+    Other processes create and remove sidecars concurrently (the last writer to close removes
+    them), so a failed check counts only when the file is still there and still refused.
+    """
+    for _ in range(3):
+        if _may_write(path):
+            return True
+        if not os.path.lexists(path):
+            return None
+    return False
+
+
 def _filesystem_type(path: str) -> str | None:
     """Return the filesystem type of the mount holding ``path`` (Linux only)."""
     try:
@@ -212,6 +261,8 @@ def prepare(
         if read_only or not create:
             raise InvalidInput("database does not exist")
         return None
+    if not read_only:
+        check_writable(path)
     return FileIdentity(st.st_dev, st.st_ino)
 
 
