@@ -2,13 +2,20 @@
 
     python benchmarks/celery_overhead.py [--tasks 2000] [--sleep-tasks 300] [--rounds 3]
 
-Two real ``celery worker`` processes run side by side on their own queues, one with
-``task_state_guard_celery.install(app)`` and one without. Rounds alternate between them
-(A B B A ...) in one invocation. In each round the worker's consumer is paused, N
-messages are published, the consumer is resumed and the clock runs until every task has
-finished (each task body increments one Redis counter so completion is observable; the
-same body runs in both variants). Prints one JSON object with tasks/s for each variant and
-the ratio with/without, for a no-op task and for a 10 ms task.
+Three real ``celery worker`` processes run side by side on their own queues: one with
+``task_state_guard_celery.install(app)``, one bare (no result backend, results ignored) and
+one with Celery's own state tracking (a Redis result backend and ``task_track_started``: a
+STARTED and a SUCCESS record per task). Rounds alternate between them in one invocation.
+In each round the worker's consumer is paused, N messages are published, the consumer is
+resumed and the clock runs until every task has finished (each task body increments one
+Redis counter so completion is observable; the same body runs in every variant). Prints one
+JSON object with tasks/s for each variant and the ratios with the adapter over bare and over
+tracking, for a no-op task and for a 10 ms task.
+
+Each round also reads the CPU time (user + system, from /proc on Linux) the worker's
+processes spent in it: ``cpu_ms_per_task`` per variant and ``cpu_ratio_*`` (the other
+variant's CPU per task over the adapter's: the throughput ratio of a CPU-bound host). Redis's
+own CPU is not included (the tracking variant's result writes cost Redis CPU as well).
 
 Needs Redis at 127.0.0.1:6379 (uses DB 6 and private queue names). Not a test: no
 assertion, no fixed-time threshold.
@@ -35,6 +42,7 @@ import redis as redis_lib
 
 HERE = Path(__file__).resolve().parent
 REDIS_URL = "redis://127.0.0.1:6379/6"
+RESULT_URL = "redis://127.0.0.1:6379/7"
 
 app: Any = None
 _redis: Any = None
@@ -49,6 +57,13 @@ if os.environ.get("TSG_BENCH_QUEUE"):
         worker_prefetch_multiplier=4,
         broker_connection_retry_on_startup=True,
     )
+    if os.environ.get("TSG_BENCH_TRACK") == "1":  # Celery's own state tracking
+        app.conf.update(
+            result_backend=RESULT_URL,
+            task_ignore_result=False,
+            task_track_started=True,
+            result_expires=600,
+        )
     if os.environ.get("TSG_BENCH_ADAPTER") == "1":
         import task_state_guard_celery
 
@@ -70,8 +85,27 @@ if os.environ.get("TSG_BENCH_QUEUE"):
         _counter().incr(key)
 
 
+def session_cpu_seconds(sid: int) -> float | None:
+    """CPU seconds (user + system) used so far by the live processes of session ``sid``."""
+    if not os.path.isdir("/proc"):
+        return None
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                data = stat.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:  # field 6: session id; 14 and 15: utime, stime
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class _Worker:
-    def __init__(self, root: Path, name: str, adapter: bool) -> None:
+    def __init__(self, root: Path, name: str, adapter: bool, track: bool = False) -> None:
         self.queue = f"tsg-bench-{name}-{uuid.uuid4().hex[:8]}"
         self.node = f"{name}-{uuid.uuid4().hex[:6]}@bench"
         ledger_dir = root / f"ledger-{name}"
@@ -81,6 +115,7 @@ class _Worker:
             {
                 "TSG_BENCH_QUEUE": self.queue,
                 "TSG_BENCH_ADAPTER": "1" if adapter else "0",
+                "TSG_BENCH_TRACK": "1" if track else "0",
                 "TSG_DB": str(ledger_dir / "tasks.sqlite"),
                 "PYTHONPATH": os.pathsep.join(
                     [str(HERE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -129,11 +164,14 @@ def _wait_ready(client: Any, worker: _Worker, timeout: float = 90) -> None:
     raise SystemExit("worker not ready:\n" + worker.log.read_text(errors="replace"))
 
 
-def _round(client: Any, worker: _Worker, task: str, n: int, r: Any) -> float:
+def _round(
+    client: Any, worker: _Worker, task: str, n: int, r: Any
+) -> tuple[float, float | None]:
+    """One round: (tasks per second, worker CPU milliseconds per task or None)."""
     key = f"tsg-bench-count-{uuid.uuid4().hex}"
     client.control.cancel_consumer(worker.queue, destination=[worker.node], reply=True)
-    for _ in range(n):
-        client.send_task(task, args=[key], queue=worker.queue)
+    ids = [client.send_task(task, args=[key], queue=worker.queue).id for _ in range(n)]
+    cpu_start = session_cpu_seconds(worker.proc.pid)
     start = time.perf_counter()
     client.control.add_consumer(worker.queue, destination=[worker.node], reply=True)
     deadline = time.monotonic() + 600
@@ -142,8 +180,14 @@ def _round(client: Any, worker: _Worker, task: str, n: int, r: Any) -> float:
             raise SystemExit(f"round did not finish: {r.get(key)}/{n}")
         time.sleep(0.002)
     elapsed = time.perf_counter() - start
+    cpu_end = session_cpu_seconds(worker.proc.pid)
     r.delete(key)
-    return n / elapsed
+    results = redis_lib.Redis.from_url(RESULT_URL)  # the tracking worker's records, if any
+    for i in range(0, len(ids), 500):
+        results.delete(*[f"celery-task-meta-{tid}" for tid in ids[i : i + 500]])
+    results.close()
+    cpu = None if cpu_start is None or cpu_end is None else (cpu_end - cpu_start) * 1000 / n
+    return n / elapsed, cpu
 
 
 def main() -> int:
@@ -157,7 +201,8 @@ def main() -> int:
     r.ping()
     root = Path(tempfile.mkdtemp(prefix="tsg-celery-bench-"))
     workers = {"with_adapter": _Worker(root, "with", True),
-               "without_adapter": _Worker(root, "without", False)}
+               "without_adapter": _Worker(root, "without", False),
+               "celery_tracking": _Worker(root, "tracking", False, track=True)}
     clients = {name: _client(w.queue) for name, w in workers.items()}
     try:
         for name, worker in workers.items():
@@ -165,29 +210,53 @@ def main() -> int:
         results: dict[str, Any] = {}
         for task, n in (("bench.noop", args.tasks), ("bench.sleep10ms", args.sleep_tasks)):
             rates: dict[str, list[float]] = {name: [] for name in workers}
+            cpus: dict[str, list[float]] = {name: [] for name in workers}
             # warm-up, not measured
             for name, worker in workers.items():
                 _round(clients[name], worker, task, max(50, n // 10), r)
             order = list(workers)
             for i in range(args.rounds):
                 for name in order if i % 2 == 0 else reversed(order):
-                    rates[name].append(_round(clients[name], workers[name], task, n, r))
-            with_rate = statistics.median(rates["with_adapter"])
-            without_rate = statistics.median(rates["without_adapter"])
-            results[task] = {
+                    rate, cpu = _round(clients[name], workers[name], task, n, r)
+                    rates[name].append(rate)
+                    if cpu is not None:
+                        cpus[name].append(cpu)
+            med = {name: statistics.median(vs) for name, vs in rates.items()}
+            entry: dict[str, Any] = {
                 "tasks_per_round": n,
-                "with_adapter_tasks_per_s": round(with_rate, 1),
-                "without_adapter_tasks_per_s": round(without_rate, 1),
-                "ratio_with_over_without": round(with_rate / without_rate, 3),
+                "with_adapter_tasks_per_s": round(med["with_adapter"], 1),
+                "without_adapter_tasks_per_s": round(med["without_adapter"], 1),
+                "celery_tracking_tasks_per_s": round(med["celery_tracking"], 1),
+                "ratio_with_over_without": round(med["with_adapter"] / med["without_adapter"], 3),
+                "ratio_with_over_tracking": round(
+                    med["with_adapter"] / med["celery_tracking"], 3
+                ),
                 "rounds": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
             }
+            if all(cpus.values()):
+                cpu = {name: statistics.median(vs) for name, vs in cpus.items()}
+                entry.update(
+                    {
+                        "cpu_ms_per_task": {k: round(v, 3) for k, v in cpu.items()},
+                        "cpu_ratio_without_over_with": round(
+                            cpu["without_adapter"] / cpu["with_adapter"], 3
+                        ),
+                        "cpu_ratio_tracking_over_with": round(
+                            cpu["celery_tracking"] / cpu["with_adapter"], 3
+                        ),
+                        "ledger_cpu_ms_per_task": round(
+                            cpu["with_adapter"] - cpu["without_adapter"], 3
+                        ),
+                    }
+                )
+            results[task] = entry
         out = {
             "benchmark": "celery_overhead",
             "pool": "prefork",
             "concurrency": 2,
             "broker": "redis",
             "rounds": args.rounds,
-            "statistic": "median tasks/s over alternating rounds",
+            "statistic": "median tasks/s (and worker CPU per task) over alternating rounds",
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg_1m": round(os.getloadavg()[0], 2),

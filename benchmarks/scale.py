@@ -123,6 +123,7 @@ from task_state_guard import Ledger, ReconcilePolicy
 db, op, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
 read_only = op in ("dry_run", "dry_run_closed", "doctor", "status")
 start = time.perf_counter()
+cpu_start = time.process_time()
 ledger = Ledger(db, read_only=read_only, clock=lambda: now + 1)
 policy = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=86400)
 if op in ("dry_run", "dry_run_closed"):
@@ -137,10 +138,12 @@ else:
     result = ledger.prune(7 * 86400)
 ledger.close()
 elapsed = time.perf_counter() - start
+cpu = time.process_time() - cpu_start
 # VmHWM: this process's own peak RSS (ru_maxrss would include the pre-exec parent copy).
 rss = next(int(line.split()[1]) for line in open("/proc/self/status")
            if line.startswith("VmHWM")) / 1024
-print(json.dumps({"seconds": round(elapsed, 3), "peak_rss_mb": round(rss, 1), "result": result}))
+print(json.dumps({"seconds": round(elapsed, 3), "cpu_seconds": round(cpu, 3),
+                  "peak_rss_mb": round(rss, 1), "result": result}))
 """
 
 

@@ -29,9 +29,10 @@ except ImportError:  # plain checkout
     from task_state_guard import Ledger, LedgerError
 
 
-def ledger_round(path: str, seconds: float) -> tuple[int, float]:
+def ledger_round(path: str, seconds: float) -> tuple[int, float, float]:
     with Ledger(path) as ledger:
         done = 0
+        cpu = time.process_time()
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
@@ -40,15 +41,16 @@ def ledger_round(path: str, seconds: float) -> tuple[int, float]:
                 ledger.start_task(task.id)
                 ledger.close_task(task.id, "succeeded", code="completed")
                 done += 3
-        return done, time.perf_counter() - start
+        return done, time.perf_counter() - start, time.process_time() - cpu
 
 
-def raw_round(path: str, seconds: float) -> tuple[int, float]:
+def raw_round(path: str, seconds: float) -> tuple[int, float, float]:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT, at REAL)")
     done = 0
+    cpu = time.process_time()
     start = time.perf_counter()
     deadline = start + seconds
     while time.perf_counter() < deadline:
@@ -58,8 +60,9 @@ def raw_round(path: str, seconds: float) -> tuple[int, float]:
             conn.execute("COMMIT")
             done += 1
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     conn.close()
-    return done, elapsed
+    return done, elapsed, cpu
 
 
 def _worker(path: str, seconds: float, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -108,12 +111,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tsg-bench-") as base:
         ledger_path = os.path.join(base, "ledger", "tasks.sqlite")
         raw_path = os.path.join(base, "raw.sqlite")
-        ledger_ops = ledger_time = raw_ops = raw_time = 0.0
+        ledger_ops = ledger_time = raw_ops = raw_time = ledger_cpu = raw_cpu = 0.0
         for _ in range(args.rounds):
-            ops, took = ledger_round(ledger_path, args.seconds)
+            ops, took, cpu = ledger_round(ledger_path, args.seconds)
             ledger_ops, ledger_time = ledger_ops + ops, ledger_time + took
-            ops, took = raw_round(raw_path, args.seconds)
-            raw_ops, raw_time = raw_ops + ops, raw_time + took
+            ledger_cpu += cpu
+            ops, took, cpu = raw_round(raw_path, args.seconds)
+            raw_ops, raw_time, raw_cpu = raw_ops + ops, raw_time + took, raw_cpu + cpu
         ledger_rate = ledger_ops / ledger_time
         raw_rate = raw_ops / raw_time
         multi = multiprocess(os.path.join(base, "multi", "tasks.sqlite"), args.processes,
@@ -123,6 +127,9 @@ def main() -> None:
         "ledger_transitions_per_s": round(ledger_rate, 1),
         "raw_sqlite_commits_per_s": round(raw_rate, 1),
         "ratio": round(ledger_rate / raw_rate, 3),
+        "ledger_cpu_us_per_transition": round(ledger_cpu * 1e6 / ledger_ops, 1),
+        "raw_cpu_us_per_commit": round(raw_cpu * 1e6 / raw_ops, 1),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
         "target_ratio": 0.5,
         "journal_mode": "wal",
         "synchronous": "normal",

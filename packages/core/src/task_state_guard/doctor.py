@@ -18,11 +18,10 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from . import schema
-from .connections import translate
 from .model import DELIVERY_CODES, DELIVERY_STATES, TASK_CODES, TASK_STATES, TERMINAL_STATES
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from .database import Database
 
 _FINDINGS = (
     "integrity_errors",
@@ -228,7 +227,7 @@ def _state_counts(conn: sqlite3.Connection) -> tuple[dict[str, int], dict[str, i
     return tasks, deliveries
 
 
-def run_doctor(ledger: Ledger) -> dict[str, Any]:
+def run_doctor(db: Database) -> dict[str, Any]:
     """Check the whole ledger and return counts only (see the module docstring)."""
     findings = dict.fromkeys(_FINDINGS, 0)
     task_count = event_count = 0
@@ -237,7 +236,7 @@ def run_doctor(ledger: Ledger) -> dict[str, Any]:
     integrity_ok = False
     tasks = dict.fromkeys(_TASK_ORDER, 0)
     deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
-    with ledger._read() as conn:
+    with db.read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
             integrity_ok = integrity == ["ok"]
@@ -258,7 +257,7 @@ def run_doctor(ledger: Ledger) -> dict[str, Any]:
                 findings["parent_order_violations"], findings["parent_cycles"] = _cycles(conn)
         except sqlite3.DatabaseError as exc:
             if not checked:
-                raise translate(exc) from None
+                raise db.translate(exc) from None
             findings["integrity_errors"] += 1  # damaged beyond what the checks could read
             integrity_ok = False
     schema_ok = fmt in schema.KNOWN

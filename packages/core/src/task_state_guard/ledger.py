@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import Any
 
-from . import connections, owners, schema, storage
+from . import connections, database, owners, schema, storage
+from . import doctor as _doctor
+from . import prune as _prune
+from . import reconcile as _reconcile
+from . import status as _status
 from .model import (
     DELIVERY_CLOSED,
     DELIVERY_CODES,
@@ -22,7 +24,6 @@ from .model import (
     TERMINAL_STATES,
     DeliveryStatus,
     InvalidInput,
-    LedgerBusy,
     LedgerError,
     StateConflict,
     StorageError,
@@ -40,9 +41,6 @@ from .model import (
     is_payload_hash,
     is_valid_name,
 )
-
-if TYPE_CHECKING:
-    from .reconcile import DecisionCallback, ReconcilePolicy
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
@@ -79,6 +77,20 @@ _CLOSE = (
     "version = version + 1 WHERE id = ?2 AND status IN ('queued','running') "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
 )
+# A close that also settles the delivery of a task that owes none (delivery_required = 0):
+# one statement, two events (closed and delivery) written by the triggers, version + 2.
+_CLOSE_SETTLED = (
+    "UPDATE tsg_tasks SET status = ?3, terminal_code = ?4, ended_at = ?1, updated_at = ?1, "
+    "delivery_status = CASE delivery_required WHEN 0 THEN 'not_applicable' "
+    "ELSE delivery_status END, "
+    "delivery_code = CASE delivery_required WHEN 0 THEN 'internal_task' ELSE delivery_code END, "
+    "delivery_updated_at = CASE delivery_required WHEN 0 THEN ?1 ELSE delivery_updated_at END, "
+    "version = version + 2 - delivery_required WHERE id = ?2 AND status IN ('queued','running') "
+    "AND delivery_status = 'pending' AND ?1 >= updated_at AND ?1 >= delivery_updated_at "
+    "AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
+)
+_START_QUIET = _START.replace(_RETURNING, " RETURNING seq")
+_CLOSE_SETTLED_QUIET = _CLOSE_SETTLED.replace(_RETURNING, " RETURNING seq")
 _DELIVER = (
     "UPDATE tsg_tasks SET delivery_status = ?3, delivery_code = ?4, delivery_updated_at = ?1, "
     "version = version + 1 WHERE id = ?2 AND delivery_status = 'pending' "
@@ -89,31 +101,6 @@ _HEARTBEAT_MANY = (
     "UPDATE tsg_tasks SET heartbeat_at = ?1, updated_at = ?1 WHERE id = ?2 AND status = 'running' "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)"
 )
-
-# Connections inherited across fork() are parked here and never touched or closed again.
-_INHERITED: list[sqlite3.Connection] = []
-# One writer lock per database per process (threads queue here, fairly and without polling).
-_WRITER_LOCKS: dict[str, threading.RLock] = {}
-_WRITER_LOCKS_GUARD = threading.Lock()
-
-
-def writer_lock(path: str) -> threading.RLock:
-    """Return this process's writer lock for the database at ``path``."""
-    lock = _WRITER_LOCKS.get(path)
-    if lock is None:
-        with _WRITER_LOCKS_GUARD:
-            lock = _WRITER_LOCKS.setdefault(path, threading.RLock())
-    return lock
-
-
-def _reset_writer_locks() -> None:
-    global _WRITER_LOCKS_GUARD
-    _WRITER_LOCKS.clear()
-    _WRITER_LOCKS_GUARD = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_writer_locks)
-
 
 def row_to_task(row: tuple[Any, ...]) -> Task:
     """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
@@ -221,215 +208,45 @@ class Ledger:
         for flag in (allow_external_acl, read_only):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
-        self._path = storage.normalize_path(path)
-        self._clock = clock or time.time
-        self._busy_timeout_ms = busy_timeout_ms
-        self._allow_external_acl = allow_external_acl
-        self._read_only = read_only
-        self._snapshot_max_bytes = connections.check_snapshot_limit(snapshot_max_bytes)
-        self._check_schema = _check_schema
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
-        self._pid = os.getpid()
-        self._open_conns: list[sqlite3.Connection] = []
-        self._identity: storage.FileIdentity | None = None
-        self._shared: sqlite3.Connection | None = None  # read-only snapshot connection
-        self._closed = False
-        self.schema_version: int | None = None
-        self._conn()  # run every safety check now
+        self._db = database.SQLiteDatabase(
+            storage.normalize_path(path),
+            clock=clock or time.time,
+            busy_timeout_ms=busy_timeout_ms,
+            allow_external_acl=allow_external_acl,
+            read_only=read_only,
+            snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
+            check_schema=_check_schema,
+        )
+        self._db.conn()  # run every safety check now
 
     # ----------------------------------------------------------------- connections
     @property
     def path(self) -> str:
         """Absolute path of the database file."""
-        return self._path
+        return self._db.path
 
     @property
     def read_only(self) -> bool:
         """True when this ledger was opened with ``read_only=True``."""
-        return self._read_only
+        return self._db.read_only
+
+    @property
+    def schema_version(self) -> int | None:
+        """The schema version of the file (after any migration this ledger ran)."""
+        return self._db.schema_version
 
     def _conn(self) -> sqlite3.Connection:
-        pid = os.getpid()
-        entry = getattr(self._local, "entry", None)
-        if entry is not None and entry[0] == pid:
-            conn: sqlite3.Connection = entry[1]
-            return conn
-        if self._closed:
-            raise StorageError("the ledger is closed")
-        if pid != self._pid:  # a lock held by another thread at fork() time stays held
-            self._lock = threading.Lock()
-            self._snapshot_lock = threading.RLock()
-        with self._lock:
-            if pid != self._pid:  # forked: park inherited handles, never close them here
-                _INHERITED.extend(self._open_conns)
-                if self._shared is not None:
-                    _INHERITED.append(self._shared)
-                self._open_conns, self._shared, self._pid = [], None, pid
-            if self._read_only and self._shared is not None:
-                conn = self._shared
-            else:
-                conn = self._open()
-                self._open_conns.append(conn)
-                if self._read_only and self._identity is not None and self._snapshot_mode:
-                    self._shared = conn
-        self._local.entry = (pid, conn)
-        return conn
-
-    _snapshot_mode = False
-
-    def _open(self) -> sqlite3.Connection:
-        if self._read_only:
-            return self._open_read_only()
-        identity = storage.prepare(
-            self._path, create=True, allow_external_acl=self._allow_external_acl, read_only=False
-        )
-        if identity is None:
-            identity = storage.create_database_file(self._path)
-        if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced")
-        conn = connections.connect_writable(self._path, self._busy_timeout_ms)
-        try:
-            if self._identity is None:
-                self._initialize(conn)
-                self._identity = identity
-            storage.tighten_sidecars(self._path)
-            if storage.current_identity(self._path) != identity:
-                raise StorageError("the database file was replaced")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _initialize(self, conn: sqlite3.Connection) -> None:
-        try:  # judge the schema before anything (even the journal mode) is written
-            if schema.detect_format(conn) is None:
-                raise StorageError("the database holds a foreign or tampered schema")
-        except sqlite3.Error as exc:
-            raise connections.translate(exc) from None
-        connections.ensure_wal(conn, self._busy_timeout_ms / 1000.0)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:  # judged again under the write lock: another process may have migrated it
-                fmt = schema.detect_format(conn)
-                if fmt == schema.EMPTY:
-                    schema.create(conn)
-                elif fmt is None:
-                    raise StorageError("the database holds a foreign or tampered schema")
-                elif fmt != schema.V3:
-                    schema.migrate(conn, fmt)  # one transaction: all of it or nothing
-                version = schema.SCHEMA_VERSION
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise connections.translate(exc) from None
-        self.schema_version = version
-
-    def _open_read_only(self) -> sqlite3.Connection:
-        identity = storage.prepare(
-            self._path, create=False, allow_external_acl=self._allow_external_acl, read_only=True
-        )
-        if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced")
-        conn, snapshot = connections.connect_read_only(
-            self._path, self._busy_timeout_ms, self._snapshot_max_bytes
-        )
-        version: int | None = None
-        try:
-            fmt = schema.detect_format(conn)
-            if fmt in schema.KNOWN:
-                version = schema.STORED_VERSION[fmt]
-                views = schema.compat_views(fmt)  # temporary: the file is not touched
-                if views:
-                    conn.execute("PRAGMA query_only=0")
-                    for view in views:
-                        conn.execute(view)
-                    conn.execute("PRAGMA query_only=1")
-            elif self._check_schema:
-                raise StorageError("the database holds a foreign or tampered schema")
-        except sqlite3.Error as exc:
-            conn.close()
-            raise connections.translate(exc) from None
-        except BaseException:
-            conn.close()
-            raise
-        self.schema_version = version
-        self._identity = identity
-        self._snapshot_mode = snapshot
-        return conn
+        return self._db.conn()
 
     def close(self) -> None:
         """Close every connection this process opened; the ledger cannot be used afterwards."""
-        with self._lock:
-            self._closed = True
-            if os.getpid() == self._pid:
-                for conn in self._open_conns:
-                    with suppress(sqlite3.Error):
-                        conn.close()
-            self._open_conns = []
-            self._shared = None
-        self._local = threading.local()
+        self._db.close()
 
     def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _check_identity(self) -> None:
-        if (
-            self._identity is not None
-            and not self._snapshot_mode
-            and storage.current_identity(self._path) != self._identity
-        ):
-            raise StorageError("the database file was replaced or removed")
-
-    def _now(self) -> float:
-        value = self._clock()
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidInput("clock returned a non-number")
-        now = float(value)
-        if not math.isfinite(now) or now < 0:
-            raise InvalidInput("clock returned an invalid time")
-        return now
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction; commits on success, rolls back on any error.
-
-        Threads of one process queue on a per-database lock (bounded by the busy timeout)
-        instead of polling SQLite's sleeping busy handler; processes contend in SQLite. Inside
-        :meth:`atomic` the enclosing transaction is reused.
-        """
-        if self._read_only:
-            raise StorageError("the ledger was opened read-only")
-        conn = self._conn()
-        if getattr(self._local, "atomic", False):
-            yield conn
-            return
-        self._check_identity()
-        lock = writer_lock(self._path)
-        if not lock.acquire(timeout=self._busy_timeout_ms / 1000.0):
-            raise LedgerBusy("another thread held the ledger past the busy timeout")
-        try:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise connections.translate(exc) from None
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                with suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise connections.translate(exc) from None
-                raise
-        finally:
-            lock.release()
 
     @contextmanager
     def atomic(self) -> Iterator[Ledger]:
@@ -438,48 +255,8 @@ class Ledger:
         A transition that raises inside the block changed nothing itself; the block decides
         whether to go on. Nested use joins the outer transaction.
         """
-        if getattr(self._local, "atomic", False):
+        with self._db.group():
             yield self
-            return
-        with self._write():
-            self._local.atomic = True
-            try:
-                yield self
-            finally:
-                self._local.atomic = False
-
-    @contextmanager
-    def _read(self, *, query_only: bool = False) -> Iterator[sqlite3.Connection]:
-        """One read transaction whose snapshot is fixed before the caller reads the clock."""
-        conn = self._conn()
-        self._check_identity()
-        toggled = query_only and not self._read_only
-        shared = conn is self._shared
-        if shared:
-            self._snapshot_lock.acquire()
-        try:
-            if toggled:
-                conn.execute("PRAGMA query_only=1")
-            connections.begin_read(
-                conn, self._busy_timeout_ms, self._read_only and not self._snapshot_mode
-            )
-        except sqlite3.Error as exc:
-            if toggled:
-                conn.execute("PRAGMA query_only=0")
-            if shared:
-                self._snapshot_lock.release()
-            raise connections.translate(exc) from None
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise connections.translate(exc) from None
-        finally:
-            with suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if toggled:
-                conn.execute("PRAGMA query_only=0")
-            if shared:
-                self._snapshot_lock.release()
 
     def _guarded(
         self, sql: str, tid: str, *params: Any
@@ -489,17 +266,28 @@ class Ledger:
         Returns the first RETURNING row (None when the guard refused), the clock reading, and
         the task's current row when the guard refused (None if the task does not exist).
         """
-        with self._write() as conn:
-            now = self._now()
+        db = self._db
+        if db.in_group:  # joining the enclosing transaction: no context manager needed
+            return self._guarded_on(db.conn(), sql, tid, params)
+        with db.write() as conn:
+            return self._guarded_on(conn, sql, tid, params)
+
+    def _guarded_on(
+        self, conn: sqlite3.Connection, sql: str, tid: str, params: tuple[Any, ...]
+    ) -> tuple[Any, float, tuple[Any, ...] | None]:
+        now = self._db.now()
+        try:
             rows = conn.execute(sql, (now, tid, *params)).fetchall() if sql else []
             if rows:
                 return rows[0], now, None
             found = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-            return None, now, (None if found is None else tuple(found))
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        return None, now, (None if found is None else tuple(found))
 
     def _current(self, tid: str) -> tuple[Any, ...]:
         """Read a task row (TaskNotFound when missing)."""
-        conn = self._conn()
+        conn = self._db.conn()
         try:
             row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
         except sqlite3.Error as exc:
@@ -526,6 +314,24 @@ class Ledger:
         id), stored so that an operator or a callback can map the task back; only a canonical
         UUID is accepted (an id that is not one may carry user data and is never stored).
         """
+        task = self._create(task_id, parent_id, timeout_seconds, delivery_required, name,
+                            payload_hash, framework_id, quiet=False)
+        assert isinstance(task, Task)
+        return task
+
+    def _create(
+        self,
+        task_id: str | uuid.UUID | None,
+        parent_id: str | uuid.UUID | None,
+        timeout_seconds: float | None,
+        delivery_required: bool,
+        name: str | None,
+        payload_hash: str | None,
+        framework_id: str | uuid.UUID | None,
+        *,
+        quiet: bool,
+    ) -> Task | str:
+        """:meth:`create_task`; ``quiet=True`` returns only the task's state (no Task built)."""
         tid = str(uuid.uuid4()) if task_id is None else canonical_id(task_id)
         parent = None if parent_id is None else canonical_id(parent_id, "parent id")
         timeout = (
@@ -547,10 +353,16 @@ class Ledger:
                     parent, delivery_required, label, timeout, fingerprint, fid
                 ):
                     raise StateConflict("a task with this id exists with other attributes")
+                if quiet:
+                    if not row_is_valid(row):
+                        raise StorageError("a stored task row failed validation (run doctor)")
+                    return str(row[4])
                 return row_to_task(row)
             assert parent is not None
             self._current(parent)  # TaskNotFound when the parent is missing
             raise StateConflict("clock is earlier than the parent's creation")
+        if quiet:
+            return "queued"
         return Task(
             id=tid, parent_id=parent, status=TaskStatus.QUEUED,
             delivery_status=DeliveryStatus.PENDING, delivery_required=delivery_required,
@@ -568,7 +380,7 @@ class Ledger:
         tid = canonical_id(task_id)
         if not isinstance(owner, bool):
             raise InvalidInput("owner must be a boolean")
-        if self._read_only:
+        if self._db.read_only:
             raise StorageError("the ledger was opened read-only")
         token = None
         if owner:
@@ -577,10 +389,30 @@ class Ledger:
             # for (or holds up) another connection's write.
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
-            token = owners.own_token(self._path)
+            token = owners.own_token(self._db.path)
         updated, _now, row = self._guarded(_START, tid, token)
         if updated is not None:
             return row_to_task(updated)
+        if row is None:
+            raise TaskNotFound("task not found")
+        if row[4] != "queued":
+            raise StateConflict("only a queued task can start")
+        raise StateConflict("clock is earlier than the task's stored times")
+
+    def _start_quiet(self, task_id: str, *, owner: bool) -> None:
+        """:meth:`start_task` for the integration layer: same guard and errors, no Task built.
+
+        Once this process holds its owner lock file, the start is the guarded update alone
+        (no look ahead: the lock file exists already, so a refused start creates nothing).
+        """
+        tid = canonical_id(task_id)
+        token = owners.held_token(self._db.path) if owner else None
+        if owner and token is None:
+            self.start_task(tid, owner=True)
+            return
+        updated, _now, row = self._guarded(_START_QUIET, tid, token)
+        if updated is not None:
+            return
         if row is None:
             raise TaskNotFound("task not found")
         if row[4] != "queued":
@@ -606,8 +438,8 @@ class Ledger:
         ids = [canonical_id(t) for t in task_ids]
         if not ids:
             return 0
-        with self._write() as conn:
-            now = self._now()
+        with self._db.write() as conn:
+            now = self._db.now()
             before = conn.total_changes
             conn.executemany(_HEARTBEAT_MANY, [(now, tid) for tid in ids])
             return conn.total_changes - before
@@ -631,6 +463,49 @@ class Ledger:
         if row[4] != state:  # an open task with a valid code and clock would have closed
             raise StateConflict("the task could not be closed")
         return row_to_task(row)  # identical repeat: the original is kept
+
+    def close_task_settled(
+        self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
+    ) -> Task:
+        """Close a task as :meth:`close_task` does; a task that owes no delivery
+        (``delivery_required=False``) has its delivery closed ``not_applicable/internal_task``
+        in the same statement (two events: the close and the delivery).
+
+        When the task is already closed with the same state (an identical repeat), a pending
+        delivery it does not owe is closed; any other refusal raises as :meth:`close_task`
+        does and changes nothing.
+        """
+        tid = canonical_id(task_id)
+        state = check_state(status, TERMINAL_STATES, "terminal task status")
+        reason = check_code_shape(code)
+        with self._db.group():
+            if reason is None or reason in TASK_CODES[state]:
+                updated, _now, _row = self._guarded(_CLOSE_SETTLED, tid, state, reason)
+                if updated is not None:
+                    return row_to_task(updated)
+            task = self.close_task(tid, state, code=reason)  # explains, or closes the task
+            if task.delivery_required or task.delivery_status != DeliveryStatus.PENDING:
+                return task
+            return self.set_delivery(tid, "not_applicable", code="internal_task")
+
+    def _close_settled_quiet(self, task_id: str, status: str, code: str | None) -> None:
+        """:meth:`close_task_settled` for the integration layer: no Task built."""
+        tid = canonical_id(task_id)
+        state = check_state(status, TERMINAL_STATES, "terminal task status")
+        reason = check_code_shape(code)
+        if reason is None or reason in TASK_CODES[state]:
+            db = self._db
+            if db.in_group:
+                now = db.now()
+                try:
+                    done = db.conn().execute(
+                        _CLOSE_SETTLED_QUIET, (now, tid, state, reason)
+                    ).fetchone()
+                except sqlite3.Error as exc:
+                    raise connections.translate(exc) from None
+                if done is not None:
+                    return
+        self.close_task_settled(tid, state, code=reason)  # outside a group, or to explain
 
     def set_delivery(
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
@@ -668,7 +543,7 @@ class Ledger:
     def get_task(self, task_id: str | uuid.UUID) -> Task:
         """Return one task."""
         tid = canonical_id(task_id)
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
         if row is None:
             raise TaskNotFound("task not found")
@@ -677,7 +552,7 @@ class Ledger:
     def children_of(self, task_id: str | uuid.UUID) -> list[Task]:
         """Return the direct children of a task, oldest first."""
         tid = canonical_id(task_id)
-        with self._read() as conn:
+        with self._db.read() as conn:
             if conn.execute("SELECT 1 FROM tsg_tasks WHERE id = ?", (tid,)).fetchone() is None:
                 raise TaskNotFound("task not found")
             rows = conn.execute(
@@ -707,8 +582,8 @@ class Ledger:
         }.get(state, "updated_at")
         where = "delivery_status = 'pending' AND status = ?" if state in (
             "queued", "running") else "status = ?"
-        with self._read() as conn:
-            now = self._now()
+        with self._db.read() as conn:
+            now = self._db.now()
             sql = f"SELECT id FROM tsg_tasks WHERE {where}"
             params: list[Any] = [state]
             if stale is not None:
@@ -724,12 +599,12 @@ class Ledger:
     # ----------------------------------------------------------------- aggregates
     def reconcile(
         self,
-        policy: ReconcilePolicy | None = None,
+        policy: _reconcile.ReconcilePolicy | None = None,
         *,
         active_grace_seconds: float | None = None,
         delivery_grace_seconds: float | None = None,
         dry_run: bool = False,
-        on_decision: DecisionCallback | None = None,
+        on_decision: _reconcile.DecisionCallback | None = None,
     ) -> dict[str, Any]:
         """Reconcile stale state; see :func:`task_state_guard.reconcile_restart`.
 
@@ -738,8 +613,6 @@ class Ledger:
         delivery it closed (a :class:`~task_state_guard.reconcile.ReconcileDecision`); the
         returned report stays counts only.
         """
-        from .reconcile import ReconcilePolicy, reconcile_restart
-
         graces = {
             key: value
             for key, value in (
@@ -751,46 +624,41 @@ class Ledger:
         if policy is not None and graces:
             raise InvalidInput("pass either a policy or grace keywords, not both")
         if policy is None:
-            policy = ReconcilePolicy(**graces)
-        return reconcile_restart(self, policy, dry_run=dry_run, on_decision=on_decision)
+            policy = _reconcile.ReconcilePolicy(**graces)
+        return _reconcile.run_reconcile(self._db, policy, dry_run=dry_run, on_decision=on_decision)
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""
-        from .doctor import run_doctor
-
-        return run_doctor(self)
+        return _doctor.run_doctor(self._db)
 
     def status(self, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
-        from .status import collect_status
-
-        return collect_status(self, active_grace_seconds=active_grace_seconds)
+        return _status.collect_status(self._db, active_grace_seconds=active_grace_seconds)
 
     def prune(self, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
         """Delete closed task trees whose latest change is older than the cut-off."""
-        from .prune import prune
-
-        return prune(self, older_than_seconds, dry_run=dry_run)
+        return _prune.prune(self._db, older_than_seconds, dry_run=dry_run)
 
     def storage_info(self) -> dict[str, Any]:
         """Describe the storage in force (no paths): the permission model (``posix_mode`` or
         ``external_acl``), SQLite's journal mode, foreign keys and busy timeout, and more."""
         info = storage.storage_info(
-            self._path, allow_external_acl=self._allow_external_acl, read_only=self._read_only
+            self._db.path, allow_external_acl=self._db.allow_external_acl,
+            read_only=self._db.read_only,
         )
-        conn = self._conn()
+        conn = self._db.conn()
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
             foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        if self._read_only and self._snapshot_mode:
+        if self._db.read_only and self._db.snapshot_mode:
             journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
         info["journal_mode"] = journal
         info["foreign_keys"] = foreign_keys
-        info["busy_timeout_ms"] = self._busy_timeout_ms
+        info["busy_timeout_ms"] = self._db.busy_timeout_ms
         info["schema_version"] = self.schema_version
-        info["read_snapshot"] = bool(self._read_only and self._snapshot_mode)
+        info["read_snapshot"] = bool(self._db.read_only and self._db.snapshot_mode)
         return info
 
 

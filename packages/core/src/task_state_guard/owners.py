@@ -79,6 +79,14 @@ def _ensure_directory(directory: str) -> None:
         raise UnsafeLocation("the owner lock directory is unsafe")
 
 
+def held_token(db_path: str) -> str | None:
+    """This process's owner token for the database if its lock file exists already, else None."""
+    entry = _REGISTRY.held.get(owners_dir(db_path))
+    if entry is not None and _REGISTRY.pid == os.getpid():
+        return entry[0]
+    return None
+
+
 def own_token(db_path: str) -> str:
     """Return this process's owner token for the database, creating its lock file once."""
     directory = owners_dir(db_path)

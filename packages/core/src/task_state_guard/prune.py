@@ -8,11 +8,10 @@ import sqlite3
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from . import connections
 from .model import TERMINAL_STATES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from .database import Database
 
 BATCH = 2000  # roots per transaction
 
@@ -57,7 +56,7 @@ def _closed_trees(
     return trees, sum(events[r] for r in roots if r in members and r not in keep), len(keep)
 
 
-def prune(ledger: Ledger, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
+def prune(db: Database, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
     """Delete closed trees (every task terminal and delivery-closed, last change before the
     cut-off) with their events; each batch is its own transaction. Counts only."""
     age = check_seconds(older_than_seconds, "older_than_seconds", allow_zero=True)
@@ -66,12 +65,12 @@ def prune(ledger: Ledger, older_than_seconds: float, *, dry_run: bool = False) -
     counts = {"trees_deleted": 0, "tasks_deleted": 0, "events_deleted": 0, "trees_retained": 0}
     cutoff: float | None = None
     last_updated, last_seq = -math.inf, -1
-    with contextlib.nullcontext() if dry_run else connections.bulk_cache(ledger._conn()):
+    with contextlib.nullcontext() if dry_run else db.bulk():
         while True:
-            context = ledger._read(query_only=True) if dry_run else ledger._write()
+            context = db.read(query_only=True) if dry_run else db.write()
             with context as conn:
                 if cutoff is None:
-                    cutoff = ledger._now() - age
+                    cutoff = db.now() - age
                 roots = conn.execute(_ROOTS, (cutoff, last_updated, last_seq, BATCH)).fetchall()
                 if not roots:
                     break

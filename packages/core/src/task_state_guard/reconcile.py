@@ -13,13 +13,13 @@ import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from . import connections, owners
-from .model import InvalidInput, check_seconds, is_canonical
+from . import owners
+from .model import InvalidInput, LedgerError, check_seconds, is_canonical
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from .database import Database
 
 BATCH = 2000
 
@@ -94,9 +94,9 @@ def _finite(*values: Any) -> bool:
 class _Pass:
     """The state of one reconcile pass."""
 
-    def __init__(self, ledger: Ledger, conn: sqlite3.Connection, policy: ReconcilePolicy,
+    def __init__(self, db: Database, conn: sqlite3.Connection, policy: ReconcilePolicy,
                  now: float, dry_run: bool, collect: bool = False) -> None:
-        self.ledger = ledger
+        self.db = db
         self.conn = conn
         self.now = now
         self.dry_run = dry_run
@@ -119,7 +119,7 @@ class _Pass:
             return False
         state = self.liveness.get(token)
         if state is None:
-            state = owners.probe(self.ledger.path, token)
+            state = owners.probe(self.db.path, token)
             self.liveness[token] = state
         return state is owners.Liveness.DEAD
 
@@ -222,8 +222,15 @@ class _Pass:
                     conn.executemany(_CLOSE_DELIVERY, deliveries)
 
 
+class _Reconcilable(Protocol):
+    def reconcile(
+        self, policy: ReconcilePolicy | None = None, *, dry_run: bool = False,
+        on_decision: DecisionCallback | None = None,
+    ) -> dict[str, Any]: ...
+
+
 def reconcile_restart(
-    ledger: Ledger,
+    ledger: _Reconcilable,
     policy: ReconcilePolicy | None = None,
     dry_run: bool = False,
     *,
@@ -237,6 +244,19 @@ def reconcile_restart(
     the pass committed (a dry run hands over the decisions it would make); an exception it
     raises propagates after the pass, which stays applied.
     """
+    if policy is not None and not isinstance(policy, ReconcilePolicy):
+        raise InvalidInput("policy must be a ReconcilePolicy")
+    return ledger.reconcile(policy, dry_run=dry_run, on_decision=on_decision)
+
+
+def run_reconcile(
+    db: Database,
+    policy: ReconcilePolicy | None = None,
+    dry_run: bool = False,
+    *,
+    on_decision: DecisionCallback | None = None,
+) -> dict[str, Any]:
+    """The reconcile pass behind :func:`reconcile_restart`, on the ledger's database."""
     if policy is None:
         policy = ReconcilePolicy()
     if not isinstance(policy, ReconcilePolicy):
@@ -247,15 +267,15 @@ def reconcile_restart(
         raise InvalidInput("on_decision must be callable")
     collect = on_decision is not None
     if dry_run:
-        with ledger._read(query_only=True) as conn:
-            run = _Pass(ledger, conn, policy, ledger._now(), dry_run, collect)
+        with db.read(query_only=True) as conn:
+            run = _Pass(db, conn, policy, db.now(), dry_run, collect)
             run.scan()
     else:
-        with connections.bulk_cache(ledger._conn()), ledger._write() as conn:
-            run = _Pass(ledger, conn, policy, ledger._now(), dry_run, collect)
+        with db.bulk(), db.write() as conn:
+            run = _Pass(db, conn, policy, db.now(), dry_run, collect)
             run.scan()
     if not dry_run:
-        _remove_dead_owner_files(ledger)
+        _remove_dead_owner_files(db)
     report: dict[str, Any] = dict(run.counts)
     report["dry_run"] = dry_run
     report["applied"] = not dry_run
@@ -265,17 +285,17 @@ def reconcile_restart(
     return report
 
 
-def _remove_dead_owner_files(ledger: Ledger) -> None:
+def _remove_dead_owner_files(db: Database) -> None:
     """Delete lock files of dead owners that no running task references any more."""
-    conn = ledger._conn()
+    # housekeeping: a failure leaves the files for the next pass
+    with contextlib.suppress(OSError, LedgerError), db.read() as conn:
 
-    def referenced(token: str) -> bool:
-        row = conn.execute(
-            "SELECT 1 FROM tsg_tasks WHERE delivery_status = 'pending' AND status = 'running' "
-            "AND owner = ? LIMIT 1",
-            (token,),
-        ).fetchone()
-        return row is not None
+        def referenced(token: str) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM tsg_tasks WHERE delivery_status = 'pending' "
+                "AND status = 'running' AND owner = ? LIMIT 1",
+                (token,),
+            ).fetchone()
+            return row is not None
 
-    with contextlib.suppress(OSError, sqlite3.Error):  # housekeeping: the next pass retries
-        owners.remove_dead(ledger.path, referenced)
+        owners.remove_dead(db.path, referenced)

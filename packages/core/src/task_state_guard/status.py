@@ -10,7 +10,7 @@ from . import owners
 from .model import DELIVERY_STATES, TASK_STATES, check_seconds, is_valid_name
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from .database import Database
 
 DEFAULT_ACTIVE_GRACE = 600.0
 INVALID_LABEL = "<invalid>"  # a tampered name is counted under this label, never shown
@@ -18,15 +18,15 @@ _TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancell
 _DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
 
 
-def collect_status(ledger: Ledger, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
+def collect_status(db: Database, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
     """Counts by state, delivery state and name; oldest active ages; at-risk running tasks."""
     grace = DEFAULT_ACTIVE_GRACE if active_grace_seconds is None else check_seconds(
         active_grace_seconds, "active_grace_seconds", allow_zero=True)
     by_status = dict.fromkeys(_TASK_ORDER, 0)
     by_delivery = dict.fromkeys(_DELIVERY_ORDER, 0)
     by_name: dict[str, dict[str, int]] = {}
-    with ledger._read() as conn:
-        now = ledger._now()
+    with db.read() as conn:
+        now = db.now()
         for (status, delivery, name), count in _group_counts(conn).items():
             if status in TASK_STATES:
                 by_status[status] += count
@@ -56,7 +56,7 @@ def collect_status(ledger: Ledger, *, active_grace_seconds: float | None = None)
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
-            if owners.probe(ledger.path, token) is owners.Liveness.DEAD:
+            if owners.probe(db.path, token) is owners.Liveness.DEAD:
                 owner_dead += count
     return {
         "tasks": by_status,

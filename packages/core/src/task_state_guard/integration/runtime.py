@@ -278,18 +278,15 @@ class AdapterRuntime:
         led = self.ledger
         with led.atomic():
             try:
-                queued = (
-                    led.create_task(
-                        task_id=task_id, delivery_required=delivery_required, name=name,
-                        framework_id=fid,
-                    ).status
-                    == codes.QUEUED
+                state = led._create(
+                    task_id, None, None, delivery_required, name, None, fid, quiet=True
                 )
+                queued = state == codes.QUEUED
             except StateConflict:
                 queued = True
             if start and queued:
                 with suppress(StateConflict):  # already started by a concurrent delivery
-                    led.start_task(task_id, owner=owner)
+                    led._start_quiet(task_id, owner=owner)
 
     def start_task(
         self,
@@ -307,14 +304,11 @@ class AdapterRuntime:
         """
         led = self.ledger
         with led.atomic():
-            led.create_task(
-                task_id=task_id,
-                parent_id=parent_id,
-                delivery_required=delivery_required,
-                name=name,
-                timeout_seconds=timeout_seconds,
+            led._create(
+                task_id, parent_id, timeout_seconds, delivery_required, name, None, None,
+                quiet=True,
             )
-            led.start_task(task_id, owner=owner)
+            led._start_quiet(task_id, owner=owner)
 
     def queue_attempt(
         self,
@@ -326,12 +320,8 @@ class AdapterRuntime:
     ) -> None:
         """Record a queued attempt under ``parent_id`` (idempotent): a retry or requeue that the
         broker will deliver later. It keeps the logical task fresh until a delivery claims it."""
-        self.ledger.create_task(
-            task_id=attempt_id,
-            parent_id=parent_id,
-            delivery_required=False,
-            name=name,
-            timeout_seconds=timeout_seconds,
+        self.ledger._create(
+            attempt_id, parent_id, timeout_seconds, False, name, None, None, quiet=True
         )
 
     def claim_attempt(
@@ -360,7 +350,7 @@ class AdapterRuntime:
                         self.queue_attempt(
                             candidate, parent_id, name=name, timeout_seconds=timeout_seconds
                         )
-                    led.start_task(candidate, owner=True)
+                    led._start_quiet(candidate, owner=True)
                     return candidate
                 except (StateConflict, TaskNotFound):
                     continue
@@ -416,7 +406,8 @@ class AdapterRuntime:
         self, led: Ledger, task_id: str, status: str, code: str | None, internal: bool
     ) -> int:
         try:
-            task = led.close_task(task_id, status, code=code)
+            # One statement closes the task and, when it owes no delivery, its delivery too.
+            led._close_settled_quiet(task_id, status, code)
         except StateConflict:
             self.policy.conflict("attempt_close" if internal else "logical_close")
             # Closed otherwise (e.g. by a reconcile): an internal task still owes nobody a
@@ -424,8 +415,6 @@ class AdapterRuntime:
             with suppress(StateConflict):
                 led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
             return 0
-        if not task.delivery_required:
-            led.set_delivery(task_id, codes.NOT_APPLICABLE, code=codes.INTERNAL_TASK)
         return 1
 
     def close_attempt(

@@ -1,0 +1,404 @@
+"""The ledger's database object: connections, transactions, the clock and error mapping.
+
+:class:`Ledger` owns one :class:`SQLiteDatabase` and runs every transition through it; the
+aggregates (reconcile, prune, status, doctor) receive the same object and never reach into the
+ledger. Anything that provides the :class:`Database` protocol (a connection per thread and per
+process, read and write transactions, a validated clock, busy errors mapped to ``LedgerBusy``)
+can stand behind them, e.g. another storage backend.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
+from typing import Any, Protocol
+
+from . import connections, schema, storage
+from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
+
+# Connections inherited across fork() are parked here and never touched or closed again.
+_INHERITED: list[sqlite3.Connection] = []
+# One writer lock per database per process (threads queue here, fairly and without polling).
+_WRITER_LOCKS: dict[str, threading.RLock] = {}
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def writer_lock(path: str) -> threading.RLock:
+    """Return this process's writer lock for the database at ``path``."""
+    lock = _WRITER_LOCKS.get(path)
+    if lock is None:
+        with _WRITER_LOCKS_GUARD:
+            lock = _WRITER_LOCKS.setdefault(path, threading.RLock())
+    return lock
+
+
+def _reset_writer_locks() -> None:
+    global _WRITER_LOCKS_GUARD
+    _WRITER_LOCKS.clear()
+    _WRITER_LOCKS_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_writer_locks)
+
+
+class Database(Protocol):
+    """What the ledger and its aggregates need from a storage backend."""
+
+    @property
+    def path(self) -> str:
+        """Where the ledger lives (owner lock files sit beside it)."""
+        ...
+
+    @property
+    def read_only(self) -> bool:
+        """True when no write is allowed."""
+        ...
+
+    def now(self) -> float:
+        """A validated reading of the ledger's clock (finite, not negative)."""
+        ...
+
+    def read(self, *, query_only: bool = False) -> AbstractContextManager[Any]:
+        """One read transaction whose snapshot is fixed before the caller reads the clock."""
+        ...
+
+    def write(self) -> AbstractContextManager[Any]:
+        """One write transaction (joined when a group is open); commit or roll back."""
+        ...
+
+    def group(self) -> AbstractContextManager[None]:
+        """Group the writes of this thread into one transaction (nested use joins it)."""
+        ...
+
+    def bulk(self) -> AbstractContextManager[None]:
+        """Tune this thread's connection for one large write (reconcile, prune)."""
+        ...
+
+    def translate(self, exc: BaseException) -> LedgerError:
+        """Map a backend error to a ledger error (busy -> ``LedgerBusy``)."""
+        ...
+
+
+class SQLiteDatabase:
+    """The SQLite backend: one connection per thread and per process, never reused after fork."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        clock: Callable[[], float],
+        busy_timeout_ms: int,
+        allow_external_acl: bool,
+        read_only: bool,
+        snapshot_max_bytes: int,
+        check_schema: bool,
+    ) -> None:
+        self._path = path
+        self._clock = clock
+        self.busy_timeout_ms = busy_timeout_ms
+        self.allow_external_acl = allow_external_acl
+        self._read_only = read_only
+        self._snapshot_max_bytes = snapshot_max_bytes
+        self._check_schema = check_schema
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
+        self._pid = os.getpid()
+        self._open_conns: list[sqlite3.Connection] = []
+        self._identity: storage.FileIdentity | None = None
+        self._shared: sqlite3.Connection | None = None  # read-only snapshot connection
+        # The one connection every thread of this process writes through (under the writer
+        # lock): its page cache stays warm from one thread's transaction to the next, where a
+        # connection per thread would find its cache invalidated by every other thread's commit.
+        self._writer: sqlite3.Connection | None = None
+        self._closed = False
+        self.schema_version: int | None = None
+        #: True for a read-only private snapshot of a closed ledger.
+        self.snapshot_mode = False
+
+    @property
+    def path(self) -> str:
+        """Absolute path of the database file."""
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        """True when opened read-only."""
+        return self._read_only
+
+    translate = staticmethod(connections.translate)
+
+    # ----------------------------------------------------------------- connections
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection in this process (opened, checked and migrated lazily);
+        inside a write transaction of this thread, the writer connection."""
+        pid = os.getpid()
+        writing = getattr(self._local, "writing", None)
+        if writing is not None and writing[0] == pid:
+            return writing[1]  # type: ignore[no-any-return]
+        entry = getattr(self._local, "entry", None)
+        if entry is not None and entry[0] == pid:
+            conn: sqlite3.Connection = entry[1]
+            return conn
+        if self._closed:
+            raise StorageError("the ledger is closed")
+        if pid != self._pid:  # a lock held by another thread at fork() time stays held
+            self._lock = threading.Lock()
+            self._snapshot_lock = threading.RLock()
+        with self._lock:
+            if pid != self._pid:  # forked: park inherited handles, never close them here
+                self._forked(pid)
+            if self._read_only and self._shared is not None:
+                conn = self._shared
+            else:
+                conn = self._open()
+                self._open_conns.append(conn)
+                if self._read_only and self._identity is not None and self.snapshot_mode:
+                    self._shared = conn
+        self._local.entry = (pid, conn)
+        return conn
+
+    def _forked(self, pid: int) -> None:
+        _INHERITED.extend(self._open_conns)
+        if self._shared is not None:
+            _INHERITED.append(self._shared)
+        self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
+
+    def writer(self) -> sqlite3.Connection:
+        """This process's writer connection (opened lazily; never reused after ``fork()``)."""
+        # A thread's first use opens its own connection: the file's safety checks (modes
+        # tightened or refused, identity) and fork handling run then, as before any write.
+        self.conn()
+        pid = os.getpid()
+        conn = self._writer
+        if conn is not None and pid == self._pid:
+            return conn
+        with self._lock:
+            if pid != self._pid:
+                self._forked(pid)
+            conn = self._writer
+            if conn is None:
+                conn = self._open()
+                self._open_conns.append(conn)
+                self._writer = conn
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        if self._read_only:
+            return self._open_read_only()
+        identity = storage.prepare(
+            self._path, create=True, allow_external_acl=self.allow_external_acl, read_only=False
+        )
+        if identity is None:
+            identity = storage.create_database_file(self._path)
+        if self._identity is not None and identity != self._identity:
+            raise StorageError("the database file was replaced")
+        conn = connections.connect_writable(self._path, self.busy_timeout_ms)
+        try:
+            if self._identity is None:
+                self._initialize(conn)
+                self._identity = identity
+            storage.tighten_sidecars(self._path)
+            if storage.current_identity(self._path) != identity:
+                raise StorageError("the database file was replaced")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _initialize(self, conn: sqlite3.Connection) -> None:
+        try:  # judge the schema before anything (even the journal mode) is written
+            if schema.detect_format(conn) is None:
+                raise StorageError("the database holds a foreign or tampered schema")
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        connections.ensure_wal(conn, self.busy_timeout_ms / 1000.0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:  # judged again under the write lock: another process may have migrated it
+                fmt = schema.detect_format(conn)
+                if fmt == schema.EMPTY:
+                    schema.create(conn)
+                elif fmt is None:
+                    raise StorageError("the database holds a foreign or tampered schema")
+                elif fmt != schema.V3:
+                    schema.migrate(conn, fmt)  # one transaction: all of it or nothing
+                version = schema.SCHEMA_VERSION
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        self.schema_version = version
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        identity = storage.prepare(
+            self._path, create=False, allow_external_acl=self.allow_external_acl, read_only=True
+        )
+        if self._identity is not None and identity != self._identity:
+            raise StorageError("the database file was replaced")
+        conn, snapshot = connections.connect_read_only(
+            self._path, self.busy_timeout_ms, self._snapshot_max_bytes
+        )
+        version: int | None = None
+        try:
+            fmt = schema.detect_format(conn)
+            if fmt in schema.KNOWN:
+                version = schema.STORED_VERSION[fmt]
+                views = schema.compat_views(fmt)  # temporary: the file is not touched
+                if views:
+                    conn.execute("PRAGMA query_only=0")
+                    for view in views:
+                        conn.execute(view)
+                    conn.execute("PRAGMA query_only=1")
+            elif self._check_schema:
+                raise StorageError("the database holds a foreign or tampered schema")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise connections.translate(exc) from None
+        except BaseException:
+            conn.close()
+            raise
+        self.schema_version = version
+        self._identity = identity
+        self.snapshot_mode = snapshot
+        return conn
+
+    def close(self) -> None:
+        """Close every connection this process opened; no use afterwards."""
+        with self._lock:
+            self._closed = True
+            if os.getpid() == self._pid:
+                for conn in self._open_conns:
+                    with suppress(sqlite3.Error):
+                        conn.close()
+            self._open_conns = []
+            self._shared = None
+            self._writer = None
+        self._local = threading.local()
+
+    def _check_identity(self) -> None:
+        if (
+            self._identity is not None
+            and not self.snapshot_mode
+            and storage.current_identity(self._path) != self._identity
+        ):
+            raise StorageError("the database file was replaced or removed")
+
+    # ----------------------------------------------------------------- clock
+    def now(self) -> float:
+        """Read the clock; a non-number, non-finite or negative reading is ``InvalidInput``."""
+        value = self._clock()
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput("clock returned a non-number")
+        now = float(value)
+        if not math.isfinite(now) or now < 0:
+            raise InvalidInput("clock returned an invalid time")
+        return now
+
+    # ----------------------------------------------------------------- transactions
+    @property
+    def in_group(self) -> bool:
+        """True inside :meth:`group` on this thread."""
+        return bool(getattr(self._local, "atomic", False))
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction; commits on success, rolls back on any error.
+
+        Threads of one process queue on a per-database lock (bounded by the busy timeout)
+        instead of polling SQLite's sleeping busy handler; processes contend in SQLite. Inside
+        :meth:`group` the enclosing transaction is reused.
+        """
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        local = self._local
+        if getattr(local, "atomic", False):
+            yield self.conn()
+            return
+        conn = self.writer()
+        self._check_identity()
+        lock = writer_lock(self._path)
+        if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
+            raise LedgerBusy("another thread held the ledger past the busy timeout")
+        try:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise connections.translate(exc) from None
+            local.writing = (os.getpid(), conn)
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise connections.translate(exc) from None
+                raise
+            finally:
+                local.writing = None
+        finally:
+            lock.release()
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Group this thread's writes into one transaction: all commit, or none."""
+        if getattr(self._local, "atomic", False):
+            yield
+            return
+        with self.write():
+            self._local.atomic = True
+            try:
+                yield
+            finally:
+                self._local.atomic = False
+
+    @contextmanager
+    def read(self, *, query_only: bool = False) -> Iterator[sqlite3.Connection]:
+        """One read transaction whose snapshot is fixed before the caller reads the clock."""
+        conn = self.conn()
+        self._check_identity()
+        toggled = query_only and not self._read_only
+        shared = conn is self._shared
+        if shared:
+            self._snapshot_lock.acquire()
+        try:
+            if toggled:
+                conn.execute("PRAGMA query_only=1")
+            connections.begin_read(
+                conn, self.busy_timeout_ms, self._read_only and not self.snapshot_mode
+            )
+        except sqlite3.Error as exc:
+            if toggled:
+                conn.execute("PRAGMA query_only=0")
+            if shared:
+                self._snapshot_lock.release()
+            raise connections.translate(exc) from None
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        finally:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if toggled:
+                conn.execute("PRAGMA query_only=0")
+            if shared:
+                self._snapshot_lock.release()
+
+    @contextmanager
+    def bulk(self) -> Iterator[None]:
+        """A large page cache and rarer checkpoints for this thread's connection meanwhile."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        with connections.bulk_cache(self.writer()):
+            yield
+
+
+__all__ = ["Database", "SQLiteDatabase", "writer_lock"]
