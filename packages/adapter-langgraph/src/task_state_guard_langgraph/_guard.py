@@ -7,8 +7,8 @@ import copy
 import os
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Generator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncGenerator, Generator
+from concurrent.futures import Future
 from typing import Any, Unpack, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -23,16 +23,18 @@ from task_state_guard.integration import (
     resolve_settings,
 )
 
+from ._batch import BatchMixin
 from ._ids import logical_task_id
 from ._invocation import METADATA_KEY, Invocation, thread_config, with_handler
 from ._recorder import Recorder
 from ._recovery import Recovery, RecoveryMixin, RecoveryReport
-from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, RetryOracle, logger
+from ._retries import RetryOracle
+from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
 __all__ = ["METADATA_KEY", "GuardedGraph", "Recovery", "RecoveryReport", "guard"]
 
 
-class GuardedGraph(RecoveryMixin, AdapterSurface):
+class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -343,81 +345,6 @@ class GuardedGraph(RecoveryMixin, AdapterSurface):
             await self._aend(run, exc)
             raise
         await self._aend(run, None)
-
-    def batch(
-        self,
-        inputs: Sequence[Any],
-        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
-        *,
-        invocation_ids: Sequence[str] | None = None,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[Any]:
-        """:meth:`invoke` for each input (one recorded invocation each), in threads like
-        ``Runnable.batch`` (``max_concurrency`` of the first config bounds them); outputs in
-        input order. ``config``: one for all, or one per input; ``invocation_ids`` likewise
-        one per input."""
-        configs = _configs(config, len(inputs))
-        ids = _ids(invocation_ids, len(inputs))
-        if not inputs:
-            return []
-        limit = (configs[0] or {}).get("max_concurrency") or len(inputs)
-
-        def one(i: int) -> Any:
-            try:
-                return self.invoke(inputs[i], configs[i], invocation_id=ids[i], **kwargs)
-            except Exception as exc:
-                if return_exceptions:
-                    return exc
-                raise
-
-        with ThreadPoolExecutor(max_workers=min(limit, len(inputs))) as pool:
-            return list(pool.map(one, range(len(inputs))))
-
-    async def abatch(
-        self,
-        inputs: Sequence[Any],
-        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
-        *,
-        invocation_ids: Sequence[str] | None = None,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[Any]:
-        """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
-        configs = _configs(config, len(inputs))
-        ids = _ids(invocation_ids, len(inputs))
-        if not inputs:
-            return []
-        gate = asyncio.Semaphore((configs[0] or {}).get("max_concurrency") or len(inputs))
-
-        async def one(i: int) -> Any:
-            async with gate:
-                try:
-                    return await self.ainvoke(
-                        inputs[i], configs[i], invocation_id=ids[i], **kwargs
-                    )
-                except Exception as exc:
-                    if return_exceptions:
-                        return exc
-                    raise
-
-        return list(await asyncio.gather(*(one(i) for i in range(len(inputs)))))
-
-
-def _configs(config: Any, count: int) -> list[dict[str, Any] | None]:
-    if isinstance(config, Sequence) and not isinstance(config, str | bytes):
-        if len(config) != count:
-            raise ValueError("batch: one config per input, or a single config")
-        return list(config)
-    return [config] * count
-
-
-def _ids(invocation_ids: Sequence[str] | None, count: int) -> list[str | None]:
-    if invocation_ids is None:
-        return [None] * count
-    if len(invocation_ids) != count:
-        raise ValueError("batch: one invocation id per input")
-    return list(invocation_ids)
 
 
 def _cancel_started(future: Future[Invocation | None]) -> None:

@@ -9,7 +9,8 @@ from task_state_guard.integration import Closing
 from task_state_guard.integration import codes as c
 
 from ._recorder import Recorder
-from .callbacks import GuardCallbackHandler, classify_error
+from ._retries import classify_error
+from .callbacks import GuardCallbackHandler
 
 #: Key under ``config["metadata"]`` (and so in every checkpoint's metadata) that holds the
 #: invocation id. Deliberately not ``run_id``: LangGraph treats a repeated metadata
