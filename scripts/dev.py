@@ -210,6 +210,25 @@ def declared_lower_bounds(adapter: str) -> dict[str, str]:
     return bounds
 
 
+#: Dev-group tools the adapter suites do not import, or whose versions come with the framework
+#: (the framework's own resolution decides those).
+_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika"}
+
+
+def _locked_test_tools() -> list[str]:
+    """The dev group's test-only packages (pytest, the SQL result backend's driver, the ASGI
+    server...) pinned to uv.lock's versions: only the frameworks go to their lowest."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
+        dev = tomllib.load(handle)["dependency-groups"]["dev"]
+    pins = []
+    for req in dev:
+        match = re.match(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?", req)
+        if match and match.group(1).lower() not in _NOT_TEST_TOOLS:
+            name, extras = match.group(1), match.group(2) or ""
+            pins.append(f"{name}{extras}=={_lock_version(name.lower())}")
+    return pins
+
+
 def _lock_version(name: str) -> str:
     with open(os.path.join(ROOT, "uv.lock"), "rb") as handle:
         lock = tomllib.load(handle)
@@ -254,8 +273,7 @@ def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
     with open(wanted, "w", encoding="utf-8") as handle:  # test tools as locked, not lowest
         handle.write(f"-e {os.path.join(ROOT, 'packages', 'core')}\n"
                      f"-e {os.path.join(ROOT, 'packages', f'adapter-{adapter}')}\n"
-                     f"pytest=={_lock_version('pytest')}\n"
-                     f"pytest-timeout=={_lock_version('pytest-timeout')}\n")
+                     + "".join(f"{req}\n" for req in _locked_test_tools()))
     if run([uv(), "pip", "compile", "--quiet", "--resolution", "lowest-direct", "--python",
             python, "--no-header", "--output-file", pinned, wanted], env=_env()) != 0 or run(
             [uv(), "pip", "sync", "--quiet", "--python", python, pinned], env=_env()) != 0:

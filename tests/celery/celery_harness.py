@@ -139,6 +139,8 @@ class Scenario:
         #: an SQL result backend URL (per-test tables), else Redis
         self.backend = backend
         self.tables = f"tsgt_{uuid.uuid4().hex[:10]}" if backend else None
+        if backend:
+            self._drop_leftover_tables()
         self.track_started = track_started
         self.queue = queue or f"tsgt-{uuid.uuid4().hex[:12]}"
         #: queues a worker started by this scenario consumes (a shared worker serves
@@ -284,6 +286,25 @@ class Scenario:
             if not path.name.endswith(".tmp"):
                 found[path.name[5:]] = json.loads(path.read_text())
         return found
+
+    def _drop_leftover_tables(self) -> None:
+        """Celery's SQL backend names its indexes without the table prefix, so the tables a
+        killed earlier run left behind would make this test's table creation fail: drop them
+        (only tables of this suite, ``tsgt_*``, that own one of those index names)."""
+        import sqlalchemy
+
+        assert self.backend is not None
+        engine = sqlalchemy.create_engine(self.backend.removeprefix("db+"))
+        try:
+            with engine.begin() as conn:
+                rows = conn.execute(sqlalchemy.text(
+                    "SELECT DISTINCT tablename FROM pg_indexes WHERE schemaname = 'public' "
+                    "AND indexname LIKE 'ix_celery_%' AND tablename LIKE 'tsgt\\_%'"
+                )).fetchall()
+                for (table,) in rows:
+                    conn.execute(sqlalchemy.text(f'DROP TABLE IF EXISTS "{table}"'))
+        finally:
+            engine.dispose()
 
     def _drop_tables(self) -> None:
         """Drop this test's tables of the SQL result backend (never anything else)."""
