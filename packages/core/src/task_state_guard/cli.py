@@ -21,12 +21,19 @@ from typing import Any, NoReturn
 from . import __version__
 from .ledger import Ledger
 from .model import (
+    DELIVERY_CLOSED,
+    TASK_STATES,
+    TERMINAL_STATES,
     InvalidInput,
     LedgerError,
     StateConflict,
     TaskNotFound,
     canonical_id,
+    check_code_shape,
+    check_name,
+    check_payload_hash,
     check_seconds,
+    check_state,
 )
 from .reconcile import ReconcilePolicy, reconcile_restart
 from .status import format_prometheus, format_text
@@ -151,18 +158,56 @@ def _open(args: argparse.Namespace) -> Ledger:
     )
 
 
+def _check_values(args: argparse.Namespace) -> dict[str, Any]:
+    """Parse and check every other value before the database is opened.
+
+    A rejected value is an ``InvalidInput`` whatever the database's state (missing, busy,
+    locked by a concurrent writer), and nothing is opened or created for it.
+    """
+    command = args.command
+    values: dict[str, Any] = {}
+    if command == "create":
+        values["timeout"] = None if args.timeout_seconds is None else _seconds(
+            args.timeout_seconds, "", 0.0, "timeout_seconds")
+        check_name(args.name)
+        check_payload_hash(args.payload_sha256)
+    elif command in ("close", "delivery"):
+        allowed = TERMINAL_STATES if command == "close" else DELIVERY_CLOSED
+        check_state(args.status, allowed, "status")
+        check_code_shape(args.code)
+    elif command == "tasks":
+        check_state(args.status, TASK_STATES, "task status")
+        values["stale"] = None if args.stale_seconds is None else _seconds(
+            args.stale_seconds, "", 0.0, "stale_seconds")
+        values["limit"] = _positive_int(args.limit, "limit")
+    elif command == "reconcile":
+        values["policy"] = ReconcilePolicy(
+            active_grace_seconds=_seconds(args.active_grace_seconds,
+                                          "TSG_ACTIVE_GRACE_SECONDS",
+                                          DEFAULT_ACTIVE_GRACE, "active grace"),
+            delivery_grace_seconds=_seconds(args.delivery_grace_seconds,
+                                            "TSG_DELIVERY_GRACE_SECONDS",
+                                            DEFAULT_DELIVERY_GRACE, "delivery grace"),
+        )
+    elif command in ("status", "metrics"):
+        values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
+                                   DEFAULT_ACTIVE_GRACE, "active grace")
+    elif command == "prune":
+        values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
+    return values
+
+
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
     _check_ids(args)
+    values = _check_values(args)
     ledger = _open(args)
     try:
         if command == "init":
             return {"ok": True, "storage": ledger.storage_info()}, 0
         if command == "create":
-            timeout = None if args.timeout_seconds is None else _seconds(
-                args.timeout_seconds, "", 0.0, "timeout_seconds")
             task = ledger.create_task(
-                task_id=args.task_id, parent_id=args.parent, timeout_seconds=timeout,
+                task_id=args.task_id, parent_id=args.parent, timeout_seconds=values["timeout"],
                 delivery_required=not args.internal, name=args.name,
                 payload_hash=args.payload_sha256,
             )
@@ -181,37 +226,25 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
             children = [t.to_dict(extras=args.extras) for t in ledger.children_of(args.task_id)]
             return {"ok": True, "children": children}, 0
         elif command == "tasks":
-            stale = None if args.stale_seconds is None else _seconds(
-                args.stale_seconds, "", 0.0, "stale_seconds")
             ids = ledger.find_task_ids(
-                args.status, stale_seconds=stale, limit=_positive_int(args.limit, "limit"))
+                args.status, stale_seconds=values["stale"], limit=values["limit"])
             return {"ok": True, "task_ids": ids}, 0
         elif command == "reconcile":
-            policy = ReconcilePolicy(
-                active_grace_seconds=_seconds(args.active_grace_seconds,
-                                              "TSG_ACTIVE_GRACE_SECONDS",
-                                              DEFAULT_ACTIVE_GRACE, "active grace"),
-                delivery_grace_seconds=_seconds(args.delivery_grace_seconds,
-                                                "TSG_DELIVERY_GRACE_SECONDS",
-                                                DEFAULT_DELIVERY_GRACE, "delivery grace"),
-            )
-            report = reconcile_restart(ledger, policy, dry_run=bool(args.dry_run))
+            report = reconcile_restart(ledger, values["policy"], dry_run=bool(args.dry_run))
             return {"ok": True, "reconcile": report}, 0
         elif command == "doctor":
             report = ledger.doctor()
             return {"ok": report["healthy"], **report}, 0 if report["healthy"] else 1
         elif command in ("status", "metrics"):
-            grace = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
-                             DEFAULT_ACTIVE_GRACE, "active grace")
-            report = ledger.status(active_grace_seconds=grace)
+            report = ledger.status(active_grace_seconds=values["grace"])
             if command == "metrics":
                 return format_prometheus(report), 0
             if args.format == "text":
                 return format_text(report) + "\n", 0
             return {"ok": True, "status": report}, 0
         elif command == "prune":
-            older = _seconds(args.older_than, "", 0.0, "older-than")
-            return {"ok": True, "prune": ledger.prune(older, dry_run=bool(args.dry_run))}, 0
+            return {"ok": True, "prune": ledger.prune(values["older"],
+                                                      dry_run=bool(args.dry_run))}, 0
         else:  # pragma: no cover - argparse restricts commands
             raise InvalidInput("unknown command")
         return {"ok": True, "task": task.to_dict()}, 0
