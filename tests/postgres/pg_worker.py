@@ -5,8 +5,9 @@ Modes:
                 with their ids, then sleep until killed.
   reconcile T   wait until the wall clock reaches T (a shared start line), reconcile once
                 (active grace 3600 s), print the report as JSON.
-  close T IDS   wait until T, close each comma-separated id ``succeeded``; print how many
-                closes won and how many were refused as conflicts.
+  close T IDS   wait until T, close each comma-separated id ``succeeded``; print the ids
+                whose close returned (closed, or an identical repeat) and how many were
+                refused as conflicts.
   open T        wait until T, open the ledger (creating or migrating it), print its schema
                 version.
   fork          start a task as owner, fork a child that starts a second task as its own
@@ -52,11 +53,12 @@ def main(argv: list[str]) -> None:
         ledger = Ledger(url)
         ledger.status()
         _wait(float(argv[2]))
-        won = refused = 0
+        won: list[str] = []
+        refused = 0
         for tid in argv[3].split(","):
             try:
                 ledger.close_task(tid, "succeeded", code="worker_completed")
-                won += 1
+                won.append(tid)  # closed here, or found closed succeeded (identical repeat)
             except StateConflict:
                 refused += 1
         print(json.dumps({"won": won, "refused": refused}), flush=True)
