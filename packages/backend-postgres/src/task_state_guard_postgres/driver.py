@@ -112,10 +112,12 @@ class Conn:
         try:
             cursor.execute(text, bound)
         except psycopg.Error as exc:
-            raise translate_error(exc) from None
-        if cursor.rowcount > 0 and _is_write(text):
-            self.total_changes += cursor.rowcount
-        return cursor
+            error = translate_error(exc)
+        else:
+            if cursor.rowcount > 0 and _is_write(text):
+                self.total_changes += cursor.rowcount
+            return cursor
+        raise error  # outside the handler: the driver's text is not even chained
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement per parameter row."""
@@ -124,9 +126,12 @@ class Conn:
         try:
             cursor.executemany(text, [_bind(numbered, row) for row in rows])
         except psycopg.Error as exc:
-            raise translate_error(exc) from None
-        if cursor.rowcount > 0:
-            self.total_changes += cursor.rowcount
+            error = translate_error(exc)
+        else:
+            if cursor.rowcount > 0:
+                self.total_changes += cursor.rowcount
+            return
+        raise error
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""
@@ -143,13 +148,16 @@ def _is_write(text: str) -> bool:
 def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     """Open a connection to the ledger's schema: lock waits bounded by ``busy_timeout_ms``,
     the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
+    raw: psycopg.Connection[Any] | None = None
     try:
         raw = psycopg.Connection.connect(
             target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
             prepare_threshold=None,
         )
     except psycopg.Error:
-        raise StorageError("cannot connect to the PostgreSQL ledger") from None
+        pass
+    if raw is None:  # raised outside the handler: the driver's text is not even chained
+        raise StorageError("cannot connect to the PostgreSQL ledger")
     conn = Conn(raw)
     settings = {
         "search_path": f'"{target.schema}"',
