@@ -149,13 +149,11 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     """Open a connection to the ledger's schema: lock waits bounded by ``busy_timeout_ms``,
     the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
     raw: psycopg.Connection[Any] | None = None
-    try:
+    with contextlib.suppress(psycopg.Error):
         raw = psycopg.Connection.connect(
             target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
             prepare_threshold=None,
         )
-    except psycopg.Error:
-        pass
     if raw is None:  # raised outside the handler: the driver's text is not even chained
         raise StorageError("cannot connect to the PostgreSQL ledger")
     conn = Conn(raw)
