@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 from conftest import Workers, sql
-from task_state_guard import Ledger
+from task_state_guard import Ledger, ReconcilePolicy
 
 TASKS = 240
 RECONCILERS = 4
@@ -61,3 +62,45 @@ def test_workers_racing_reconcilers_never_lose_an_update(pg_url: str, workers: W
         assert states.count("timed_out") == timed_out
         assert ledger.doctor()["healthy"] is True
     assert _event_counts(pg_url)["closed"] == TASKS
+
+
+def test_a_pass_never_deadlocks_with_a_workers_transaction(pg_url: str) -> None:
+    """A worker holds a parent's row and then wants its child's while a pass runs (the pass
+    reads children before parents): the pass skips the held row instead of waiting for it."""
+    with Ledger(pg_url) as setup:
+        parent = setup.create_task()
+        setup.start_task(parent.id, owner=False)
+        child = setup.create_task(parent_id=parent.id, delivery_required=False)
+        setup.start_task(child.id, owner=False)
+    holding = threading.Event()
+    errors: list[BaseException] = []
+    report: dict[str, object] = {}
+
+    def worker() -> None:
+        try:
+            with Ledger(pg_url) as ledger, ledger.atomic():
+                ledger.heartbeat(parent.id)  # holds the parent's row
+                holding.set()
+                time.sleep(1.0)  # the pass has taken the child's row by now
+                ledger.heartbeat(child.id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def reconciler() -> None:
+        try:
+            assert holding.wait(10)
+            time.sleep(0.2)
+            with Ledger(pg_url) as ledger:
+                report.update(ledger.reconcile(ReconcilePolicy(3600, 3600)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker), threading.Thread(target=reconciler)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert report["tasks_timed_out"] == 0 and report["applied"] is True
+    with Ledger(pg_url) as ledger:
+        assert ledger.get_task(child.id).heartbeat_at is not None
