@@ -8,7 +8,7 @@ import pytest
 from conftest import Workers, schema_of, sql
 from task_state_guard import Ledger, StorageError
 from task_state_guard.cli import main as tsg
-from task_state_guard_postgres import SCHEMA_VERSION
+from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
 
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
@@ -76,3 +76,20 @@ def test_a_read_only_open_of_a_missing_ledger_creates_nothing(pg_url: str) -> No
     assert str(err.value) == "the ledger does not exist"
     schema = schema_of(pg_url)
     assert sql(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)) == []
+
+
+def test_stale_ledger_schemas_are_dropped_and_fresh_ones_kept(pg_url: str) -> None:
+    prefix = schema_of(pg_url) + "_"
+    old, new = pg_url + "_old", pg_url + "_new"  # schemas <schema>_old and <schema>_new
+    try:
+        for url in (old, new):
+            Ledger(url).close()
+        sql(old, "UPDATE tsg_meta SET value = '0.0' WHERE key = 'created_at'")
+        assert drop_stale_schemas(pg_url, prefix, older_than_seconds=3600) == 1
+        names = {row[0] for row in sql(
+            pg_url, "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (prefix,)
+        )}
+        assert names == {schema_of(new)}
+    finally:
+        for url in (old, new):
+            drop_schema(url)
