@@ -3,12 +3,23 @@ read-only ledgers, connection bounds."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from conftest import sql
-from task_state_guard import Ledger, ReconcilePolicy, StateConflict, StorageError, TaskNotFound
+from task_state_guard import (
+    Heartbeater,
+    Ledger,
+    ReconcilePolicy,
+    StateConflict,
+    StorageError,
+    TaskNotFound,
+)
 from task_state_guard_postgres import CLIENT_DEFAULTS, SERVER_KEEPALIVE
 from task_state_guard_postgres.url import parse
 
@@ -107,3 +118,35 @@ def test_connections_carry_bounded_keepalives(pg_url: str) -> None:
         for name, value in SERVER_KEEPALIVE.items():
             shown = conn.execute(f"SHOW {name}").fetchone()[0]
             assert shown in (value, f"{int(value) // 1000}s", f"{value}ms")
+
+
+def test_heartbeats_count_only_running_tasks(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger:
+        running = [ledger.create_task() for _ in range(3)]
+        for task in running:
+            ledger.start_task(task.id, owner=False)
+        queued = ledger.create_task()
+        assert ledger.heartbeat_many([t.id for t in running] + [queued.id]) == 3
+        beater = Heartbeater(ledger, interval_seconds=0.05)
+        first = ledger.get_task(running[0].id).heartbeat_at
+        beater.add(running[0].id)
+        beater.start()
+        try:
+            deadline = time.monotonic() + 10
+            while ledger.get_task(running[0].id).heartbeat_at == first:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        finally:
+            beater.stop()
+
+
+def test_tsg_db_selects_the_backend(pg_url: str) -> None:
+    env = dict(os.environ, TSG_DB=pg_url)
+    tsg = [sys.executable, "-m", "task_state_guard"]
+    created = subprocess.run([*tsg, "create", "--name", "env.job"], env=env,
+                             capture_output=True, text=True, timeout=60, check=True)
+    tid = json.loads(created.stdout)["task"]["id"]
+    shown = subprocess.run([*tsg, "get", tid], env=env, capture_output=True, text=True,
+                           timeout=60, check=True)
+    assert json.loads(shown.stdout)["task"]["status"] == "queued"
+    assert sql(pg_url, "SELECT name FROM tsg_tasks") == [("env.job",)]
