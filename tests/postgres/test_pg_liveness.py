@@ -6,8 +6,11 @@ import os
 import signal
 import time
 
-from conftest import Workers, sql
+from conftest import Workers, schema_of, sql
 from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard_postgres import drop_schema
+from task_state_guard_postgres.ddl import lock_key
+from task_state_guard_postgres.owners import OWNER_KIND
 
 GRACE = ReconcilePolicy(3600, 3600)  # nothing is stale by age: only liveness can close work
 
@@ -88,3 +91,26 @@ def test_forked_child_never_touches_the_parents_session(pg_url: str, workers: Wo
         assert ledger.get_task(seen["mine"]).status == "running"
         assert proc.poll() is None
         assert ledger.reconcile(GRACE)["fresh_active_retained"] == 1
+
+
+def test_one_owner_connection_per_process_for_many_ledgers(pg_url: str) -> None:
+    urls = [pg_url, pg_url + "_b", pg_url + "_c"]  # three ledgers (schemas) in one database
+    ledgers = [Ledger(url) for url in urls]
+    try:
+        for ledger in ledgers:
+            ledger.start_task(ledger.create_task().id)
+        holders = set()
+        for url in urls:
+            (token,) = sql(url, "SELECT owner FROM tsg_tasks")[0]
+            key = lock_key(OWNER_KIND, schema_of(url), token) & 0xFFFFFFFFFFFFFFFF
+            holders |= {row[0] for row in sql(
+                url, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND mode = 'ExclusiveLock' AND classid::bigint = %s AND objid::bigint = %s",
+                (key >> 32, key & 0xFFFFFFFF),
+            )}
+        assert len(holders) == 1  # every token's lock on the one owner session
+    finally:
+        for ledger, url in zip(ledgers, urls, strict=True):
+            ledger.close()
+            if url != pg_url:
+                drop_schema(url)
