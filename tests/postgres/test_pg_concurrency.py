@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from conftest import Workers, sql
+from pg_helpers import Workers, sql
 from task_state_guard import Ledger, ReconcilePolicy
 
 TASKS = 240

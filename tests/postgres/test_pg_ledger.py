@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import sql
+from pg_helpers import sql
 from task_state_guard import (
     Heartbeater,
     Ledger,

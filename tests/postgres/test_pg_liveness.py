@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from conftest import Workers, schema_of, sql
+from pg_helpers import Workers, schema_of, sql
 from task_state_guard import Ledger, ReconcilePolicy
 from task_state_guard_postgres import drop_schema
 from task_state_guard_postgres.ddl import lock_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import Workers, schema_of, sql
+from pg_helpers import Workers, schema_of, sql
 from task_state_guard import Ledger, StorageError
 from task_state_guard.cli import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
