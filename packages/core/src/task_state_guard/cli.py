@@ -3,10 +3,11 @@
 Except for ``--help``, ``--version`` and ``metrics``/``status --format text``, every outcome is one
 compact, key-sorted JSON line on stdout and nothing on stderr. Exit codes: 0 success (healthy
 doctor), 1 unhealthy doctor, 2 input/storage/state error, 3 unexpected internal error. Rejected
-values, paths and exception texts are never echoed: errors name only their category, one of
+values, paths and exception texts are never echoed: errors name their category, one of
 0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
 ``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
-``InternalError``.
+``InternalError``; a usage or storage error adds ``"reason"``, the rule it broke, from the closed
+vocabulary of :mod:`task_state_guard.reasons`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import __version__
+from . import reasons as r
 from .ledger import Ledger
 from .model import (
     DELIVERY_CLOSED,
@@ -42,13 +44,38 @@ DEFAULT_ACTIVE_GRACE = 600.0
 DEFAULT_DELIVERY_GRACE = 600.0
 
 
-class _UsageError(Exception):
-    pass
+class _UsageError(InvalidInput):
+    """A command line the parser refused (printed as ``InvalidInput`` with its reason)."""
+
+
+def _usage_reason(message: str) -> str:
+    """Classify argparse's message (never printed) into a fixed reason."""
+    if "invalid choice" in message:
+        return r.UNKNOWN_COMMAND if message.startswith("argument command:") else r.INVALID_VALUE
+    if "the following arguments are required" in message:
+        missing = message.partition(":")[2].split(",")
+        return r.MISSING_COMMAND if "command" in (m.strip() for m in missing) else (
+            r.MISSING_ARGUMENT)
+    if "expected one argument" in message:
+        return r.MISSING_VALUE
+    if "unrecognized arguments" in message or "ambiguous option" in message:
+        return r.UNKNOWN_OPTION
+    return r.USAGE_ERROR
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError()
+        raise _UsageError("the command line was refused", reason=_usage_reason(message))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; anything left over is an unknown option or an unexpected argument."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unknown = any(token.startswith("-") and token != "-" for token in extra)
+        raise _UsageError("the command line was refused",
+                          reason=r.UNKNOWN_OPTION if unknown else r.UNEXPECTED_ARGUMENT)
+    return args
 
 
 def _seconds(value: str | None, env: str, default: float, what: str) -> float:
@@ -146,8 +173,11 @@ def _check_ids(args: argparse.Namespace) -> None:
 def _open(args: argparse.Namespace) -> Ledger:
     path = args.db if args.db is not None else os.environ.get("TSG_DB")
     if not path:
-        raise InvalidInput("no database: pass --db or set TSG_DB")
-    busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+        raise InvalidInput("no database: pass --db or set TSG_DB", reason=r.MISSING_DATABASE_PATH)
+    try:
+        busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+    except InvalidInput:
+        raise InvalidInput("bad busy timeout", reason=r.INVALID_VALUE) from None
     read_only = args.command in _READ_ONLY or bool(getattr(args, "dry_run", False))
     return Ledger(
         path,
@@ -199,8 +229,11 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
-    _check_ids(args)
-    values = _check_values(args)
+    try:
+        _check_ids(args)
+        values = _check_values(args)
+    except InvalidInput:
+        raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
     ledger = _open(args)
     try:
         if command == "init":
@@ -260,6 +293,14 @@ def error_category(exc: LedgerError) -> str:
     return "StateConflict"
 
 
+def error_payload(exc: LedgerError) -> dict[str, Any]:
+    """The CLI's error line for ``exc``: its 0.1.0 category and, when it has one, its reason."""
+    payload: dict[str, Any] = {"error": error_category(exc), "ok": False}
+    if exc.reason is not None:
+        payload["reason"] = exc.reason
+    return payload
+
+
 def _emit(payload: dict[str, Any] | str) -> None:
     if isinstance(payload, str):
         sys.stdout.write(payload)
@@ -272,14 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except _UsageError:
-        _emit({"error": "InvalidInput", "ok": False})
-        return 2
-    try:
-        payload, code = _run(args)
+        payload, code = _run(_parse(parser, argv))
     except LedgerError as exc:
-        _emit({"error": error_category(exc), "ok": False})
+        _emit(error_payload(exc))
         return 2
     except Exception:
         _emit({"error": "InternalError", "ok": False})

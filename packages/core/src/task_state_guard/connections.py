@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from . import reasons as r
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 _HEADER = b"SQLite format 3\x00"
@@ -31,16 +32,18 @@ def translate(exc: BaseException) -> LedgerError:
         return exc
     text = str(exc).lower()
     if "locked" in text or "busy" in text:
-        return LedgerBusy("the database stayed locked past the busy timeout")
+        return LedgerBusy(
+            "the database stayed locked past the busy timeout", reason=r.DATABASE_BUSY
+        )
     if "readonly" in text or "read-only" in text or "read only" in text:
-        return StorageError("the database is not writable")
+        return StorageError("the database is not writable", reason=r.DATABASE_NOT_WRITABLE)
     if "full" in text:
-        return StorageError("the disk is full")
+        return StorageError("the disk is full", reason=r.DISK_FULL)
     if "not a database" in text or "malformed" in text or "corrupt" in text:
-        return StorageError("the database file is not a valid ledger")
+        return StorageError("the database file is not a valid ledger", reason=r.NOT_A_LEDGER)
     if isinstance(exc, sqlite3.IntegrityError):
-        return StorageError("the database rejected the write")
-    return StorageError("the database could not be used")
+        return StorageError("the database rejected the write", reason=r.WRITE_REJECTED)
+    return StorageError("the database could not be used", reason=r.DATABASE_UNUSABLE)
 
 
 def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
@@ -82,7 +85,14 @@ def bulk_cache(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 class _WriterOpening(Exception):
-    """A writer is opening or closing the ledger right now: look again in a moment."""
+    """A writer is opening or closing the ledger right now: look again in a moment.
+
+    ``reason`` is what the open reports when the moment outlasts the busy timeout.
+    """
+
+    def __init__(self, message: str, reason: str = r.DATABASE_CHANGING) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _busy(exc: sqlite3.Error) -> bool:
@@ -139,7 +149,9 @@ def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     if str(mode).lower() != "wal":
-        raise StorageError("the database could not be switched to WAL mode")
+        raise StorageError(
+            "the database could not be switched to WAL mode", reason=r.WAL_MODE_UNAVAILABLE
+        )
 
 
 def _read_header(path: str) -> bytes:
@@ -147,7 +159,9 @@ def _read_header(path: str) -> bytes:
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        raise StorageError("the database file cannot be read") from exc
+        raise StorageError(
+            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
+        ) from exc
     try:
         return os.read(fd, 100)
     finally:
@@ -161,9 +175,12 @@ def _capture(path: str, max_bytes: int) -> tuple[os.stat_result, str, bytearray 
     try:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
-            raise StorageError("the database is not a regular file")
+            raise StorageError("the database is not a regular file", reason=r.FILE_NOT_REGULAR)
         if before.st_size > max_bytes:
-            raise StorageError("the closed database is larger than the snapshot limit")
+            raise StorageError(
+                "the closed database is larger than the snapshot limit",
+                reason=r.SNAPSHOT_TOO_LARGE,
+            )
         digest = hashlib.sha256()
         buffer = bytearray(before.st_size)
         view = memoryview(buffer)
@@ -209,7 +226,9 @@ def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
         del first
         second_stat, second_hash, data = _capture(path, max_bytes)
     except OSError as exc:
-        raise StorageError("the database file cannot be read") from exc
+        raise StorageError(
+            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
+        ) from exc
     assert data is not None
     try:
         same = (
@@ -222,11 +241,14 @@ def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
             if os.path.lexists(path + suffix):
                 raise _WriterOpening("a writer appeared while the snapshot was taken")
         if len(data) < 100 or bytes(data[:16]) != _HEADER:
-            raise StorageError("the database file is not a valid ledger")
+            raise StorageError("the database file is not a valid ledger", reason=r.NOT_A_LEDGER)
         data[18] = 1  # WAL read/write versions -> rollback journal, for the private copy only
         data[19] = 1
         if not hasattr(sqlite3.Connection, "deserialize"):
-            raise StorageError("in-memory snapshots are unavailable on this Python")
+            raise StorageError(
+                "in-memory snapshots are unavailable on this Python",
+                reason=r.SNAPSHOT_UNAVAILABLE,
+            )
         conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         try:
             conn.deserialize(data)
@@ -257,7 +279,7 @@ def connect_read_only(
             return _connect_read_only(path, busy_timeout_ms, snapshot_max_bytes)
         except _WriterOpening as exc:
             if time.monotonic() >= deadline:
-                raise StorageError(str(exc)) from None
+                raise StorageError(str(exc), reason=exc.reason) from None
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
 
@@ -267,14 +289,20 @@ def _connect_read_only(
 ) -> tuple[sqlite3.Connection, bool]:
     header = _read_header(path)
     if len(header) < 100 or header[:16] != _HEADER:
-        raise StorageError("the database file is not a valid ledger")
+        raise StorageError("the database file is not a valid ledger", reason=r.NOT_A_LEDGER)
     if header[18] != 2 or header[19] != 2:
-        raise StorageError("read-only access needs a ledger in WAL mode")
+        raise StorageError(
+            "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
+        )
     present = {s: os.path.lexists(path + s) for s in ("-wal", "-shm", "-journal")}
     if present["-journal"]:
-        raise StorageError("a rollback journal is present")
+        raise StorageError(
+            "a rollback journal is present", reason=r.ROLLBACK_JOURNAL_PRESENT
+        )
     if present["-wal"] != present["-shm"]:
-        raise _WriterOpening("an incomplete WAL/SHM pair is present")
+        raise _WriterOpening(
+            "an incomplete WAL/SHM pair is present", reason=r.WAL_INCOMPLETE
+        )
     if present["-wal"]:
         uri = "file:" + urllib.parse.quote(path) + "?mode=ro&readonly_shm=1"
         try:

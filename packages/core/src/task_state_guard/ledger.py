@@ -13,6 +13,7 @@ from typing import Any
 from . import connections, database, owners, schema, storage
 from . import doctor as _doctor
 from . import prune as _prune
+from . import reasons as r
 from . import reconcile as _reconcile
 from . import status as _status
 from .model import (
@@ -105,7 +106,9 @@ _HEARTBEAT_MANY = (
 def row_to_task(row: tuple[Any, ...]) -> Task:
     """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
     if not row_is_valid(row):
-        raise StorageError("a stored task row failed validation (run doctor)")
+        raise StorageError(
+            "a stored task row failed validation (run doctor)", reason=r.STORED_ROW_INVALID
+        )
     return Task(
         id=row[1],
         parent_id=row[2],
@@ -355,7 +358,10 @@ class Ledger:
                     raise StateConflict("a task with this id exists with other attributes")
                 if quiet:
                     if not row_is_valid(row):
-                        raise StorageError("a stored task row failed validation (run doctor)")
+                        raise StorageError(
+                            "a stored task row failed validation (run doctor)",
+                            reason=r.STORED_ROW_INVALID,
+                        )
                     return str(row[4])
                 return row_to_task(row)
             assert parent is not None
@@ -381,7 +387,7 @@ class Ledger:
         if not isinstance(owner, bool):
             raise InvalidInput("owner must be a boolean")
         if self._db.read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         token = None
         if owner:
             # Judged before the lock file exists; the guarded update below decides for real.
