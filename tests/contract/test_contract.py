@@ -88,7 +88,7 @@ def test_a_bad_argument_and_a_missing_path_are_the_same_clear_error(
 # ---------------------------------------------------------------------------- error policy
 
 
-def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
+def test_ledger_errors_are_counted_logged_once_by_class_and_reason_and_jobs_run(
     driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger=driver.logger):
@@ -102,11 +102,14 @@ def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
     logged = [r.getMessage() for r in caplog.records
               if r.name == driver.logger and "ledger error" in r.getMessage()]
     assert sorted(logged) == sorted(
-        f"task-state-guard: ledger error ({kind}); the {driver.guard.runtime.policy.subject} "
-        "runs on. Further errors of this kind are counted, not logged."
+        f"task-state-guard: ledger error ({kind}, reason directory_not_a_directory); the "
+        f"{driver.guard.runtime.policy.subject} runs on. Further errors of this kind are "
+        "counted, not logged."
         for kind in errors
     )
-    assert all(broken_db not in message for message in logged)  # class names only
+    # class names and the fixed reason only, never the path or a part of it
+    assert all(broken_db not in message and "not-a-directory" not in message
+               for message in logged)
 
 
 def test_strict_mode_raises_the_ledger_error_out_of_the_hook(

@@ -6,6 +6,7 @@ that unknown work succeeded, previews changes as counts, and checks itself with 
 doctor.
 """
 
+from . import reasons
 from .heartbeat import Heartbeater
 from .ledger import Ledger
 from .model import (
@@ -42,5 +43,6 @@ __all__ = [
     "UnsafeLocation",
     "__version__",
     "payload_fingerprint",
+    "reasons",
     "reconcile_restart",
 ]
