@@ -82,8 +82,8 @@ def one_json_line(stdout: str) -> dict[str, object]:
     return parsed
 
 
-def assert_cli_error(code: int, out: str, err: str, *, expected: tuple[str, ...] | None = None
-                     ) -> str:
+def assert_cli_error(code: int, out: str, err: str, *, expected: tuple[str, ...] | None = None,
+                     reason: str | None = None) -> str:
     """A bounded failure: exit 2, one fixed JSON error line, nothing on stderr."""
     assert err == "", "nothing may be written to stderr"
     assert code == 2, f"expected exit 2, got {code}: {out!r}"
@@ -95,4 +95,6 @@ def assert_cli_error(code: int, out: str, err: str, *, expected: tuple[str, ...]
     assert name in ("InvalidInput", "TaskNotFound", "StateConflict")  # 0.1.0's categories
     if expected is not None:
         assert name in expected, name
+    if reason is not None:
+        assert parsed.get("reason") == reason, parsed
     return str(name)
