@@ -5,12 +5,18 @@ its fix. Group-shared (setgid) volumes take the database in a private subdirecto
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
+import json
 import os
 import pickle
 import re
+import shutil
 import sqlite3
 import stat
+import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +35,7 @@ from task_state_guard import (
     StateConflict,
     StorageError,
     UnsafeLocation,
+    cli,
     reasons,
 )
 
@@ -336,3 +343,115 @@ def test_api_errors_carry_their_reason(tmp_path: Path) -> None:
     with Ledger(db) as ledger, pytest.raises(LedgerError) as missing:
         ledger.get_task(uuid.uuid4())
     assert missing.value.reason is None
+
+
+# ----------------------------------------------------------------------------- as a pod would
+
+POD_UID, PEER_UID, FS_GROUP = 1000, 1001, 2000
+
+
+Step = list[str] | Callable[[], str]
+
+
+def _as_user(uid: int, steps: list[Step]) -> list[object]:
+    """Run steps in a forked child that has become ``uid`` with the supplementary group
+    ``FS_GROUP``, like a pod's container; return what each gave. A step is a CLI argv (its exit
+    code and JSON line) or a function (its result).
+
+    The child only calls code already imported here, so it needs no access to the interpreter's
+    or the repository's files.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        out: list[object] = []
+        try:
+            os.close(read_end)
+            os.setgroups([FS_GROUP])
+            os.setgid(uid)
+            os.setuid(uid)
+            for step in steps:
+                if callable(step):
+                    out.append(step())
+                    continue
+                buffer = io.StringIO()
+                with contextlib.redirect_stdout(buffer):
+                    code = cli.main(step)
+                out.append([code, json.loads(buffer.getvalue())])
+        except BaseException as exc:
+            out.append("crash:" + type(exc).__name__)
+        finally:
+            os.write(write_end, json.dumps(out).encode())
+            os._exit(0)
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 65536):
+        data += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return list(json.loads(data))
+
+
+def _read(path: str) -> Callable[[], str]:
+    def step() -> str:
+        try:
+            with open(path, "rb") as handle:
+                handle.read(1)
+        except PermissionError:
+            return "PermissionError"
+        return "read"
+    return step
+
+
+def _swap(directory: Path) -> Callable[[], str]:
+    """Move ``directory`` away and put a directory of this user in its place."""
+    def step() -> str:
+        os.rename(directory, directory.with_name("moved"))
+        directory.mkdir(mode=0o700)
+        return "swapped"
+    return step
+
+
+@posix_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_a_non_root_pod_on_an_fs_group_volume() -> None:
+    """The Kubernetes shape for real: a root-owned 2775 volume of group ``fsGroup``, used by a
+    non-root user in that group. A peer of the same group can move the private directory but
+    never read it, and what it puts in its place is refused."""
+    base = Path(tempfile.mkdtemp(prefix="tsg-pod-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        data = base / "data"
+        data.mkdir()
+        os.chown(data, 0, FS_GROUP)
+        os.chmod(data, 0o2775)
+        straight, private = str(data / "tasks.sqlite"), str(data / "tsg" / "tasks.sqlite")
+        results = _as_user(POD_UID, [
+            ["--db", straight, "init"],
+            ["--db", private, "init"],
+            ["--db", private, "create"],
+            ["--db", private, "reconcile", "--dry-run"],
+        ])
+        assert results[0] == [2, {"error": "InvalidInput", "ok": False,
+                                  "reason": "directory_owned_by_other_user"}]
+        assert [r[0] for r in results[1:]] == [0, 0, 0]  # type: ignore[index]
+        leaf = os.lstat(data / "tsg")
+        assert (leaf.st_uid, leaf.st_gid, stat.S_IMODE(leaf.st_mode)) == (POD_UID, FS_GROUP,
+                                                                         0o700)
+        assert os.lstat(private).st_uid == POD_UID and mode(private) == 0o600
+        assert os.listdir(data) == ["tsg"]
+        # A peer in the same group: refused by the checks, and the kernel refuses it too; it
+        # can move the private directory away (the volume is not sticky) and plant its own.
+        peer = _as_user(PEER_UID, [["--db", private, "status"], _read(private),
+                                   _swap(data / "tsg")])
+        assert peer == [[2, {"error": "InvalidInput", "ok": False,
+                             "reason": "directory_owned_by_other_user"}], "PermissionError",
+                        "swapped"]
+        assert os.lstat(data / "tsg").st_uid == PEER_UID
+        # ... which the pod's next open refuses instead of using
+        again = _as_user(POD_UID, [["--db", private, "create"]])
+        assert again == [[2, {"error": "InvalidInput", "ok": False,
+                              "reason": "directory_owned_by_other_user"}]]
+        assert os.listdir(data / "tsg") == []
+    finally:
+        shutil.rmtree(base)
