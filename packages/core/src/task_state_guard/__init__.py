@@ -6,6 +6,7 @@ that unknown work succeeded, previews changes as counts, and checks itself with 
 doctor.
 """
 
+from .events import TaskEvent
 from .heartbeat import Heartbeater
 from .ledger import Ledger
 from .model import (
@@ -22,6 +23,7 @@ from .model import (
     payload_fingerprint,
 )
 from .reconcile import ReconcileDecision, ReconcilePolicy, reconcile_restart
+from .task_list import ListedTask, TaskListing
 
 __version__ = "0.2.0"
 
@@ -32,11 +34,14 @@ __all__ = [
     "Ledger",
     "LedgerBusy",
     "LedgerError",
+    "ListedTask",
     "ReconcileDecision",
     "ReconcilePolicy",
     "StateConflict",
     "StorageError",
     "Task",
+    "TaskEvent",
+    "TaskListing",
     "TaskNotFound",
     "TaskStatus",
     "UnsafeLocation",
