@@ -1,12 +1,13 @@
 """The ``task-state-guard`` / ``tsg`` command line.
 
-Except for ``--help``, ``--version`` and ``metrics``/``status --format text``, every outcome is one
-compact, key-sorted JSON line on stdout and nothing on stderr. Exit codes: 0 success (healthy
-doctor), 1 unhealthy doctor, 2 input/storage/state error, 3 unexpected internal error. Rejected
-values, paths and exception texts are never echoed: errors name only their category, one of
-0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
-``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
-``InternalError``.
+Except for ``--help``, ``--version``, ``metrics`` and ``--format text``, every outcome is one
+compact, key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress
+lines on stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
+Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
+unexpected internal error. Rejected values, paths and exception texts are never echoed: errors
+name only their category, one of 0.1.0's ``InvalidInput``, ``TaskNotFound`` and
+``StateConflict`` (a storage or identity problem, ``LedgerBusy`` included, is a
+``StateConflict``; an unsafe location an ``InvalidInput``), or ``InternalError``.
 """
 
 from __future__ import annotations

@@ -75,9 +75,10 @@ def prune(
     cut-off) with their events; each batch is its own transaction. Counts only.
 
     ``progress(done, total)`` (optional) gets the candidate roots examined so far: once with
-    ``(0, total)``, counted when the pass begins, and after each batch (``total`` is raised to
-    ``done`` should other writers have added candidates). An exception it raises stops the
-    pass; batches already committed stay deleted.
+    ``(0, total)``, counted when the pass begins, and after each batch; ``total`` is corrected
+    to ``done`` should other writers have added or removed candidates meanwhile, so the last
+    call has ``done == total``. An exception it raises stops the pass; batches already
+    committed stay deleted.
     """
     age = check_seconds(older_than_seconds, "older_than_seconds", allow_zero=True)
     if not isinstance(dry_run, bool):
@@ -116,4 +117,6 @@ def prune(
                 progress(done, max(done, total))
             if len(roots) < BATCH:
                 break
+    if progress is not None and done < total:
+        progress(done, done)  # others removed candidates meanwhile: the pass is complete
     return {"dry_run": dry_run, "applied": not dry_run, **counts}
