@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sqlite3
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -588,3 +590,26 @@ def test_new_read_forms_never_create_a_database(tmp_path) -> None:
         result = run_cli("--db", db, *args)
         assert_cli_error(result, "InvalidInput")
         assert os.listdir(existing) == []
+
+
+def test_events_and_rows_of_a_0_1_0_file_read_as_it_is_and_after_the_upgrade(tmp_path) -> None:
+    directory = tmp_path / "old"
+    directory.mkdir(mode=0o700)
+    db = str(directory / "tasks.sqlite")
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "ledger-0.1.0.sqlite", db)
+    os.chmod(db, 0o600)
+
+    def read() -> tuple[list[Any], dict[str, list[TaskEvent]]]:
+        with Ledger(db, read_only=True) as led:
+            listed = [(i.task.id, i.attempts) for i in led.list_tasks(status="succeeded").tasks]
+            events = {tid: led.events_of(tid) for tid, _ in listed}
+        return listed, events
+
+    before = read()
+    assert before[0] and all(
+        [e.kind for e in chain] == ["created", "started", "closed", "delivery"]
+        for chain in before[1].values())
+    text = run_cli("--db", db, "get", before[0][0][0], "--events", "--format", "text")
+    assert text.code == 0 and "\nEVENTS\n" in text.stdout
+    Ledger(db).close()  # the writable open upgrades the file
+    assert read() == before
