@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rows: list attempts (child tasks) instead of logical tasks")
     tasks.add_argument("--details", action="store_true",
                        help="one row per task instead of ids (implied by --format text)")
-    tasks.add_argument("--limit")
+    tasks.add_argument("--limit", help="at most this many (rows: default 100)")
     _add_format(tasks)
     status = sub.add_parser("status", help="counts by state, delivery state and name")
     status.add_argument("--format", choices=("json", "text"), default="json")
