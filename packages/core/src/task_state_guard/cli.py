@@ -113,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("task_id")
         cmd.add_argument("--extras", action="store_true",
                          help="add name, heartbeat_at, has_owner and framework_id to each task")
+        if name == "get":
+            cmd.add_argument("--events", action="store_true", help="add the task's event history")
         _add_format(cmd)
-    get = sub.choices["get"]
-    get.add_argument("--events", action="store_true", help="add the task's event history")
     tasks = sub.add_parser("tasks", help="list tasks (ids by state, or rows with --details)")
     tasks.add_argument("--status", help="a task state (rows: default queued and running)")
     tasks.add_argument("--name", help="only tasks with this name label")
