@@ -53,10 +53,26 @@ def test_precedence_argument_then_framework_then_environment(
     assert settings.delivery_grace_seconds == (50 if driver.has_framework_config else 40)
 
 
+def test_environment_durations_take_the_cli_units(
+    driver: Any, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TSG_ACTIVE_GRACE_SECONDS", "20m")
+    monkeypatch.setenv("TSG_DELIVERY_GRACE_SECONDS", "2h")
+    monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "1m")
+    monkeypatch.setenv("TSG_RECONCILE_INTERVAL_SECONDS", "0.5h")
+    settings = driver.install(db).settings
+    assert settings.active_grace_seconds == 1200 and settings.delivery_grace_seconds == 7200
+    assert settings.heartbeat_seconds == 60 and settings.reconcile_interval_seconds == 1800
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
         ("TSG_ACTIVE_GRACE_SECONDS", "soon"),
+        ("TSG_ACTIVE_GRACE_SECONDS", "1h30"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "-5m"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "1w"),
+        ("TSG_BUSY_TIMEOUT_MS", "5s"),
         ("TSG_ACTIVE_GRACE_SECONDS", "-5"),
         ("TSG_DELIVERY_GRACE_SECONDS", "nan"),
         ("TSG_HEARTBEAT_SECONDS", "inf"),

@@ -7,6 +7,7 @@ doctor.
 """
 
 from . import reasons
+from .events import TaskEvent
 from .heartbeat import Heartbeater
 from .ledger import Ledger
 from .model import (
@@ -23,6 +24,7 @@ from .model import (
     payload_fingerprint,
 )
 from .reconcile import ReconcileDecision, ReconcilePolicy, reconcile_restart
+from .task_list import ListedTask, TaskListing
 
 __version__ = "0.2.0"
 
@@ -33,11 +35,14 @@ __all__ = [
     "Ledger",
     "LedgerBusy",
     "LedgerError",
+    "ListedTask",
     "ReconcileDecision",
     "ReconcilePolicy",
     "StateConflict",
     "StorageError",
     "Task",
+    "TaskEvent",
+    "TaskListing",
     "TaskNotFound",
     "TaskStatus",
     "UnsafeLocation",
