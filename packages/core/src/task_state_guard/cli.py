@@ -36,7 +36,9 @@ from .model import (
     check_state,
 )
 from .reconcile import ReconcilePolicy, reconcile_restart
-from .status import format_prometheus, format_text
+from .metrics_command import check_metrics_options, run_metrics
+from .metrics_http import DEFAULT_LISTEN
+from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0
 DEFAULT_DELIVERY_GRACE = 600.0
@@ -123,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--active-grace-seconds")
     metrics = sub.add_parser("metrics", help="Prometheus text exposition of status")
     metrics.add_argument("--active-grace-seconds")
+    metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
+    metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
+    metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help="seconds")
     prune.add_argument("--dry-run", action="store_true")
@@ -192,6 +197,8 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     elif command in ("status", "metrics"):
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
+    if command == "metrics":
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
@@ -201,6 +208,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
     _check_ids(args)
     values = _check_values(args)
+    if command == "metrics":
+        return run_metrics(lambda: _open(args), values, emit=_emit, categorize=error_category)
     ledger = _open(args)
     try:
         if command == "init":
@@ -235,10 +244,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
         elif command == "doctor":
             report = ledger.doctor()
             return {"ok": report["healthy"], **report}, 0 if report["healthy"] else 1
-        elif command in ("status", "metrics"):
+        elif command == "status":
             report = ledger.status(active_grace_seconds=values["grace"])
-            if command == "metrics":
-                return format_prometheus(report), 0
             if args.format == "text":
                 return format_text(report) + "\n", 0
             return {"ok": True, "status": report}, 0

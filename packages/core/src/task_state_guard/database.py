@@ -225,7 +225,7 @@ class SQLiteDatabase:
                     schema.create(conn)
                 elif fmt is None:
                     raise StorageError("the database holds a foreign or tampered schema")
-                elif fmt != schema.V3:
+                elif fmt != schema.V4:
                     schema.migrate(conn, fmt)  # one transaction: all of it or nothing
                 version = schema.SCHEMA_VERSION
                 conn.execute("COMMIT")
