@@ -20,6 +20,8 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .ledger import Ledger
+from .metrics_command import check_metrics_options, run_metrics
+from .metrics_http import DEFAULT_LISTEN
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
@@ -36,8 +38,6 @@ from .model import (
     check_state,
 )
 from .reconcile import ReconcilePolicy, reconcile_restart
-from .metrics_command import check_metrics_options, run_metrics
-from .metrics_http import DEFAULT_LISTEN
 from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0

@@ -55,8 +55,8 @@ def run_metrics(
     text = render()
     if values["listen"] is not None:
         server = bind(values["listen"], render, categorize)
-        host, port = server.server_address[:2]
-        shown = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        host, port = str(server.server_address[0]), int(server.server_address[1])
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         emit({"listen": shown, "ok": True})
         run(server)
         return "", 0

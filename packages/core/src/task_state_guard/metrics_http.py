@@ -60,7 +60,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "task-state-guard"
     sys_version = ""
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server hook name
+    def do_GET(self) -> None:
         if urlsplit(self.path).path != "/metrics":
             self._send(404, "not found\n", "text/plain; charset=utf-8")
             return
@@ -83,7 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         """Log nothing (client addresses and paths stay out of the process's output)."""
 
 
