@@ -1,6 +1,7 @@
 """The ``task-state-guard`` / ``tsg`` command line.
 
-Except for ``--help``, ``--version`` and ``metrics``/``status --format text``, every outcome is one
+Except for ``--help``, ``--version`` and ``metrics``/``status --format text`` (their text on
+stdout; ``metrics --textfile`` and ``--serve`` print JSON lines), every outcome is one
 compact, key-sorted JSON line on stdout and nothing on stderr. Exit codes: 0 success (healthy
 doctor), 1 unhealthy doctor, 2 input/storage/state error, 3 unexpected internal error. Rejected
 values, paths and exception texts are never echoed: errors name only their category, one of
