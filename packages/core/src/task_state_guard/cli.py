@@ -1,8 +1,9 @@
 """The ``task-state-guard`` / ``tsg`` command line.
 
-Except for ``--help``, ``--version``, ``metrics`` and ``--format text``, every outcome is one
-compact, key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress
-lines on stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
+Except for ``--help``, ``--version``, ``metrics`` and ``--format text`` (their text on stdout;
+``metrics --textfile`` and ``--serve`` print JSON lines), every outcome is one compact,
+key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress lines on
+stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
 Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
 unexpected internal error. Rejected values, paths and exception texts are never echoed: errors
 name their category, one of 0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict``
@@ -24,6 +25,8 @@ from . import __version__, cli_text, operator_reads
 from . import reasons as r
 from .durations import parse_seconds
 from .ledger import Ledger
+from .metrics_command import check_metrics_options, run_metrics
+from .metrics_http import DEFAULT_LISTEN
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
@@ -39,7 +42,7 @@ from .model import (
     check_state,
 )
 from .reconcile import ReconcilePolicy
-from .status import format_prometheus, format_text
+from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0
 DEFAULT_DELIVERY_GRACE = 600.0
@@ -159,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--active-grace-seconds", help=_DURATION)
     metrics = sub.add_parser("metrics", help="Prometheus text exposition of status")
     metrics.add_argument("--active-grace-seconds", help=_DURATION)
+    metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
+    metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
+    metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
@@ -253,6 +259,8 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     elif command in ("status", "metrics"):
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
+    if command == "metrics":
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
@@ -272,6 +280,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
         values = _check_values(args)
     except InvalidInput:
         raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
+    if command == "metrics":
+        return run_metrics(lambda: _open(args), values, emit=_emit, categorize=error_category)
     ledger = _open(args)
     try:
         if command == "init":
@@ -304,10 +314,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
             if args.format == "text":
                 return cli_text.doctor(report), code
             return {"ok": report["healthy"], **report}, code
-        elif command in ("status", "metrics"):
+        elif command == "status":
             report = ledger.status(active_grace_seconds=values["grace"])
-            if command == "metrics":
-                return format_prometheus(report), 0
             if args.format == "text":
                 return format_text(report) + "\n", 0
             return {"ok": True, "status": report}, 0

@@ -231,7 +231,7 @@ class SQLiteDatabase:
                         "the database holds a foreign or tampered schema",
                         reason=r.FOREIGN_SCHEMA,
                     )
-                elif fmt != schema.V3:
+                elif fmt != schema.V4:
                     schema.migrate(conn, fmt)  # one transaction: all of it or nothing
                 version = schema.SCHEMA_VERSION
                 conn.execute("COMMIT")
