@@ -330,10 +330,12 @@ def test_old_schema_stays_old_after_every_read_command(tmp_path: Path) -> None:
         assert led.get_task(some_id).id == some_id
     assert entries(str(directory)) == before
     assert Path(db).read_bytes() == content
-    tables = subprocess.run(
-        [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect('file:' + sys.argv[1]"
-         " + '?mode=ro&immutable=1', uri=True); print(sorted(r[0] for r in c.execute("
-         "\"SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'\")))", db],
-        capture_output=True, text=True, check=True,
-    ).stdout
+    script = (
+        "import sqlite3, sys\n"
+        "c = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro&immutable=1', uri=True)\n"
+        "print(sorted(r[0] for r in c.execute(\"SELECT name FROM sqlite_master \"\n"
+        "    \"WHERE type = 'table' AND name NOT LIKE 'sqlite_%'\")))\n"
+    )
+    tables = subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True,
+                            check=True).stdout
     assert tables.strip() == "['schema_meta', 'task_events', 'tasks']"

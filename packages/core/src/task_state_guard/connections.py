@@ -141,6 +141,12 @@ def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
 
 
 def _read_header(path: str) -> bytes:
+    """The first 100 bytes of the file, read with a descriptor of our own.
+
+    Closing any descriptor of a file drops every POSIX lock this process holds on it, SQLite's
+    included, so this is only done when no connection of this process can have the ledger
+    open: for a closed ledger (no sidecars) about to be read in place.
+    """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -212,8 +218,15 @@ class StableFile:
             raise StorageError("the database changed while it was read")
 
 
+def _check_header(header: bytes) -> None:
+    if len(header) < 100 or header[:16] != _HEADER:
+        raise StorageError("the database file is not a valid ledger")
+    if header[18] != 2 or header[19] != 2:
+        raise StorageError("read-only access needs a ledger in WAL mode")
+
+
 def connect_read_only(
-    path: str, busy_timeout_ms: int, *, transient: bool
+    path: str, busy_timeout_ms: int, *, transient: bool, attach: bool = False
 ) -> tuple[sqlite3.Connection, ReadMode, StableFile | None]:
     """Open an existing WAL ledger without migrating or tightening anything.
 
@@ -221,8 +234,10 @@ def connect_read_only(
     file state each read transaction is verified against. A live ledger (WAL and SHM
     present) is read through SQLite's read-only WAL access. A cleanly closed one is opened in
     place with transient sidecars when ``transient`` is true (the caller checked that they can
-    be created), else read in place creating nothing. Memory stays bounded by SQLite's page
-    cache whatever the size of the ledger.
+    be created), else read in place creating nothing. ``attach``: a transient connection of the
+    caller is open, so the sidecars present are (or include) its own: open another transient
+    connection, so that the last of them to close removes them. Memory stays bounded by SQLite's
+    page cache whatever the size of the ledger.
 
     A writer that opens (or closes) the ledger meanwhile creates (or removes) the WAL and SHM
     files and can change the file: such a moment is retried until the busy timeout, after
@@ -232,7 +247,7 @@ def connect_read_only(
     pause = 0.005
     while True:
         try:
-            return _connect_read_only(path, busy_timeout_ms, transient)
+            return _connect_read_only(path, busy_timeout_ms, transient, attach)
         except _WriterOpening as exc:
             if time.monotonic() >= deadline:
                 raise StorageError(str(exc)) from None
@@ -254,13 +269,8 @@ def _connect(target: str, busy_timeout_ms: int, *, uri: bool) -> sqlite3.Connect
 
 
 def _connect_read_only(
-    path: str, busy_timeout_ms: int, transient: bool
+    path: str, busy_timeout_ms: int, transient: bool, attach: bool
 ) -> tuple[sqlite3.Connection, ReadMode, StableFile | None]:
-    header = _read_header(path)
-    if len(header) < 100 or header[:16] != _HEADER:
-        raise StorageError("the database file is not a valid ledger")
-    if header[18] != 2 or header[19] != 2:
-        raise StorageError("read-only access needs a ledger in WAL mode")
     present = {s: os.path.lexists(path + s) for s in ("-wal", "-shm", "-journal")}
     if present["-journal"]:
         raise StorageError("a rollback journal is present")
@@ -268,14 +278,15 @@ def _connect_read_only(
         raise _WriterOpening("an incomplete WAL/SHM pair is present")
     stable: StableFile | None = None
     quoted = "file:" + urllib.parse.quote(path)
-    if present["-wal"]:
-        mode = ReadMode.LIVE
-        conn = _connect(quoted + "?mode=ro&readonly_shm=1", busy_timeout_ms, uri=True)
-    elif transient:
+    if attach or (transient and not present["-wal"]):
         mode = ReadMode.TRANSIENT
         conn = _connect(path, busy_timeout_ms, uri=False)
+    elif present["-wal"]:
+        mode = ReadMode.LIVE
+        conn = _connect(quoted + "?mode=ro&readonly_shm=1", busy_timeout_ms, uri=True)
     else:
         mode = ReadMode.IN_PLACE
+        _check_header(_read_header(path))
         stable = StableFile(path)
         conn = _connect(quoted + "?mode=ro&immutable=1", busy_timeout_ms, uri=True)
     try:
@@ -288,6 +299,9 @@ def _connect_read_only(
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         if stable is not None:
             stable.check_end()
+        elif str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+            # judged by SQLite, which read the header: no descriptor of ours touches the file
+            raise StorageError("read-only access needs a ledger in WAL mode")
     except sqlite3.Error as exc:
         conn.close()
         if mode is not ReadMode.IN_PLACE and _writer_moment(exc):

@@ -235,8 +235,9 @@ class SQLiteDatabase:
         if self._identity is not None and identity != self._identity:
             raise StorageError("the database file was replaced")
         transient = self._transient_sidecars and storage.sidecars_creatable(self._path)
+        attach = any(m is connections.ReadMode.TRANSIENT for m, _ in self._modes.values())
         conn, mode, stable = connections.connect_read_only(
-            self._path, self.busy_timeout_ms, transient=transient
+            self._path, self.busy_timeout_ms, transient=transient, attach=attach
         )
         version: int | None = None
         try:
