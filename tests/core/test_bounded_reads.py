@@ -28,6 +28,10 @@ from task_state_guard import Ledger, StorageError
 
 LIMIT_MB = 64.0
 TASKS = 100_000
+# Long (valid) name labels and payload fingerprints make the file larger than the bound.
+RENDER = "app.tasks." + "render_" * 25
+PLAN = "agent." + "plan_" * 35
+FETCH = "app.tasks." + "fetch_" * 30
 FIXTURES = Path(__file__).parent / "fixtures"
 
 # Runs the CLI in this child and reports its own peak RSS (VmHWM) on stderr.
@@ -74,17 +78,19 @@ def build(db: str, tasks: int) -> tuple[str, str]:
             with led.atomic():
                 for _ in range(500):  # 10 tasks per round: every state and delivery state
                     clock.advance(0.001)
-                    done = led.create_task(name="app.tasks.render")
-                    inner = led.create_task(parent_id=done.id, delivery_required=False)
+                    digest = f"{made:064x}"
+                    done = led.create_task(name=RENDER, payload_hash=digest)
+                    inner = led.create_task(parent_id=done.id, delivery_required=False,
+                                            name=RENDER)
                     led.close_task_settled(inner.id, "succeeded", code="completed")
                     led.close_task(done.id, "succeeded", code="worker_completed")
-                    delivered = led.create_task(name="agent.plan")
+                    delivered = led.create_task(name=PLAN, payload_hash=digest)
                     led.close_task(delivered.id, "failed", code="worker_failed")
                     led.set_delivery(delivered.id, "delivered")
-                    running = led.create_task(name="agent.plan", timeout_seconds=60)
+                    running = led.create_task(name=PLAN, timeout_seconds=60)
                     led.start_task(running.id, owner=False)
                     for _ in range(6):
-                        led.create_task(name="app.tasks.fetch")
+                        led.create_task(name=FETCH, payload_hash=digest)
                     root_id, child_id = done.id, inner.id
                     made += 10
     assert sidecars(db) == []
