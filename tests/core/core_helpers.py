@@ -170,6 +170,14 @@ def snapshot_tree(directory: str) -> dict[str, tuple[Any, ...]]:
     return out
 
 
+def snapshot_entries(directory: str) -> dict[str, tuple[Any, ...]]:
+    """:func:`snapshot_tree` without the directory's own mtime: what a read command leaves as it
+    found it (its transient sidecars on a closed ledger come and go, moving only that mtime)."""
+    out = snapshot_tree(directory)
+    out.pop(".")
+    return out
+
+
 def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> None:
     """Edit the SQLite file directly (tamper fixtures), committing and closing."""
     conn = sqlite3.connect(path, isolation_level=None)

@@ -17,6 +17,8 @@ from core_helpers import (
     insert_event,
     raw_execute,
     run_cli,
+    sidecars,
+    snapshot_entries,
     snapshot_tree,
 )
 from task_state_guard import (
@@ -505,7 +507,7 @@ def test_v1_with_legacy_reason_text_fails_closed(tmp_path) -> None:
 def test_read_only_open_leaves_v1_as_v1(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v1(db)
-    before = snapshot_tree(str(tmp_path / "d"))
+    before = snapshot_entries(str(tmp_path / "d"))
     clock = Clock(T0 + 10_000)
     with Ledger(db, clock=clock, read_only=True) as ro:
         assert ro.schema_version == 1
@@ -517,7 +519,8 @@ def test_read_only_open_leaves_v1_as_v1(tmp_path) -> None:
             ro.create_task()
     result = run_cli("--db", db, "reconcile", "--dry-run")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert snapshot_tree(str(tmp_path / "d")) == before
+    assert snapshot_entries(str(tmp_path / "d")) == before
+    assert sidecars(db) == []
     assert meta_version(db) == "1"
 
 
@@ -529,7 +532,7 @@ def test_read_only_rejects_every_mutation(tmp_path) -> None:
     ids = make_ledger(db)
     with Ledger(db, clock=Clock(T0 + 5), read_only=True) as check:
         states = [check.get_task(i) for i in ids]
-    before = snapshot_tree(str(tmp_path / "d"))
+    before = snapshot_entries(str(tmp_path / "d"))
     with Ledger(db, clock=Clock(T0 + 5), read_only=True) as ro:
         assert ro.read_only is True
         calls = [
@@ -548,7 +551,7 @@ def test_read_only_rejects_every_mutation(tmp_path) -> None:
                 call()
         assert [ro.get_task(i) for i in ids] == states
         assert ro.storage_info()["read_only"] is True
-    assert snapshot_tree(str(tmp_path / "d")) == before
+    assert snapshot_entries(str(tmp_path / "d")) == before
 
 
 def test_storage_info_has_no_path(tmp_path) -> None:

@@ -214,6 +214,8 @@ def _open(args: argparse.Namespace) -> Ledger:
         busy_timeout_ms=busy if busy is not None else 5000,
         allow_external_acl=bool(args.allow_external_acl),
         read_only=read_only,
+        # the read commands may use transient sidecars; a dry-run creates nothing at all
+        transient_sidecars=args.command in _READ_ONLY,
         _check_schema=args.command != "doctor",
     )
 

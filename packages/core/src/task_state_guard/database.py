@@ -95,7 +95,7 @@ class SQLiteDatabase:
         busy_timeout_ms: int,
         allow_external_acl: bool,
         read_only: bool,
-        snapshot_max_bytes: int,
+        transient_sidecars: bool,
         check_schema: bool,
     ) -> None:
         self._path = path
@@ -103,23 +103,22 @@ class SQLiteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self.allow_external_acl = allow_external_acl
         self._read_only = read_only
-        self._snapshot_max_bytes = snapshot_max_bytes
+        self._transient_sidecars = transient_sidecars
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
         self._pid = os.getpid()
         self._open_conns: list[sqlite3.Connection] = []
         self._identity: storage.FileIdentity | None = None
-        self._shared: sqlite3.Connection | None = None  # read-only snapshot connection
+        # How each read-only connection reads (by id of the connection), and for a read in
+        # place the file state its read transactions are verified against.
+        self._modes: dict[int, tuple[connections.ReadMode, connections.StableFile | None]] = {}
         # The one connection every thread of this process writes through (under the writer
         # lock): its page cache stays warm from one thread's transaction to the next, where a
         # connection per thread would find its cache invalidated by every other thread's commit.
         self._writer: sqlite3.Connection | None = None
         self._closed = False
         self.schema_version: int | None = None
-        #: True for a read-only private snapshot of a closed ledger.
-        self.snapshot_mode = False
 
     @property
     def path(self) -> str:
@@ -149,25 +148,18 @@ class SQLiteDatabase:
             raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         if pid != self._pid:  # a lock held by another thread at fork() time stays held
             self._lock = threading.Lock()
-            self._snapshot_lock = threading.RLock()
         with self._lock:
             if pid != self._pid:  # forked: park inherited handles, never close them here
                 self._forked(pid)
-            if self._read_only and self._shared is not None:
-                conn = self._shared
-            else:
-                conn = self._open()
-                self._open_conns.append(conn)
-                if self._read_only and self._identity is not None and self.snapshot_mode:
-                    self._shared = conn
+            conn = self._open()
+            self._open_conns.append(conn)
         self._local.entry = (pid, conn)
         return conn
 
     def _forked(self, pid: int) -> None:
         _INHERITED.extend(self._open_conns)
-        if self._shared is not None:
-            _INHERITED.append(self._shared)
-        self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
+        self._open_conns, self._writer, self._pid = [], None, pid
+        self._modes = {}
 
     def writer(self) -> sqlite3.Connection:
         """This process's writer connection (opened lazily; never reused after ``fork()``)."""
@@ -248,11 +240,16 @@ class SQLiteDatabase:
         )
         if self._identity is not None and identity != self._identity:
             raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
-        conn, snapshot = connections.connect_read_only(
-            self._path, self.busy_timeout_ms, self._snapshot_max_bytes
+        transient = self._transient_sidecars and storage.sidecars_creatable(self._path)
+        attach = any(m is connections.ReadMode.TRANSIENT for m, _ in self._modes.values())
+        conn, mode, stable = connections.connect_read_only(
+            self._path, self.busy_timeout_ms, transient=transient, attach=attach
         )
         version: int | None = None
         try:
+            if mode is connections.ReadMode.TRANSIENT:
+                # the sidecars SQLite just made (or a writer's, had one appeared) are private
+                storage.check_sidecars(self._path, tighten=False)
             fmt = schema.detect_format(conn)
             if fmt in schema.KNOWN:
                 version = schema.STORED_VERSION[fmt]
@@ -274,8 +271,13 @@ class SQLiteDatabase:
             raise
         self.schema_version = version
         self._identity = identity
-        self.snapshot_mode = snapshot
+        self._modes[id(conn)] = (mode, stable)
         return conn
+
+    def read_mode(self) -> connections.ReadMode | None:
+        """How this thread's connection reads the ledger (None for a writable ledger)."""
+        entry = self._modes.get(id(self.conn()))
+        return None if entry is None else entry[0]
 
     def close(self) -> None:
         """Close every connection this process opened; no use afterwards."""
@@ -286,14 +288,13 @@ class SQLiteDatabase:
                     with suppress(sqlite3.Error):
                         conn.close()
             self._open_conns = []
-            self._shared = None
+            self._modes = {}
             self._writer = None
         self._local = threading.local()
 
     def _check_identity(self) -> None:
         if (
             self._identity is not None
-            and not self.snapshot_mode
             and storage.current_identity(self._path) != self._identity
         ):
             raise StorageError(
@@ -377,23 +378,23 @@ class SQLiteDatabase:
         conn = self.conn()
         self._check_identity()
         toggled = query_only and not self._read_only
-        shared = conn is self._shared
-        if shared:
-            self._snapshot_lock.acquire()
+        mode, stable = self._modes.get(id(conn), (None, None))
+        if stable is not None:
+            stable.check_start()
         try:
             if toggled:
                 conn.execute("PRAGMA query_only=1")
             connections.begin_read(
-                conn, self.busy_timeout_ms, self._read_only and not self.snapshot_mode
+                conn, self.busy_timeout_ms, mode is connections.ReadMode.LIVE
             )
         except sqlite3.Error as exc:
             if toggled:
                 conn.execute("PRAGMA query_only=0")
-            if shared:
-                self._snapshot_lock.release()
             raise connections.translate(exc) from None
         try:
             yield conn
+            if stable is not None:  # what was read counts only if the file stayed unchanged
+                stable.check_end()
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         finally:
@@ -401,8 +402,6 @@ class SQLiteDatabase:
                 conn.execute("ROLLBACK")
             if toggled:
                 conn.execute("PRAGMA query_only=0")
-            if shared:
-                self._snapshot_lock.release()
 
     @contextmanager
     def bulk(self) -> Iterator[None]:

@@ -373,3 +373,11 @@ def storage_info(path: str, *, allow_external_acl: bool, read_only: bool) -> dic
         "read_only": read_only,
         "local_filesystem_required": True,
     }
+
+
+def sidecars_creatable(path: str) -> bool:
+    """Whether a read of the closed ledger at ``path`` may open it in place with transient
+    sidecars: the file and its directory are writable by this process (not on a read-only
+    filesystem, not a read-only file), so SQLite can create the WAL and SHM and remove them
+    again on close. Otherwise the ledger is read in place creating nothing."""
+    return _may_write(path) and _may_write(os.path.dirname(path))
