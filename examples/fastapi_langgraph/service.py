@@ -94,7 +94,12 @@ async def recovery() -> dict[str, Any]:
         "lost": list(report.lost),
         "resumed": list(report.resumed),
         "runs": [
-            {"thread_id": r.thread_id, "invocation_id": r.invocation_id, "outcome": r.outcome}
+            {
+                "thread_id": r.thread_id,
+                "invocation_id": r.invocation_id,  # the resumed run (mark its delivery)
+                "recovers": r.recovers,  # the lost run's invocation id
+                "outcome": r.outcome,
+            }
             for r in report
         ],
     }

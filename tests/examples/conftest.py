@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from deploy_helpers import Ledgers  # noqa: E402
+from deploy_helpers import Ledgers
 
 
 @pytest.fixture

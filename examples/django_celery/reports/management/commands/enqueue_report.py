@@ -3,6 +3,7 @@
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+
 from reports.tasks import build_report
 
 
