@@ -28,7 +28,7 @@ def _celery_time_limit() -> int:
 def _dockerfile() -> dict[str, Any]:
     text = (DEPLOY / "Dockerfile").read_text()
     entry = re.search(r'^ENTRYPOINT \["([^"]+)"\]', text, re.M)
-    copy = re.search(r"^COPY --chmod=0755 deploy/entrypoint\.sh (\S+)", text, re.M)
+    copy = re.search(r"^COPY --chmod=0755 examples/deploy/entrypoint\.sh (\S+)", text, re.M)
     user = re.search(r"^USER (\d+):(\d+)", text, re.M)
     db = re.search(r"^ENV TSG_DB=(\S+)", text, re.M)
     assert entry and copy and user and db
@@ -55,6 +55,11 @@ def test_dockerfile_installs_the_entrypoint_it_runs() -> None:
     assert docker["entrypoint"] == docker["copied_to"]
     assert docker["uid"] != 0
     assert Path(docker["db"]).parent.parent == Path("/data")  # a directory below the volume
+    text = (DEPLOY / "Dockerfile").read_text()
+    for source in re.findall(r"^COPY (?:--\S+ )*(\S+) ", text, re.M):
+        if source != "dist/":  # built by scripts/build_release.py before the image
+            assert (REPO / source).exists(), source
+    assert "build_release.py" in text
 
 
 @pytest.mark.parametrize("name", ["celery-statefulset.yaml", "shared-ledger-pod.yaml",
