@@ -21,7 +21,10 @@ if [ "$#" -eq 0 ]; then
     echo "entrypoint: no command given (e.g. celery -A proj worker)" >&2
     exit 64
 fi
-: "${TSG_DB:?entrypoint: set TSG_DB to the ledger path, e.g. /data/tsg/tasks.sqlite}"
+if [ -z "${TSG_DB:-}" ]; then
+    echo "entrypoint: set TSG_DB to the ledger path, e.g. /data/tsg/tasks.sqlite" >&2
+    exit 64
+fi
 mode="${TSG_RECONCILE:-apply}"
 case "$mode" in
     apply | preview) ;;
