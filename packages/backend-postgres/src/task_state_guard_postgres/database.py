@@ -152,6 +152,7 @@ class PostgresDatabase:
                 conn.execute(
                     "SELECT pg_advisory_xact_lock(?)", (ddl.lock_key(PASS_KIND, self.schema),)
                 )
+                conn.execute(ddl.COMPACT_TOTALS)
             yield conn
             if conn.failed:
                 # A statement failed inside and the caller went on: PostgreSQL would turn this
