@@ -70,6 +70,12 @@ DATABASE_UNUSABLE = "database_unusable"
 READ_ONLY_LEDGER = "read_only_ledger"
 LEDGER_CLOSED = "ledger_closed"
 
+# ----------------------------------------------------------------------------- PostgreSQL
+BACKEND_MISSING = "backend_missing"
+SERVER_UNREACHABLE = "server_unreachable"
+PRIVILEGE_MISSING = "privilege_missing"
+SCHEMA_NEWER = "schema_newer"
+
 #: Reasons of the command line's usage errors (always with ``"error":"InvalidInput"``).
 USAGE: frozenset[str] = frozenset(
     {
@@ -95,6 +101,7 @@ STORAGE: frozenset[str] = frozenset(
         DATABASE_CHANGING, WAL_INCOMPLETE,
         DATABASE_BUSY, DISK_FULL, WRITE_REJECTED, DATABASE_UNUSABLE, READ_ONLY_LEDGER,
         LEDGER_CLOSED,
+        BACKEND_MISSING, SERVER_UNREACHABLE, PRIVILEGE_MISSING, SCHEMA_NEWER,
     }
 )
 #: The whole closed vocabulary.
