@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from enum import StrEnum
 
+from . import reasons as r
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 _HEADER = b"SQLite format 3\x00"
@@ -29,16 +30,18 @@ def translate(exc: BaseException) -> LedgerError:
         return exc
     text = str(exc).lower()
     if "locked" in text or "busy" in text:
-        return LedgerBusy("the database stayed locked past the busy timeout")
+        return LedgerBusy(
+            "the database stayed locked past the busy timeout", reason=r.DATABASE_BUSY
+        )
     if "readonly" in text or "read-only" in text or "read only" in text:
-        return StorageError("the database is not writable")
+        return StorageError("the database is not writable", reason=r.DATABASE_NOT_WRITABLE)
     if "full" in text:
-        return StorageError("the disk is full")
+        return StorageError("the disk is full", reason=r.DISK_FULL)
     if "not a database" in text or "malformed" in text or "corrupt" in text:
-        return StorageError("the database file is not a valid ledger")
+        return StorageError("the database file is not a valid ledger", reason=r.NOT_A_LEDGER)
     if isinstance(exc, sqlite3.IntegrityError):
-        return StorageError("the database rejected the write")
-    return StorageError("the database could not be used")
+        return StorageError("the database rejected the write", reason=r.WRITE_REJECTED)
+    return StorageError("the database could not be used", reason=r.DATABASE_UNUSABLE)
 
 
 def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
@@ -80,7 +83,14 @@ def bulk_cache(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 class _WriterOpening(Exception):
-    """A writer is opening or closing the ledger right now: look again in a moment."""
+    """A writer is opening or closing the ledger right now: look again in a moment.
+
+    ``reason`` is what the open reports when the moment outlasts the busy timeout.
+    """
+
+    def __init__(self, message: str, reason: str = r.DATABASE_CHANGING) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _busy(exc: sqlite3.Error) -> bool:
@@ -137,7 +147,9 @@ def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     if str(mode).lower() != "wal":
-        raise StorageError("the database could not be switched to WAL mode")
+        raise StorageError(
+            "the database could not be switched to WAL mode", reason=r.WAL_MODE_UNAVAILABLE
+        )
 
 
 def _read_header(path: str) -> bytes:
@@ -151,7 +163,9 @@ def _read_header(path: str) -> bytes:
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        raise StorageError("the database file cannot be read") from exc
+        raise StorageError(
+            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
+        ) from exc
     try:
         return os.read(fd, 100)
     finally:
@@ -181,7 +195,9 @@ def _file_state(path: str) -> tuple[int, int, int, int, int]:
     try:
         st = os.lstat(path)
     except OSError as exc:
-        raise StorageError("the database file cannot be read") from exc
+        raise StorageError(
+            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
+        ) from exc
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -210,19 +226,26 @@ class StableFile:
     def check_start(self) -> None:
         """Refuse to start a read once a writer opened the ledger or the file changed."""
         if _sidecar_present(self.path) or _file_state(self.path) != self._state:
-            raise StorageError("a writer opened the ledger since it was opened read-only")
+            raise StorageError(
+                "a writer opened the ledger since it was opened read-only",
+                reason=r.DATABASE_CHANGING,
+            )
 
     def check_end(self) -> None:
         """Fail the read closed if the file changed while it was read."""
         if _file_state(self.path) != self._state:
-            raise StorageError("the database changed while it was read")
+            raise StorageError(
+                "the database changed while it was read", reason=r.DATABASE_CHANGING
+            )
 
 
 def _check_header(header: bytes) -> None:
     if len(header) < 100 or header[:16] != _HEADER:
-        raise StorageError("the database file is not a valid ledger")
+        raise StorageError("the database file is not a valid ledger", reason=r.NOT_A_LEDGER)
     if header[18] != 2 or header[19] != 2:
-        raise StorageError("read-only access needs a ledger in WAL mode")
+        raise StorageError(
+            "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
+        )
 
 
 def connect_read_only(
@@ -250,7 +273,7 @@ def connect_read_only(
             return _connect_read_only(path, busy_timeout_ms, transient, attach)
         except _WriterOpening as exc:
             if time.monotonic() >= deadline:
-                raise StorageError(str(exc)) from None
+                raise StorageError(str(exc), reason=exc.reason) from None
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
 
@@ -273,9 +296,11 @@ def _connect_read_only(
 ) -> tuple[sqlite3.Connection, ReadMode, StableFile | None]:
     present = {s: os.path.lexists(path + s) for s in ("-wal", "-shm", "-journal")}
     if present["-journal"]:
-        raise StorageError("a rollback journal is present")
+        raise StorageError(
+            "a rollback journal is present", reason=r.ROLLBACK_JOURNAL_PRESENT
+        )
     if present["-wal"] != present["-shm"]:
-        raise _WriterOpening("an incomplete WAL/SHM pair is present")
+        raise _WriterOpening("an incomplete WAL/SHM pair is present", reason=r.WAL_INCOMPLETE)
     stable: StableFile | None = None
     quoted = "file:" + urllib.parse.quote(path)
     if attach or (transient and not present["-wal"]):
@@ -301,7 +326,9 @@ def _connect_read_only(
             stable.check_end()
         elif str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
             # judged by SQLite, which read the header: no descriptor of ours touches the file
-            raise StorageError("read-only access needs a ledger in WAL mode")
+            raise StorageError(
+            "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
+        )
     except sqlite3.Error as exc:
         conn.close()
         if mode is not ReadMode.IN_PLACE and _writer_moment(exc):

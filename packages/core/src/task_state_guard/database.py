@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Protocol
 
 from . import connections, schema, storage
+from . import reasons as r
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 # Connections inherited across fork() are parked here and never touched or closed again.
@@ -144,7 +145,7 @@ class SQLiteDatabase:
             conn: sqlite3.Connection = entry[1]
             return conn
         if self._closed:
-            raise StorageError("the ledger is closed")
+            raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         if pid != self._pid:  # a lock held by another thread at fork() time stays held
             self._lock = threading.Lock()
         with self._lock:
@@ -188,7 +189,7 @@ class SQLiteDatabase:
         if identity is None:
             identity = storage.create_database_file(self._path)
         if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced")
+            raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         conn = connections.connect_writable(self._path, self.busy_timeout_ms)
         try:
             if self._identity is None:
@@ -196,7 +197,7 @@ class SQLiteDatabase:
                 self._identity = identity
             storage.tighten_sidecars(self._path)
             if storage.current_identity(self._path) != identity:
-                raise StorageError("the database file was replaced")
+                raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         except BaseException:
             conn.close()
             raise
@@ -205,7 +206,9 @@ class SQLiteDatabase:
     def _initialize(self, conn: sqlite3.Connection) -> None:
         try:  # judge the schema before anything (even the journal mode) is written
             if schema.detect_format(conn) is None:
-                raise StorageError("the database holds a foreign or tampered schema")
+                raise StorageError(
+                    "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+                )
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         connections.ensure_wal(conn, self.busy_timeout_ms / 1000.0)
@@ -216,8 +219,11 @@ class SQLiteDatabase:
                 if fmt == schema.EMPTY:
                     schema.create(conn)
                 elif fmt is None:
-                    raise StorageError("the database holds a foreign or tampered schema")
-                elif fmt != schema.V3:
+                    raise StorageError(
+                        "the database holds a foreign or tampered schema",
+                        reason=r.FOREIGN_SCHEMA,
+                    )
+                elif fmt != schema.V4:
                     schema.migrate(conn, fmt)  # one transaction: all of it or nothing
                 version = schema.SCHEMA_VERSION
                 conn.execute("COMMIT")
@@ -233,7 +239,7 @@ class SQLiteDatabase:
             self._path, create=False, allow_external_acl=self.allow_external_acl, read_only=True
         )
         if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced")
+            raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         transient = self._transient_sidecars and storage.sidecars_creatable(self._path)
         attach = any(m is connections.ReadMode.TRANSIENT for m, _ in self._modes.values())
         conn, mode, stable = connections.connect_read_only(
@@ -254,7 +260,9 @@ class SQLiteDatabase:
                         conn.execute(view)
                     conn.execute("PRAGMA query_only=1")
             elif self._check_schema:
-                raise StorageError("the database holds a foreign or tampered schema")
+                raise StorageError(
+                    "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+                )
         except sqlite3.Error as exc:
             conn.close()
             raise connections.translate(exc) from None
@@ -289,7 +297,9 @@ class SQLiteDatabase:
             self._identity is not None
             and storage.current_identity(self._path) != self._identity
         ):
-            raise StorageError("the database file was replaced or removed")
+            raise StorageError(
+                "the database file was replaced or removed", reason=r.DATABASE_REPLACED
+            )
 
     # ----------------------------------------------------------------- clock
     def now(self) -> float:
@@ -317,7 +327,7 @@ class SQLiteDatabase:
         :meth:`group` the enclosing transaction is reused.
         """
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         local = self._local
         if getattr(local, "atomic", False):
             yield self.conn()
@@ -326,7 +336,9 @@ class SQLiteDatabase:
         self._check_identity()
         lock = writer_lock(self._path)
         if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
-            raise LedgerBusy("another thread held the ledger past the busy timeout")
+            raise LedgerBusy(
+                "another thread held the ledger past the busy timeout", reason=r.DATABASE_BUSY
+            )
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -395,7 +407,7 @@ class SQLiteDatabase:
     def bulk(self) -> Iterator[None]:
         """A large page cache and rarer checkpoints for this thread's connection meanwhile."""
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         with connections.bulk_cache(self.writer()):
             yield
 
