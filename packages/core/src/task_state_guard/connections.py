@@ -327,8 +327,8 @@ def _connect_read_only(
         elif str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
             # judged by SQLite, which read the header: no descriptor of ours touches the file
             raise StorageError(
-            "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
-        )
+                "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
+            )
     except sqlite3.Error as exc:
         conn.close()
         if mode is not ReadMode.IN_PLACE and _writer_moment(exc):
