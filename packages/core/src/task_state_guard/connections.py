@@ -217,7 +217,10 @@ class StableFile:
     def __init__(self, path: str) -> None:
         self.path = path
         state = _file_state(path)
-        if time.time_ns() - max(state[3], state[4]) < _SETTLE_NS:
+        now = time.time_ns()
+        # Only a time near the clock's present could be given again to a later change; one
+        # ahead of it (a clock stepped back, a copy from another host) never is.
+        if any(abs(now - stamp) < _SETTLE_NS for stamp in (state[3], state[4])):
             raise _WriterOpening("the database changed a moment ago")
         if _sidecar_present(path):
             raise _WriterOpening("a writer appeared while the ledger was opened")
