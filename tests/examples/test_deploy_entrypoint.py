@@ -3,6 +3,7 @@ real ``tsg`` on PATH, and a real command that the script must ``exec``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -171,7 +172,8 @@ def test_a_refusal_never_starts_the_worker(
     done = _run(db, *command, mode=mode)
     assert done.returncode == code
     if setup == "unsafe-directory":
-        assert done.stdout.strip() == '{"error":"InvalidInput","ok":false}'
+        assert json.loads(done.stdout) == {
+            "error": "InvalidInput", "ok": False, "reason": "directory_writable_by_others"}
         assert str(ledgers.data) not in done.stdout + done.stderr  # no path echoed
     assert not marker.exists()
     assert not Path(ledgers.db).exists() or setup == "unsafe-directory"
