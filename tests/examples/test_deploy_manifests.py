@@ -181,6 +181,9 @@ def test_the_doc_covers_every_shipped_file() -> None:
         assert str(path.relative_to(REPO)) in text, path
     assert "examples/django_celery" in text and "examples/fastapi_langgraph" in text
     assert "docs/deploy.md" in (REPO / "README.md").read_text()
+    tests = "".join(p.read_text() for p in (REPO / "tests" / "examples").glob("test_*.py"))
+    for name in set(re.findall(r"`(test_[a-z0-9_]+)`", text)):
+        assert f"def {name}(" in tests, name  # every test the doc cites exists
     for _file, workload in _workloads():
         for container in workload["spec"]["template"]["spec"]["containers"]:
             assert _env(container)["TSG_DB"] in text
