@@ -6,6 +6,7 @@ that unknown work succeeded, previews changes as counts, and checks itself with 
 doctor.
 """
 
+from . import reasons
 from .events import TaskEvent
 from .heartbeat import Heartbeater
 from .ledger import Ledger
@@ -47,5 +48,6 @@ __all__ = [
     "UnsafeLocation",
     "__version__",
     "payload_fingerprint",
+    "reasons",
     "reconcile_restart",
 ]

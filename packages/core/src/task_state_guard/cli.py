@@ -1,13 +1,15 @@
 """The ``task-state-guard`` / ``tsg`` command line.
 
-Except for ``--help``, ``--version``, ``metrics`` and ``--format text``, every outcome is one
-compact, key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress
-lines on stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
+Except for ``--help``, ``--version``, ``metrics`` and ``--format text`` (their text on stdout;
+``metrics --textfile`` and ``--serve`` print JSON lines), every outcome is one compact,
+key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress lines on
+stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
 Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
 unexpected internal error. Rejected values, paths and exception texts are never echoed: errors
-name only their category, one of 0.1.0's ``InvalidInput``, ``TaskNotFound`` and
-``StateConflict`` (a storage or identity problem, ``LedgerBusy`` included, is a
-``StateConflict``; an unsafe location an ``InvalidInput``), or ``InternalError``.
+name their category, one of 0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict``
+(a storage or identity problem, ``LedgerBusy`` included, is a ``StateConflict``; an unsafe
+location an ``InvalidInput``), or ``InternalError``; a usage or storage error adds
+``"reason"``, the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__, cli_text, operator_reads
+from . import reasons as r
 from .durations import parse_seconds
 from .ledger import Ledger
+from .metrics_command import check_metrics_options, run_metrics
+from .metrics_http import DEFAULT_LISTEN
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
@@ -37,19 +42,44 @@ from .model import (
     check_state,
 )
 from .reconcile import ReconcilePolicy
-from .status import format_prometheus, format_text
+from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0
 DEFAULT_DELIVERY_GRACE = 600.0
 
 
-class _UsageError(Exception):
-    pass
+class _UsageError(InvalidInput):
+    """A command line the parser refused (printed as ``InvalidInput`` with its reason)."""
+
+
+def _usage_reason(message: str) -> str:
+    """Classify argparse's message (never printed) into a fixed reason."""
+    if "invalid choice" in message:
+        return r.UNKNOWN_COMMAND if message.startswith("argument command:") else r.INVALID_VALUE
+    if "the following arguments are required" in message:
+        missing = message.partition(":")[2].split(",")
+        return r.MISSING_COMMAND if "command" in (m.strip() for m in missing) else (
+            r.MISSING_ARGUMENT)
+    if "expected one argument" in message:
+        return r.MISSING_VALUE
+    if "unrecognized arguments" in message or "ambiguous option" in message:
+        return r.UNKNOWN_OPTION
+    return r.USAGE_ERROR
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError()
+        raise _UsageError("the command line was refused", reason=_usage_reason(message))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; anything left over is an unknown option or an unexpected argument."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unknown = any(token.startswith("-") and token != "-" for token in extra)
+        raise _UsageError("the command line was refused",
+                          reason=r.UNKNOWN_OPTION if unknown else r.UNEXPECTED_ARGUMENT)
+    return args
 
 
 def _seconds(value: str | None, env: str, default: float, what: str) -> float:
@@ -132,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--active-grace-seconds", help=_DURATION)
     metrics = sub.add_parser("metrics", help="Prometheus text exposition of status")
     metrics.add_argument("--active-grace-seconds", help=_DURATION)
+    metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
+    metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
+    metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
@@ -170,14 +203,19 @@ def _check_ids(args: argparse.Namespace) -> None:
 def _open(args: argparse.Namespace) -> Ledger:
     path = args.db if args.db is not None else os.environ.get("TSG_DB")
     if not path:
-        raise InvalidInput("no database: pass --db or set TSG_DB")
-    busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+        raise InvalidInput("no database: pass --db or set TSG_DB", reason=r.MISSING_DATABASE_PATH)
+    try:
+        busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+    except InvalidInput:
+        raise InvalidInput("bad busy timeout", reason=r.INVALID_VALUE) from None
     read_only = args.command in _READ_ONLY or bool(getattr(args, "dry_run", False))
     return Ledger(
         path,
         busy_timeout_ms=busy if busy is not None else 5000,
         allow_external_acl=bool(args.allow_external_acl),
         read_only=read_only,
+        # the read commands may use transient sidecars; a dry-run creates nothing at all
+        transient_sidecars=args.command in _READ_ONLY,
         _check_schema=args.command != "doctor",
     )
 
@@ -223,6 +261,8 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     elif command in ("status", "metrics"):
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
+    if command == "metrics":
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
@@ -237,8 +277,13 @@ def _progress(args: argparse.Namespace, what: str) -> Callable[[int, int], None]
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
-    _check_ids(args)
-    values = _check_values(args)
+    try:
+        _check_ids(args)
+        values = _check_values(args)
+    except InvalidInput:
+        raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
+    if command == "metrics":
+        return run_metrics(lambda: _open(args), values, emit=_emit, categorize=error_category)
     ledger = _open(args)
     try:
         if command == "init":
@@ -271,10 +316,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
             if args.format == "text":
                 return cli_text.doctor(report), code
             return {"ok": report["healthy"], **report}, code
-        elif command in ("status", "metrics"):
+        elif command == "status":
             report = ledger.status(active_grace_seconds=values["grace"])
-            if command == "metrics":
-                return format_prometheus(report), 0
             if args.format == "text":
                 return format_text(report) + "\n", 0
             return {"ok": True, "status": report}, 0
@@ -299,6 +342,14 @@ def error_category(exc: LedgerError) -> str:
     return "StateConflict"
 
 
+def error_payload(exc: LedgerError) -> dict[str, Any]:
+    """The CLI's error line for ``exc``: its 0.1.0 category and, when it has one, its reason."""
+    payload: dict[str, Any] = {"error": error_category(exc), "ok": False}
+    if exc.reason is not None:
+        payload["reason"] = exc.reason
+    return payload
+
+
 def _emit(payload: dict[str, Any] | str) -> None:
     if isinstance(payload, str):
         sys.stdout.write(payload)
@@ -311,14 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except _UsageError:
-        _emit({"error": "InvalidInput", "ok": False})
-        return 2
-    try:
-        payload, code = _run(args)
+        payload, code = _run(_parse(parser, argv))
     except LedgerError as exc:
-        _emit({"error": error_category(exc), "ok": False})
+        _emit(error_payload(exc))
         return 2
     except Exception:
         _emit({"error": "InternalError", "ok": False})

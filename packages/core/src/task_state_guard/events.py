@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import reasons
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -76,6 +77,7 @@ def events_of(db: Database, task_id: str) -> list[TaskEvent]:
     events: list[TaskEvent] = []
     for step, kind, state, code, at in rows:
         if not _valid(step, kind, state, code, at):
-            raise StorageError("a stored event failed validation (run doctor)")
+            raise StorageError("a stored event failed validation (run doctor)",
+                               reason=reasons.STORED_ROW_INVALID)
         events.append(TaskEvent(str(kind), str(state), code, float(at)))
     return events

@@ -14,6 +14,7 @@ from . import connections, database, owners, schema, storage, task_list
 from . import doctor as _doctor
 from . import events as _events
 from . import prune as _prune
+from . import reasons as r
 from . import reconcile as _reconcile
 from . import status as _status
 from .model import (
@@ -106,7 +107,9 @@ _HEARTBEAT_MANY = (
 def row_to_task(row: tuple[Any, ...]) -> Task:
     """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
     if not row_is_valid(row):
-        raise StorageError("a stored task row failed validation (run doctor)")
+        raise StorageError(
+            "a stored task row failed validation (run doctor)", reason=r.STORED_ROW_INVALID
+        )
     return Task(
         id=row[1],
         parent_id=row[2],
@@ -198,24 +201,36 @@ class Ledger:
         allow_external_acl: bool = False,
         read_only: bool = False,
         snapshot_max_bytes: int = 1 << 30,
+        transient_sidecars: bool = True,
         _check_schema: bool = True,
     ) -> None:
+        """Open (with ``read_only=False``: create or migrate) the ledger at ``path``.
+
+        ``read_only=True`` never creates, migrates or tightens anything and reads in bounded
+        memory. A cleanly closed ledger (no WAL) is opened in place; with
+        ``transient_sidecars=True`` SQLite may create private (0600) WAL and SHM files for the
+        read, removed again when the last connection closes; with ``False`` nothing at all is
+        created and every read transaction is verified against a concurrent change of the file
+        (one fails closed with ``StorageError``). ``snapshot_max_bytes`` is accepted for
+        compatibility and no longer used: no ledger is copied into memory.
+        """
         if clock is not None and not callable(clock):
             raise InvalidInput("clock must be callable")
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
             raise InvalidInput("busy_timeout_ms must be an integer")
         if not 0 <= busy_timeout_ms <= 600_000:
             raise InvalidInput("busy_timeout_ms is out of range")
-        for flag in (allow_external_acl, read_only):
+        for flag in (allow_external_acl, read_only, transient_sidecars):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
+        connections.check_snapshot_limit(snapshot_max_bytes)  # still checked, as in 0.1.0
         self._db = database.SQLiteDatabase(
             storage.normalize_path(path),
             clock=clock or time.time,
             busy_timeout_ms=busy_timeout_ms,
             allow_external_acl=allow_external_acl,
             read_only=read_only,
-            snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
+            transient_sidecars=transient_sidecars,
             check_schema=_check_schema,
         )
         self._db.conn()  # run every safety check now
@@ -356,7 +371,10 @@ class Ledger:
                     raise StateConflict("a task with this id exists with other attributes")
                 if quiet:
                     if not row_is_valid(row):
-                        raise StorageError("a stored task row failed validation (run doctor)")
+                        raise StorageError(
+                            "a stored task row failed validation (run doctor)",
+                            reason=r.STORED_ROW_INVALID,
+                        )
                     return str(row[4])
                 return row_to_task(row)
             assert parent is not None
@@ -382,7 +400,7 @@ class Ledger:
         if not isinstance(owner, bool):
             raise InvalidInput("owner must be a boolean")
         if self._db.read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         token = None
         if owner:
             # Judged before the lock file exists; the guarded update below decides for real.
@@ -704,18 +722,20 @@ class Ledger:
             read_only=self._db.read_only,
         )
         conn = self._db.conn()
+        in_place = self._db.read_mode() is connections.ReadMode.IN_PLACE
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
             foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        if self._db.read_only and self._db.snapshot_mode:
-            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
+        if in_place:
+            journal = "wal"  # SQLite's immutable view of a closed WAL ledger reports "delete"
         info["journal_mode"] = journal
         info["foreign_keys"] = foreign_keys
         info["busy_timeout_ms"] = self._db.busy_timeout_ms
         info["schema_version"] = self.schema_version
-        info["read_snapshot"] = bool(self._db.read_only and self._db.snapshot_mode)
+        # a fixed, verified view of a closed ledger (0.1.0: its private in-memory copy)
+        info["read_snapshot"] = in_place
         return info
 
 
