@@ -181,7 +181,8 @@ def test_python_read_only_ledger_reads_the_closed_ledger_in_bounded_memory(
     out, peak = json.loads(proc.stdout)
     # transient private sidecars while it is open (a writer could join), gone after close()
     assert out == [True, TASKS // 10, 1, "succeeded", 10,
-                   ["tasks.sqlite-shm", "tasks.sqlite-wal"], False, "wal", 3]
+                   ["tasks.sqlite-shm", "tasks.sqlite-wal"], False, "wal",
+                   Ledger.SCHEMA_VERSION]
     assert peak < LIMIT_MB
     assert entries(os.path.dirname(db)) == before
 
@@ -345,3 +346,18 @@ def test_old_schema_stays_old_after_every_read_command(tmp_path: Path) -> None:
     tables = subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True,
                             check=True).stdout
     assert tables.strip() == "['schema_meta', 'task_events', 'tasks']"
+
+
+def test_in_place_read_of_a_file_dated_in_the_future(tmp_path: Path) -> None:
+    """A modification time ahead of the clock (a copy from another host, a clock stepped back)
+    cannot be given to a later write: the file is read in place at once, nothing created."""
+    db, ids = small_ledger(tmp_path)
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(db, ns=(ahead, ahead))
+    time.sleep(0.1)  # the change of the times itself (its ctime) settles
+    before = entries(os.path.dirname(db))
+    with Ledger(db, read_only=True, transient_sidecars=False, busy_timeout_ms=0) as reader:
+        assert reader.get_task(ids[0]).status == "queued"
+    dry_run = run_cli("--db", db, "--busy-timeout-ms", "1", "reconcile", "--dry-run")
+    assert dry_run.code == 0
+    assert entries(os.path.dirname(db)) == before

@@ -217,7 +217,10 @@ class StableFile:
     def __init__(self, path: str) -> None:
         self.path = path
         state = _file_state(path)
-        if time.time_ns() - max(state[3], state[4]) < _SETTLE_NS:
+        now = time.time_ns()
+        # Only a time near the clock's present could be given again to a later change; one
+        # ahead of it (a clock stepped back, a copy from another host) never is.
+        if any(abs(now - stamp) < _SETTLE_NS for stamp in (state[3], state[4])):
             raise _WriterOpening("the database changed a moment ago")
         if _sidecar_present(path):
             raise _WriterOpening("a writer appeared while the ledger was opened")
@@ -327,8 +330,8 @@ def _connect_read_only(
         elif str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
             # judged by SQLite, which read the header: no descriptor of ours touches the file
             raise StorageError(
-            "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
-        )
+                "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
+            )
     except sqlite3.Error as exc:
         conn.close()
         if mode is not ReadMode.IN_PLACE and _writer_moment(exc):

@@ -247,6 +247,9 @@ class SQLiteDatabase:
         )
         version: int | None = None
         try:
+            # the file SQLite opened is still the one judged (not swapped for a link meanwhile)
+            if storage.current_identity(self._path) != identity:
+                raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
             if mode is connections.ReadMode.TRANSIENT:
                 # the sidecars SQLite just made (or a writer's, had one appeared) are private
                 storage.check_sidecars(self._path, tighten=False)
