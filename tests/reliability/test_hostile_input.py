@@ -264,6 +264,12 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: ledger.get_task(d(some)),
             lambda: ledger.children_of(d(some)),
             lambda: ledger.find_task_ids(d(ANY), stale_seconds=d(ANY), limit=d(ANY)),
+            lambda: ledger.list_tasks(status=d(ANY), name=d(ANY), attempts=d(ANY),
+                                      stale_seconds=d(ANY), older_than_seconds=d(ANY),
+                                      limit=d(ANY)),
+            lambda: ledger.events_of(d(some)),
+            lambda: ledger.reconcile(dry_run=d(ANY), progress=d(ANY)),
+            lambda: ledger.prune(d(ANY), dry_run=d(ANY), progress=d(ANY)),
             lambda: ledger.reconcile(ReconcilePolicy(d(ANY), d(ANY)), dry_run=d(ANY)),
             lambda: ledger.reconcile(d(ANY), dry_run=d(ANY)),
             lambda: reconcile_restart(ledger, d(ANY), d(ANY)),
@@ -606,6 +612,6 @@ def test_everything_exported_is_covered() -> None:
         "DeliveryStatus", "Heartbeater", "InvalidInput", "Ledger", "LedgerBusy", "LedgerError",
         "ReconcileDecision", "ReconcilePolicy", "StateConflict", "StorageError", "Task",
         "TaskNotFound", "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
-        "reconcile_restart",
+        "reconcile_restart", "ListedTask", "TaskListing", "TaskEvent",  # results of the reads
         "reasons"}  # constants only; check_cli_contract holds every emitted reason to them
     json.dumps(task_state_guard.__version__)

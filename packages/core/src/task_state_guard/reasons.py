@@ -72,6 +72,11 @@ DATABASE_UNUSABLE = "database_unusable"
 READ_ONLY_LEDGER = "read_only_ledger"
 LEDGER_CLOSED = "ledger_closed"
 
+# ----------------------------------------------------------------------------- metrics textfile
+TEXTFILE_NOT_ACCESSIBLE = "textfile_not_accessible"
+TEXTFILE_DIRECTORY_NOT_WRITABLE = "textfile_directory_not_writable"
+TEXTFILE_NOT_WRITTEN = "textfile_not_written"
+
 #: Reasons of the command line's usage errors (always with ``"error":"InvalidInput"``).
 USAGE: frozenset[str] = frozenset(
     {
@@ -96,7 +101,8 @@ STORAGE: frozenset[str] = frozenset(
         WAL_MODE_UNAVAILABLE, WAL_MODE_REQUIRED, ROLLBACK_JOURNAL_PRESENT, SNAPSHOT_TOO_LARGE,
         SNAPSHOT_UNAVAILABLE, DATABASE_CHANGING, WAL_INCOMPLETE,
         DATABASE_BUSY, DISK_FULL, WRITE_REJECTED, DATABASE_UNUSABLE, READ_ONLY_LEDGER,
-        LEDGER_CLOSED,
+        LEDGER_CLOSED, TEXTFILE_NOT_ACCESSIBLE, TEXTFILE_DIRECTORY_NOT_WRITABLE,
+        TEXTFILE_NOT_WRITTEN,
     }
 )
 #: The whole closed vocabulary.
