@@ -21,8 +21,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .ledger import Ledger
-from .metrics_command import check_metrics_options, run_metrics
-from .metrics_http import DEFAULT_LISTEN
+from .metrics_command import DEFAULT_LISTEN, check_metrics_options, run_metrics
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
