@@ -60,10 +60,26 @@ def test_precedence_argument_then_framework_then_environment(
     assert settings.delivery_grace_seconds == (50 if driver.has_framework_config else 40)
 
 
+def test_environment_durations_take_the_cli_units(
+    driver: Any, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TSG_ACTIVE_GRACE_SECONDS", "20m")
+    monkeypatch.setenv("TSG_DELIVERY_GRACE_SECONDS", "2h")
+    monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "1m")
+    monkeypatch.setenv("TSG_RECONCILE_INTERVAL_SECONDS", "0.5h")
+    settings = driver.install(db).settings
+    assert settings.active_grace_seconds == 1200 and settings.delivery_grace_seconds == 7200
+    assert settings.heartbeat_seconds == 60 and settings.reconcile_interval_seconds == 1800
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
         ("TSG_ACTIVE_GRACE_SECONDS", "soon"),
+        ("TSG_ACTIVE_GRACE_SECONDS", "1h30"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "-5m"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "1w"),
+        ("TSG_BUSY_TIMEOUT_MS", "5s"),
         ("TSG_ACTIVE_GRACE_SECONDS", "-5"),
         ("TSG_DELIVERY_GRACE_SECONDS", "nan"),
         ("TSG_HEARTBEAT_SECONDS", "inf"),
@@ -95,7 +111,7 @@ def test_a_bad_argument_and_a_missing_path_are_the_same_clear_error(
 # ---------------------------------------------------------------------------- error policy
 
 
-def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
+def test_ledger_errors_are_counted_logged_once_by_class_and_reason_and_jobs_run(
     driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger=driver.logger):
@@ -109,11 +125,14 @@ def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
     logged = [r.getMessage() for r in caplog.records
               if r.name == driver.logger and "ledger error" in r.getMessage()]
     assert sorted(logged) == sorted(
-        f"task-state-guard: ledger error ({kind}); the {driver.guard.runtime.policy.subject} "
-        "runs on. Further errors of this kind are counted, not logged."
+        f"task-state-guard: ledger error ({kind}, reason directory_not_a_directory); the "
+        f"{driver.guard.runtime.policy.subject} runs on. Further errors of this kind are "
+        "counted, not logged."
         for kind in errors
     )
-    assert all(broken_db not in message for message in logged)  # class names only
+    # class names and the fixed reason only, never the path or a part of it
+    assert all(broken_db not in message and "not-a-directory" not in message
+               for message in logged)
 
 
 def test_strict_mode_raises_the_ledger_error_out_of_the_hook(

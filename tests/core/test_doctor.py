@@ -267,12 +267,13 @@ def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
 
 
 def test_doctor_is_read_only(tmp_path) -> None:
-    from core_helpers import snapshot_tree
+    from core_helpers import sidecars, snapshot_entries
 
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build(db)
     raw_execute(db, "DELETE FROM tsg_events WHERE kind = 'started'")
-    before = snapshot_tree(str(tmp_path / "d"))
+    before = snapshot_entries(str(tmp_path / "d"))
     cli_doctor(db, ids, 1)
     cli_doctor(db, ids, 1)
-    assert snapshot_tree(str(tmp_path / "d")) == before
+    assert snapshot_entries(str(tmp_path / "d")) == before
+    assert sidecars(db) == []

@@ -25,7 +25,7 @@ from core_helpers import (
     assert_json_line,
     check_report,
     run_cli,
-    snapshot_tree,
+    snapshot_entries,
 )
 from task_state_guard import (
     DeliveryStatus,
@@ -132,7 +132,7 @@ def test_running_task_keeps_its_heartbeat(tmp_path: Path) -> None:
 def test_read_only_access_leaves_the_file_untouched(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     directory = os.path.dirname(db)
-    before = snapshot_tree(directory)
+    before = snapshot_entries(directory)
     with Ledger(db, read_only=True, clock=Clock(CLOCK_0 + 1000)) as ro:
         assert ro.schema_version == 2  # what 0.1.0 calls its layout; not migrated
         for role, expected in EXPECTED.items():
@@ -153,7 +153,7 @@ def test_read_only_access_leaves_the_file_untouched(tmp_path: Path) -> None:
     expected = dict(EXPECTED["succeeded_delivered"])
     expected.pop("payload_hash")  # the CLI prints only has_payload_hash
     assert got == {"ok": True, "task": expected}
-    assert snapshot_tree(directory) == before
+    assert snapshot_entries(directory) == before  # transient sidecars came and went
     assert table_names(db) == ["schema_meta", "task_events", "tasks"]
 
 

@@ -17,6 +17,7 @@ import sqlite3
 from collections.abc import Callable
 from functools import cache
 
+from . import reasons as r
 from .model import DELIVERY_CODES, TASK_CODES, StorageError
 
 SCHEMA_VERSION = 4
@@ -422,7 +423,8 @@ def _to_v3(conn: sqlite3.Connection, fmt: str) -> None:
             conn, "SELECT step, kind, state, code FROM tsg_events"
         ):
             raise StorageError(
-                f"schema {fmt} holds reason text outside the registry; migrate explicitly"
+                f"schema {fmt} holds reason text outside the registry; migrate explicitly",
+                reason=r.MIGRATION_REFUSED,
             )
         for (trigger,) in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'tsg_tasks'"
@@ -441,7 +443,10 @@ def _to_v3(conn: sqlite3.Connection, fmt: str) -> None:
         if not _codes_valid(conn, "tasks", "terminal_code") or not _event_codes_valid(
             conn, events
         ):
-            raise StorageError("the 0.1.0 ledger holds reasons or events outside the registry")
+            raise StorageError(
+                "the 0.1.0 ledger holds reasons or events outside the registry",
+                reason=r.MIGRATION_REFUSED,
+            )
         for statement in _TABLES_V3:
             conn.execute(statement)
         conn.execute(
@@ -454,14 +459,19 @@ def _to_v3(conn: sqlite3.Connection, fmt: str) -> None:
         )
         copied = conn.total_changes - before
         if copied != conn.execute("SELECT count(*) FROM task_events").fetchone()[0]:
-            raise StorageError("the 0.1.0 ledger holds events this version cannot carry")
+            raise StorageError(
+                "the 0.1.0 ledger holds events this version cannot carry",
+                reason=r.MIGRATION_REFUSED,
+            )
         for table in ("task_events", "tasks", "schema_meta"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("DELETE FROM sqlite_sequence")
         _write_meta(conn)
         _set_version(conn, V3)
     else:
-        raise StorageError("the database holds a foreign or tampered schema")
+        raise StorageError(
+            "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+        )
     for statement in _INDEXES_V3:
         conn.execute(statement)
 
@@ -500,10 +510,12 @@ def migrate(conn: sqlite3.Connection, fmt: str) -> None:
     Each step ends with the exact fingerprint of the layout it produced.
     """
     if fmt not in MIGRATIONS:
-        raise StorageError("the database holds a foreign or tampered schema")
+        raise StorageError("the database holds a foreign or tampered schema",
+                           reason=r.FOREIGN_SCHEMA)
     while fmt in MIGRATIONS:
         target, step = MIGRATIONS[fmt]
         step(conn, fmt)
         if read_fingerprint(conn) != expected_fingerprint(target):  # never a half-known layout
-            raise StorageError("the migrated schema does not match the current schema")
+            raise StorageError("the migrated schema does not match the current schema",
+                               reason=r.MIGRATION_REFUSED)
         fmt = target
