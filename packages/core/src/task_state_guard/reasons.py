@@ -69,6 +69,7 @@ WRITE_REJECTED = "write_rejected"
 DATABASE_UNUSABLE = "database_unusable"
 READ_ONLY_LEDGER = "read_only_ledger"
 LEDGER_CLOSED = "ledger_closed"
+TEXTFILE_NOT_WRITTEN = "textfile_not_written"
 
 #: Reasons of the command line's usage errors (always with ``"error":"InvalidInput"``).
 USAGE: frozenset[str] = frozenset(
@@ -94,7 +95,7 @@ STORAGE: frozenset[str] = frozenset(
         WAL_MODE_UNAVAILABLE, WAL_MODE_REQUIRED, ROLLBACK_JOURNAL_PRESENT,
         DATABASE_CHANGING, WAL_INCOMPLETE,
         DATABASE_BUSY, DISK_FULL, WRITE_REJECTED, DATABASE_UNUSABLE, READ_ONLY_LEDGER,
-        LEDGER_CLOSED,
+        LEDGER_CLOSED, TEXTFILE_NOT_WRITTEN,
     }
 )
 #: The whole closed vocabulary.
