@@ -206,13 +206,15 @@ class Ledger:
     ) -> None:
         """Open (with ``read_only=False``: create or migrate) the ledger at ``path``.
 
-        ``read_only=True`` never creates, migrates or tightens anything and reads in bounded
-        memory. A cleanly closed ledger (no WAL) is opened in place; with
-        ``transient_sidecars=True`` SQLite may create private (0600) WAL and SHM files for the
-        read, removed again when the last connection closes; with ``False`` nothing at all is
-        created and every read transaction is verified against a concurrent change of the file
-        (one fails closed with ``StorageError``). ``snapshot_max_bytes`` is accepted for
-        compatibility and no longer used: no ledger is copied into memory.
+        ``read_only=True`` never creates, migrates or tightens anything. A cleanly closed ledger
+        (no WAL) with ``transient_sidecars=True`` is opened in place in bounded memory: SQLite
+        may create private (0600) WAL and SHM files for the read, removed again when the last
+        connection closes. With ``False`` (or when the
+        sidecars cannot be created) nothing at all is created: the file is read twice, both
+        reads must match (identity, times, SHA-256), and the copy is loaded into memory as a
+        private snapshot of at most ``snapshot_max_bytes`` (a larger file, a writer during the
+        reads or a Python without ``sqlite3`` deserialize fails closed with ``StorageError``).
+        A live ledger (WAL and SHM present) is read through SQLite's read-only WAL access.
         """
         if clock is not None and not callable(clock):
             raise InvalidInput("clock must be callable")
@@ -223,7 +225,6 @@ class Ledger:
         for flag in (allow_external_acl, read_only, transient_sidecars):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
-        connections.check_snapshot_limit(snapshot_max_bytes)  # still checked, as in 0.1.0
         self._db = database.SQLiteDatabase(
             storage.normalize_path(path),
             clock=clock or time.time,
@@ -231,6 +232,7 @@ class Ledger:
             allow_external_acl=allow_external_acl,
             read_only=read_only,
             transient_sidecars=transient_sidecars,
+            snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
             check_schema=_check_schema,
         )
         self._db.conn()  # run every safety check now
@@ -722,20 +724,19 @@ class Ledger:
             read_only=self._db.read_only,
         )
         conn = self._db.conn()
-        in_place = self._db.read_mode() is connections.ReadMode.IN_PLACE
+        snapshot = self._db.read_mode() is connections.ReadMode.SNAPSHOT
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
             foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        if in_place:
-            journal = "wal"  # SQLite's immutable view of a closed WAL ledger reports "delete"
+        if snapshot:
+            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
         info["journal_mode"] = journal
         info["foreign_keys"] = foreign_keys
         info["busy_timeout_ms"] = self._db.busy_timeout_ms
         info["schema_version"] = self.schema_version
-        # a fixed, verified view of a closed ledger (0.1.0: its private in-memory copy)
-        info["read_snapshot"] = in_place
+        info["read_snapshot"] = snapshot  # a verified private in-memory copy of a closed ledger
         return info
 
 
