@@ -7,11 +7,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from core_helpers import T0, Clock, check_report, without_counts_flags
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ledger_backends import ledger_target
 from task_state_guard import (
     InvalidInput,
     Ledger,
@@ -244,13 +246,15 @@ def check_model(led: Ledger, model: dict[str, M]) -> None:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(st.lists(ops, min_size=1, max_size=40))
-def test_random_sequences_follow_the_model_and_keep_doctor_healthy(sequence: list[Any]) -> None:
+def test_random_sequences_follow_the_model_and_keep_doctor_healthy(
+    backend: str, sequence: list[Any]
+) -> None:
     base = tempfile.mkdtemp(prefix="tsg-prop-")
     try:
         clock = Clock(T0)
         model: dict[str, M] = {}
         order: list[str] = []
-        with Ledger(f"{base}/ledger/tasks.sqlite", clock=clock) as led:
+        with ledger_target(backend, Path(base)) as target, Ledger(target, clock=clock) as led:
             for op in sequence:
                 step(led, clock, model, order, op)
             check_model(led, model)
