@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Protocol
 
-from . import connections, schema, storage
+from . import connections, owners, schema, storage
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 # Connections inherited across fork() are parked here and never touched or closed again.
@@ -43,6 +43,17 @@ def _reset_writer_locks() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_writer_locks)
+
+
+def read_clock(clock: Callable[[], float]) -> float:
+    """Read ``clock``; a non-number, non-finite or negative reading is ``InvalidInput``."""
+    value = clock()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput("clock returned a non-number")
+    now = float(value)
+    if not math.isfinite(now) or now < 0:
+        raise InvalidInput("clock returned an invalid time")
+    return now
 
 
 class Database(Protocol):
@@ -82,9 +93,63 @@ class Database(Protocol):
         """Map a backend error to a ledger error (busy -> ``LedgerBusy``)."""
         ...
 
+    @property
+    def schema_version(self) -> int | None:
+        """The schema version of the ledger (after any migration this object ran)."""
+        ...
+
+    #: Appended to reconcile's read of open work when it applies (a row lock, or "").
+    row_lock: str
+
+    def conn(self) -> Any:
+        """This thread's connection (inside a write transaction: the one it writes through)."""
+        ...
+
+    @property
+    def in_group(self) -> bool:
+        """True inside :meth:`group` on this thread."""
+        ...
+
+    def lock_task(self, conn: Any, task_id: str) -> None:
+        """Inside a write transaction, before the clock is read: hold the task's row so that no
+        other writer changes it before this transaction ends (a no-op where the whole database
+        is locked for writing)."""
+        ...
+
+    def own_token(self) -> str:
+        """This process's owner token, its liveness lock taken on first use."""
+        ...
+
+    def held_token(self) -> str | None:
+        """This process's owner token if it holds one already, else None."""
+        ...
+
+    def probe_owner(self, token: str) -> owners.Liveness:
+        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
+        ...
+
+    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
+        """Drop what dead owners left behind (lock files); best effort."""
+        ...
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report."""
+        ...
+
+    def storage_info(self) -> dict[str, Any]:
+        """The storage in force (no paths, no credentials)."""
+        ...
+
+    def close(self) -> None:
+        """Close every connection this process opened."""
+        ...
+
 
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
+
+    #: SQLite's write transaction locks the whole database: no row lock is needed.
+    row_lock = ""
 
     def __init__(
         self,
@@ -293,13 +358,7 @@ class SQLiteDatabase:
     # ----------------------------------------------------------------- clock
     def now(self) -> float:
         """Read the clock; a non-number, non-finite or negative reading is ``InvalidInput``."""
-        value = self._clock()
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidInput("clock returned a non-number")
-        now = float(value)
-        if not math.isfinite(now) or now < 0:
-            raise InvalidInput("clock returned an invalid time")
-        return now
+        return read_clock(self._clock)
 
     # ----------------------------------------------------------------- transactions
     @property
@@ -400,5 +459,51 @@ class SQLiteDatabase:
         with connections.bulk_cache(self.writer()):
             yield
 
+    # ----------------------------------------------------------------- owners and reports
+    def lock_task(self, conn: Any, task_id: str) -> None:
+        """Nothing to do: an IMMEDIATE transaction already holds the database's write lock."""
 
-__all__ = ["Database", "SQLiteDatabase", "writer_lock"]
+    def own_token(self) -> str:
+        """This process's owner token (its lock file beside the database, made once)."""
+        return owners.own_token(self._path)
+
+    def held_token(self) -> str | None:
+        """This process's owner token if its lock file exists already."""
+        return owners.held_token(self._path)
+
+    def probe_owner(self, token: str) -> owners.Liveness:
+        """Probe the owner's lock file."""
+        return owners.probe(self._path, token)
+
+    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
+        """Delete lock files of dead owners that no running task references."""
+        owners.remove_dead(self._path, is_referenced)
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report of the SQLite file."""
+        from . import doctor  # the report module imports nothing of this one at run time
+
+        return doctor.run_doctor(self)
+
+    def storage_info(self) -> dict[str, Any]:
+        """The permission model, journal mode, foreign keys, busy timeout and schema version."""
+        info = storage.storage_info(
+            self._path, allow_external_acl=self.allow_external_acl, read_only=self._read_only
+        )
+        conn = self.conn()
+        try:
+            journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise connections.translate(exc) from None
+        if self._read_only and self.snapshot_mode:
+            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
+        info["journal_mode"] = journal
+        info["foreign_keys"] = foreign_keys
+        info["busy_timeout_ms"] = self.busy_timeout_ms
+        info["schema_version"] = self.schema_version
+        info["read_snapshot"] = bool(self._read_only and self.snapshot_mode)
+        return info
+
+
+__all__ = ["Database", "SQLiteDatabase", "read_clock", "writer_lock"]

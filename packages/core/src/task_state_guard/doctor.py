@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import schema
@@ -63,7 +64,11 @@ def _fin(column: str) -> str:
     return f"(typeof({column}) IN ('real','integer') AND {column} BETWEEN 0 AND 1e300)"
 
 
-_TIMES_OK = f"""coalesce((
+def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
+    """The timestamp rules of one row as one SQL expression (``fin``: the finite-number test
+    of a column; ``false``: the dialect's false literal)."""
+    _fin = fin
+    return f"""coalesce((
     {_fin("created_at")} AND {_fin("updated_at")} AND updated_at >= created_at
     AND (timeout_seconds IS NULL OR ({_fin("timeout_seconds")} AND timeout_seconds >= 0
          AND timeout_seconds <= 1e10))
@@ -80,7 +85,10 @@ _TIMES_OK = f"""coalesce((
     AND (deadline_at IS NULL OR ({_fin("deadline_at")} AND started_at IS NOT NULL
          AND timeout_seconds IS NOT NULL AND deadline_at = started_at + timeout_seconds))
     AND NOT (started_at IS NOT NULL AND timeout_seconds IS NOT NULL AND deadline_at IS NULL)
-    ), 0)"""
+    ), {false})"""
+
+
+_TIMES_OK = times_ok_sql(_fin)
 
 # One row per distinct shape: states, codes, which optional fields are set, timestamps valid.
 _SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,
@@ -150,19 +158,19 @@ def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
     return bool(ok), bool(codes_ok)
 
 
-def _count(conn: sqlite3.Connection, sql: str) -> int:
+def _count(conn: Any, sql: str) -> int:
     return int(conn.execute(sql).fetchone()[0])
 
 
-def _check_shapes(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
-    for *shape, times_ok, count in conn.execute(_SHAPES):
+def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str = _SHAPES) -> None:
+    for *shape, times_ok, count in conn.execute(shapes_sql):
         states_ok, codes_ok = _shape_ok(tuple(shape))
         findings["invalid_states"] += 0 if states_ok else count
         findings["invalid_codes"] += 0 if codes_ok else count
         findings["invalid_timestamps"] += 0 if times_ok else count
 
 
-def _check_values(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
+def _check_values(conn: Any, findings: dict[str, int]) -> None:
     uuid_ok, name_ok = _UUID.fullmatch, _NAME.fullmatch
     known_names: set[str] = set()
     bad_ids = bad_values = 0
@@ -191,7 +199,7 @@ def _check_values(conn: sqlite3.Connection, findings: dict[str, int]) -> None:
     findings["invalid_values"] = bad_values
 
 
-def _cycles(conn: sqlite3.Connection) -> tuple[int, int]:
+def _cycles(conn: Any) -> tuple[int, int]:
     """Count parent-order violations and the distinct cycles reachable from them.
 
     The API only links a child to an existing, older parent, so a cycle always contains an
@@ -216,7 +224,7 @@ def _cycles(conn: sqlite3.Connection) -> tuple[int, int]:
 _STATUS_COUNTS = "SELECT status, delivery_status, count(*) FROM tsg_tasks GROUP BY 1, 2"
 
 
-def _state_counts(conn: sqlite3.Connection) -> tuple[dict[str, int], dict[str, int]]:
+def _state_counts(conn: Any) -> tuple[dict[str, int], dict[str, int]]:
     tasks = dict.fromkeys(_TASK_ORDER, 0)
     deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
     for status, delivery, count in conn.execute(_STATUS_COUNTS):

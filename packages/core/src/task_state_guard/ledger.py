@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import connections, database, owners, schema, storage
-from . import doctor as _doctor
+from . import backends, connections, database, schema, storage
 from . import prune as _prune
 from . import reconcile as _reconcile
 from . import status as _status
@@ -179,7 +178,7 @@ def _clock_behind(row: tuple[Any, ...], now: float) -> bool:
 
 
 class Ledger:
-    """An embedded SQLite task ledger.
+    """An embedded SQLite task ledger (or, given a ``postgresql://`` URL, a PostgreSQL one).
 
     Safe to share between threads (one connection per thread, opened lazily) and to use from
     many processes at once; a connection is never reused across ``fork()``.
@@ -208,6 +207,15 @@ class Ledger:
         for flag in (allow_external_acl, read_only):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
+        self._db: database.Database
+        if backends.is_url(path):
+            # The PostgreSQL backend (an optional package): same transitions, same aggregates.
+            self._db = backends.open_database(
+                str(path), clock=clock or time.time, busy_timeout_ms=busy_timeout_ms,
+                read_only=read_only, check_schema=_check_schema,
+            )
+            self._db.conn()  # connect, check and migrate now
+            return
         self._db = database.SQLiteDatabase(
             storage.normalize_path(path),
             clock=clock or time.time,
@@ -222,7 +230,7 @@ class Ledger:
     # ----------------------------------------------------------------- connections
     @property
     def path(self) -> str:
-        """Absolute path of the database file."""
+        """Absolute path of the database file (a PostgreSQL URL without its password)."""
         return self._db.path
 
     @property
@@ -235,7 +243,7 @@ class Ledger:
         """The schema version of the file (after any migration this ledger ran)."""
         return self._db.schema_version
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> Any:
         return self._db.conn()
 
     def close(self) -> None:
@@ -273,8 +281,9 @@ class Ledger:
             return self._guarded_on(conn, sql, tid, params)
 
     def _guarded_on(
-        self, conn: sqlite3.Connection, sql: str, tid: str, params: tuple[Any, ...]
+        self, conn: Any, sql: str, tid: str, params: tuple[Any, ...]
     ) -> tuple[Any, float, tuple[Any, ...] | None]:
+        self._db.lock_task(conn, tid)
         now = self._db.now()
         try:
             rows = conn.execute(sql, (now, tid, *params)).fetchall() if sql else []
@@ -389,7 +398,7 @@ class Ledger:
             # for (or holds up) another connection's write.
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
-            token = owners.own_token(self._db.path)
+            token = self._db.own_token()
         updated, _now, row = self._guarded(_START, tid, token)
         if updated is not None:
             return row_to_task(updated)
@@ -406,7 +415,7 @@ class Ledger:
         (no look ahead: the lock file exists already, so a refused start creates nothing).
         """
         tid = canonical_id(task_id)
-        token = owners.held_token(self._db.path) if owner else None
+        token = self._db.held_token() if owner else None
         if owner and token is None:
             self.start_task(tid, owner=True)
             return
@@ -442,7 +451,7 @@ class Ledger:
             now = self._db.now()
             before = conn.total_changes
             conn.executemany(_HEARTBEAT_MANY, [(now, tid) for tid in ids])
-            return conn.total_changes - before
+            return int(conn.total_changes - before)
 
     def close_task(self, task_id: str | uuid.UUID, status: str, *, code: str | None = None) -> Task:
         """Close a queued or running task; repeating the same terminal state is a no-op."""
@@ -496,9 +505,11 @@ class Ledger:
         if reason is None or reason in TASK_CODES[state]:
             db = self._db
             if db.in_group:
+                conn = db.conn()
+                db.lock_task(conn, tid)
                 now = db.now()
                 try:
-                    done = db.conn().execute(
+                    done = conn.execute(
                         _CLOSE_SETTLED_QUIET, (now, tid, state, reason)
                     ).fetchone()
                 except sqlite3.Error as exc:
@@ -629,7 +640,7 @@ class Ledger:
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""
-        return _doctor.run_doctor(self._db)
+        return self._db.doctor()
 
     def status(self, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
@@ -640,26 +651,10 @@ class Ledger:
         return _prune.prune(self._db, older_than_seconds, dry_run=dry_run)
 
     def storage_info(self) -> dict[str, Any]:
-        """Describe the storage in force (no paths): the permission model (``posix_mode`` or
-        ``external_acl``), SQLite's journal mode, foreign keys and busy timeout, and more."""
-        info = storage.storage_info(
-            self._db.path, allow_external_acl=self._db.allow_external_acl,
-            read_only=self._db.read_only,
-        )
-        conn = self._db.conn()
-        try:
-            journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
-            foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
-        except sqlite3.Error as exc:
-            raise connections.translate(exc) from None
-        if self._db.read_only and self._db.snapshot_mode:
-            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
-        info["journal_mode"] = journal
-        info["foreign_keys"] = foreign_keys
-        info["busy_timeout_ms"] = self._db.busy_timeout_ms
-        info["schema_version"] = self.schema_version
-        info["read_snapshot"] = bool(self._db.read_only and self._db.snapshot_mode)
-        return info
+        """Describe the storage in force (no paths, no credentials): for SQLite the permission
+        model (``posix_mode`` or ``external_acl``), journal mode, foreign keys and busy
+        timeout, and more."""
+        return self._db.storage_info()
 
 
 __all__ = ["TASK_COLUMNS", "Ledger", "LedgerError", "row_to_task"]

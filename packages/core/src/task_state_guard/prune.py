@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sqlite3
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -31,14 +30,15 @@ def _trees_sql(count: int) -> str:
         " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
         " JOIN tree ON c.parent_id = tree.id)"
         " SELECT tree.root, t.seq, t.status, t.delivery_status,"
-        " max(t.updated_at, t.delivery_updated_at),"
+        " CASE WHEN t.updated_at > t.delivery_updated_at THEN t.updated_at"
+        " ELSE t.delivery_updated_at END,"
         " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq)"
         " FROM tree JOIN tsg_tasks t ON t.seq = tree.seq"
     )
 
 
 def _closed_trees(
-    conn: sqlite3.Connection, roots: list[int], cutoff: float
+    conn: Any, roots: list[int], cutoff: float
 ) -> tuple[list[list[int]], int, int]:
     """Return the task seqs of every fully closed tree, the number of their events, and how
     many trees must stay because some task in them is still open or recent."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -94,7 +93,7 @@ def _finite(*values: Any) -> bool:
 class _Pass:
     """The state of one reconcile pass."""
 
-    def __init__(self, db: Database, conn: sqlite3.Connection, policy: ReconcilePolicy,
+    def __init__(self, db: Database, conn: Any, policy: ReconcilePolicy,
                  now: float, dry_run: bool, collect: bool = False) -> None:
         self.db = db
         self.conn = conn
@@ -119,7 +118,7 @@ class _Pass:
             return False
         state = self.liveness.get(token)
         if state is None:
-            state = owners.probe(self.db.path, token)
+            state = self.db.probe_owner(token)
             self.liveness[token] = state
         return state is owners.Liveness.DEAD
 
@@ -175,8 +174,10 @@ class _Pass:
         """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
         conn, counts, now = self.conn, self.counts, self.now
+        # Applying, the rows are held (where the backend locks rows) until the pass commits.
+        open_batch = _OPEN_BATCH if self.dry_run else _OPEN_BATCH + self.db.row_lock
         while True:
-            rows = conn.execute(_OPEN_BATCH, (cursor, BATCH)).fetchall()
+            rows = conn.execute(open_batch, (cursor, BATCH)).fetchall()
             if not rows:
                 return
             cursor = rows[-1][0]
@@ -286,7 +287,7 @@ def run_reconcile(
 
 
 def _remove_dead_owner_files(db: Database) -> None:
-    """Delete lock files of dead owners that no running task references any more."""
+    """Delete what dead owners left behind (lock files) that no running task references."""
     # housekeeping: a failure leaves the files for the next pass
     with contextlib.suppress(OSError, LedgerError), db.read() as conn:
 
@@ -298,4 +299,4 @@ def _remove_dead_owner_files(db: Database) -> None:
             ).fetchone()
             return row is not None
 
-        owners.remove_dead(db.path, referenced)
+        db.cleanup_owners(referenced)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +55,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
-            if owners.probe(db.path, token) is owners.Liveness.DEAD:
+            if db.probe_owner(token) is owners.Liveness.DEAD:
                 owner_dead += count
     return {
         "tasks": by_status,
@@ -74,7 +73,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
 _MAX_GROUPS = 50_000  # beyond this many distinct (state, delivery, name) groups, names fold
 
 
-def _group_counts(conn: sqlite3.Connection) -> Counter[tuple[Any, Any, Any]]:
+def _group_counts(conn: Any) -> Counter[tuple[Any, Any, Any]]:
     """Count tasks per (state, delivery state, name) in one streaming scan.
 
     A hash count in Python beats SQLite's GROUP BY here: that one sorts every row (spilling to

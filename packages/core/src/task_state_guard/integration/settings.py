@@ -32,9 +32,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, TypedDict
 
+from ..backends import redact
 from ..model import MAX_SECONDS, InvalidInput
 
 DEFAULT_GRACE_SECONDS: Final = 600.0
@@ -73,7 +74,7 @@ class ConfigurationError(InvalidInput, ValueError):
     """A setting is missing, does not parse, or is out of range."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
     """Resolved adapter settings (see the module docstring)."""
 
@@ -86,6 +87,14 @@ class Settings:
     strict: bool
     busy_timeout_ms: int
     fail_lost_results: bool = True
+
+    def __repr__(self) -> str:
+        """Every setting, the ledger URL without its password."""
+        shown = ", ".join(
+            f"{f.name}={redact(self.db) if f.name == 'db' else getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"Settings({shown})"
 
 
 def env_name(name: str) -> str:

@@ -1,0 +1,265 @@
+"""The PostgreSQL database object behind ``Ledger(url)``: the core's ``Database`` protocol.
+
+One connection per thread and per process (opened lazily, never used after ``fork()``).
+Writes run at READ COMMITTED: every guarded transition first holds its task's row, then reads
+the clock, then runs the core's guarded statement, so concurrent writers on one task queue on
+its row lock exactly as SQLite's writers queue on the database lock, and a guard is always
+judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY transactions
+whose snapshot is taken before the caller reads the clock (a dry run writes nothing).
+Reconcile and prune passes (``bulk``) first take a transaction-level advisory lock of the
+schema, so passes on many hosts run one after another, and reconcile holds the open rows it
+reads until it commits: no pass double-closes, deadlocks with another or loses an update.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from task_state_guard.database import read_clock
+from task_state_guard.model import InvalidInput, LedgerError, StorageError
+from task_state_guard.owners import Liveness
+
+from . import ddl, driver, owners
+from . import doctor as _doctor
+from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
+
+PASS_KIND = "tsg-pass"
+_LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
+
+
+class PostgresDatabase:
+    """A ledger in one schema of a PostgreSQL database."""
+
+    #: Reconcile holds the open rows it reads (without blocking foreign-key checks).
+    row_lock = " FOR NO KEY UPDATE"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float],
+        busy_timeout_ms: int,
+        read_only: bool,
+        check_schema: bool = True,
+    ) -> None:
+        self._target: Target = parse(url)
+        self._clock = clock
+        self.busy_timeout_ms = busy_timeout_ms
+        self._read_only = read_only
+        self._check_schema = check_schema
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._conns: list[driver.Conn] = []
+        self._prepared = False
+        self._closed = False
+        self.schema_version: int | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresDatabase({self._target.shown!r})"
+
+    @property
+    def path(self) -> str:
+        """The ledger's URL without its password."""
+        return self._target.shown
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema that holds the ledger."""
+        return self._target.schema
+
+    @property
+    def read_only(self) -> bool:
+        """True when opened read-only."""
+        return self._read_only
+
+    translate = staticmethod(driver.translate_error)
+
+    def now(self) -> float:
+        """Read the clock; a non-number, non-finite or negative reading is ``InvalidInput``."""
+        return read_clock(self._clock)
+
+    # ----------------------------------------------------------------- connections
+    def conn(self) -> driver.Conn:
+        """This thread's connection in this process (opened, checked and migrated lazily)."""
+        entry: driver.Conn | None = getattr(self._local, "conn", None)
+        if entry is not None and entry.usable:
+            return entry
+        if self._closed:
+            raise StorageError("the ledger is closed")
+        pid = os.getpid()
+        if pid != self._pid:  # forked: the parent's connections are neutralised, never used
+            self._lock = threading.Lock()
+            self._conns, self._pid = [], pid
+        conn = driver.connect(
+            self._target, busy_timeout_ms=self.busy_timeout_ms, read_only=self._read_only
+        )
+        try:
+            if not self._prepared:
+                with self._lock:
+                    if not self._prepared:
+                        self.schema_version = ddl.prepare(
+                            conn, self._target.schema, read_only=self._read_only,
+                            check=self._check_schema, now=self.now(),
+                        )
+                        self._prepared = True
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            self._conns.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        """Close every connection this process opened; no use afterwards."""
+        with self._lock:
+            self._closed = True
+            if os.getpid() == self._pid:
+                for conn in self._conns:
+                    conn.close()
+            self._conns = []
+        self._local = threading.local()
+
+    # ----------------------------------------------------------------- transactions
+    @property
+    def in_group(self) -> bool:
+        """True inside :meth:`group` on this thread."""
+        return bool(getattr(self._local, "atomic", False))
+
+    @contextmanager
+    def write(self) -> Iterator[driver.Conn]:
+        """One READ COMMITTED transaction; commits on success, rolls back on any error.
+        Inside :meth:`group` the enclosing transaction is reused; inside :meth:`bulk` the
+        schema's pass lock is taken first."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        if getattr(self._local, "atomic", False):
+            yield self.conn()
+            return
+        conn = self.conn()
+        conn.execute("BEGIN")
+        try:
+            if getattr(self._local, "bulk", False):
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(?)", (ddl.lock_key(PASS_KIND, self.schema),)
+                )
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            self._rollback(conn)
+            raise
+
+    @staticmethod
+    def _rollback(conn: driver.Conn) -> None:
+        if conn.usable and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except LedgerError:
+                conn.close()  # unusable: the next use opens a fresh connection
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Group this thread's writes into one transaction: all commit, or none."""
+        if getattr(self._local, "atomic", False):
+            yield
+            return
+        with self.write():
+            self._local.atomic = True
+            try:
+                yield
+            finally:
+                self._local.atomic = False
+
+    @contextmanager
+    def read(self, *, query_only: bool = False) -> Iterator[driver.Conn]:
+        """One REPEATABLE READ READ ONLY transaction, its snapshot taken before the caller
+        reads the clock (inside this thread's open transaction: that one)."""
+        conn = self.conn()
+        if conn.in_transaction:
+            yield conn
+            return
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            conn.execute("SELECT 1")  # the snapshot is taken by the first statement
+            yield conn
+        finally:
+            self._rollback(conn)
+
+    @contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Mark this thread's next write transactions as one pass (reconcile, prune): each
+        takes the schema's pass lock first."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        self._local.bulk = True
+        try:
+            yield
+        finally:
+            self._local.bulk = False
+
+    def lock_task(self, conn: Any, task_id: str) -> None:
+        """Hold the task's row until this transaction ends (before the clock is read)."""
+        conn.execute(_LOCK_TASK, (task_id,))
+
+    # ----------------------------------------------------------------- owners and reports
+    def own_token(self) -> str:
+        """This process's owner token (its session-level advisory lock taken once)."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        return owners.own_token(self._target, self.busy_timeout_ms)
+
+    def held_token(self) -> str | None:
+        """This process's owner token while its lock connection is usable."""
+        return owners.held_token(self._target)
+
+    def probe_owner(self, token: str) -> Liveness:
+        """Whether the owner of ``token`` is alive (its advisory lock held) or dead."""
+        return owners.probe(self.conn(), self._target, token)
+
+    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
+        """Nothing to clean: an advisory lock ends with its session."""
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report (the core's report keys)."""
+        return _doctor.run_doctor(self)
+
+    def storage_info(self) -> dict[str, Any]:
+        """The storage in force, without host, database, user or password."""
+        return {
+            "backend": "postgresql",
+            "schema_version": self.schema_version,
+            "read_only": self._read_only,
+            "busy_timeout_ms": self.busy_timeout_ms,
+            "write_isolation": "read committed, row locks",
+            "read_isolation": "repeatable read, read only",
+            "owner_liveness": "advisory_lock",
+            "client_keepalive_defaults": {
+                k: v for k, v in CLIENT_DEFAULTS.items() if k != "connect_timeout"
+            },
+            "server_keepalive": dict(SERVER_KEEPALIVE),
+        }
+
+
+def open_database(
+    url: str,
+    *,
+    clock: Callable[[], float],
+    busy_timeout_ms: int,
+    read_only: bool,
+    check_schema: bool = True,
+) -> PostgresDatabase:
+    """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet."""
+    if not callable(clock):
+        raise InvalidInput("clock must be callable")
+    return PostgresDatabase(
+        url, clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
+        check_schema=check_schema,
+    )
+
+
+__all__ = ["PostgresDatabase", "open_database"]

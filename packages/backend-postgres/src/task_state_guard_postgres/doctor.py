@@ -1,0 +1,150 @@
+"""Counts-only health check of a PostgreSQL ledger, with the core's report and rules.
+
+State, code, value, parent and event-chain rules are the core's (``task_state_guard.doctor``);
+only the statements that SQLite writes in its own dialect are restated here. PostgreSQL has no
+``quick_check``: ``quick_check`` is ``"ok"`` when every check could read the ledger, and the
+schema is checked against the exact column layout and the event triggers of this release.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from task_state_guard import doctor as core
+from task_state_guard.model import LedgerError
+
+from . import ddl
+
+if TYPE_CHECKING:
+    from .database import PostgresDatabase
+
+
+def _fin(column: str) -> str:
+    # Columns are double precision: NULL, NaN and infinities fail BETWEEN.
+    return f"({column} BETWEEN 0 AND 1e300)"
+
+
+_SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,
+    started_at IS NULL, heartbeat_at IS NULL, ended_at IS NULL,
+    deadline_at IS NULL, owner IS NULL, {core.times_ok_sql(_fin, "false")}, count(*)
+    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
+
+_EVENT_CHAINS = f"""SELECT count(*) FROM (
+    SELECT 1 + (t.started_at IS NOT NULL)::int + (t.status IN ({core._TERMINAL}))::int
+          + (t.delivery_status <> 'pending')::int AS expected,
+        t.version AS version,
+        count(e.task_seq) AS actual,
+        coalesce(sum((CASE e.step
+            WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
+                 AND e.at = t.created_at
+            WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
+                 AND e.at = t.started_at
+            WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
+                 AND t.status IN ({core._TERMINAL})
+                 AND e.code IS NOT DISTINCT FROM t.terminal_code AND e.at = t.ended_at
+            WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
+                 AND t.delivery_status <> 'pending'
+                 AND e.code IS NOT DISTINCT FROM t.delivery_code
+                 AND e.at = t.delivery_updated_at
+            ELSE false END)::int), 0) AS matching
+    FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
+    GROUP BY t.seq) AS chains
+    WHERE actual <> expected OR matching <> expected OR version < expected - 1"""
+
+_MISSING_PARENTS = (
+    "SELECT count(*) FROM tsg_tasks c WHERE c.parent_id IS NOT NULL "
+    "AND NOT EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = c.parent_id)"
+)
+
+# The exact layout of this release: (table, column, type, nullable) and the event triggers.
+_LAYOUT = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
+    WHERE table_schema = ? AND table_name IN ('tsg_tasks', 'tsg_events')
+    ORDER BY table_name, ordinal_position"""
+_EXPECTED_LAYOUT = [
+    ("tsg_events", "task_seq", "bigint", "NO"),
+    ("tsg_events", "step", "integer", "NO"),
+    ("tsg_events", "kind", "text", "NO"),
+    ("tsg_events", "state", "text", "NO"),
+    ("tsg_events", "code", "text", "YES"),
+    ("tsg_events", "at", "double precision", "NO"),
+    ("tsg_tasks", "seq", "bigint", "NO"),
+    ("tsg_tasks", "id", "text", "NO"),
+    ("tsg_tasks", "parent_id", "text", "YES"),
+    ("tsg_tasks", "status", "text", "NO"),
+    ("tsg_tasks", "terminal_code", "text", "YES"),
+    ("tsg_tasks", "delivery_required", "integer", "NO"),
+    ("tsg_tasks", "delivery_status", "text", "NO"),
+    ("tsg_tasks", "delivery_code", "text", "YES"),
+    ("tsg_tasks", "payload_hash", "text", "YES"),
+    *[("tsg_tasks", column, "double precision", nullable) for column, nullable in (
+        ("timeout_seconds", "YES"), ("deadline_at", "YES"), ("created_at", "NO"),
+        ("started_at", "YES"), ("heartbeat_at", "YES"), ("ended_at", "YES"),
+        ("delivery_updated_at", "NO"), ("updated_at", "NO"))],
+    ("tsg_tasks", "name", "text", "YES"),
+    ("tsg_tasks", "owner", "text", "YES"),
+    ("tsg_tasks", "version", "bigint", "NO"),
+    ("tsg_tasks", "framework_id", "text", "YES"),
+]
+_TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
+    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = ? AND c.relname = 'tsg_tasks' AND g.tgenabled <> 'D'
+    AND g.tgname IN ('tsg_event_created', 'tsg_event_changed')"""
+
+
+def _schema_ok(conn: Any, schema: str) -> int | None:
+    """The schema version when the layout is exactly this release's, else None."""
+    version = ddl.stored_version(conn, schema)
+    if version != ddl.SCHEMA_VERSION:
+        return None
+    layout = [tuple(row) for row in conn.execute(_LAYOUT, (schema,)).fetchall()]
+    if layout != _EXPECTED_LAYOUT:
+        return None
+    if conn.execute(_TRIGGERS, (schema,)).fetchone()[0] != 2:
+        return None
+    return version
+
+
+def run_doctor(db: PostgresDatabase) -> dict[str, Any]:
+    """Check the whole ledger and return counts only (the core's report keys)."""
+    findings = dict.fromkeys(core._FINDINGS, 0)
+    task_count = event_count = 0
+    tasks = dict.fromkeys(core._TASK_ORDER, 0)
+    deliveries = dict.fromkeys(core._DELIVERY_ORDER, 0)
+    version: int | None = None
+    read_ok = True
+    with db.read() as conn:
+        version = _schema_ok(conn, db.schema)
+        if version is not None:
+            try:
+                task_count = core._count(conn, "SELECT count(*) FROM tsg_tasks")
+                event_count = core._count(conn, "SELECT count(*) FROM tsg_events")
+                tasks, deliveries = core._state_counts(conn)
+                findings["foreign_key_violations"] = core._count(conn, _MISSING_PARENTS)
+                findings["orphan_events"] = core._count(conn, core._ORPHAN_EVENTS)
+                core._check_shapes(conn, findings, _SHAPES)
+                core._check_values(conn, findings)
+                findings["event_chain_mismatches"] = core._count(conn, _EVENT_CHAINS)
+                findings["parent_order_violations"], findings["parent_cycles"] = core._cycles(
+                    conn
+                )
+            except LedgerError:
+                findings["integrity_errors"] += 1  # a check could not read the ledger
+                read_ok = False
+    schema_ok = version is not None
+    report: dict[str, Any] = {
+        "healthy": schema_ok and not any(findings.values()),
+        "schema_version": version,
+        "schema_ok": schema_ok,
+        "quick_check": "ok" if read_ok else "failed",
+        "task_count": task_count,
+        "event_count": event_count,
+        "task_status_counts": tasks,
+        "delivery_status_counts": deliveries,
+    }
+    for name, count in findings.items():
+        report[core._COUNT_KEYS[name]] = count
+    return report
+
+
+__all__ = ["run_doctor"]

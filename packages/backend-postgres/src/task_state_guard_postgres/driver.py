@@ -1,0 +1,205 @@
+"""psycopg connections for the ledger: the core's SQL text, errors as ledger errors, fork safety.
+
+The core writes its portable statements with SQLite's placeholders (``?`` and ``?N``); a
+:class:`Conn` translates them once per statement text to psycopg's and binds values on the
+client side, so a ``NULL`` or a repeated parameter needs no type annotation. Every driver error
+becomes a fixed ledger error (``LedgerBusy`` for lock waits, deadlocks and serialization
+failures), never the server's text, which may quote stored values.
+
+A connection is never used by a process that did not open it: after ``fork()`` the child
+points its copy of every inherited socket at ``/dev/null`` (so closing it can never end the
+parent's session or release the parent's advisory locks) and parks the objects for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import pq
+from task_state_guard.model import LedgerBusy, LedgerError, StorageError
+
+from .url import SERVER_KEEPALIVE, Target
+
+_MARK = re.compile(r"\?(\d*)")
+_BUSY = (
+    pg_errors.LockNotAvailable,
+    pg_errors.DeadlockDetected,
+    pg_errors.SerializationFailure,
+    pg_errors.QueryCanceled,
+)
+_FOREIGN = (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.UndefinedFunction)
+
+# Every connection this process opened (weakly), and those inherited across fork() (for good).
+_OPEN: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+_INHERITED: list[psycopg.Connection[Any]] = []
+_OPEN_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
+    inherited = list(_OPEN)
+    _OPEN.clear()
+    if not inherited:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for raw in inherited:
+            try:
+                fd = raw.pgconn.socket
+            except psycopg.Error:
+                continue  # closed already
+            try:
+                os.dup2(devnull, fd)  # the child's copy only; the parent's socket is untouched
+            except OSError:
+                continue
+            _INHERITED.append(raw)
+    finally:
+        os.close(devnull)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@lru_cache(maxsize=1024)
+def translate_sql(sql: str) -> tuple[str, bool]:
+    """SQLite placeholders to psycopg's: ``?N`` -> ``%(pN)s``, ``?`` -> ``%s`` (``%`` escaped).
+
+    Returns the text and whether it uses numbered parameters.
+    """
+    numbered = False
+
+    def mark(match: re.Match[str]) -> str:
+        nonlocal numbered
+        if match.group(1):
+            numbered = True
+            return f"%(p{match.group(1)})s"
+        return "%s"
+
+    return _MARK.sub(mark, sql.replace("%", "%%")), numbered
+
+
+def _bind(numbered: bool, params: Sequence[Any]) -> Sequence[Any] | dict[str, Any]:
+    if numbered:
+        return {f"p{index}": value for index, value in enumerate(params, 1)}
+    return params
+
+
+def translate_error(exc: BaseException) -> LedgerError:
+    """Map a driver error to a fixed ledger error (never the server's text)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, _BUSY):
+        return LedgerBusy("another connection held the ledger past the busy timeout")
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return StorageError("the ledger was opened read-only")
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return StorageError("the PostgreSQL role lacks a privilege the ledger needs")
+    if isinstance(exc, _FOREIGN):
+        return StorageError("the database holds a foreign or tampered schema")
+    if isinstance(exc, pg_errors.DiskFull | pg_errors.OutOfMemory):
+        return StorageError("the PostgreSQL server is out of space")
+    if isinstance(exc, psycopg.OperationalError):
+        return StorageError("the PostgreSQL server cannot be reached")
+    return StorageError("the PostgreSQL ledger refused a statement")
+
+
+class Conn:
+    """One psycopg connection speaking the core's SQL (autocommit; transactions explicit)."""
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+        self.pid = os.getpid()
+        #: Rows changed by this connection's statements (the core's heartbeat count).
+        self.total_changes = 0
+
+    @property
+    def usable(self) -> bool:
+        """True while the connection is open, not broken and owned by this process."""
+        return self.pid == os.getpid() and not self.raw.closed and not self.raw.broken
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside a transaction block (open or failed)."""
+        return self.raw.pgconn.transaction_status in (
+            pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR
+        )
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        """Run one statement; driver errors become ledger errors."""
+        cursor = self.raw.cursor()
+        if params:
+            text, numbered = translate_sql(sql)
+            bound: Sequence[Any] | dict[str, Any] | None = _bind(numbered, params)
+        else:  # no parameters: the text goes as it is
+            text, bound = sql, None
+        try:
+            cursor.execute(text, bound)
+        except psycopg.Error as exc:
+            raise translate_error(exc) from None
+        if cursor.rowcount > 0 and _is_write(text):
+            self.total_changes += cursor.rowcount
+        return cursor
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement per parameter row."""
+        text, numbered = translate_sql(sql)
+        cursor = self.raw.cursor()
+        try:
+            cursor.executemany(text, [_bind(numbered, row) for row in rows])
+        except psycopg.Error as exc:
+            raise translate_error(exc) from None
+        if cursor.rowcount > 0:
+            self.total_changes += cursor.rowcount
+
+    def close(self) -> None:
+        """Close the connection (only in the process that opened it)."""
+        if self.pid == os.getpid() and not self.raw.closed:
+            with contextlib.suppress(psycopg.Error):
+                self.raw.close()
+
+
+def _is_write(text: str) -> bool:
+    head = text.lstrip()[:6].upper()
+    return head in ("INSERT", "UPDATE", "DELETE")
+
+
+def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
+    """Open a connection to the ledger's schema: lock waits bounded by ``busy_timeout_ms``,
+    the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
+    try:
+        raw = psycopg.Connection.connect(
+            target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
+            prepare_threshold=None,
+        )
+    except psycopg.Error:
+        raise StorageError("cannot connect to the PostgreSQL ledger") from None
+    with _OPEN_LOCK:
+        _OPEN.add(raw)
+    conn = Conn(raw)
+    settings = {
+        "search_path": f'"{target.schema}"',
+        # PostgreSQL's 0 would wait for ever; SQLite's 0 fails at once: keep the latter.
+        "lock_timeout": f"{max(1, busy_timeout_ms)}ms",
+        "default_transaction_read_only": "on" if read_only else "off",
+        **SERVER_KEEPALIVE,
+    }
+    try:
+        calls = ", ".join(["set_config(?, ?, false)"] * len(settings))
+        conn.execute(f"SELECT {calls}", [v for item in settings.items() for v in item])
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+__all__ = ["Conn", "connect", "translate_error", "translate_sql"]
