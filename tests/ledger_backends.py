@@ -76,6 +76,21 @@ def drop_schema(url: str) -> None:
         conn.close()
 
 
+def pg_schema_exists(url: str) -> bool:
+    """Whether the test schema named in ``url`` exists."""
+    match = _SCHEMA.search(url)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (match.group(1),)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bool(row and row[0])
+
+
 @contextmanager
 def ledger_target(backend: str, directory: Path) -> Iterator[str]:
     """A fresh, empty ledger location on ``backend``: a path under ``directory`` (not created)
