@@ -4,19 +4,20 @@
     python3 scripts/dev.py test    # set up, start Redis/RabbitMQ if needed, run every check
 
 Set-up: installs uv into ./.tools (a private virtual environment) when it is not on PATH, then
-``uv sync --all-packages --frozen`` builds ./.venv from uv.lock with the four packages and the
-dev tools. ``test`` runs ruff, mypy --strict on the core and the adapters, then the support
-matrix (real Celery/Dramatiq workers against Redis and RabbitMQ on 127.0.0.1; a broker that
-cannot be started is an error, never a skip):
+``uv sync --all-packages --frozen`` builds ./.venv from uv.lock with the five packages and the
+dev tools. ``test`` runs ruff, mypy --strict on the core, the adapters and the PostgreSQL
+backend, then the support matrix (real Celery/Dramatiq workers against Redis and RabbitMQ, and
+the PostgreSQL ledger, on 127.0.0.1; a service that cannot be started is an error, never a
+skip):
 
 * the core and reliability suites on the SQLite backend on every other CPython >= 3.11
   installed on this machine, each in its own ./.venv-py<version> built from uv.lock
   (interpreters are found, never downloaded; a supported minor version that is not installed
   is printed as not tested);
-* each adapter's suite against the lowest framework versions its pyproject declares, on the
-  newest interpreter found (uv's ``lowest-direct`` resolution into ./.venv-lowest-<adapter>;
-  uv.lock is not touched), with a check that the resolved versions are exactly the declared
-  lower bounds;
+* each adapter's suite (and the PostgreSQL backend's, ``tests/postgres``) against the lowest
+  framework (driver) versions its pyproject declares, on the newest interpreter found (uv's
+  ``lowest-direct`` resolution into ./.venv-lowest-<name>; uv.lock is not touched), with a
+  check that the resolved versions are exactly the declared lower bounds;
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
   versions; here the conformance suite (tests/core, tests/contract) runs on both ledger
   backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), and tests/fleet
@@ -72,13 +73,25 @@ def sync() -> None:
 # packages claim only what a run on the CI machine proved: 3.11-3.13).
 KNOWN_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 ADAPTERS = ("celery", "dramatiq", "langgraph")
+# Storage backends with a package and a suite of their own (packages/backend-<name>).
+BACKENDS = ("postgres",)
 # What each adapter leg reports as its framework version set (distribution names).
 FRAMEWORK_DISTS = {
     "celery": ("celery", "kombu", "redis"),
     "dramatiq": ("dramatiq", "redis", "pika"),
     "langgraph": ("langgraph", "langgraph-checkpoint-sqlite", "langgraph-checkpoint",
                   "langchain-core"),
+    "postgres": ("psycopg", "psycopg-binary"),
 }
+# Dev-group test tools a leg leaves out: its own driver (resolved to its lowest) and tools
+# that would pin it higher.
+LEG_UNPINNED = {"postgres": {"psycopg", "langgraph-checkpoint-postgres"}}
+
+
+def package_dir(name: str) -> str:
+    """The package directory of an adapter or a backend."""
+    return os.path.join(ROOT, "packages", f"backend-{name}" if name in BACKENDS
+                        else f"adapter-{name}")
 SUITE_CORE = ["tests/core", "tests/reliability"]
 LEG_PYTEST = ["-q", "-p", "no:cacheprovider"]
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
@@ -199,7 +212,7 @@ def _release(text: str) -> tuple[int, ...]:
 
 def declared_lower_bounds(adapter: str) -> dict[str, str]:
     """The ``>=`` bound of each framework dependency in the adapter's pyproject."""
-    path = os.path.join(ROOT, "packages", f"adapter-{adapter}", "pyproject.toml")
+    path = os.path.join(package_dir(adapter), "pyproject.toml")
     with open(path, "rb") as handle:
         deps = tomllib.load(handle)["project"]["dependencies"]
     bounds = {}
@@ -218,15 +231,16 @@ def declared_lower_bounds(adapter: str) -> dict[str, str]:
 _NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika"}
 
 
-def _locked_test_tools() -> list[str]:
+def _locked_test_tools(unpinned: frozenset[str] = frozenset()) -> list[str]:
     """The dev group's test-only packages (pytest, the SQL result backend's driver, the ASGI
-    server...) pinned to uv.lock's versions: only the frameworks go to their lowest."""
+    server...) pinned to uv.lock's versions: only the frameworks go to their lowest
+    (``unpinned``: tools left out of the leg)."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
         dev = tomllib.load(handle)["dependency-groups"]["dev"]
     pins = []
     for req in dev:
         match = re.match(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?", req)
-        if match and match.group(1).lower() not in _NOT_TEST_TOOLS:
+        if match and match.group(1).lower() not in _NOT_TEST_TOOLS | unpinned:
             name, extras = match.group(1), match.group(2) or ""
             pins.append(f"{name}{extras}=={_lock_version(name.lower())}")
     return pins
@@ -278,8 +292,9 @@ def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
     pinned = os.path.join(env_dir, "requirements.txt")
     with open(wanted, "w", encoding="utf-8") as handle:  # test tools as locked, not lowest
         handle.write(f"-e {os.path.join(ROOT, 'packages', 'core')}\n"
-                     f"-e {os.path.join(ROOT, 'packages', f'adapter-{adapter}')}\n"
-                     + "".join(f"{req}\n" for req in _locked_test_tools()))
+                     f"-e {package_dir(adapter)}\n"
+                     + "".join(f"{req}\n" for req in _locked_test_tools(
+                         frozenset(LEG_UNPINNED.get(adapter, ())))))
     if run([uv(), "pip", "compile", "--quiet", "--resolution", "lowest-direct", "--python",
             python, "--no-header", "--output-file", pinned, wanted], env=_env()) != 0 or run(
             [uv(), "pip", "sync", "--quiet", "--python", python, pinned], env=_env()) != 0:
@@ -301,7 +316,7 @@ def newest_lines(junit: str, python: str) -> list[str]:
     """Per-adapter pass counts of the whole-suite run (uv.lock's, i.e. the newest, versions)."""
     import xml.etree.ElementTree as ET
 
-    counts = {a: {"passed": 0, "failed": 0, "skipped": 0} for a in ADAPTERS}
+    counts = {a: {"passed": 0, "failed": 0, "skipped": 0} for a in (*ADAPTERS, *BACKENDS)}
     try:
         cases = list(ET.parse(junit).getroot().iter("testcase"))
     except (OSError, ET.ParseError):
@@ -318,7 +333,7 @@ def newest_lines(junit: str, python: str) -> list[str]:
         else:
             counts[adapter]["passed"] += 1
     lines = []
-    for adapter in ADAPTERS:
+    for adapter in (*ADAPTERS, *BACKENDS):
         installed = _installed(python, FRAMEWORK_DISTS[adapter])
         versions = ", ".join(f"{k} {v}" for k, v in installed.items())
         c = counts[adapter]
@@ -337,7 +352,8 @@ def test(extra: list[str]) -> int:
     ensure_services()
     checks = run([os.path.join(ROOT, ".venv", "bin", "ruff"), "check", "."])
     checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src",
-                   *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph"))])
+                   *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph")),
+                   *(f"packages/backend-{b}/src" for b in BACKENDS)])
     legs: list[Leg] = []
     notes: list[str] = []
     own = ".".join(map(str, sys.version_info[:3]))
@@ -360,7 +376,7 @@ def test(extra: list[str]) -> int:
             [*pythons, (own, os.path.realpath(sys.executable))],
             key=lambda item: tuple(int(p) for p in item[0].split(".")),
         )
-        for adapter in ADAPTERS:
+        for adapter in (*ADAPTERS, *BACKENDS):
             legs.append(lowest_leg(adapter, newest_version, newest_exe))
             print(legs[-1].line(), flush=True)
     whole = Leg(f"CPython {own} ({os.path.realpath(sys.executable)}) whole suite, uv.lock "
@@ -423,7 +439,8 @@ def ensure_services(names: tuple[str, ...] = ("redis", "rabbitmq", "postgresql")
             if _listening(5672):
                 break
             time.sleep(0.5)
-    # The SQL result backend of the Celery tests (trust auth, database "test").
+    # The PostgreSQL ledger's tests and the SQL result backend of the Celery tests (trust
+    # auth, database "test").
     if "postgresql" in names and not _listening(5432) and shutil.which("pg_ctlcluster"):
         run(["pg_ctlcluster", "15", "main", "start"])
         for _ in range(100):

@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: the ledger backend matrix (see ``ledger_backends``).
+"""Suite-wide fixtures: the ledger backend matrix (see ``ledger_backends``), and PostgreSQL
+ledgers (``pg_url``, see ``pg_fixtures``) for any test directory.
 
 Every test that uses the ``backend`` fixture, directly or through ``ledger_target`` (or a
 directory's ``db`` fixture built on it), runs once per selected backend. A test that checks
@@ -17,6 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ledger_backends
+from pg_fixtures import pg_stale_cleanup, pg_url
+
+__all__ = ["pg_stale_cleanup", "pg_url"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -8,7 +8,8 @@ judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY 
 whose snapshot is taken before the caller reads the clock (a dry run writes nothing).
 Reconcile and prune passes (``bulk``) first take a transaction-level advisory lock of the
 schema, so passes on many hosts run one after another, and reconcile holds the open rows it
-reads until it commits: no pass double-closes, deadlocks with another or loses an update.
+reads until it commits, skipping any row a worker's transaction holds at that moment: no pass
+double-closes, loses an update, or waits for (so deadlocks with) a worker.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
-    #: Reconcile holds the open rows it reads (without blocking foreign-key checks).
-    row_lock = " FOR NO KEY UPDATE"
+    #: Reconcile holds the open rows it reads until it commits (without blocking foreign-key
+    #: checks), and skips a row a worker's transaction holds at that moment (that work is
+    #: being changed right now; the next pass judges it): a pass never waits for a worker,
+    #: so a worker's transaction and a pass can never deadlock.
+    row_lock = " FOR NO KEY UPDATE SKIP LOCKED"
 
     def __init__(
         self,

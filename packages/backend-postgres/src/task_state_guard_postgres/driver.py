@@ -6,9 +6,10 @@ client side, so a ``NULL`` or a repeated parameter needs no type annotation. Eve
 becomes a fixed ledger error (``LedgerBusy`` for lock waits, deadlocks and serialization
 failures), never the server's text, which may quote stored values.
 
-A connection is never used by a process that did not open it: after ``fork()`` the child
-points its copy of every inherited socket at ``/dev/null`` (so closing it can never end the
-parent's session or release the parent's advisory locks) and parks the objects for good.
+A connection is never used or closed by a process that did not open it (:attr:`Conn.usable`
+and :meth:`Conn.close` check the process id; psycopg finalises a connection only in the process
+that opened it), so a forked child can never end the parent's session or release the parent's
+advisory locks; it opens connections of its own.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
-import weakref
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -37,38 +36,6 @@ _BUSY = (
     pg_errors.QueryCanceled,
 )
 _FOREIGN = (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.UndefinedFunction)
-
-# Every connection this process opened (weakly), and those inherited across fork() (for good).
-_OPEN: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
-_INHERITED: list[psycopg.Connection[Any]] = []
-_OPEN_LOCK = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _OPEN_LOCK
-    _OPEN_LOCK = threading.Lock()
-    inherited = list(_OPEN)
-    _OPEN.clear()
-    if not inherited:
-        return
-    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        for raw in inherited:
-            try:
-                fd = raw.pgconn.socket
-            except psycopg.Error:
-                continue  # closed already
-            try:
-                os.dup2(devnull, fd)  # the child's copy only; the parent's socket is untouched
-            except OSError:
-                continue
-            _INHERITED.append(raw)
-    finally:
-        os.close(devnull)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
 
 @lru_cache(maxsize=1024)
 def translate_sql(sql: str) -> tuple[str, bool]:
@@ -145,10 +112,12 @@ class Conn:
         try:
             cursor.execute(text, bound)
         except psycopg.Error as exc:
-            raise translate_error(exc) from None
-        if cursor.rowcount > 0 and _is_write(text):
-            self.total_changes += cursor.rowcount
-        return cursor
+            error = translate_error(exc)
+        else:
+            if cursor.rowcount > 0 and _is_write(text):
+                self.total_changes += cursor.rowcount
+            return cursor
+        raise error  # outside the handler: the driver's text is not even chained
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement per parameter row."""
@@ -157,9 +126,12 @@ class Conn:
         try:
             cursor.executemany(text, [_bind(numbered, row) for row in rows])
         except psycopg.Error as exc:
-            raise translate_error(exc) from None
-        if cursor.rowcount > 0:
-            self.total_changes += cursor.rowcount
+            error = translate_error(exc)
+        else:
+            if cursor.rowcount > 0:
+                self.total_changes += cursor.rowcount
+            return
+        raise error
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""
@@ -176,15 +148,14 @@ def _is_write(text: str) -> bool:
 def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     """Open a connection to the ledger's schema: lock waits bounded by ``busy_timeout_ms``,
     the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
-    try:
+    raw: psycopg.Connection[Any] | None = None
+    with contextlib.suppress(psycopg.Error):
         raw = psycopg.Connection.connect(
             target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
             prepare_threshold=None,
         )
-    except psycopg.Error:
-        raise StorageError("cannot connect to the PostgreSQL ledger") from None
-    with _OPEN_LOCK:
-        _OPEN.add(raw)
+    if raw is None:  # raised outside the handler: the driver's text is not even chained
+        raise StorageError("cannot connect to the PostgreSQL ledger")
     conn = Conn(raw)
     settings = {
         "search_path": f'"{target.schema}"',

@@ -56,20 +56,26 @@ def parse(url: str) -> Target:
     try:
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
+        port_ok = parts.port is None or 0 < parts.port < 65536
     except ValueError:
-        raise InvalidInput("the PostgreSQL URL does not parse") from None
+        port_ok = False
+    if not port_ok:  # raised outside the handler: no rejected value is chained
+        raise InvalidInput("the PostgreSQL URL does not parse")
     schemas = [value for key, value in query if key == "schema"]
     if len(schemas) > 1 or (schemas and not _SCHEMA.fullmatch(schemas[0])):
         raise InvalidInput("the URL's schema must match [a-z_][a-z0-9_]{0,62}")
     schema = schemas[0] if schemas else DEFAULT_SCHEMA
     rest = [(key, value) for key, value in query if key != "schema"]
+    conninfo = ""
     try:
         params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
         for key, value in CLIENT_DEFAULTS.items():
             params.setdefault(key, value)
         conninfo = make_conninfo("", **params)
     except (psycopg.Error, ValueError, TypeError):
-        raise InvalidInput("the PostgreSQL URL does not parse") from None
+        pass
+    if not conninfo:
+        raise InvalidInput("the PostgreSQL URL does not parse")
     shown = redact(urlunsplit(parts._replace(query=urlencode(
         [(k, v) for k, v in query if k.lower() != "password"]))))
     return Target(conninfo=conninfo, schema=schema, shown=shown)

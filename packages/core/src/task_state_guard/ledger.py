@@ -207,6 +207,7 @@ class Ledger:
         for flag in (allow_external_acl, read_only):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
+        snapshot_limit = connections.check_snapshot_limit(snapshot_max_bytes)
         self._db: database.Database
         if backends.is_url(path):
             # The PostgreSQL backend (an optional package): same transitions, same aggregates.
@@ -222,7 +223,7 @@ class Ledger:
             busy_timeout_ms=busy_timeout_ms,
             allow_external_acl=allow_external_acl,
             read_only=read_only,
-            snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
+            snapshot_max_bytes=snapshot_limit,
             check_schema=_check_schema,
         )
         self._db.conn()  # run every safety check now

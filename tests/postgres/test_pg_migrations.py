@@ -1,0 +1,95 @@
+"""Schema versioning: created once, guarded and transactional migrations, newer refused."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pg_helpers import Workers, schema_of, sql
+from task_state_guard import Ledger, StorageError
+from task_state_guard.cli import main as tsg
+from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
+
+
+def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION == 3
+        ledger.create_task()
+    with Ledger(pg_url) as again:  # a second open migrates nothing
+        assert again.schema_version == SCHEMA_VERSION
+        assert again.status()["tasks"]["queued"] == 1
+    assert sql(pg_url, "SELECT version FROM tsg_migrations") == [(3,)]
+
+
+def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
+    start = time.time() + 2.0
+    procs = [workers.start("open", pg_url, start) for _ in range(4)]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [3, 3, 3, 3]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations") == [(3,)]
+    with Ledger(pg_url) as ledger:
+        assert ledger.doctor()["healthy"] is True
+
+
+def test_a_newer_schema_is_refused(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger:
+        ledger.create_task()
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (4, 0)")
+    for read_only in (False, True):
+        with pytest.raises(StorageError) as err:
+            Ledger(pg_url, read_only=read_only)
+        assert str(err.value) == "the ledger's schema is newer than this release"
+    assert sql(pg_url, "SELECT count(*) FROM tsg_tasks") == [(1,)]  # nothing changed
+
+
+def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
+    schema = schema_of(pg_url)
+    sql(pg_url, f'CREATE SCHEMA "{schema}"')
+    # An object in the way of the migration's last statements: the whole migration fails.
+    sql(pg_url, f'CREATE FUNCTION "{schema}".tsg_write_event() RETURNS trigger '
+                "LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$")
+    with pytest.raises(StorageError):
+        Ledger(pg_url)
+    tables = sql(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))
+    assert tables == []  # no table, no migrations row: all of it or nothing
+    sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
+    with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
+        assert ledger.schema_version == 3
+
+
+def test_a_foreign_schema_is_refused_and_doctor_says_so(
+    pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = schema_of(pg_url)
+    sql(pg_url, f'CREATE SCHEMA "{schema}"')
+    sql(pg_url, f'CREATE TABLE "{schema}".tsg_tasks (id text)')
+    with pytest.raises(StorageError) as err:
+        Ledger(pg_url)
+    assert str(err.value) == "the database holds a foreign or tampered schema"
+    assert tsg(["--db", pg_url, "doctor"]) == 1
+    out = capsys.readouterr().out
+    assert '"schema_ok":false' in out and '"healthy":false' in out
+
+
+def test_a_read_only_open_of_a_missing_ledger_creates_nothing(pg_url: str) -> None:
+    with pytest.raises(StorageError) as err:
+        Ledger(pg_url, read_only=True)
+    assert str(err.value) == "the ledger does not exist"
+    schema = schema_of(pg_url)
+    assert sql(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)) == []
+
+
+def test_stale_ledger_schemas_are_dropped_and_fresh_ones_kept(pg_url: str) -> None:
+    prefix = schema_of(pg_url) + "_"
+    old, new = pg_url + "_old", pg_url + "_new"  # schemas <schema>_old and <schema>_new
+    try:
+        for url in (old, new):
+            Ledger(url).close()
+        sql(old, "UPDATE tsg_meta SET value = '0.0' WHERE key = 'created_at'")
+        assert drop_stale_schemas(pg_url, prefix, older_than_seconds=3600) == 1
+        names = {row[0] for row in sql(
+            pg_url, "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (prefix,)
+        )}
+        assert names == {schema_of(new)}
+    finally:
+        for url in (old, new):
+            drop_schema(url)
