@@ -1,6 +1,7 @@
 """Overhead of task-state-guard-celery on a real prefork worker (concurrency 2, Redis).
 
     python benchmarks/celery_overhead.py [--tasks 2000] [--sleep-tasks 300] [--rounds 3]
+        [--db PATH-OR-POSTGRESQL-URL]   # the adapter worker's ledger (default: fresh SQLite)
 
 Three real ``celery worker`` processes run side by side on their own queues: one with
 ``task_state_guard_celery.install(app)``, one bare (no result backend, results ignored) and

@@ -15,6 +15,7 @@ message / guarded CPU per message, i.e. the throughput ratio of a CPU-bound run 
 otherwise idle machine). Redis's own CPU is not included.
 
     .venv/bin/python benchmarks/dramatiq_overhead.py [--rounds 3] [--messages 2000]
+        [--db PATH-OR-POSTGRESQL-URL]   # the guarded worker's ledger (default: fresh SQLite)
 """
 
 from __future__ import annotations
