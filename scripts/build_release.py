@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ["core", "adapter-celery", "adapter-dramatiq", "adapter-langgraph"]
+PACKAGES = ["core", "adapter-celery", "adapter-dramatiq", "adapter-langgraph", "backend-postgres"]
 FALLBACK_EPOCH = 315532800  # 1980-01-01, the earliest date a zip file can hold
 
 

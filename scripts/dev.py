@@ -227,8 +227,9 @@ def declared_lower_bounds(adapter: str) -> dict[str, str]:
 
 
 #: Dev-group tools the adapter suites do not import, or whose versions come with the framework
-#: (the framework's own resolution decides those).
-_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika"}
+#: (the framework's own resolution decides those). Django, FastAPI and PyYAML serve only
+#: tests/examples, which runs in the whole-suite leg.
+_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika", "django", "fastapi", "pyyaml"}
 
 
 def _locked_test_tools(unpinned: frozenset[str] = frozenset()) -> list[str]:

@@ -60,7 +60,7 @@ SECRET_PATTERNS = [
     re.compile(r"gh[pousr]_[A-Za-z0-9]{36,}"),
     re.compile(r"xox[abprs]-[A-Za-z0-9-]{10,}"),
     re.compile(r"AIza[0-9A-Za-z_\-]{35}"),
-    re.compile(r"sk-[A-Za-z0-9_\-]{20,}"),
+    re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_\-]{20,}"),  # not "task-..." words
     re.compile(r"eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}"),
     re.compile(r"(?i)(?:https?|amqp|redis|postgres(?:ql)?|mysql)://[^\s:/@]+:[^\s@/]+@"),
 ]

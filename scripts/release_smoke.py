@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def pip_install(python: Path, args: list[str]) -> None:
         raise RuntimeError("pip install failed: " + proc.stderr[-3000:])
 
 
-def _cli(exe: Path, db: Path, *args: str, expect: int = 0, json_out: bool = True) -> Any:
+def _cli(exe: Path, db: Path | str, *args: str, expect: int = 0, json_out: bool = True) -> Any:
     proc = subprocess.run([str(exe), "--db", str(db), *args], capture_output=True, text=True,
                           env=clean_env(), timeout=60, check=False, stdin=subprocess.DEVNULL)
     if proc.stderr or proc.returncode != expect:
@@ -115,7 +116,7 @@ def smoke_core(dist: Path, work: Path) -> dict[str, Any]:
         return _cli(tsg if steps % 2 else long_name, db, *args, **kw)
 
     init = cli("init")["storage"]
-    assert init["schema_version"] == 3 and init["permission_model"] == "posix_mode"
+    assert init["schema_version"] == 4 and init["permission_model"] == "posix_mode"
     parent = cli("create", "--timeout-seconds", "600", "--name", "smoke.parent")["task"]
     assert cli("start", parent["id"])["task"]["status"] == "running"
     assert cli("heartbeat", parent["id"])["task"]["version"] == 1  # a heartbeat does not count
@@ -181,6 +182,36 @@ def smoke_adapter(dist: Path, work: Path, key: str) -> dict[str, Any]:
     return {"package": key, "ok": True, "installed_from": "dist (ours) + index (framework)"}
 
 
+#: The PostgreSQL server the backend's smoke uses (a schema of its own, dropped afterwards).
+SMOKE_PG = os.environ.get("TSG_SMOKE_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def smoke_postgres(dist: Path, work: Path) -> dict[str, Any]:
+    """The backend's wheel with the core's, psycopg from the index: a lifecycle through the
+    installed CLI against a fresh schema, and the fixed error without the backend."""
+    python = make_venv(work / "venv-backend-postgres")
+    pip_install(python, [str(wheel(dist, "task-state-guard")),
+                         str(wheel(dist, "task-state-guard-postgres"))])
+    tsg = python.parent / "tsg"
+    schema = "tsg_smoke_" + uuid.uuid4().hex[:16]
+    url = f"{SMOKE_PG}{'&' if '?' in SMOKE_PG else '?'}schema={schema}"
+    try:
+        init = _cli(tsg, url, "init")["storage"]
+        assert init["backend"] == "postgresql" and init["schema_version"] == 4
+        task = _cli(tsg, url, "create", "--name", "smoke.pg")["task"]
+        _cli(tsg, url, "start", task["id"])
+        closed = _cli(tsg, url, "close", task["id"], "--status", "succeeded")
+        assert closed["task"]["status"] == "succeeded"
+        assert _cli(tsg, url, "doctor")["healthy"]
+        assert _cli(tsg, url, "status")["status"]["tasks"]["succeeded"] == 1
+    finally:
+        subprocess.run([str(python), "-c", "import sys, task_state_guard_postgres as p; "
+                        "p.drop_schema(sys.argv[1])", url], env=clean_env(), check=False,
+                       capture_output=True, timeout=60)
+    return {"package": "backend-postgres", "ok": True,
+            "installed_from": "dist (ours) + index (psycopg)"}
+
+
 def run(dist: Path, packages: list[str], keep: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     results = []
@@ -191,6 +222,8 @@ def run(dist: Path, packages: list[str], keep: bool = False) -> dict[str, Any]:
             try:
                 if key == "core":
                     results.append(smoke_core(dist, work))
+                elif key == "backend-postgres":
+                    results.append(smoke_postgres(dist, work))
                 else:
                     results.append(smoke_adapter(dist, work, key))
             except (AssertionError, RuntimeError, subprocess.CalledProcessError) as exc:
@@ -205,8 +238,8 @@ def run(dist: Path, packages: list[str], keep: bool = False) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Install built wheels and run them.")
     parser.add_argument("--dist", default=str(REPO / "dist"))
-    parser.add_argument("--packages", nargs="*", default=["core", *ADAPTERS],
-                        choices=["core", *ADAPTERS])
+    parser.add_argument("--packages", nargs="*", default=["core", *ADAPTERS, "backend-postgres"],
+                        choices=["core", *ADAPTERS, "backend-postgres"])
     parser.add_argument("--offline", action="store_true", help="core only, no package index")
     args = parser.parse_args(argv)
     packages = ["core"] if args.offline else args.packages

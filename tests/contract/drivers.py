@@ -102,6 +102,7 @@ class CeleryDriver:
         # Celery's signal dispatcher catches the receiver's exception and logs it.
         return any(
             r.exc_info and type(r.exc_info[1]).__name__ == "StorageError"
+            and r.exc_info[1].reason == "directory_not_a_directory"
             for r in caplog.records
         )
 
@@ -223,7 +224,9 @@ class LangGraphDriver:
         return fid
 
     def strict_raised(self, caplog: Any) -> bool:
-        return any(type(exc).__name__ == "StorageError" for exc in self.raised)
+        return any(type(exc).__name__ == "StorageError"
+                   and getattr(exc, "reason", None) == "directory_not_a_directory"
+                   for exc in self.raised)
 
     def close(self) -> None:
         self.guard.uninstall()

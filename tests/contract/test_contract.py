@@ -4,11 +4,18 @@ and attempt closing in Celery, Dramatiq and LangGraph."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, TaskNotFound
 from task_state_guard.integration import ConfigurationError, LostTask
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from prom_text import parse
 
 STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating"}
 
@@ -53,10 +60,26 @@ def test_precedence_argument_then_framework_then_environment(
     assert settings.delivery_grace_seconds == (50 if driver.has_framework_config else 40)
 
 
+def test_environment_durations_take_the_cli_units(
+    driver: Any, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TSG_ACTIVE_GRACE_SECONDS", "20m")
+    monkeypatch.setenv("TSG_DELIVERY_GRACE_SECONDS", "2h")
+    monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "1m")
+    monkeypatch.setenv("TSG_RECONCILE_INTERVAL_SECONDS", "0.5h")
+    settings = driver.install(db).settings
+    assert settings.active_grace_seconds == 1200 and settings.delivery_grace_seconds == 7200
+    assert settings.heartbeat_seconds == 60 and settings.reconcile_interval_seconds == 1800
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
         ("TSG_ACTIVE_GRACE_SECONDS", "soon"),
+        ("TSG_ACTIVE_GRACE_SECONDS", "1h30"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "-5m"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "1w"),
+        ("TSG_BUSY_TIMEOUT_MS", "5s"),
         ("TSG_ACTIVE_GRACE_SECONDS", "-5"),
         ("TSG_DELIVERY_GRACE_SECONDS", "nan"),
         ("TSG_HEARTBEAT_SECONDS", "inf"),
@@ -88,7 +111,7 @@ def test_a_bad_argument_and_a_missing_path_are_the_same_clear_error(
 # ---------------------------------------------------------------------------- error policy
 
 
-def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
+def test_ledger_errors_are_counted_logged_once_by_class_and_reason_and_jobs_run(
     driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger=driver.logger):
@@ -102,11 +125,14 @@ def test_ledger_errors_are_counted_logged_once_by_class_and_jobs_run(
     logged = [r.getMessage() for r in caplog.records
               if r.name == driver.logger and "ledger error" in r.getMessage()]
     assert sorted(logged) == sorted(
-        f"task-state-guard: ledger error ({kind}); the {driver.guard.runtime.policy.subject} "
-        "runs on. Further errors of this kind are counted, not logged."
+        f"task-state-guard: ledger error ({kind}, reason directory_not_a_directory); the "
+        f"{driver.guard.runtime.policy.subject} runs on. Further errors of this kind are "
+        "counted, not logged."
         for kind in errors
     )
-    assert all(broken_db not in message for message in logged)  # class names only
+    # class names and the fixed reason only, never the path or a part of it
+    assert all(broken_db not in message and "not-a-directory" not in message
+               for message in logged)
 
 
 def test_strict_mode_raises_the_ledger_error_out_of_the_hook(
@@ -118,6 +144,30 @@ def test_strict_mode_raises_the_ledger_error_out_of_the_hook(
         driver.run("ok")
     assert driver.strict_raised(caplog)
     assert driver.guard.stats()["errors"]  # counted as well
+
+
+def test_ledger_errors_are_scrapeable_as_prometheus_text(driver: Any, broken_db: str) -> None:
+    guard = driver.install(broken_db)
+    driver.boot()
+    for _ in range(3):
+        driver.run("ok")
+    stats = guard.stats()
+    families = parse(guard.metrics_text())
+    errors = families["tsg_adapter_ledger_errors_total"]
+    assert errors.type == "counter" and errors.samples
+    expected = {}
+    for kind, count in stats["errors"].items():
+        hook, _, error = kind.rpartition(":")
+        expected[(guard.adapter_name, hook, error)] = count
+    assert {(lab["adapter"], lab["hook"], lab["error"]): value
+            for lab, value in errors.samples} == expected
+    assert guard.adapter_name == driver.name
+    conflicts = families["tsg_adapter_conflicts_total"]
+    assert conflicts.value(adapter=driver.name, kind="logical_close") == 0
+    assert families["tsg_adapter_reconciles_total"].value(adapter=driver.name) == stats[
+        "reconciles"]
+    assert families["tsg_adapter_heartbeating"].value(adapter=driver.name) == 0
+    assert broken_db not in guard.metrics_text()
 
 
 # ---------------------------------------------------------------------------- public surface
@@ -214,6 +264,34 @@ def test_counters_have_the_same_keys_and_meaning(driver: Any, db: str) -> None:
     logical = _logical(driver, db, late)
     assert (logical.status, logical.terminal_code) == ("cancelled", "caller_cancelled")
     assert guard.stats()["errors"] == {}
+
+
+def test_ledger_metrics_count_a_job_once_and_its_attempts_apart(driver: Any, db: str) -> None:
+    driver.install(db)
+    driver.boot()
+    fids = [driver.run("ok"), driver.run("fail")]
+    expected: Counter[tuple[str, str, str]] = Counter()
+    for fid in fids:
+        logical = _logical(driver, db, fid)
+        expected[("task", logical.name, logical.status.value)] += 1
+        for attempt in _attempts(driver, db, fid):
+            expected[("attempt", attempt.name, attempt.status.value)] += 1
+    assert sum(n for (kind, _, _), n in expected.items() if kind == "task") == 2
+    driver.close()
+    result = subprocess.run([sys.executable, "-m", "task_state_guard", "--db", db, "metrics"],
+                            capture_output=True, text=True, check=True)
+    families = parse(result.stdout)
+    seen = Counter({(lab["kind"], lab["name"], lab["status"]): int(value)
+                    for lab, value in families["tsg_tasks_by_name"].samples if value})
+    assert seen == expected
+    tasks = families["tsg_tasks"]
+    assert sum(v for lab, v in tasks.samples if lab["kind"] == "task") == 2  # two jobs
+    outcomes = families["tsg_outcomes_total"]
+    assert sum(v for lab, v in outcomes.samples if lab["kind"] == "task") == 2
+    owed = families["tsg_deliveries"]
+    internal = sum(v for lab, v in owed.samples if lab["kind"] == "internal")
+    assert internal == sum(n for (kind, _, _), n in expected.items() if kind == "attempt") + (
+        0 if driver.logical_delivers_by_default else 2)
 
 
 # ---------------------------------------------------------------------------- lost jobs

@@ -5,6 +5,7 @@ process and has no broker: its rows are in test_contract.py."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from task_state_guard import Ledger, StateConflict, Task
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS / "celery"))
 sys.path.insert(0, str(TESTS / "dramatiq"))
+sys.path.insert(0, str(TESTS / "core"))
 
 from _dramatiq_helpers import (  # noqa: E402
     BrokerEnv,
@@ -26,6 +28,7 @@ from _dramatiq_helpers import (  # noqa: E402
     wait_closed,
 )
 from celery_harness import Scenario  # noqa: E402
+from prom_text import parse  # noqa: E402
 
 
 class CeleryRow:
@@ -129,3 +132,26 @@ def test_real_workers_keep_the_contract(row: Any) -> None:
         row.guard.mark_delivery_failed(outside)
     with Ledger(str(row.ledger.path)) as ledger:
         assert ledger.doctor()["healthy"]
+    # `tsg metrics` counts each job once (kind="task") and its attempts apart.
+    jobs = [plain, inside, outside]
+    attempt_count = sum(len(row.attempts(fid)) for fid in jobs)
+    names = {row.logical(fid).name for fid in jobs}
+    result = subprocess.run(
+        [sys.executable, "-m", "task_state_guard", "--db", str(row.ledger.path), "metrics"],
+        capture_output=True, text=True, check=True,
+    )
+    families = parse(result.stdout)
+    tasks = families["tsg_tasks"]
+    assert tasks.value(kind="task", status="succeeded") == 3
+    assert tasks.value(kind="attempt", status="succeeded") == attempt_count
+    by_name = families["tsg_tasks_by_name"]
+    assert sum(by_name.value(kind="task", name=n, status="succeeded") for n in names) == 3
+    outcomes = families["tsg_outcomes_total"]
+    assert outcomes.value(kind="task", status="succeeded", code="worker_completed") == 3
+    delivered = families["tsg_delivery_outcomes_total"]
+    assert delivered.value(kind="owed", delivery_status="delivered",
+                           code="transport_acknowledged") == 2
+    assert delivered.value(kind="internal", delivery_status="not_applicable",
+                           code="internal_task") == attempt_count + 1
+    for fid in jobs:
+        assert fid not in result.stdout

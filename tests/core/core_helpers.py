@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from task_state_guard import Ledger
+from task_state_guard import Ledger, reasons
 
 T0 = 1_000_000.0  # a synthetic, exactly representable start time
 
@@ -134,10 +134,18 @@ def assert_json_line(result: CliResult) -> Any:
     return payload
 
 
-def assert_cli_error(result: CliResult, error: str, code: int = 2) -> None:
+def assert_cli_error(
+    result: CliResult, error: str, code: int = 2, reason: str | None = None
+) -> None:
+    """One error line: 0.1.0's category ``error`` (pinned), plus a reason from the closed
+    vocabulary when the error has one (``reason`` given: exactly that one)."""
     payload = assert_json_line(result)
     assert result.code == code
-    assert payload == {"error": error, "ok": False}
+    assert {k: v for k, v in payload.items() if k != "reason"} == {"error": error, "ok": False}
+    if "reason" in payload:
+        assert payload["reason"] in reasons.ALL, payload
+    if reason is not None:
+        assert payload.get("reason") == reason, payload
 
 
 # ----------------------------------------------------------------------------- files
@@ -164,6 +172,14 @@ def snapshot_tree(directory: str) -> dict[str, tuple[Any, ...]]:
             )
     st = os.lstat(directory)
     out["."] = (stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+    return out
+
+
+def snapshot_entries(directory: str) -> dict[str, tuple[Any, ...]]:
+    """:func:`snapshot_tree` without the directory's own mtime: what a read command leaves as it
+    found it (its transient sidecars on a closed ledger come and go, moving only that mtime)."""
+    out = snapshot_tree(directory)
+    out.pop(".")
     return out
 
 

@@ -42,7 +42,7 @@ def test_full_lifecycle_through_cli(db: str) -> None:
         assert init["storage"]["permission_model"] == "posix_mode"
         assert init["storage"]["journal_mode"] == "wal"
         assert init["storage"]["foreign_keys"] is True
-    assert init["storage"]["busy_timeout_ms"] == 5000 and init["storage"]["schema_version"] == 3
+    assert init["storage"]["busy_timeout_ms"] == 5000 and init["storage"]["schema_version"] == 4
     parent = ok(run_cli("--db", db, "create", "--name", "app.job", "--timeout-seconds", "900"))
     task = parent["task"]
     assert set(parent) == {"ok", "task"} and set(task) == TASK_KEYS
@@ -112,7 +112,7 @@ def test_console_scripts_share_the_entry_point(tmp_path) -> None:
                               env=cli_env(), check=False, timeout=60)
         assert proc.returncode == 0 and proc.stderr == ""
         payload = assert_json_line(CliResult(proc.returncode, proc.stdout, proc.stderr))
-        assert payload["ok"] is True and payload["storage"]["schema_version"] == 3
+        assert payload["ok"] is True and payload["storage"]["schema_version"] == 4
 
 
 def test_help_and_version_exit_zero() -> None:

@@ -174,7 +174,7 @@ def test_payload_fingerprint_of_text_and_bytes() -> None:
 
 
 def test_schema_version_constant(ledger: Ledger) -> None:
-    assert Ledger.SCHEMA_VERSION == 3 and ledger.SCHEMA_VERSION == 3
+    assert Ledger.SCHEMA_VERSION == 4 and ledger.SCHEMA_VERSION == 4
     assert ledger.doctor()["schema_version"] == Ledger.SCHEMA_VERSION
     assert ledger.storage_info()["schema_version"] == Ledger.SCHEMA_VERSION
 

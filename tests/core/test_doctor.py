@@ -73,7 +73,7 @@ def test_healthy_doctor(tmp_path) -> None:
     assert report["ok"] is True and report["healthy"] is True
     assert report["task_count"] == 5
     assert report["event_count"] == 1 + 2 + 3 + 4 + 2
-    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 3
+    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 4
     assert report["schema_ok"] is True and report["quick_check"] == "ok"
     assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
     assert report["task_status_counts"] == {
@@ -267,12 +267,13 @@ def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
 
 
 def test_doctor_is_read_only(tmp_path) -> None:
-    from core_helpers import snapshot_tree
+    from core_helpers import sidecars, snapshot_entries
 
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build(db)
     raw_execute(db, "DELETE FROM tsg_events WHERE kind = 'started'")
-    before = snapshot_tree(str(tmp_path / "d"))
+    before = snapshot_entries(str(tmp_path / "d"))
     cli_doctor(db, ids, 1)
     cli_doctor(db, ids, 1)
-    assert snapshot_tree(str(tmp_path / "d")) == before
+    assert snapshot_entries(str(tmp_path / "d")) == before
+    assert sidecars(db) == []

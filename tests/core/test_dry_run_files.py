@@ -1,6 +1,8 @@
 """Dry-run: same decisions as apply at the same clock, and no change to any byte, mode, mtime or
-directory entry -- for a cleanly closed ledger (no sidecars, verified in-memory snapshot), for a
-live ledger with a writer connection open, and for a closed ledger larger than 64 MiB."""
+directory entry -- for a cleanly closed ledger (no sidecars: read in place, verified against a
+change), for a live ledger with a writer connection open, and for a closed ledger larger than
+64 MiB. The read commands on a closed ledger leave every entry as it was (their transient
+sidecars are gone again)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from core_helpers import (
     table_columns,
     without_counts_flags,
 )
-from task_state_guard import Ledger, ReconcilePolicy, StorageError
+from task_state_guard import InvalidInput, Ledger, ReconcilePolicy
 
 POLICY = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=600)
 EXPECTED = {
@@ -75,7 +77,7 @@ def test_closed_ledger_dry_run_changes_nothing_and_matches_apply(tmp_path) -> No
     time.sleep(0.01)
     previews = []
     for _ in range(2):
-        with Ledger(db, clock=clock, read_only=True) as ro:
+        with Ledger(db, clock=clock, read_only=True, transient_sidecars=False) as ro:
             assert ro.storage_info()["read_snapshot"] is True
             report = ro.reconcile(POLICY, dry_run=True)
             check_report(report, dry_run=True)
@@ -90,10 +92,14 @@ def test_closed_ledger_dry_run_changes_nothing_and_matches_apply(tmp_path) -> No
     payload = assert_json_line(result)
     assert result.code == 0 and payload["reconcile"]["dry_run"] is True
     assert payload["reconcile"]["applied"] is False
-    for args in (["doctor"], ["status"], ["tasks", "--status", "running"], ["metrics"],
-                 ["prune", "--older-than", "0", "--dry-run"]):
-        assert run_cli("--db", db, *args).code == 0
+    assert run_cli("--db", db, "prune", "--older-than", "0", "--dry-run").code == 0
     assert files_of(directory) == before
+    for args in (["doctor"], ["status"], ["tasks", "--status", "running"], ["metrics"]):
+        assert run_cli("--db", db, *args).code == 0
+    # the read commands' transient sidecars come and go: only the directory's mtime moved
+    after = files_of(directory)
+    assert {k: v for k, v in after.items() if k != "."} == {
+        k: v for k, v in before.items() if k != "."}
     with Ledger(db, clock=clock) as led:
         applied = led.reconcile(POLICY)
         check_report(applied, dry_run=False)
@@ -282,7 +288,8 @@ def test_dry_run_on_closed_ledger_over_64_mib(big_ledger: str) -> None:
     assert size > 64 * 2**20
     directory = os.path.dirname(big_ledger)
     before = files_of(directory)
-    with Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True) as ro:
+    with Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
+                transient_sidecars=False) as ro:
         assert ro.storage_info()["read_snapshot"] is True
         report = ro.reconcile(POLICY, dry_run=True)
     check_report(report, dry_run=True)
@@ -293,19 +300,15 @@ def test_dry_run_on_closed_ledger_over_64_mib(big_ledger: str) -> None:
     assert files_of(directory) == before
 
 
-def test_snapshot_limit_below_file_size_fails_closed(big_ledger: str) -> None:
+def test_snapshot_limit_no_longer_limits_a_closed_ledger(big_ledger: str) -> None:
+    """Closed ledgers are read in place: ``snapshot_max_bytes`` is still checked, never a cap."""
     size = os.path.getsize(big_ledger)
     directory = os.path.dirname(big_ledger)
     before = files_of(directory)
-    for limit in (size - 1, 64 * 2**20):
-        with pytest.raises(StorageError):
-            led = Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
-                         snapshot_max_bytes=limit)
-            try:
-                led.reconcile(POLICY, dry_run=True)
-            finally:
-                led.close()
-    with Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
-                snapshot_max_bytes=size) as ro:
-        assert ro.reconcile(POLICY, dry_run=True)["tasks_timed_out"] == 2
+    for limit in (4096, size - 1, 64 * 2**20):
+        with Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
+                    snapshot_max_bytes=limit, transient_sidecars=False) as ro:
+            assert ro.reconcile(POLICY, dry_run=True)["tasks_timed_out"] == 2
+    with pytest.raises(InvalidInput):
+        Ledger(big_ledger, read_only=True, snapshot_max_bytes=4095)
     assert files_of(directory) == before

@@ -22,6 +22,7 @@ from core_helpers import (
     cli_env,
     is_sqlite,
     run_cli,
+    sidecars,
     snapshot_tree,
     without_counts_flags,
 )
@@ -132,11 +133,13 @@ def test_read_only_live_ledger_from_many_threads(db: str) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_read_only_snapshot_ledger_from_many_threads(db: str) -> None:
+@pytest.mark.parametrize("transient", [True, False])
+def test_read_only_closed_ledger_from_many_threads(db: str, transient: bool) -> None:
     with Ledger(db, clock=Clock()) as writer:
         ids = [writer.create_task().id for _ in range(10)]
-    reader = Ledger(db, clock=Clock(T0 + 10), read_only=True)
-    assert reader.storage_info()["read_snapshot"] is True
+    reader = Ledger(db, clock=Clock(T0 + 10), read_only=True, transient_sidecars=transient)
+    # in place: through transient sidecars, or creating nothing (a fixed, verified view)
+    assert reader.storage_info()["read_snapshot"] is not transient
     errors: list[BaseException] = []
     barrier = threading.Barrier(6)
 
@@ -156,6 +159,7 @@ def test_read_only_snapshot_ledger_from_many_threads(db: str) -> None:
         th.join()
     reader.close()
     assert errors == []
+    assert sidecars(db) == []
 
 
 # ----------------------------------------------------------------------------- fork

@@ -252,7 +252,7 @@ def test_cli_status_and_metrics_have_no_ids(tmp_path) -> None:
         else:
             assert sample.match(line), line
             assert line.split("{")[0].split(" ")[0] in declared
-    assert 'tsg_tasks{status="running"} 3' in metrics.stdout
+    assert 'tsg_tasks{kind="task",status="running"} 3' in metrics.stdout
     assert 'name="app.run"' in metrics.stdout
     labels = set(re.findall(r'([a-z_]+)="', metrics.stdout))
-    assert labels <= {"status", "delivery_status", "name"}
+    assert labels <= {"status", "delivery_status", "name", "kind", "code"}

@@ -17,6 +17,8 @@ from core_helpers import (
     insert_event,
     raw_execute,
     run_cli,
+    sidecars,
+    snapshot_entries,
     snapshot_tree,
 )
 from task_state_guard import (
@@ -288,7 +290,7 @@ def test_tampered_schema_rejected_by_api(tmp_path) -> None:
     with pytest.raises(StorageError):
         Ledger(db)
     raw_execute(
-        db, "DROP INDEX extra", "UPDATE tsg_meta SET value = '4' WHERE key = 'schema_version'"
+        db, "DROP INDEX extra", "UPDATE tsg_meta SET value = '5' WHERE key = 'schema_version'"
     )
     with pytest.raises(StorageError):
         Ledger(db)
@@ -416,23 +418,23 @@ def same_schema_as_fresh(db: str, tmp_path) -> bool:
         b.close()
 
 
-def test_empty_v1_migrates_to_v3(tmp_path) -> None:
+def test_empty_v1_migrates_to_v4(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     build_v1(db, empty=True)
     with Ledger(db, clock=Clock()) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 3
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 4
         assert led.doctor()["healthy"] is True
         led.create_task(name="x")
-    assert meta_version(db) == "3"
+    assert meta_version(db) == "4"
     assert same_schema_as_fresh(db, tmp_path)
 
 
-def test_v1_migrates_to_v3(tmp_path) -> None:
+def test_v1_migrates_to_v4(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v1(db)
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 3
+        assert led.schema_version == 4
         done = led.get_task(ids[0])
         assert done.terminal_code == "worker_completed" and done.ended_at == T0 + 1
         assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
@@ -440,24 +442,24 @@ def test_v1_migrates_to_v3(tmp_path) -> None:
         assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
         assert running.framework_id is None and done.framework_id is None
         report = led.doctor()
-        assert report["healthy"] is True and report["schema_version"] == 3
+        assert report["healthy"] is True and report["schema_version"] == 4
         assert report["task_count"] == 2 and report["event_count"] == 4
         fid = "0ac03e98-045d-499b-a3e1-22df12f98c64"
         task = led.create_task(name="after.migration", framework_id=fid)
         assert led.get_task(task.id).name == "after.migration"
         assert led.get_task(task.id).framework_id == fid
         assert led.set_delivery(ids[0], "delivered").version == 2
-    assert meta_version(db) == "3"
+    assert meta_version(db) == "4"
     assert same_schema_as_fresh(db, tmp_path)
     # the CLI apply path migrates too
     db2 = str(tmp_path / "g" / "tasks.sqlite")
     build_v1(db2)
     result = run_cli("--db", db2, "reconcile")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert meta_version(db2) == "3"
+    assert meta_version(db2) == "4"
 
 
-def test_v2_migrates_to_v3(tmp_path) -> None:
+def test_v2_migrates_to_v4(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v2(db)
     with Ledger(db, read_only=True) as ro:  # a read-only open leaves v2 as v2
@@ -466,7 +468,7 @@ def test_v2_migrates_to_v3(tmp_path) -> None:
         before = [ro.get_task(i) for i in ids]
     assert meta_version(db) == "2"
     with Ledger(db, clock=Clock(T0 + 10)) as led:
-        assert led.schema_version == 3
+        assert led.schema_version == 4
         after = [led.get_task(i) for i in ids]
         assert after == before
         delivered, running = after
@@ -480,7 +482,7 @@ def test_v2_migrates_to_v3(tmp_path) -> None:
         report = led.doctor()
         assert report["healthy"] is True and report["event_count"] == 5
         assert led.close_task(ids[1], "succeeded").version == 2
-    assert meta_version(db) == "3"
+    assert meta_version(db) == "4"
     assert same_schema_as_fresh(db, tmp_path)
 
 
@@ -505,7 +507,7 @@ def test_v1_with_legacy_reason_text_fails_closed(tmp_path) -> None:
 def test_read_only_open_leaves_v1_as_v1(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v1(db)
-    before = snapshot_tree(str(tmp_path / "d"))
+    before = snapshot_entries(str(tmp_path / "d"))
     clock = Clock(T0 + 10_000)
     with Ledger(db, clock=clock, read_only=True) as ro:
         assert ro.schema_version == 1
@@ -517,7 +519,8 @@ def test_read_only_open_leaves_v1_as_v1(tmp_path) -> None:
             ro.create_task()
     result = run_cli("--db", db, "reconcile", "--dry-run")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert snapshot_tree(str(tmp_path / "d")) == before
+    assert snapshot_entries(str(tmp_path / "d")) == before
+    assert sidecars(db) == []
     assert meta_version(db) == "1"
 
 
@@ -529,7 +532,7 @@ def test_read_only_rejects_every_mutation(tmp_path) -> None:
     ids = make_ledger(db)
     with Ledger(db, clock=Clock(T0 + 5), read_only=True) as check:
         states = [check.get_task(i) for i in ids]
-    before = snapshot_tree(str(tmp_path / "d"))
+    before = snapshot_entries(str(tmp_path / "d"))
     with Ledger(db, clock=Clock(T0 + 5), read_only=True) as ro:
         assert ro.read_only is True
         calls = [
@@ -548,7 +551,7 @@ def test_read_only_rejects_every_mutation(tmp_path) -> None:
                 call()
         assert [ro.get_task(i) for i in ids] == states
         assert ro.storage_info()["read_only"] is True
-    assert snapshot_tree(str(tmp_path / "d")) == before
+    assert snapshot_entries(str(tmp_path / "d")) == before
 
 
 def test_storage_info_has_no_path(tmp_path) -> None:
@@ -599,16 +602,16 @@ def test_lock_wait_past_busy_timeout_is_ledger_busy(tmp_path) -> None:
     try:
         with pytest.raises(LedgerBusy) as info:
             led.create_task()
-        assert isinstance(info.value, LedgerError)
+        assert isinstance(info.value, LedgerError) and info.value.reason == "database_busy"
         assert not isinstance(info.value, sqlite3.Error)
         with pytest.raises(LedgerBusy):
             led.close_task(ids[1], "cancelled")
         assert led.get_task(ids[1]).status == "queued"  # reads still work under WAL
         result = run_cli("--db", db, "--busy-timeout-ms", "100", "create")
-        assert_cli_error(result, "StateConflict")
+        assert_cli_error(result, "StateConflict", reason="database_busy")
         result = run_cli("--db", db, "--busy-timeout-ms", "100", "close", ids[1],
                          "--status", "cancelled")
-        assert_cli_error(result, "StateConflict")
+        assert_cli_error(result, "StateConflict", reason="database_busy")
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -623,16 +626,18 @@ def test_read_only_fails_closed_on_journal_and_incomplete_wal_pair(tmp_path) -> 
     directory = str(tmp_path / "d")
     db = os.path.join(directory, "tasks.sqlite")
     make_ledger(db)
-    for present in (["-wal"], ["-shm"], ["-journal"]):
+    for present, reason in ((["-wal"], "wal_incomplete"), (["-shm"], "wal_incomplete"),
+                            (["-journal"], "rollback_journal_present")):
         for suffix in present:
             fd = os.open(db + suffix, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
         before = snapshot_tree(directory)
         # (an incomplete pair is waited on for the busy timeout: a writer may be opening)
-        with pytest.raises(StorageError):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=True, busy_timeout_ms=300)
+        assert info.value.reason == reason
         result = run_cli("--db", db, "--busy-timeout-ms", "300", "reconcile", "--dry-run")
-        assert_cli_error(result, "StateConflict")
+        assert_cli_error(result, "StateConflict", reason=reason)
         assert snapshot_tree(directory) == before
         for suffix in present:
             os.unlink(db + suffix)
@@ -646,9 +651,11 @@ def test_read_only_requires_wal_mode(tmp_path) -> None:
     assert conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
     conn.close()
     before = snapshot_tree(directory)
-    with pytest.raises(StorageError):
+    with pytest.raises(StorageError) as info:
         Ledger(db, read_only=True)
-    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StateConflict")
+    assert info.value.reason == "wal_mode_required"
+    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StateConflict",
+                     reason="wal_mode_required")
     assert snapshot_tree(directory) == before
     with Ledger(db, clock=Clock(T0 + 5)) as led:  # a writer switches it back to WAL
         led.create_task()
@@ -662,16 +669,21 @@ def test_paths_owned_by_another_user_rejected(tmp_path) -> None:
     foreign_ancestor = tmp_path / "theirs"
     foreign_ancestor.mkdir(mode=0o755)
     os.chown(foreign_ancestor, other, other)
-    with pytest.raises(UnsafeLocation):
+    with pytest.raises(UnsafeLocation) as info:
         Ledger(str(foreign_ancestor / "mine" / "tasks.sqlite"))
+    assert info.value.reason == "ancestor_owned_by_other_user"
     leaf = tmp_path / "leaf"
     leaf.mkdir(mode=0o700)
     os.chown(leaf, other, other)
-    with pytest.raises(UnsafeLocation):
+    with pytest.raises(UnsafeLocation) as info:
         Ledger(str(leaf / "tasks.sqlite"))
+    assert info.value.reason == "directory_owned_by_other_user"
     db = str(tmp_path / "d" / "tasks.sqlite")
     make_ledger(db)
     os.chown(db, other, other)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(UnsafeLocation) as info:
             Ledger(db, read_only=ro)
+        assert info.value.reason == "file_owned_by_other_user"
+    assert_cli_error(run_cli("--db", db, "init"), "InvalidInput",
+                     reason="file_owned_by_other_user")

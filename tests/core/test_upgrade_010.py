@@ -25,7 +25,7 @@ from core_helpers import (
     assert_json_line,
     check_report,
     run_cli,
-    snapshot_tree,
+    snapshot_entries,
 )
 from task_state_guard import (
     DeliveryStatus,
@@ -81,7 +81,7 @@ def test_fixture_is_a_0_1_0_ledger() -> None:
 def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     with Ledger(db, clock=Clock(AFTER)) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 3
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 4
         for role, expected in EXPECTED.items():
             task = led.get_task(expected["id"])
             got = task.to_dict(include_payload_hash=True)
@@ -93,14 +93,14 @@ def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
             assert task.name is None and task.has_owner is False and task.framework_id is None
         report = led.doctor()
     assert report["healthy"] is True and report["schema_ok"] is True
-    assert report["schema_version"] == 3 and report["quick_check"] == "ok"
+    assert report["schema_version"] == 4 and report["quick_check"] == "ok"
     assert report["task_count"] == 8 and report["event_count"] == 23
     assert report["task_status_counts"] == {
         "queued": 1, "running": 1, "succeeded": 3, "failed": 1, "timed_out": 1, "cancelled": 1}
     assert report["delivery_status_counts"] == {
         "pending": 5, "delivered": 1, "failed": 1, "not_applicable": 1}
     # Migrated in place to exactly the current layout: 0.1.0's tables are gone.
-    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks"]
+    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals"]
     fresh = str(tmp_path / "fresh" / "tasks.sqlite")
     Ledger(fresh).close()
     q = ("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
@@ -132,7 +132,7 @@ def test_running_task_keeps_its_heartbeat(tmp_path: Path) -> None:
 def test_read_only_access_leaves_the_file_untouched(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     directory = os.path.dirname(db)
-    before = snapshot_tree(directory)
+    before = snapshot_entries(directory)
     with Ledger(db, read_only=True, clock=Clock(CLOCK_0 + 1000)) as ro:
         assert ro.schema_version == 2  # what 0.1.0 calls its layout; not migrated
         for role, expected in EXPECTED.items():
@@ -153,7 +153,7 @@ def test_read_only_access_leaves_the_file_untouched(tmp_path: Path) -> None:
     expected = dict(EXPECTED["succeeded_delivered"])
     expected.pop("payload_hash")  # the CLI prints only has_payload_hash
     assert got == {"ok": True, "task": expected}
-    assert snapshot_tree(directory) == before
+    assert snapshot_entries(directory) == before  # transient sidecars came and went
     assert table_names(db) == ["schema_meta", "task_events", "tasks"]
 
 
@@ -210,9 +210,9 @@ def test_the_cli_apply_path_migrates_too(tmp_path: Path) -> None:
                      "--delivery-grace-seconds", "600")
     report = assert_json_line(result)["reconcile"]
     assert result.code == 0 and report["tasks_timed_out"] == 1
-    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks"]
+    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals"]
     init = assert_json_line(run_cli("--db", db, "init"))
-    assert init["storage"]["schema_version"] == 3
+    assert init["storage"]["schema_version"] == 4
 
 
 def _tampered(db: str, *statements: str) -> None:

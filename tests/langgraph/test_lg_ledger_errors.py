@@ -53,7 +53,7 @@ def test_read_only_ledger(db: str, saver: Any, caplog: pytest.LogCaptureFixture)
         assert errors == {"reconcile:StorageError": 1, "open:StorageError": 3}
         # Logged once per kind, however many times it happened.
         assert sorted(_warnings(caplog)) == sorted(
-            f"task-state-guard: ledger error ({kind}); the graph runs on. "
+            f"task-state-guard: ledger error ({kind}, reason read_only_ledger); the graph runs on. "
             "Further errors of this kind are counted, not logged."
             for kind in errors
         )

@@ -150,3 +150,26 @@ def test_tsg_db_selects_the_backend(pg_url: str) -> None:
                            timeout=60, check=True)
     assert json.loads(shown.stdout)["task"]["status"] == "queued"
     assert sql(pg_url, "SELECT name FROM tsg_tasks") == [("env.job",)]
+
+
+def test_a_group_whose_statement_failed_never_reports_a_commit(pg_url: str) -> None:
+    with Ledger(pg_url) as setup:
+        task = setup.create_task()
+    holder = Ledger(pg_url)
+    waiter = Ledger(pg_url, busy_timeout_ms=200)
+    try:
+        with holder.atomic():
+            holder.start_task(task.id, owner=False)  # holds the row until the block ends
+            other = None
+            with pytest.raises(StorageError) as err, waiter.atomic():
+                other = waiter.create_task()
+                with pytest.raises(StorageError):  # LedgerBusy: the row is held
+                    waiter.close_task(task.id, "cancelled")
+                # the caller goes on; the group cannot commit, and says so
+            assert "nothing was written" in str(err.value)
+    finally:
+        holder.close()
+    assert other is not None
+    with pytest.raises(TaskNotFound):
+        waiter.get_task(other.id)
+    waiter.close()

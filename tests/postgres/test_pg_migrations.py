@@ -9,23 +9,24 @@ from pg_helpers import Workers, schema_of, sql
 from task_state_guard import Ledger, StorageError
 from task_state_guard.cli import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
+from task_state_guard_postgres.ddl import MIGRATIONS
 
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 3
+        assert ledger.schema_version == SCHEMA_VERSION == 4
         ledger.create_task()
     with Ledger(pg_url) as again:  # a second open migrates nothing
         assert again.schema_version == SCHEMA_VERSION
         assert again.status()["tasks"]["queued"] == 1
-    assert sql(pg_url, "SELECT version FROM tsg_migrations") == [(3,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,)]
 
 
 def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
     start = time.time() + 2.0
     procs = [workers.start("open", pg_url, start) for _ in range(4)]
-    assert [workers.finish(p)["schema_version"] for p in procs] == [3, 3, 3, 3]
-    assert sql(pg_url, "SELECT version FROM tsg_migrations") == [(3,)]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [4, 4, 4, 4]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,)]
     with Ledger(pg_url) as ledger:
         assert ledger.doctor()["healthy"] is True
 
@@ -33,7 +34,7 @@ def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> N
 def test_a_newer_schema_is_refused(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (4, 0)")
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (5, 0)")
     for read_only in (False, True):
         with pytest.raises(StorageError) as err:
             Ledger(pg_url, read_only=read_only)
@@ -53,7 +54,7 @@ def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
     assert tables == []  # no table, no migrations row: all of it or nothing
     sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
     with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
-        assert ledger.schema_version == 3
+        assert ledger.schema_version == 4
 
 
 def test_a_foreign_schema_is_refused_and_doctor_says_so(
@@ -93,3 +94,36 @@ def test_stale_ledger_schemas_are_dropped_and_fresh_ones_kept(pg_url: str) -> No
     finally:
         for url in (old, new):
             drop_schema(url)
+
+
+def test_a_version_3_ledger_migrates_to_4_with_its_totals(pg_url: str) -> None:
+    schema = schema_of(pg_url)
+    sql(pg_url, f'CREATE SCHEMA "{schema}"')
+    sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
+                "(version integer PRIMARY KEY, applied_at double precision NOT NULL)")
+    for statement in MIGRATIONS[3](schema):  # the layout an earlier release created
+        sql(pg_url, statement)
+    sql(pg_url, "INSERT INTO tsg_migrations VALUES (3, 0)")
+    sql(pg_url, "INSERT INTO tsg_meta VALUES ('application', 'task-state-guard')")
+    rows = [(f"00000000-0000-4000-8000-00000000000{i}", status, code)
+            for i, (status, code) in enumerate(
+                [("succeeded", "worker_completed"), ("failed", None), ("queued", None)])]
+    for tid, status, code in rows:
+        ended = None if status == "queued" else 2.0
+        sql(pg_url, "INSERT INTO tsg_tasks(id, status, terminal_code, delivery_required, "
+                    "delivery_status, created_at, ended_at, delivery_updated_at, updated_at) "
+                    "VALUES (%s, %s, %s, 1, 'pending', 1.0, %s, 1.0, 2.0)",
+            (tid, status, code, ended))
+    with Ledger(pg_url) as ledger:
+        assert ledger.schema_version == 4
+        seeded = ledger.status()["outcomes_total"]["task"]  # the two closed tasks it held
+        assert seeded["succeeded"]["worker_completed"] == 1 and seeded["failed"][""] == 1
+        assert seeded["cancelled"].get("", 0) == 0
+        ledger.close_task(rows[2][0], "cancelled")  # counted by the new trigger
+        ledger.close_task(ledger.create_task().id, "cancelled")
+        assert ledger.status()["outcomes_total"]["task"]["cancelled"][""] == 2
+        assert ledger.doctor()["schema_ok"] is True
+        ledger.reconcile()  # a pass folds the totals' increments into one row per outcome
+        assert ledger.status()["outcomes_total"]["task"]["cancelled"][""] == 2
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,)]
+    assert sql(pg_url, "SELECT total FROM tsg_totals WHERE state = 'cancelled'") == [(2,)]

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from task_state_guard import Ledger, LedgerBusy, LedgerError, StorageError
+from task_state_guard import Ledger, LedgerBusy, LedgerError, StorageError, reasons
 
 from .conftest import assert_cli_error, cli_env, one_json_line, run_cli
 
@@ -67,7 +67,8 @@ def doctor_cli(db: Path) -> tuple[int, dict[str, object] | None]:
     assert code in (0, 1, 2), code
     parsed = one_json_line(out)
     if code == 2:
-        assert set(parsed) == {"error", "ok"}
+        assert set(parsed) - {"reason"} == {"error", "ok"}
+        assert parsed.get("reason", reasons.NOT_A_LEDGER) in reasons.STORAGE
         return code, None
     assert parsed["ok"] is (code == 0)
     return code, parsed
@@ -166,9 +167,10 @@ def test_read_only_filesystem(tmp_path: Path) -> None:
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         try:
             exc = ledger_error(lambda: Ledger(db).create_task())
-            assert isinstance(exc, StorageError)
+            assert isinstance(exc, StorageError) and exc.reason == "database_not_writable"
             for args in (["create"], ["init"], ["reconcile"], ["prune", "--older-than", "0"]):
-                assert_cli_error(*run_cli("--db", str(db), *args), expected=("StateConflict",))
+                assert_cli_error(*run_cli("--db", str(db), *args), expected=("StateConflict",),
+                                 reason="database_not_writable")
             # Read-only commands still work on a read-only medium.
             code, report = doctor_cli(db)
             assert code == 0 and report is not None and report["task_count"] == len(ids)
@@ -262,7 +264,7 @@ SIDECAR_SCRIPT = textwrap.dedent(
         try:
             Ledger(db).create_task(); results[suffix] = "ok"
         except LedgerError as exc:
-            results[suffix] = type(exc).__name__
+            results[suffix] = type(exc).__name__ + ":" + str(exc.reason)
         os.chmod(db + suffix, 0o600)
     results["count"] = ledger.doctor()["task_count"]
     print(json.dumps(results, sort_keys=True))
@@ -277,7 +279,8 @@ def test_read_only_sidecar_refuses_a_new_writer(tmp_path: Path) -> None:
     proc = subprocess.run([*UNPRIVILEGED, sys.executable, "-c", SIDECAR_SCRIPT, str(db)],
                           capture_output=True, text=True, timeout=120, env=cli_env(), check=False)
     assert proc.stderr == "" and proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout) == {"-wal": "StorageError", "-shm": "StorageError",
+    assert json.loads(proc.stdout) == {"-wal": "StorageError:sidecar_not_writable",
+                                       "-shm": "StorageError:sidecar_not_writable",
                                        "count": 3}
     assert_healthy(db, [])
 
@@ -291,7 +294,8 @@ def test_read_only_directory_through_the_cli(tmp_path: Path) -> None:
         proc = subprocess.run([*UNPRIVILEGED, sys.executable, "-m", "task_state_guard", "--db",
                                str(db), "create"], capture_output=True, text=True, env=env,
                               timeout=60, check=False)
-        assert_cli_error(proc.returncode, proc.stdout, proc.stderr, expected=("StateConflict",))
+        assert_cli_error(proc.returncode, proc.stdout, proc.stderr, expected=("StateConflict",),
+                         reason="directory_not_writable")
     finally:
         os.chmod(db.parent, 0o700)
     assert_healthy(db, ids)

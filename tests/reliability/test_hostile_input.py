@@ -36,6 +36,7 @@ from task_state_guard import (
     UnsafeLocation,
     cli,
     payload_fingerprint,
+    reasons,
     reconcile_restart,
     storage,
 )
@@ -110,8 +111,10 @@ def check_cli_contract(argv: list[str], code: int | str, out: str, err: str) -> 
         return  # Prometheus exposition or the status table
     parsed = one_json_line(out)
     if code == 2:
-        assert set(parsed) == {"error", "ok"} and parsed["ok"] is False
+        assert set(parsed) - {"reason"} == {"error", "ok"} and parsed["ok"] is False
         assert parsed["error"] in ("InvalidInput", "TaskNotFound", "StateConflict")
+        if "reason" in parsed:  # a fixed name from the closed vocabulary, never input text
+            assert parsed["reason"] in reasons.ALL, parsed
     else:
         assert parsed["ok"] is (code == 0)
 
@@ -273,7 +276,8 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: Heartbeater(d(ANY)),
             lambda: Ledger(env.db, clock=d(ANY)),
             lambda: Ledger(env.db, busy_timeout_ms=d(ANY), allow_external_acl=d(ANY),
-                           read_only=d(ANY), snapshot_max_bytes=d(ANY)),
+                           read_only=d(ANY), snapshot_max_bytes=d(ANY),
+                           transient_sidecars=d(ANY)),
             lambda: Ledger(env.db, clock=_constant(d(ANY))).create_task(),
             lambda: _in_atomic(ledger, lambda: ledger.create_task(task_id=d(some),
                                                                   name=d(ANY))),
@@ -602,5 +606,6 @@ def test_everything_exported_is_covered() -> None:
         "DeliveryStatus", "Heartbeater", "InvalidInput", "Ledger", "LedgerBusy", "LedgerError",
         "ReconcileDecision", "ReconcilePolicy", "StateConflict", "StorageError", "Task",
         "TaskNotFound", "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
-        "reconcile_restart"}
+        "reconcile_restart",
+        "reasons"}  # constants only; check_cli_contract holds every emitted reason to them
     json.dumps(task_state_guard.__version__)

@@ -54,6 +54,8 @@ class CeleryGuard(AdapterSurface):
     adapter); the ids are Celery task ids.
     """
 
+    adapter_name = "celery"
+
     def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
         self.app = app
         self.runtime = AdapterRuntime(

@@ -93,6 +93,8 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     use, so a broker built before a ``fork`` is safe.
     """
 
+    adapter_name = "dramatiq"
+
     def __init__(
         self,
         db: str | os.PathLike[str] | None = None,

@@ -45,6 +45,8 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     adapter); the ids are invocation ids.
     """
 
+    adapter_name = "langgraph"
+
     def __init__(
         self,
         graph: Any,

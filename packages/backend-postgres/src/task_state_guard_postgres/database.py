@@ -152,7 +152,12 @@ class PostgresDatabase:
                 conn.execute(
                     "SELECT pg_advisory_xact_lock(?)", (ddl.lock_key(PASS_KIND, self.schema),)
                 )
+                conn.execute(ddl.COMPACT_TOTALS)
             yield conn
+            if conn.failed:
+                # A statement failed inside and the caller went on: PostgreSQL would turn this
+                # COMMIT into a silent ROLLBACK. Say so instead.
+                raise StorageError("a statement of the transaction failed; nothing was written")
             conn.execute("COMMIT")
         except BaseException:
             self._rollback(conn)

@@ -1,10 +1,12 @@
 """The ledger's tables in a PostgreSQL schema, and their guarded, transactional migrations.
 
-The layout is the core's schema version 3 (the same columns, states, checks and one event
-chain per task written by a trigger in the statement that changes the state), in a schema of
-its own. ``tsg_migrations`` records each applied migration; a writable open applies the
-missing ones in one transaction under a transaction-level advisory lock (so hosts booting
-together migrate once), and any open refuses a schema newer than this release.
+The layout is the core's schema version 4 (the same columns, states, checks, one event chain
+per task and the outcome totals, written by a trigger in the statement that changes a state),
+in a schema of its own. The totals are rows of increments (``total`` summed by readers), so
+concurrent closes never queue on one counter row; passes fold them (:data:`COMPACT_TOTALS`).
+``tsg_migrations`` records each applied migration; a writable open applies the missing ones in
+one transaction under a transaction-level advisory lock (so hosts booting together migrate
+once), and any open refuses a schema newer than this release.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+from task_state_guard import schema as core_schema
 from task_state_guard.model import StorageError
 
 from .driver import Conn
 
 #: The layout version this release writes (the core's data model version).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -106,8 +109,63 @@ $fn$""",
     ]
 
 
+def _v4(s: str) -> list[str]:
+    """Version 4: the outcome totals, seeded from the tasks the ledger holds, kept by the
+    event trigger from then on."""
+    q = f'"{s}"'
+    task_kind = "CASE WHEN NEW.parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+    delivery_kind = "CASE NEW.delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
+    return [
+        f"""CREATE TABLE {q}.tsg_totals (
+    event text NOT NULL CHECK (event IN ('closed','delivery')),
+    kind text NOT NULL CHECK (kind IN ('task','attempt','owed','internal')),
+    state text NOT NULL,
+    code text NOT NULL,
+    total bigint NOT NULL CHECK (total >= 0))""",
+        f"INSERT INTO {q}.tsg_totals(event, kind, state, code, total) "
+        + core_schema._TOTALS_SELECT.format(tasks=f"{q}.tsg_tasks"),
+        f"""CREATE OR REPLACE FUNCTION {q}.tsg_write_event() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
+        VALUES (NEW.seq, 1, 'created', 'queued', 'created', NEW.created_at);
+        RETURN NULL;
+    END IF;
+    IF OLD.status = 'queued' AND NEW.status = 'running' THEN
+        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
+        VALUES (NEW.seq, 2, 'started', 'running', 'started', NEW.started_at);
+    END IF;
+    IF OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL} THEN
+        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
+        VALUES (NEW.seq, 3, 'closed', NEW.status, NEW.terminal_code, NEW.ended_at);
+        INSERT INTO {q}.tsg_totals(event, kind, state, code, total)
+        VALUES ('closed', {task_kind}, NEW.status, coalesce(NEW.terminal_code, ''), 1);
+    END IF;
+    IF OLD.delivery_status = 'pending' AND NEW.delivery_status <> 'pending' THEN
+        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
+        VALUES (NEW.seq, 4, 'delivery', NEW.delivery_status, NEW.delivery_code,
+                NEW.delivery_updated_at);
+        INSERT INTO {q}.tsg_totals(event, kind, state, code, total)
+        VALUES ('delivery', {delivery_kind}, NEW.delivery_status,
+                coalesce(NEW.delivery_code, ''), 1);
+    END IF;
+    RETURN NULL;
+END
+$fn$""",
+    ]
+
+
 #: Migration number -> its statements (a function of the schema name), applied in order.
-MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3}
+MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4}
+
+#: Folds the totals' increments into one row per (event, kind, state, code); rows committed
+#: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
+COMPACT_TOTALS = (
+    "WITH gone AS (DELETE FROM tsg_totals RETURNING event, kind, state, code, total) "
+    "INSERT INTO tsg_totals(event, kind, state, code, total) "
+    "SELECT event, kind, state, code, sum(total) FROM gone GROUP BY 1, 2, 3, 4"
+)
 
 
 def stored_version(conn: Conn, schema: str) -> int | None:
@@ -191,4 +249,7 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
     return SCHEMA_VERSION
 
 
-__all__ = ["MIGRATIONS", "NEWER_SCHEMA", "SCHEMA_VERSION", "lock_key", "prepare", "stored_version"]
+__all__ = [
+    "COMPACT_TOTALS", "MIGRATIONS", "NEWER_SCHEMA", "SCHEMA_VERSION", "lock_key", "prepare",
+    "stored_version",
+]

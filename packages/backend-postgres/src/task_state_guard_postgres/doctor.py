@@ -58,7 +58,7 @@ _MISSING_PARENTS = (
 
 # The exact layout of this release: (table, column, type, nullable) and the event triggers.
 _LAYOUT = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
-    WHERE table_schema = ? AND table_name IN ('tsg_tasks', 'tsg_events')
+    WHERE table_schema = ? AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals')
     ORDER BY table_name, ordinal_position"""
 _EXPECTED_LAYOUT = [
     ("tsg_events", "task_seq", "bigint", "NO"),
@@ -84,6 +84,11 @@ _EXPECTED_LAYOUT = [
     ("tsg_tasks", "owner", "text", "YES"),
     ("tsg_tasks", "version", "bigint", "NO"),
     ("tsg_tasks", "framework_id", "text", "YES"),
+    ("tsg_totals", "event", "text", "NO"),
+    ("tsg_totals", "kind", "text", "NO"),
+    ("tsg_totals", "state", "text", "NO"),
+    ("tsg_totals", "code", "text", "NO"),
+    ("tsg_totals", "total", "bigint", "NO"),
 ]
 _TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
     JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid

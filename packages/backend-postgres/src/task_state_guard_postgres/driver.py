@@ -101,6 +101,11 @@ class Conn:
             pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR
         )
 
+    @property
+    def failed(self) -> bool:
+        """True inside a transaction block that a failed statement aborted."""
+        return self.raw.pgconn.transaction_status == pq.TransactionStatus.INERROR
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         """Run one statement; driver errors become ledger errors."""
         cursor = self.raw.cursor()

@@ -1,9 +1,9 @@
 """Ledger URLs: the schema parameter, connection defaults (TCP keepalive) and redaction.
 
-``postgresql://USER[:PASSWORD]@HOST[:PORT]/DB?schema=NAME&...``: ``schema`` is the ledger's
-own parameter (stripped before connecting; default ``tsg``); every other parameter goes to
-libpq. The password is kept only inside :class:`Target` and never shown (its ``repr`` and
-``shown`` carry the URL without it).
+``postgresql://USER@HOST[:PORT]/DB?schema=NAME&...`` (a password may follow the user, after a
+colon): ``schema`` is the ledger's own parameter (stripped before connecting; default ``tsg``);
+every other parameter goes to libpq. The password is kept only inside :class:`Target` and never
+shown (its ``repr`` and ``shown`` carry the URL without it).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """The ``task-state-guard`` / ``tsg`` command line.
 
-Except for ``--help``, ``--version`` and ``metrics``/``status --format text``, every outcome is one
-compact, key-sorted JSON line on stdout and nothing on stderr. Exit codes: 0 success (healthy
-doctor), 1 unhealthy doctor, 2 input/storage/state error, 3 unexpected internal error. Rejected
-values, paths and exception texts are never echoed: errors name only their category, one of
-0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
-``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
-``InternalError``.
+Except for ``--help``, ``--version``, ``metrics`` and ``--format text`` (their text on stdout;
+``metrics --textfile`` and ``--serve`` print JSON lines), every outcome is one compact,
+key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress lines on
+stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
+Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
+unexpected internal error. Rejected values, paths and exception texts are never echoed: errors
+name their category, one of 0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict``
+(a storage or identity problem, ``LedgerBusy`` included, is a ``StateConflict``; an unsafe
+location an ``InvalidInput``), or ``InternalError``; a usage or storage error adds
+``"reason"``, the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import __version__
+from . import __version__, cli_text, operator_reads
+from . import reasons as r
+from .durations import parse_seconds
 from .ledger import Ledger
+from .metrics_command import check_metrics_options, run_metrics
+from .metrics_http import DEFAULT_LISTEN
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
@@ -32,34 +39,54 @@ from .model import (
     check_code_shape,
     check_name,
     check_payload_hash,
-    check_seconds,
     check_state,
 )
-from .reconcile import ReconcilePolicy, reconcile_restart
-from .status import format_prometheus, format_text
+from .reconcile import ReconcilePolicy
+from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0
 DEFAULT_DELIVERY_GRACE = 600.0
 
 
-class _UsageError(Exception):
-    pass
+class _UsageError(InvalidInput):
+    """A command line the parser refused (printed as ``InvalidInput`` with its reason)."""
+
+
+def _usage_reason(message: str) -> str:
+    """Classify argparse's message (never printed) into a fixed reason."""
+    if "invalid choice" in message:
+        return r.UNKNOWN_COMMAND if message.startswith("argument command:") else r.INVALID_VALUE
+    if "the following arguments are required" in message:
+        missing = message.partition(":")[2].split(",")
+        return r.MISSING_COMMAND if "command" in (m.strip() for m in missing) else (
+            r.MISSING_ARGUMENT)
+    if "expected one argument" in message:
+        return r.MISSING_VALUE
+    if "unrecognized arguments" in message or "ambiguous option" in message:
+        return r.UNKNOWN_OPTION
+    return r.USAGE_ERROR
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError()
+        raise _UsageError("the command line was refused", reason=_usage_reason(message))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; anything left over is an unknown option or an unexpected argument."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unknown = any(token.startswith("-") and token != "-" for token in extra)
+        raise _UsageError("the command line was refused",
+                          reason=r.UNKNOWN_OPTION if unknown else r.UNEXPECTED_ARGUMENT)
+    return args
 
 
 def _seconds(value: str | None, env: str, default: float, what: str) -> float:
     text = value if value is not None else os.environ.get(env)
     if text is None:
         return default
-    try:
-        number = float(text)
-    except ValueError:
-        raise InvalidInput(f"{what} must be a number") from None
-    return check_seconds(number, what, allow_zero=True)
+    return parse_seconds(text, what)
 
 
 def _positive_int(text: str | None, what: str) -> int | None:
@@ -92,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     create = sub.add_parser("create", help="create a queued task")
     create.add_argument("--id", dest="task_id")
     create.add_argument("--parent")
-    create.add_argument("--timeout-seconds")
+    create.add_argument("--timeout-seconds", help="seconds, or a duration: 90s, 15m, 2h, 1d")
     create.add_argument("--internal", action="store_true", help="no direct delivery obligation")
     create.add_argument("--name", help="identifier label (framework task/actor/graph name)")
     create.add_argument("--payload-sha256", help="optional SHA-256 hex fingerprint")
@@ -105,28 +132,58 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--status", required=True, help="the terminal (delivery) state")
         cmd.add_argument("--code")
     reconcile = sub.add_parser("reconcile", help="time out stale tasks, settle overdue deliveries")
-    reconcile.add_argument("--active-grace-seconds")
-    reconcile.add_argument("--delivery-grace-seconds")
+    reconcile.add_argument("--active-grace-seconds", help=_DURATION)
+    reconcile.add_argument("--delivery-grace-seconds", help=_DURATION)
     reconcile.add_argument("--dry-run", action="store_true")
-    sub.add_parser("doctor", help="counts-only health check (exit 1 when unhealthy)")
+    _add_progress(reconcile)
+    _add_format(reconcile)
+    _add_format(sub.add_parser("doctor", help="counts-only health check (exit 1 when unhealthy)"))
     for name in ("get", "children"):
         cmd = sub.add_parser(name, help=f"{name} by task id")
         cmd.add_argument("task_id")
         cmd.add_argument("--extras", action="store_true",
                          help="add name, heartbeat_at, has_owner and framework_id to each task")
-    tasks = sub.add_parser("tasks", help="ids of tasks in a state")
-    tasks.add_argument("--status", required=True)
-    tasks.add_argument("--stale-seconds")
-    tasks.add_argument("--limit")
+        if name == "get":
+            cmd.add_argument("--events", action="store_true", help="add the task's event history")
+        _add_format(cmd)
+    tasks = sub.add_parser("tasks", help="list tasks (ids by state, or rows with --details)")
+    tasks.add_argument("--status", help="a task state (rows: default queued and running)")
+    tasks.add_argument("--name", help="only tasks with this name label")
+    tasks.add_argument("--stale-seconds", help="only tasks idle this long (" + _DURATION + ")")
+    tasks.add_argument("--older-than", help="only tasks created this long ago (" + _DURATION + ")")
+    tasks.add_argument("--attempts", action="store_true",
+                       help="rows: list attempts (child tasks) instead of logical tasks")
+    tasks.add_argument("--details", action="store_true",
+                       help="one row per task instead of ids (implied by --format text)")
+    tasks.add_argument("--limit", help="at most this many (rows: default 100)")
+    _add_format(tasks)
     status = sub.add_parser("status", help="counts by state, delivery state and name")
     status.add_argument("--format", choices=("json", "text"), default="json")
-    status.add_argument("--active-grace-seconds")
+    status.add_argument("--active-grace-seconds", help=_DURATION)
     metrics = sub.add_parser("metrics", help="Prometheus text exposition of status")
-    metrics.add_argument("--active-grace-seconds")
+    metrics.add_argument("--active-grace-seconds", help=_DURATION)
+    metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
+    metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
+    metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
-    prune.add_argument("--older-than", required=True, help="seconds")
+    prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
+    _add_progress(prune)
+    _add_format(prune)
     return parser
+
+
+_DURATION = "seconds, or a duration: 90s, 15m, 2h, 1d"
+
+
+def _add_format(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--format", choices=("json", "text"), default="json",
+                     help="json (default): one JSON line; text: for people")
+
+
+def _add_progress(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--progress", action="store_true",
+                     help="progress lines (done/total) on stderr while the pass runs")
 
 
 _READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "doctor"})
@@ -146,14 +203,19 @@ def _check_ids(args: argparse.Namespace) -> None:
 def _open(args: argparse.Namespace) -> Ledger:
     path = args.db if args.db is not None else os.environ.get("TSG_DB")
     if not path:
-        raise InvalidInput("no database: pass --db or set TSG_DB")
-    busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+        raise InvalidInput("no database: pass --db or set TSG_DB", reason=r.MISSING_DATABASE_PATH)
+    try:
+        busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+    except InvalidInput:
+        raise InvalidInput("bad busy timeout", reason=r.INVALID_VALUE) from None
     read_only = args.command in _READ_ONLY or bool(getattr(args, "dry_run", False))
     return Ledger(
         path,
         busy_timeout_ms=busy if busy is not None else 5000,
         allow_external_acl=bool(args.allow_external_acl),
         read_only=read_only,
+        # the read commands may use transient sidecars; a dry-run creates nothing at all
+        transient_sidecars=args.command in _READ_ONLY,
         _check_schema=args.command != "doctor",
     )
 
@@ -176,9 +238,16 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
         check_state(args.status, allowed, "status")
         check_code_shape(args.code)
     elif command == "tasks":
-        check_state(args.status, TASK_STATES, "task status")
+        values["rows"] = bool(args.details) or args.format == "text"
+        if args.status is not None or not values["rows"]:
+            check_state(args.status, TASK_STATES, "task status")  # the id list needs one
+        if args.attempts and not values["rows"]:
+            raise InvalidInput("--attempts lists rows: add --details or --format text")
+        check_name(args.name)
         values["stale"] = None if args.stale_seconds is None else _seconds(
             args.stale_seconds, "", 0.0, "stale_seconds")
+        values["older"] = None if args.older_than is None else _seconds(
+            args.older_than, "", 0.0, "older-than")
         values["limit"] = _positive_int(args.limit, "limit")
     elif command == "reconcile":
         values["policy"] = ReconcilePolicy(
@@ -192,15 +261,29 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     elif command in ("status", "metrics"):
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
+    if command == "metrics":
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
 
 
+def _progress(args: argparse.Namespace, what: str) -> Callable[[int, int], None] | None:
+    """The stderr progress printer when ``--progress`` was given (else nothing on stderr)."""
+    if not args.progress:
+        return None
+    return cli_text.progress_printer(args.command, what, sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
-    _check_ids(args)
-    values = _check_values(args)
+    try:
+        _check_ids(args)
+        values = _check_values(args)
+    except InvalidInput:
+        raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
+    if command == "metrics":
+        return run_metrics(lambda: _open(args), values, emit=_emit, categorize=error_category)
     ledger = _open(args)
     try:
         if command == "init":
@@ -219,32 +302,31 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
             task = ledger.close_task(args.task_id, args.status, code=args.code)
         elif command == "delivery":
             task = ledger.set_delivery(args.task_id, args.status, code=args.code)
-        elif command == "get":
-            return {"ok": True, "task": ledger.get_task(args.task_id).to_dict(
-                extras=args.extras)}, 0
-        elif command == "children":
-            children = [t.to_dict(extras=args.extras) for t in ledger.children_of(args.task_id)]
-            return {"ok": True, "children": children}, 0
-        elif command == "tasks":
-            ids = ledger.find_task_ids(
-                args.status, stale_seconds=values["stale"], limit=values["limit"])
-            return {"ok": True, "task_ids": ids}, 0
+        elif command in ("get", "children", "tasks"):
+            return operator_reads.run(ledger, args, values), 0
         elif command == "reconcile":
-            report = reconcile_restart(ledger, values["policy"], dry_run=bool(args.dry_run))
+            report = ledger.reconcile(values["policy"], dry_run=bool(args.dry_run),
+                                      progress=_progress(args, "open tasks examined"))
+            if args.format == "text":
+                return cli_text.reconcile(report), 0
             return {"ok": True, "reconcile": report}, 0
         elif command == "doctor":
             report = ledger.doctor()
-            return {"ok": report["healthy"], **report}, 0 if report["healthy"] else 1
-        elif command in ("status", "metrics"):
+            code = 0 if report["healthy"] else 1
+            if args.format == "text":
+                return cli_text.doctor(report), code
+            return {"ok": report["healthy"], **report}, code
+        elif command == "status":
             report = ledger.status(active_grace_seconds=values["grace"])
-            if command == "metrics":
-                return format_prometheus(report), 0
             if args.format == "text":
                 return format_text(report) + "\n", 0
             return {"ok": True, "status": report}, 0
         elif command == "prune":
-            return {"ok": True, "prune": ledger.prune(values["older"],
-                                                      dry_run=bool(args.dry_run))}, 0
+            report = ledger.prune(values["older"], dry_run=bool(args.dry_run),
+                                  progress=_progress(args, "closed trees examined"))
+            if args.format == "text":
+                return cli_text.prune(report), 0
+            return {"ok": True, "prune": report}, 0
         else:  # pragma: no cover - argparse restricts commands
             raise InvalidInput("unknown command")
         return {"ok": True, "task": task.to_dict()}, 0
@@ -260,6 +342,14 @@ def error_category(exc: LedgerError) -> str:
     return "StateConflict"
 
 
+def error_payload(exc: LedgerError) -> dict[str, Any]:
+    """The CLI's error line for ``exc``: its 0.1.0 category and, when it has one, its reason."""
+    payload: dict[str, Any] = {"error": error_category(exc), "ok": False}
+    if exc.reason is not None:
+        payload["reason"] = exc.reason
+    return payload
+
+
 def _emit(payload: dict[str, Any] | str) -> None:
     if isinstance(payload, str):
         sys.stdout.write(payload)
@@ -272,14 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except _UsageError:
-        _emit({"error": "InvalidInput", "ok": False})
-        return 2
-    try:
-        payload, code = _run(args)
+        payload, code = _run(_parse(parser, argv))
     except LedgerError as exc:
-        _emit({"error": error_category(exc), "ok": False})
+        _emit(error_payload(exc))
         return 2
     except Exception:
         _emit({"error": "InternalError", "ok": False})

@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Protocol
 
 from . import connections, owners, schema, storage
+from . import reasons as r
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 # Connections inherited across fork() are parked here and never touched or closed again.
@@ -159,7 +160,7 @@ class SQLiteDatabase:
         busy_timeout_ms: int,
         allow_external_acl: bool,
         read_only: bool,
-        snapshot_max_bytes: int,
+        transient_sidecars: bool,
         check_schema: bool,
     ) -> None:
         self._path = path
@@ -167,23 +168,22 @@ class SQLiteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self.allow_external_acl = allow_external_acl
         self._read_only = read_only
-        self._snapshot_max_bytes = snapshot_max_bytes
+        self._transient_sidecars = transient_sidecars
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
         self._pid = os.getpid()
         self._open_conns: list[sqlite3.Connection] = []
         self._identity: storage.FileIdentity | None = None
-        self._shared: sqlite3.Connection | None = None  # read-only snapshot connection
+        # How each read-only connection reads (by id of the connection), and for a read in
+        # place the file state its read transactions are verified against.
+        self._modes: dict[int, tuple[connections.ReadMode, connections.StableFile | None]] = {}
         # The one connection every thread of this process writes through (under the writer
         # lock): its page cache stays warm from one thread's transaction to the next, where a
         # connection per thread would find its cache invalidated by every other thread's commit.
         self._writer: sqlite3.Connection | None = None
         self._closed = False
         self.schema_version: int | None = None
-        #: True for a read-only private snapshot of a closed ledger.
-        self.snapshot_mode = False
 
     @property
     def path(self) -> str:
@@ -210,28 +210,21 @@ class SQLiteDatabase:
             conn: sqlite3.Connection = entry[1]
             return conn
         if self._closed:
-            raise StorageError("the ledger is closed")
+            raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         if pid != self._pid:  # a lock held by another thread at fork() time stays held
             self._lock = threading.Lock()
-            self._snapshot_lock = threading.RLock()
         with self._lock:
             if pid != self._pid:  # forked: park inherited handles, never close them here
                 self._forked(pid)
-            if self._read_only and self._shared is not None:
-                conn = self._shared
-            else:
-                conn = self._open()
-                self._open_conns.append(conn)
-                if self._read_only and self._identity is not None and self.snapshot_mode:
-                    self._shared = conn
+            conn = self._open()
+            self._open_conns.append(conn)
         self._local.entry = (pid, conn)
         return conn
 
     def _forked(self, pid: int) -> None:
         _INHERITED.extend(self._open_conns)
-        if self._shared is not None:
-            _INHERITED.append(self._shared)
-        self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
+        self._open_conns, self._writer, self._pid = [], None, pid
+        self._modes = {}
 
     def writer(self) -> sqlite3.Connection:
         """This process's writer connection (opened lazily; never reused after ``fork()``)."""
@@ -261,7 +254,7 @@ class SQLiteDatabase:
         if identity is None:
             identity = storage.create_database_file(self._path)
         if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced")
+            raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         conn = connections.connect_writable(self._path, self.busy_timeout_ms)
         try:
             if self._identity is None:
@@ -269,7 +262,7 @@ class SQLiteDatabase:
                 self._identity = identity
             storage.tighten_sidecars(self._path)
             if storage.current_identity(self._path) != identity:
-                raise StorageError("the database file was replaced")
+                raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         except BaseException:
             conn.close()
             raise
@@ -278,7 +271,9 @@ class SQLiteDatabase:
     def _initialize(self, conn: sqlite3.Connection) -> None:
         try:  # judge the schema before anything (even the journal mode) is written
             if schema.detect_format(conn) is None:
-                raise StorageError("the database holds a foreign or tampered schema")
+                raise StorageError(
+                    "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+                )
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         connections.ensure_wal(conn, self.busy_timeout_ms / 1000.0)
@@ -289,8 +284,11 @@ class SQLiteDatabase:
                 if fmt == schema.EMPTY:
                     schema.create(conn)
                 elif fmt is None:
-                    raise StorageError("the database holds a foreign or tampered schema")
-                elif fmt != schema.V3:
+                    raise StorageError(
+                        "the database holds a foreign or tampered schema",
+                        reason=r.FOREIGN_SCHEMA,
+                    )
+                elif fmt != schema.V4:
                     schema.migrate(conn, fmt)  # one transaction: all of it or nothing
                 version = schema.SCHEMA_VERSION
                 conn.execute("COMMIT")
@@ -306,12 +304,17 @@ class SQLiteDatabase:
             self._path, create=False, allow_external_acl=self.allow_external_acl, read_only=True
         )
         if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced")
-        conn, snapshot = connections.connect_read_only(
-            self._path, self.busy_timeout_ms, self._snapshot_max_bytes
+            raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
+        transient = self._transient_sidecars and storage.sidecars_creatable(self._path)
+        attach = any(m is connections.ReadMode.TRANSIENT for m, _ in self._modes.values())
+        conn, mode, stable = connections.connect_read_only(
+            self._path, self.busy_timeout_ms, transient=transient, attach=attach
         )
         version: int | None = None
         try:
+            if mode is connections.ReadMode.TRANSIENT:
+                # the sidecars SQLite just made (or a writer's, had one appeared) are private
+                storage.check_sidecars(self._path, tighten=False)
             fmt = schema.detect_format(conn)
             if fmt in schema.KNOWN:
                 version = schema.STORED_VERSION[fmt]
@@ -322,7 +325,9 @@ class SQLiteDatabase:
                         conn.execute(view)
                     conn.execute("PRAGMA query_only=1")
             elif self._check_schema:
-                raise StorageError("the database holds a foreign or tampered schema")
+                raise StorageError(
+                    "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+                )
         except sqlite3.Error as exc:
             conn.close()
             raise connections.translate(exc) from None
@@ -331,8 +336,13 @@ class SQLiteDatabase:
             raise
         self.schema_version = version
         self._identity = identity
-        self.snapshot_mode = snapshot
+        self._modes[id(conn)] = (mode, stable)
         return conn
+
+    def read_mode(self) -> connections.ReadMode | None:
+        """How this thread's connection reads the ledger (None for a writable ledger)."""
+        entry = self._modes.get(id(self.conn()))
+        return None if entry is None else entry[0]
 
     def close(self) -> None:
         """Close every connection this process opened; no use afterwards."""
@@ -343,17 +353,18 @@ class SQLiteDatabase:
                     with suppress(sqlite3.Error):
                         conn.close()
             self._open_conns = []
-            self._shared = None
+            self._modes = {}
             self._writer = None
         self._local = threading.local()
 
     def _check_identity(self) -> None:
         if (
             self._identity is not None
-            and not self.snapshot_mode
             and storage.current_identity(self._path) != self._identity
         ):
-            raise StorageError("the database file was replaced or removed")
+            raise StorageError(
+                "the database file was replaced or removed", reason=r.DATABASE_REPLACED
+            )
 
     # ----------------------------------------------------------------- clock
     def now(self) -> float:
@@ -375,7 +386,7 @@ class SQLiteDatabase:
         :meth:`group` the enclosing transaction is reused.
         """
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         local = self._local
         if getattr(local, "atomic", False):
             yield self.conn()
@@ -384,7 +395,9 @@ class SQLiteDatabase:
         self._check_identity()
         lock = writer_lock(self._path)
         if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
-            raise LedgerBusy("another thread held the ledger past the busy timeout")
+            raise LedgerBusy(
+                "another thread held the ledger past the busy timeout", reason=r.DATABASE_BUSY
+            )
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -424,23 +437,23 @@ class SQLiteDatabase:
         conn = self.conn()
         self._check_identity()
         toggled = query_only and not self._read_only
-        shared = conn is self._shared
-        if shared:
-            self._snapshot_lock.acquire()
+        mode, stable = self._modes.get(id(conn), (None, None))
+        if stable is not None:
+            stable.check_start()
         try:
             if toggled:
                 conn.execute("PRAGMA query_only=1")
             connections.begin_read(
-                conn, self.busy_timeout_ms, self._read_only and not self.snapshot_mode
+                conn, self.busy_timeout_ms, mode is connections.ReadMode.LIVE
             )
         except sqlite3.Error as exc:
             if toggled:
                 conn.execute("PRAGMA query_only=0")
-            if shared:
-                self._snapshot_lock.release()
             raise connections.translate(exc) from None
         try:
             yield conn
+            if stable is not None:  # what was read counts only if the file stayed unchanged
+                stable.check_end()
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         finally:
@@ -448,14 +461,12 @@ class SQLiteDatabase:
                 conn.execute("ROLLBACK")
             if toggled:
                 conn.execute("PRAGMA query_only=0")
-            if shared:
-                self._snapshot_lock.release()
 
     @contextmanager
     def bulk(self) -> Iterator[None]:
         """A large page cache and rarer checkpoints for this thread's connection meanwhile."""
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         with connections.bulk_cache(self.writer()):
             yield
 
@@ -486,23 +497,26 @@ class SQLiteDatabase:
         return doctor.run_doctor(self)
 
     def storage_info(self) -> dict[str, Any]:
-        """The permission model, journal mode, foreign keys, busy timeout and schema version."""
+        """The permission model (``posix_mode`` or ``external_acl``), SQLite's journal mode,
+        foreign keys, busy timeout and schema version (no paths)."""
         info = storage.storage_info(
             self._path, allow_external_acl=self.allow_external_acl, read_only=self._read_only
         )
         conn = self.conn()
+        in_place = self.read_mode() is connections.ReadMode.IN_PLACE
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
             foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        if self._read_only and self.snapshot_mode:
-            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
+        if in_place:
+            journal = "wal"  # SQLite's immutable view of a closed WAL ledger reports "delete"
         info["journal_mode"] = journal
         info["foreign_keys"] = foreign_keys
         info["busy_timeout_ms"] = self.busy_timeout_ms
         info["schema_version"] = self.schema_version
-        info["read_snapshot"] = bool(self._read_only and self.snapshot_mode)
+        # a fixed, verified view of a closed ledger (0.1.0: its private in-memory copy)
+        info["read_snapshot"] = in_place
         return info
 
 

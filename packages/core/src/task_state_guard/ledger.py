@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import backends, connections, database, schema, storage
+from . import backends, connections, database, schema, storage, task_list
+from . import events as _events
 from . import prune as _prune
+from . import reasons as r
 from . import reconcile as _reconcile
 from . import status as _status
 from .model import (
@@ -104,7 +106,9 @@ _HEARTBEAT_MANY = (
 def row_to_task(row: tuple[Any, ...]) -> Task:
     """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
     if not row_is_valid(row):
-        raise StorageError("a stored task row failed validation (run doctor)")
+        raise StorageError(
+            "a stored task row failed validation (run doctor)", reason=r.STORED_ROW_INVALID
+        )
     return Task(
         id=row[1],
         parent_id=row[2],
@@ -196,18 +200,29 @@ class Ledger:
         allow_external_acl: bool = False,
         read_only: bool = False,
         snapshot_max_bytes: int = 1 << 30,
+        transient_sidecars: bool = True,
         _check_schema: bool = True,
     ) -> None:
+        """Open (with ``read_only=False``: create or migrate) the ledger at ``path``.
+
+        ``read_only=True`` never creates, migrates or tightens anything and reads in bounded
+        memory. A cleanly closed ledger (no WAL) is opened in place; with
+        ``transient_sidecars=True`` SQLite may create private (0600) WAL and SHM files for the
+        read, removed again when the last connection closes; with ``False`` nothing at all is
+        created and every read transaction is verified against a concurrent change of the file
+        (one fails closed with ``StorageError``). ``snapshot_max_bytes`` is accepted for
+        compatibility and no longer used: no ledger is copied into memory.
+        """
         if clock is not None and not callable(clock):
             raise InvalidInput("clock must be callable")
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
             raise InvalidInput("busy_timeout_ms must be an integer")
         if not 0 <= busy_timeout_ms <= 600_000:
             raise InvalidInput("busy_timeout_ms is out of range")
-        for flag in (allow_external_acl, read_only):
+        for flag in (allow_external_acl, read_only, transient_sidecars):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
-        snapshot_limit = connections.check_snapshot_limit(snapshot_max_bytes)
+        connections.check_snapshot_limit(snapshot_max_bytes)  # still checked, as in 0.1.0
         self._db: database.Database
         if backends.is_url(path):
             # The PostgreSQL backend (an optional package): same transitions, same aggregates.
@@ -223,7 +238,7 @@ class Ledger:
             busy_timeout_ms=busy_timeout_ms,
             allow_external_acl=allow_external_acl,
             read_only=read_only,
-            snapshot_max_bytes=snapshot_limit,
+            transient_sidecars=transient_sidecars,
             check_schema=_check_schema,
         )
         self._db.conn()  # run every safety check now
@@ -365,7 +380,10 @@ class Ledger:
                     raise StateConflict("a task with this id exists with other attributes")
                 if quiet:
                     if not row_is_valid(row):
-                        raise StorageError("a stored task row failed validation (run doctor)")
+                        raise StorageError(
+                            "a stored task row failed validation (run doctor)",
+                            reason=r.STORED_ROW_INVALID,
+                        )
                     return str(row[4])
                 return row_to_task(row)
             assert parent is not None
@@ -391,7 +409,7 @@ class Ledger:
         if not isinstance(owner, bool):
             raise InvalidInput("owner must be a boolean")
         if self._db.read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         token = None
         if owner:
             # Judged before the lock file exists; the guarded update below decides for real.
@@ -573,9 +591,12 @@ class Ledger:
         return [row_to_task(r) for r in rows]
 
     def find_task_ids(
-        self, status: str, *, stale_seconds: float | None = None, limit: int | None = None
+        self, status: str, *, stale_seconds: float | None = None, limit: int | None = None,
+        name: str | None = None, older_than_seconds: float | None = None,
     ) -> list[str]:
-        """Return ids of tasks in ``status``; with ``stale_seconds`` only those idle that long.
+        """Return ids of tasks in ``status`` (attempts included), oldest first; with
+        ``stale_seconds`` only those idle that long, with ``name`` only that label, with
+        ``older_than_seconds`` only those created that long ago.
 
         Idle time counts from the last heartbeat or start (running), creation (queued) or the
         last change (terminal).
@@ -584,6 +605,10 @@ class Ledger:
         stale = None if stale_seconds is None else check_seconds(
             stale_seconds, "stale_seconds", allow_zero=True
         )
+        older = None if older_than_seconds is None else check_seconds(
+            older_than_seconds, "older_than_seconds", allow_zero=True
+        )
+        label = check_name(name)
         if limit is not None and (
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
@@ -601,12 +626,50 @@ class Ledger:
             if stale is not None:
                 sql += f" AND {activity} <= ?"
                 params.append(now - stale)
+            if label is not None:
+                sql += " AND name = ?"
+                params.append(label)
+            if older is not None:
+                sql += " AND created_at <= ?"
+                params.append(now - older)
             sql += " ORDER BY seq"
             if limit is not None:
                 sql += " LIMIT ?"
                 params.append(limit)
             rows = conn.execute(sql, params)
             return [r[0] for r in rows if type(r[0]) is str and is_canonical(r[0])]
+
+    def list_tasks(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        attempts: bool = False,
+        stale_seconds: float | None = None,
+        older_than_seconds: float | None = None,
+        limit: int = task_list.DEFAULT_LIMIT,
+    ) -> task_list.TaskListing:
+        """List tasks for operators, oldest first (ids on purpose: protect the output).
+
+        Logical tasks (no parent) by default, their attempts (children) with
+        ``attempts=True``. ``status`` defaults to every active task (queued or running);
+        ``name`` matches the label exactly; ``stale_seconds`` keeps tasks idle that long (no
+        heartbeat or start while running, since creation while queued, since the close once
+        terminal); ``older_than_seconds`` keeps tasks created that long ago. At most ``limit``
+        rows (default 100); ``more`` says whether others matched.
+        """
+        return task_list.list_tasks(
+            self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
+            stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
+        )
+
+    def events_of(self, task_id: str | uuid.UUID) -> list[_events.TaskEvent]:
+        """The task's recorded state changes, oldest first (``TaskNotFound`` when unknown).
+
+        Each :class:`~task_state_guard.events.TaskEvent` holds only the kind, the state, the
+        reason code and the time; heartbeats write no event.
+        """
+        return _events.events_of(self._db, canonical_id(task_id))
 
     # ----------------------------------------------------------------- aggregates
     def reconcile(
@@ -617,13 +680,15 @@ class Ledger:
         delivery_grace_seconds: float | None = None,
         dry_run: bool = False,
         on_decision: _reconcile.DecisionCallback | None = None,
+        progress: _reconcile.ProgressCallback | None = None,
     ) -> dict[str, Any]:
         """Reconcile stale state; see :func:`task_state_guard.reconcile_restart`.
 
         Give the graces as keywords (as in 0.1.0) or as a ``ReconcilePolicy``, not both; a
         grace left out is 600 s. ``on_decision`` receives each task the pass closed or whose
         delivery it closed (a :class:`~task_state_guard.reconcile.ReconcileDecision`); the
-        returned report stays counts only.
+        returned report stays counts only. ``progress(done, total)`` is called with the open
+        tasks examined so far, before the first batch and after each (counts only).
         """
         graces = {
             key: value
@@ -637,7 +702,9 @@ class Ledger:
             raise InvalidInput("pass either a policy or grace keywords, not both")
         if policy is None:
             policy = _reconcile.ReconcilePolicy(**graces)
-        return _reconcile.run_reconcile(self._db, policy, dry_run=dry_run, on_decision=on_decision)
+        return _reconcile.run_reconcile(
+            self._db, policy, dry_run=dry_run, on_decision=on_decision, progress=progress
+        )
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""
@@ -647,9 +714,16 @@ class Ledger:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
         return _status.collect_status(self._db, active_grace_seconds=active_grace_seconds)
 
-    def prune(self, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
-        """Delete closed task trees whose latest change is older than the cut-off."""
-        return _prune.prune(self._db, older_than_seconds, dry_run=dry_run)
+    def prune(
+        self, older_than_seconds: float, *, dry_run: bool = False,
+        progress: _prune.ProgressCallback | None = None,
+    ) -> dict[str, Any]:
+        """Delete closed task trees whose latest change is older than the cut-off.
+
+        ``progress(done, total)`` is called with the closed roots examined so far, before the
+        first batch and after each (counts only).
+        """
+        return _prune.prune(self._db, older_than_seconds, dry_run=dry_run, progress=progress)
 
     def storage_info(self) -> dict[str, Any]:
         """Describe the storage in force (no paths, no credentials): for SQLite the permission

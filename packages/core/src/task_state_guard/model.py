@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from . import reasons
+
 
 class TaskStatus(StrEnum):
     """Task lifecycle states."""
@@ -63,7 +65,31 @@ MAX_SECONDS = 10.0**10  # about 317 years: bounds every duration input
 
 
 class LedgerError(Exception):
-    """Base class of every error the ledger raises on purpose."""
+    """Base class of every error the ledger raises on purpose.
+
+    ``reason`` names the rule a storage, location or usage error broke, from the closed
+    vocabulary in :mod:`task_state_guard.reasons` (never a path, id or value); ``None`` for
+    errors about a task or a value (``TaskNotFound``, a refused transition, a malformed id).
+    """
+
+    reason: str | None = None
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        if reason is not None:
+            if reason not in reasons.ALL:
+                raise ValueError("reason is not in the closed vocabulary")
+            self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_error, (type(self), self.args, self.reason))
+
+
+def _rebuild_error(
+    cls: type[LedgerError], args: tuple[object, ...], reason: str | None
+) -> LedgerError:
+    """Unpickle a ledger error with its reason (a keyword ``args`` alone cannot carry)."""
+    return cls(*args, reason=reason)
 
 
 class InvalidInput(LedgerError):

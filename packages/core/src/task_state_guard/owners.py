@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from . import reasons as r
 from .model import StorageError, UnsafeLocation
 
 LOCK_SUFFIX = ".lock"
@@ -73,10 +74,14 @@ def _ensure_directory(directory: str) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise StorageError("cannot create the owner lock directory") from exc
+        raise StorageError(
+            "cannot create the owner lock directory", reason=r.OWNER_LOCK_UNAVAILABLE
+        ) from exc
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise UnsafeLocation("the owner lock directory is unsafe")
+        raise UnsafeLocation(
+            "the owner lock directory is unsafe", reason=r.OWNER_LOCK_DIRECTORY_UNSAFE
+        )
 
 
 def held_token(db_path: str) -> str | None:
@@ -109,7 +114,9 @@ def own_token(db_path: str) -> str:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(tmp, os.path.join(directory, token + LOCK_SUFFIX))
         except OSError as exc:
-            raise StorageError("cannot create the owner lock file") from exc
+            raise StorageError(
+                "cannot create the owner lock file", reason=r.OWNER_LOCK_UNAVAILABLE
+            ) from exc
         _REGISTRY.held[directory] = (token, fd)
         return token
 

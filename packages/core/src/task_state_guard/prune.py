@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .model import TERMINAL_STATES, InvalidInput, check_seconds
@@ -20,6 +21,16 @@ _ROOTS = (
     "WHERE parent_id IS NULL AND delivery_status != 'pending' AND delivery_updated_at <= ? "
     "AND (delivery_updated_at, seq) > (?, ?) ORDER BY delivery_updated_at, seq LIMIT ?"
 )
+
+
+# Progress only: how many candidate roots the pass will examine (the same partial index).
+_COUNT_ROOTS = (
+    "SELECT count(*) FROM tsg_tasks "
+    "WHERE parent_id IS NULL AND delivery_status != 'pending' AND delivery_updated_at <= ?"
+)
+
+#: A progress callback: ``(done, total)`` once before the first batch and after each batch.
+ProgressCallback = Callable[[int, int], object]
 
 
 def _trees_sql(count: int) -> str:
@@ -56,12 +67,25 @@ def _closed_trees(
     return trees, sum(events[r] for r in roots if r in members and r not in keep), len(keep)
 
 
-def prune(db: Database, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, Any]:
+def prune(
+    db: Database, older_than_seconds: float, *, dry_run: bool = False,
+    progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
     """Delete closed trees (every task terminal and delivery-closed, last change before the
-    cut-off) with their events; each batch is its own transaction. Counts only."""
+    cut-off) with their events; each batch is its own transaction. Counts only.
+
+    ``progress(done, total)`` (optional) gets the candidate roots examined so far: once with
+    ``(0, total)``, counted when the pass begins, and after each batch; ``total`` is corrected
+    to ``done`` should other writers have added or removed candidates meanwhile, so the last
+    call has ``done == total``. An exception it raises stops the pass; batches already
+    committed stay deleted.
+    """
     age = check_seconds(older_than_seconds, "older_than_seconds", allow_zero=True)
     if not isinstance(dry_run, bool):
         raise InvalidInput("dry_run must be a boolean")
+    if progress is not None and not callable(progress):
+        raise InvalidInput("progress must be callable")
+    done = total = 0
     counts = {"trees_deleted": 0, "tasks_deleted": 0, "events_deleted": 0, "trees_retained": 0}
     cutoff: float | None = None
     last_updated, last_seq = -math.inf, -1
@@ -71,6 +95,9 @@ def prune(db: Database, older_than_seconds: float, *, dry_run: bool = False) -> 
             with context as conn:
                 if cutoff is None:
                     cutoff = db.now() - age
+                    if progress is not None:
+                        total = int(conn.execute(_COUNT_ROOTS, (cutoff,)).fetchone()[0])
+                        progress(0, total)
                 roots = conn.execute(_ROOTS, (cutoff, last_updated, last_seq, BATCH)).fetchall()
                 if not roots:
                     break
@@ -85,6 +112,11 @@ def prune(db: Database, older_than_seconds: float, *, dry_run: bool = False) -> 
                 counts["tasks_deleted"] += len(doomed)
                 counts["events_deleted"] += events
                 counts["trees_retained"] += kept
+            done += len(roots)
+            if progress is not None:
+                progress(done, max(done, total))
             if len(roots) < BATCH:
                 break
+    if progress is not None and done < total:
+        progress(done, done)  # others removed candidates meanwhile: the pass is complete
     return {"dry_run": dry_run, "applied": not dry_run, **counts}

@@ -78,6 +78,10 @@ class ReconcileDecision:
 
 #: The callback :func:`reconcile_restart` hands its decisions to.
 DecisionCallback = Callable[[ReconcileDecision], object]
+#: A progress callback: ``(done, total)`` once before the first batch and after each batch.
+ProgressCallback = Callable[[int, int], object]
+
+_COUNT_OPEN = "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending'"
 
 _isfinite = math.isfinite
 _NUMBER_TYPES = (int, float)  # exact types: a bool is no timestamp
@@ -94,8 +98,10 @@ class _Pass:
     """The state of one reconcile pass."""
 
     def __init__(self, db: Database, conn: Any, policy: ReconcilePolicy,
-                 now: float, dry_run: bool, collect: bool = False) -> None:
+                 now: float, dry_run: bool, collect: bool = False,
+                 progress: ProgressCallback | None = None) -> None:
         self.db = db
+        self.progress = progress
         self.conn = conn
         self.now = now
         self.dry_run = dry_run
@@ -173,14 +179,19 @@ class _Pass:
     def scan(self) -> None:
         """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
-        conn, counts, now = self.conn, self.counts, self.now
+        conn, counts, now, progress = self.conn, self.counts, self.now, self.progress
         # Applying, the rows are held (where the backend locks rows) until the pass commits.
         open_batch = _OPEN_BATCH if self.dry_run else _OPEN_BATCH + self.db.row_lock
+        done = total = 0
+        if progress is not None:  # one count over the open-work index, only when asked
+            total = int(conn.execute(_COUNT_OPEN).fetchone()[0])
+            progress(0, total)
         while True:
             rows = conn.execute(open_batch, (cursor, BATCH)).fetchall()
             if not rows:
                 return
             cursor = rows[-1][0]
+            done += len(rows)
             rows = [row for row in rows if self.well_formed(row)]
             verdicts = {row[0]: self.verdict(row) for row in rows if row[1] == "running"}
             children = self.active_children(
@@ -221,6 +232,8 @@ class _Pass:
                     conn.executemany(_TIME_OUT, timeouts)
                 if deliveries:
                     conn.executemany(_CLOSE_DELIVERY, deliveries)
+            if progress is not None:
+                progress(done, max(done, total))
 
 
 class _Reconcilable(Protocol):
@@ -256,8 +269,14 @@ def run_reconcile(
     dry_run: bool = False,
     *,
     on_decision: DecisionCallback | None = None,
+    progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
-    """The reconcile pass behind :func:`reconcile_restart`, on the ledger's database."""
+    """The reconcile pass behind :func:`reconcile_restart`, on the ledger's database.
+
+    ``progress(done, total)`` (optional) is called inside the pass: once with ``(0, total)``
+    (the open tasks it will examine) and after each batch; an exception it raises aborts the
+    pass, which then applies nothing.
+    """
     if policy is None:
         policy = ReconcilePolicy()
     if not isinstance(policy, ReconcilePolicy):
@@ -266,14 +285,16 @@ def run_reconcile(
         raise InvalidInput("dry_run must be a boolean")
     if on_decision is not None and not callable(on_decision):
         raise InvalidInput("on_decision must be callable")
+    if progress is not None and not callable(progress):
+        raise InvalidInput("progress must be callable")
     collect = on_decision is not None
     if dry_run:
         with db.read(query_only=True) as conn:
-            run = _Pass(db, conn, policy, db.now(), dry_run, collect)
+            run = _Pass(db, conn, policy, db.now(), dry_run, collect, progress)
             run.scan()
     else:
         with db.bulk(), db.write() as conn:
-            run = _Pass(db, conn, policy, db.now(), dry_run, collect)
+            run = _Pass(db, conn, policy, db.now(), dry_run, collect, progress)
             run.scan()
     if not dry_run:
         _remove_dead_owner_files(db)

@@ -1,34 +1,41 @@
-"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema (v3).
+"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema (v4).
 
-Four earlier layouts are recognised, each by its exact schema fingerprint and metadata: our v1
-and v2 (never released) and the layout of the published 0.1.0 (tables ``tasks``,
-``task_events`` and ``schema_meta``). A writable open migrates any of them to v3 in one
-transaction; a read-only open leaves the file as it is and reads it through temporary views
-that present the v3 columns. Anything else fails closed.
+Four earlier layouts are recognised, each by its exact schema fingerprint and metadata: our v1,
+v2 and v3 (never released) and the layout of the published 0.1.0 (tables ``tasks``,
+``task_events`` and ``schema_meta``). A writable open migrates any of them to v4 in one
+transaction, step by step (:data:`MIGRATIONS`); a read-only open leaves the file as it is and
+reads it through temporary views that present the v4 tables. Anything else fails closed.
+
+v4 adds ``tsg_totals``: monotonic outcome counters (task closes by kind, state and code;
+delivery closes by obligation, state and code), kept by triggers in the same statement as each
+transition, never touched by prune, so metrics read a handful of rows however large the ledger.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from functools import cache
 
+from . import reasons as r
 from .model import DELIVERY_CODES, TASK_CODES, StorageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION = "task-state-guard"
 
 EMPTY = "empty"
 V1 = "v1"
 V2 = "v2"
 V3 = "v3"
+V4 = "v4"
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
-STORED_VERSION = {V1: 1, V2: 2, V3: 3, RELEASE_010: 2}
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
 _TERMINAL = "('succeeded','failed','timed_out','cancelled')"
 
-# ----------------------------------------------------------------------------- v3 (current)
+# ----------------------------------------------------------------------------- v3 (and v4's base)
 
 _TASK_COLUMNS_V3 = """
     seq INTEGER PRIMARY KEY,
@@ -118,6 +125,57 @@ _INDEXES_V3 = [
 ]
 
 DDL_V3 = [*_TABLES_V3, *_INDEXES_V3]
+
+# ----------------------------------------------------------------------------- v4 (current)
+
+# Outcome totals. ``event`` 'closed': ``kind`` 'task' (a root, the logical task) or 'attempt'
+# (a child); ``event`` 'delivery': ``kind`` 'owed' (delivery_required) or 'internal'. ``code``
+# is '' when the transition gave none. Only ever incremented (by the triggers below).
+_TOTALS = """CREATE TABLE tsg_totals (
+    event TEXT NOT NULL CHECK (event IN ('closed','delivery')),
+    kind TEXT NOT NULL CHECK (kind IN ('task','attempt','owed','internal')),
+    state TEXT NOT NULL,
+    code TEXT NOT NULL,
+    total INTEGER NOT NULL CHECK (total >= 0),
+    PRIMARY KEY (event, kind, state, code)
+) WITHOUT ROWID"""
+
+_TASK_KIND = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+_DELIVERY_KIND = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
+
+
+def _total_trigger(name: str, event_clause: str, when: str, event: str, kind: str,
+                   state: str, code: str) -> str:
+    return (
+        f"CREATE TRIGGER {name} AFTER {event_clause} ON tsg_tasks WHEN {when} BEGIN "
+        "INSERT INTO tsg_totals(event, kind, state, code, total) "
+        f"VALUES ('{event}', {kind}, {state}, coalesce({code}, ''), 1) "
+        "ON CONFLICT(event, kind, state, code) DO UPDATE SET total = total + 1; END"
+    )
+
+
+_TOTAL_TRIGGERS = [
+    _total_trigger("tsg_total_closed", "UPDATE OF status",
+                   f"OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL}",
+                   "closed", _TASK_KIND.format(row="NEW."), "NEW.status", "NEW.terminal_code"),
+    _total_trigger("tsg_total_delivery", "UPDATE OF delivery_status",
+                   "OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
+                   "delivery", _DELIVERY_KIND.format(row="NEW."), "NEW.delivery_status",
+                   "NEW.delivery_code"),
+]
+
+# The totals of the tasks a file holds (seeds a migrated file; what a read-only open of an
+# older layout reads). History pruned before the upgrade is not in it.
+_TOTALS_SELECT = (
+    f"SELECT 'closed' AS event, {_TASK_KIND.format(row='')} AS kind, status AS state, "
+    f"coalesce(terminal_code, '') AS code, count(*) AS total FROM {{tasks}} "
+    f"WHERE status IN {_TERMINAL} GROUP BY 1, 2, 3, 4 UNION ALL "
+    f"SELECT 'delivery', {_DELIVERY_KIND.format(row='')}, delivery_status, "
+    f"coalesce(delivery_code, ''), count(*) FROM {{tasks}} "
+    "WHERE delivery_status != 'pending' GROUP BY 1, 2, 3, 4"
+)
+
+DDL_V4 = [*DDL_V3, _TOTALS, *_TOTAL_TRIGGERS]
 
 # ----------------------------------------------------------------------------- v1 and v2
 
@@ -244,16 +302,21 @@ def _events_select_010(events: str, tasks: str) -> str:
 
 
 def compat_views(fmt: str) -> list[str]:
-    """Temporary views that let a read-only connection read an older layout as v3."""
+    """Temporary views that let a read-only connection read an older layout as v4."""
+    views: list[str] = []
     if fmt in (V1, V2):
-        return [f"CREATE TEMP VIEW tsg_tasks AS {_tasks_select(fmt, 'main.tsg_tasks')}"]
-    if fmt == RELEASE_010:
-        return [
+        views.append(f"CREATE TEMP VIEW tsg_tasks AS {_tasks_select(fmt, 'main.tsg_tasks')}")
+    elif fmt == RELEASE_010:
+        views += [
             f"CREATE TEMP VIEW tsg_tasks AS {_tasks_select(fmt, 'main.tasks')}",
             "CREATE TEMP VIEW tsg_events AS "
             + _events_select_010("main.task_events", "main.tasks"),
         ]
-    return []
+    if fmt in (V1, V2, V3, RELEASE_010):
+        source = "main.tsg_tasks" if fmt == V3 else "temp.tsg_tasks"
+        views.append(
+            f"CREATE TEMP VIEW tsg_totals AS {_TOTALS_SELECT.format(tasks=source)}")
+    return views
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -279,7 +342,7 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
         return _RELEASE_010_FINGERPRINT
     conn = sqlite3.connect(":memory:")
     try:
-        for statement in {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3}[fmt]:
+        for statement in {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4}[fmt]:
             conn.execute(statement)
         return read_fingerprint(conn)
     finally:
@@ -287,11 +350,11 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1, V2, V3 or RELEASE_010 for an exact known schema, else None."""
+    """Return EMPTY, V1, V2, V3, V4 or RELEASE_010 for an exact known schema, else None."""
     found = read_fingerprint(conn, schema)
     if not found:
         return EMPTY
-    for fmt in (V3, V2, V1, RELEASE_010):
+    for fmt in (V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
         if fmt == RELEASE_010:
@@ -308,7 +371,7 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V3:
+    for statement in DDL_V4:
         conn.execute(statement)
     _write_meta(conn)
 
@@ -352,18 +415,16 @@ def _event_codes_valid(conn: sqlite3.Connection, events_select: str) -> bool:
     return True
 
 
-def migrate(conn: sqlite3.Connection, fmt: str) -> None:
-    """Upgrade an exact older layout to v3 in the caller's transaction; fail closed.
-
-    Refused (StorageError, nothing changed once the caller rolls back) when a stored reason is
-    outside the registry or its state, or an event cannot be carried over exactly.
-    """
+def _to_v3(conn: sqlite3.Connection, fmt: str) -> None:
+    """v1, v2 or 0.1.0 to v3. Refused when a stored reason is outside the registry or its
+    state, or an event cannot be carried over exactly."""
     if fmt in (V1, V2):
         if not _codes_valid(conn, "tsg_tasks", "code") or not _event_codes_valid(
             conn, "SELECT step, kind, state, code FROM tsg_events"
         ):
             raise StorageError(
-                f"schema {fmt} holds reason text outside the registry; migrate explicitly"
+                f"schema {fmt} holds reason text outside the registry; migrate explicitly",
+                reason=r.MIGRATION_REFUSED,
             )
         for (trigger,) in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'tsg_tasks'"
@@ -376,15 +437,16 @@ def migrate(conn: sqlite3.Connection, fmt: str) -> None:
             f"{_tasks_select(fmt, 'tsg_tasks_old')} ORDER BY seq"
         )
         conn.execute("DROP TABLE tsg_tasks_old")  # with its indexes
-        conn.execute(
-            "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
-        )
+        _set_version(conn, V3)
     elif fmt == RELEASE_010:
         events = _events_select_010("task_events", "tasks")
         if not _codes_valid(conn, "tasks", "terminal_code") or not _event_codes_valid(
             conn, events
         ):
-            raise StorageError("the 0.1.0 ledger holds reasons or events outside the registry")
+            raise StorageError(
+                "the 0.1.0 ledger holds reasons or events outside the registry",
+                reason=r.MIGRATION_REFUSED,
+            )
         for statement in _TABLES_V3:
             conn.execute(statement)
         conn.execute(
@@ -397,14 +459,63 @@ def migrate(conn: sqlite3.Connection, fmt: str) -> None:
         )
         copied = conn.total_changes - before
         if copied != conn.execute("SELECT count(*) FROM task_events").fetchone()[0]:
-            raise StorageError("the 0.1.0 ledger holds events this version cannot carry")
+            raise StorageError(
+                "the 0.1.0 ledger holds events this version cannot carry",
+                reason=r.MIGRATION_REFUSED,
+            )
         for table in ("task_events", "tasks", "schema_meta"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("DELETE FROM sqlite_sequence")
         _write_meta(conn)
+        _set_version(conn, V3)
     else:
-        raise StorageError("the database holds a foreign or tampered schema")
+        raise StorageError(
+            "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+        )
     for statement in _INDEXES_V3:
         conn.execute(statement)
-    if read_fingerprint(conn) != expected_fingerprint(V3):  # never commit a half-known layout
-        raise StorageError("the migrated schema does not match the current schema")
+
+
+def _v3_to_v4(conn: sqlite3.Connection, fmt: str) -> None:
+    """v3 to v4: the totals table, seeded with the outcomes of the tasks the file holds."""
+    conn.execute(_TOTALS)
+    conn.execute(
+        "INSERT INTO tsg_totals(event, kind, state, code, total) "
+        + _TOTALS_SELECT.format(tasks="tsg_tasks")
+    )
+    for statement in _TOTAL_TRIGGERS:
+        conn.execute(statement)
+    _set_version(conn, V4)
+
+
+def _set_version(conn: sqlite3.Connection, fmt: str) -> None:
+    conn.execute(
+        "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(STORED_VERSION[fmt]),)
+    )
+
+
+#: The migration steps: from a layout to the next one, applied in order up to the current.
+MIGRATIONS: dict[str, tuple[str, Callable[[sqlite3.Connection, str], None]]] = {
+    V1: (V3, _to_v3),
+    V2: (V3, _to_v3),
+    RELEASE_010: (V3, _to_v3),
+    V3: (V4, _v3_to_v4),
+}
+
+
+def migrate(conn: sqlite3.Connection, fmt: str) -> None:
+    """Upgrade an exact older layout to the current one in the caller's transaction, step by
+    step; fail closed (StorageError, nothing changed once the caller rolls back).
+
+    Each step ends with the exact fingerprint of the layout it produced.
+    """
+    if fmt not in MIGRATIONS:
+        raise StorageError("the database holds a foreign or tampered schema",
+                           reason=r.FOREIGN_SCHEMA)
+    while fmt in MIGRATIONS:
+        target, step = MIGRATIONS[fmt]
+        step(conn, fmt)
+        if read_fingerprint(conn) != expected_fingerprint(target):  # never a half-known layout
+            raise StorageError("the migrated schema does not match the current schema",
+                               reason=r.MIGRATION_REFUSED)
+        fmt = target

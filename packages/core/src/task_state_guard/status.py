@@ -6,7 +6,15 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from . import owners
-from .model import DELIVERY_STATES, TASK_STATES, check_seconds, is_valid_name
+from .model import (
+    DELIVERY_CODES,
+    DELIVERY_STATES,
+    TASK_CODES,
+    TASK_STATES,
+    TERMINAL_STATES,
+    check_seconds,
+    is_valid_name,
+)
 
 if TYPE_CHECKING:
     from .database import Database
@@ -15,26 +23,42 @@ DEFAULT_ACTIVE_GRACE = 600.0
 INVALID_LABEL = "<invalid>"  # a tampered name is counted under this label, never shown
 _TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
 _DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
+_TERMINAL_SQL = "('succeeded','failed','timed_out','cancelled')"
+
+
+KINDS = ("task", "attempt")  # a root (the logical task) or a child (an execution attempt)
+OBLIGATIONS = ("owed", "internal")  # delivery_required, or a record nobody is owed
 
 
 def collect_status(db: Database, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
-    """Counts by state, delivery state and name; oldest active ages; at-risk running tasks."""
+    """Counts by state, delivery state and name; logical tasks and attempts apart; owed and
+    internal deliveries apart; monotonic outcome totals; oldest active ages; at-risk running
+    tasks."""
     grace = DEFAULT_ACTIVE_GRACE if active_grace_seconds is None else check_seconds(
         active_grace_seconds, "active_grace_seconds", allow_zero=True)
     by_status = dict.fromkeys(_TASK_ORDER, 0)
     by_delivery = dict.fromkeys(_DELIVERY_ORDER, 0)
-    by_name: dict[str, dict[str, int]] = {}
+    by_kind = {kind: dict.fromkeys(_TASK_ORDER, 0) for kind in KINDS}
+    by_obligation = {kind: dict.fromkeys(_DELIVERY_ORDER, 0) for kind in OBLIGATIONS}
+    names: dict[str, dict[str, dict[str, int]]] = {kind: {} for kind in KINDS}
+    awaiting = dict.fromkeys(OBLIGATIONS, 0)  # terminal, delivery still pending
     with db.read() as conn:
         now = db.now()
-        for (status, delivery, name), count in _group_counts(conn).items():
+        for (status, delivery, name, root, owed), count in _group_counts(conn).items():
+            kind = "task" if root else "attempt"
             if status in TASK_STATES:
                 by_status[status] += count
+                by_kind[kind][status] += count
             if delivery in DELIVERY_STATES:
                 by_delivery[delivery] += count
+                by_obligation["owed" if owed else "internal"][delivery] += count
+                if delivery == "pending" and status in TERMINAL_STATES:
+                    awaiting["owed" if owed else "internal"] += count
             if name is not None and status in TASK_STATES:
                 label = name if isinstance(name, str) and is_valid_name(name) else INVALID_LABEL
-                per = by_name.setdefault(label, dict.fromkeys(_TASK_ORDER, 0))
+                per = names[kind].setdefault(label, dict.fromkeys(_TASK_ORDER, 0))
                 per[status] += count
+        totals = read_totals(conn)
         oldest: dict[str, Any] = {}
         for state, column in (("queued", "created_at"), ("running", "started_at")):
             value = conn.execute(
@@ -42,6 +66,11 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
                 f"WHERE delivery_status = 'pending' AND status = '{state}'"
             ).fetchone()[0]
             oldest[state] = None if value is None else round(max(0.0, now - value), 3)
+        value = conn.execute(
+            "SELECT min(ended_at) FROM tsg_tasks WHERE delivery_status = 'pending' "
+            f"AND delivery_required = 1 AND status IN {_TERMINAL_SQL}"
+        ).fetchone()[0]
+        oldest["owed"] = None if value is None else round(max(0.0, now - value), 3)
         past_deadline = conn.execute(
             "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND deadline_at <= ?", (now,)
@@ -60,9 +89,16 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
     return {
         "tasks": by_status,
         "deliveries": by_delivery,
-        "by_name": dict(sorted(by_name.items())),
+        "by_name": dict(sorted(names["task"].items())),
+        "attempts_by_name": dict(sorted(names["attempt"].items())),
+        "tasks_by_kind": by_kind,
+        "deliveries_by_kind": by_obligation,
+        "outcomes_total": totals["closed"],
+        "delivery_outcomes_total": totals["delivery"],
+        "deliveries_awaiting": awaiting,
         "oldest_queued_age_seconds": oldest["queued"],
         "oldest_running_age_seconds": oldest["running"],
+        "oldest_owed_delivery_age_seconds": oldest["owed"],
         "running_past_deadline": past_deadline,
         "running_heartbeat_stale": stale,
         "running_owner_dead": owner_dead,
@@ -70,18 +106,50 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
     }
 
 
+def read_totals(conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
+    """The monotonic outcome totals: ``closed`` by kind, state and code; ``delivery`` by
+    obligation, state and code. Every known (kind, state, code) is present, zeros included; a
+    code the transition did not give is ``""``; a tampered row counts under the invalid label.
+    """
+    totals: dict[str, dict[str, dict[str, dict[str, int]]]] = {
+        "closed": {kind: {state: dict.fromkeys(sorted(TASK_CODES[state]), 0)
+                          for state in _TASK_ORDER if state in TASK_CODES} for kind in KINDS},
+        "delivery": {kind: {state: dict.fromkeys(sorted(DELIVERY_CODES[state]), 0)
+                            for state in _DELIVERY_ORDER if state in _OBLIGED[kind]}
+                     for kind in OBLIGATIONS},
+    }
+    for event, kind, state, code, total in conn.execute(
+        "SELECT event, kind, state, code, total FROM tsg_totals"
+    ):
+        per_kind = totals.get(event, {}).get(kind)
+        if per_kind is None or state not in per_kind or not isinstance(total, int):
+            continue  # only a tampered file has such a row; doctor reports the file
+        registry = TASK_CODES if event == "closed" else DELIVERY_CODES
+        label = code if code == "" or code in registry[state] else INVALID_LABEL
+        per_kind[state][label] = per_kind[state].get(label, 0) + max(total, 0)
+    return totals
+
+
+#: The delivery states each obligation can close to.
+_OBLIGED = {"owed": frozenset({"delivered", "failed"}), "internal": frozenset({"not_applicable"})}
+
+
 _MAX_GROUPS = 50_000  # beyond this many distinct (state, delivery, name) groups, names fold
 
 
-def _group_counts(conn: Any) -> Counter[tuple[Any, Any, Any]]:
-    """Count tasks per (state, delivery state, name) in one streaming scan.
+def _group_counts(conn: Any) -> Counter[tuple[Any, Any, Any, Any, Any]]:
+    """Count tasks per (state, delivery state, name, is root, owes delivery) in one streaming
+    scan.
 
     A hash count in Python beats SQLite's GROUP BY here: that one sorts every row (spilling to
     disk on large ledgers), while the number of distinct groups stays small. Should tampering
     create unboundedly many names, the extra ones are counted under the invalid label.
     """
-    counts: Counter[tuple[Any, Any, Any]] = Counter()
-    cursor = conn.execute("SELECT status, delivery_status, name FROM tsg_tasks")
+    counts: Counter[tuple[Any, Any, Any, Any, Any]] = Counter()
+    cursor = conn.execute(
+        "SELECT status, delivery_status, name, parent_id IS NULL, delivery_required = 1 "
+        "FROM tsg_tasks"
+    )
     while True:
         rows = cursor.fetchmany(4096)
         if not rows:
@@ -89,26 +157,45 @@ def _group_counts(conn: Any) -> Counter[tuple[Any, Any, Any]]:
         if len(counts) < _MAX_GROUPS:
             counts.update(rows)
         else:
-            for status, delivery, name in rows:
-                key = (status, delivery, name)
+            for status, delivery, name, root, owed in rows:
+                key = (status, delivery, name, root, owed)
                 if key in counts:
                     counts[key] += 1
                 else:
-                    counts[(status, delivery, None if name is None else INVALID_LABEL)] += 1
+                    label = None if name is None else INVALID_LABEL
+                    counts[(status, delivery, label, root, owed)] += 1
+
+
+def _name_table(title: str, rows: dict[str, dict[str, int]]) -> list[str]:
+    header = "".join(f"{s[:9]:>10}" for s in _TASK_ORDER)
+    lines = [f"{title:<40}{header}"]
+    for name, counts in rows.items():
+        shown = name if len(name) <= 38 else name[:35] + "..."
+        lines.append(f"  {shown:<38}" + "".join(f"{counts[s]:>10}" for s in _TASK_ORDER))
+    return lines
 
 
 def format_text(report: dict[str, Any]) -> str:
     """Render a status report as a readable table."""
-    lines = ["TASKS"]
-    lines += [f"  {state:<16}{count:>10}" for state, count in report["tasks"].items()]
-    lines.append("DELIVERIES")
-    lines += [f"  {state:<16}{count:>10}" for state, count in report["deliveries"].items()]
+    kinds, owed = report["tasks_by_kind"], report["deliveries_by_kind"]
+    lines = [f"{'TASKS':<18}{'all':>10}{'logical':>10}{'attempts':>10}"]
+    lines += [f"  {state:<16}{count:>10}{kinds['task'][state]:>10}{kinds['attempt'][state]:>10}"
+              for state, count in report["tasks"].items()]
+    lines.append(f"{'DELIVERIES':<18}{'all':>10}{'owed':>10}{'internal':>10}")
+    lines += [f"  {state:<16}{count:>10}{owed['owed'][state]:>10}{owed['internal'][state]:>10}"
+              for state, count in report["deliveries"].items()]
     if report["by_name"]:
-        header = "".join(f"{s[:9]:>10}" for s in _TASK_ORDER)
-        lines.append(f"BY NAME{'':<33}{header}")
-        for name, counts in report["by_name"].items():
-            shown = name if len(name) <= 38 else name[:35] + "..."
-            lines.append(f"  {shown:<38}" + "".join(f"{counts[s]:>10}" for s in _TASK_ORDER))
+        lines += _name_table("BY NAME (logical tasks)", report["by_name"])
+    if report["attempts_by_name"]:
+        lines += _name_table("ATTEMPTS BY NAME", report["attempts_by_name"])
+    lines.append("OUTCOMES SINCE CREATION (kept across prune)")
+    for key in ("outcomes_total", "delivery_outcomes_total"):
+        for kind, states in report[key].items():
+            for state, codes in states.items():
+                for code, total in codes.items():
+                    if total:
+                        what = f"{kind} {state}/{code or '-'}"
+                        lines.append(f"  {what:<48}{total:>10}")
     lines.append("RUNNING AT RISK")
     lines.append(f"  {'past deadline':<28}{report['running_past_deadline']:>10}")
     lines.append(
@@ -116,48 +203,15 @@ def format_text(report: dict[str, Any]) -> str:
         f"{report['running_heartbeat_stale']:>10}"
     )
     lines.append(f"  {'owner process dead':<28}{report['running_owner_dead']:>10}")
+    lines.append("AWAITING DELIVERY (task closed, delivery pending)")
+    for kind, count in report["deliveries_awaiting"].items():
+        lines.append(f"  {kind:<28}{count:>10}")
     lines.append("OLDEST ACTIVE")
     for key, label in (
         ("oldest_queued_age_seconds", "queued"),
         ("oldest_running_age_seconds", "running"),
+        ("oldest_owed_delivery_age_seconds", "owed delivery (closed)"),
     ):
         value = report[key]
         lines.append(f"  {label:<28}{'-' if value is None else f'{value:.1f} s':>10}")
     return "\n".join(lines)
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_prometheus(report: dict[str, Any]) -> str:
-    """Render a status report in the Prometheus text exposition format (gauges only)."""
-    out: list[str] = []
-
-    def gauge(name: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} gauge")
-        for labels, value in samples:
-            out.append(f"{name}{labels} {value}")
-
-    gauge("tsg_tasks", "Tasks in the ledger by task state.",
-          [(f'{{status="{s}"}}', c) for s, c in report["tasks"].items()])
-    gauge("tsg_deliveries", "Tasks in the ledger by delivery state.",
-          [(f'{{delivery_status="{s}"}}', c) for s, c in report["deliveries"].items()])
-    gauge("tsg_tasks_by_name", "Tasks by name label and task state.",
-          [(f'{{name="{_label(n)}",status="{s}"}}', c)
-           for n, counts in report["by_name"].items() for s, c in counts.items()])
-    for key, name, text in (
-        ("oldest_queued_age_seconds", "tsg_oldest_queued_age_seconds",
-         "Age of the oldest queued task (0 when none)."),
-        ("oldest_running_age_seconds", "tsg_oldest_running_age_seconds",
-         "Time since the oldest running task started (0 when none)."),
-    ):
-        gauge(name, text, [("", report[key] or 0)])
-    gauge("tsg_running_past_deadline", "Running tasks past their deadline.",
-          [("", report["running_past_deadline"])])
-    gauge("tsg_running_heartbeat_stale", "Running tasks without a heartbeat for the active grace.",
-          [("", report["running_heartbeat_stale"])])
-    gauge("tsg_running_owner_dead", "Running tasks whose owning process is provably dead.",
-          [("", report["running_owner_dead"])])
-    return "\n".join(out) + "\n"

@@ -1,7 +1,8 @@
 """Path and permission safety for the database file and its SQLite sidecars.
 
 POSIX hosts: the database's directory must be owned by this user and not writable by others;
-every ancestor must be owned by this user or root and not writable by others unless sticky;
+every ancestor must be owned by this user or root and not writable by others unless sticky
+(or, a group-shared volume, setgid and not world-writable);
 the database and sidecars must be regular, single-link, non-symlink files and are tightened to
 0600. Other hosts need the caller's explicit acknowledgement of an externally managed ACL.
 
@@ -16,6 +17,7 @@ import os
 import stat
 from typing import NamedTuple
 
+from . import reasons as r
 from .model import InvalidInput, StorageError, UnsafeLocation
 
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
@@ -41,12 +43,30 @@ def normalize_path(path: object) -> str:
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
     if not isinstance(path, str) or not path or "\x00" in path:
-        raise InvalidInput("database path must be a non-empty string")
+        raise InvalidInput(
+            "database path must be a non-empty string", reason=r.INVALID_DATABASE_PATH
+        )
     if path.startswith("file:") or path == ":memory:":
-        raise InvalidInput("database path must be a filesystem path")
+        raise InvalidInput(
+            "database path must be a filesystem path", reason=r.INVALID_DATABASE_PATH
+        )
     if path.startswith("\\\\"):
-        raise UnsafeLocation("network paths are not supported")
+        raise UnsafeLocation("network paths are not supported", reason=r.NETWORK_FILESYSTEM)
     return os.path.abspath(path)
+
+
+def _safe_ancestor_mode(mode: int) -> bool:
+    """Whether an ancestor's mode keeps other users from swapping the path below it.
+
+    Not writable by group or others; or sticky (``/tmp``: others cannot rename or remove our
+    entries); or a group-shared volume: setgid and group-writable but not world-writable, the
+    shape Kubernetes gives an ``fsGroup`` volume. Members of that group can rename our private
+    leaf directory but never read or write inside it, and every open checks the leaf's owner
+    and mode and the file's identity again (see docs/architecture.md).
+    """
+    if mode & stat.S_ISVTX or not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return True
+    return bool(mode & stat.S_ISGID) and not mode & stat.S_IWOTH
 
 
 def _check_ancestors(directory: str) -> None:
@@ -62,14 +82,24 @@ def _check_ancestors(directory: str) -> None:
         try:
             st = os.stat(current)
         except OSError as exc:
-            raise StorageError("database ancestor directory is not accessible") from exc
+            raise StorageError(
+                "database ancestor directory is not accessible",
+                reason=r.ANCESTOR_NOT_ACCESSIBLE,
+            ) from exc
         if not stat.S_ISDIR(st.st_mode):
-            raise StorageError("database ancestor is not a directory")
-        writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable_by_others and not st.st_mode & stat.S_ISVTX:
-            raise UnsafeLocation("a database ancestor directory is writable by other users")
+            raise StorageError(
+                "database ancestor is not a directory", reason=r.ANCESTOR_NOT_A_DIRECTORY
+            )
+        if not _safe_ancestor_mode(st.st_mode):
+            raise UnsafeLocation(
+                "a database ancestor directory is writable by other users",
+                reason=r.ANCESTOR_WRITABLE_BY_OTHERS,
+            )
         if st.st_uid not in (0, uid):
-            raise UnsafeLocation("a database ancestor directory is owned by another user")
+            raise UnsafeLocation(
+                "a database ancestor directory is owned by another user",
+                reason=r.ANCESTOR_OWNED_BY_OTHER_USER,
+            )
         parent = os.path.dirname(current)
         if parent == current:
             return
@@ -80,19 +110,31 @@ def _check_leaf(directory: str, *, tighten: bool) -> None:
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
-        raise InvalidInput("database directory does not exist") from None
+        raise InvalidInput(
+            "database directory does not exist", reason=r.DIRECTORY_MISSING
+        ) from None
     except OSError as exc:
-        raise StorageError("database directory is not accessible") from exc
+        raise StorageError(
+            "database directory is not accessible", reason=r.DIRECTORY_NOT_ACCESSIBLE
+        ) from exc
     if stat.S_ISLNK(st.st_mode):
         # A symlinked leaf is only accepted when its target passes the same checks.
         _check_leaf(os.path.realpath(directory), tighten=tighten)
         return
     if not stat.S_ISDIR(st.st_mode):
-        raise StorageError("database directory is not a directory")
+        raise StorageError(
+            "database directory is not a directory", reason=r.DIRECTORY_NOT_A_DIRECTORY
+        )
     if st.st_uid != os.geteuid():
-        raise UnsafeLocation("database directory is owned by another user")
+        raise UnsafeLocation(
+            "database directory is owned by another user", reason=r.DIRECTORY_OWNED_BY_OTHER_USER
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeLocation("database directory is writable by other users")
+        # Also a group-shared (setgid) volume: the database belongs in a private subdirectory.
+        raise UnsafeLocation(
+            "database directory is writable by other users",
+            reason=r.DIRECTORY_WRITABLE_BY_OTHERS,
+        )
 
 
 def make_directories(directory: str) -> None:
@@ -111,7 +153,9 @@ def make_directories(directory: str) -> None:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise StorageError("cannot create the database directory") from exc
+            raise StorageError(
+                "cannot create the database directory", reason=r.DIRECTORY_NOT_CREATABLE
+            ) from exc
         os.chmod(path, 0o700)
 
 
@@ -122,27 +166,33 @@ def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StorageError(f"{what} is not accessible") from exc
+        raise StorageError(f"{what} is not accessible", reason=r.FILE_NOT_ACCESSIBLE) from exc
     if stat.S_ISLNK(st.st_mode):
-        raise UnsafeLocation(f"{what} is a symbolic link")
+        raise UnsafeLocation(f"{what} is a symbolic link", reason=r.FILE_IS_SYMLINK)
     if not stat.S_ISREG(st.st_mode):
-        raise StorageError(f"{what} is not a regular file")
+        raise StorageError(f"{what} is not a regular file", reason=r.FILE_NOT_REGULAR)
     if st.st_nlink == 0:
         return None  # unlinked while we looked (a closing writer removing its sidecar)
     if st.st_nlink != 1:
-        raise UnsafeLocation(f"{what} has more than one hard link")
+        raise UnsafeLocation(f"{what} has more than one hard link", reason=r.FILE_HARD_LINKED)
     if POSIX:
         if st.st_uid != os.geteuid():
-            raise UnsafeLocation(f"{what} is owned by another user")
+            raise UnsafeLocation(
+                f"{what} is owned by another user", reason=r.FILE_OWNED_BY_OTHER_USER
+            )
         if st.st_mode & 0o077:
             if not tighten:
-                raise UnsafeLocation(f"{what} is readable or writable by other users")
+                raise UnsafeLocation(
+                    f"{what} is readable or writable by other users", reason=r.FILE_NOT_PRIVATE
+                )
             try:
                 os.chmod(path, 0o600, follow_symlinks=False)
             except FileNotFoundError:
                 return None  # a sidecar its last writer removed meanwhile
             except (OSError, NotImplementedError) as exc:
-                raise StorageError(f"cannot tighten the mode of the {what}") from exc
+                raise StorageError(
+                    f"cannot tighten the mode of the {what}", reason=r.FILE_MODE_NOT_FIXABLE
+                ) from exc
     return st
 
 
@@ -179,15 +229,17 @@ def check_writable(path: str) -> None:
     and the directory too when a sidecar still has to be created. Checked once per open.
     """
     if not _may_write(path):
-        raise StorageError("the database file is not writable")
+        raise StorageError("the database file is not writable", reason=r.DATABASE_NOT_WRITABLE)
     missing = False
     for suffix in ("-wal", "-shm"):
         writable = _sidecar_writable(path + suffix)
         if writable is False:
-            raise StorageError("a database sidecar is not writable")
+            raise StorageError("a database sidecar is not writable", reason=r.SIDECAR_NOT_WRITABLE)
         missing = missing or writable is None
     if missing and not _may_write(os.path.dirname(path)):
-        raise StorageError("the database directory is not writable")
+        raise StorageError(
+            "the database directory is not writable", reason=r.DIRECTORY_NOT_WRITABLE
+        )
 
 
 def _sidecar_writable(path: str) -> bool | None:
@@ -230,7 +282,9 @@ def check_local_filesystem(directory: str) -> None:
     """Reject databases on filesystems known to be remote."""
     fs_type = _filesystem_type(os.path.realpath(directory))
     if fs_type is not None and fs_type.lower() in _REMOTE_FS:
-        raise UnsafeLocation("the database must be on a local filesystem")
+        raise UnsafeLocation(
+            "the database must be on a local filesystem", reason=r.NETWORK_FILESYSTEM
+        )
 
 
 def prepare(
@@ -243,15 +297,17 @@ def prepare(
     directory = os.path.dirname(path)
     if not POSIX:
         if not allow_external_acl:
-            raise UnsafeLocation("non-POSIX hosts require allow_external_acl=True")
+            raise UnsafeLocation(
+                "non-POSIX hosts require allow_external_acl=True", reason=r.EXTERNAL_ACL_REQUIRED
+            )
         if not os.path.isdir(directory):
-            raise InvalidInput("database directory does not exist")
+            raise InvalidInput("database directory does not exist", reason=r.DIRECTORY_MISSING)
     else:
         if create and not read_only:
             _check_ancestors(directory)
             make_directories(directory)
         elif not os.path.isdir(directory):
-            raise InvalidInput("database directory does not exist")
+            raise InvalidInput("database directory does not exist", reason=r.DIRECTORY_MISSING)
         _check_ancestors(directory)
         _check_leaf(directory, tighten=not read_only)
         check_local_filesystem(directory)
@@ -259,7 +315,7 @@ def prepare(
     check_sidecars(path, tighten=not read_only)
     if st is None:
         if read_only or not create:
-            raise InvalidInput("database does not exist")
+            raise InvalidInput("database does not exist", reason=r.DATABASE_MISSING)
         return None
     if not read_only:
         check_writable(path)
@@ -276,11 +332,14 @@ def create_database_file(path: str) -> FileIdentity:
         st = check_regular_file(path, what="database file", tighten=True)
         if st is None:
             raise StorageError(
-                "the database file appeared and vanished while it was created"
+                "the database file appeared and vanished while it was created",
+                reason=r.DATABASE_REPLACED,
             ) from None
         return FileIdentity(st.st_dev, st.st_ino)
     except OSError as exc:
-        raise StorageError("cannot create the database file") from exc
+        raise StorageError(
+            "cannot create the database file", reason=r.DATABASE_NOT_CREATABLE
+        ) from exc
     try:
         st = os.fstat(fd)
         if POSIX:
@@ -314,3 +373,11 @@ def storage_info(path: str, *, allow_external_acl: bool, read_only: bool) -> dic
         "read_only": read_only,
         "local_filesystem_required": True,
     }
+
+
+def sidecars_creatable(path: str) -> bool:
+    """Whether a read of the closed ledger at ``path`` may open it in place with transient
+    sidecars: the file and its directory are writable by this process (not on a read-only
+    filesystem, not a read-only file), so SQLite can create the WAL and SHM and remove them
+    again on close. Otherwise the ledger is read in place creating nothing."""
+    return _may_write(path) and _may_write(os.path.dirname(path))

@@ -11,6 +11,7 @@ same settings, :class:`IdScheme` and :func:`name_label` the same id and label ru
 from . import codes
 from .errors import ErrorPolicy
 from .ids import IdScheme, name_label
+from .metrics import format_adapter_metrics
 from .runtime import AdapterRuntime, Closing, LostHook, LostTask
 from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
 from .surface import AdapterSurface
@@ -28,6 +29,7 @@ __all__ = [
     "Settings",
     "codes",
     "env_name",
+    "format_adapter_metrics",
     "name_label",
     "resolve_settings",
 ]

@@ -3,8 +3,9 @@
 A ledger call inside a hook must never break the user's job. So a failure is
 
 * counted under ``"<where>:<ExceptionClass>"`` (``where`` names the hook or operation),
-* logged once per kind, at warning level, with the exception's class name only (ledger
-  errors never echo values, paths or exception texts into logs),
+* logged once per kind and reason, at warning level, with the exception's class name and,
+  for a storage or location error, its fixed reason from :mod:`task_state_guard.reasons`
+  only (ledger errors never echo values, paths or exception texts into logs),
 * and raised again only in strict mode (meant for tests).
 
 A *conflict* is different: the ledger refused to rewrite a terminal record (for example a late
@@ -24,6 +25,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from ..model import LedgerError
+
 T = TypeVar("T")
 
 
@@ -37,6 +40,7 @@ class ErrorPolicy:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._errors: Counter[str] = Counter()
+        self._logged: set[tuple[str, str | None]] = set()
         self._conflicts: Counter[str] = Counter()
 
     def _own(self) -> None:
@@ -44,20 +48,28 @@ class ErrorPolicy:
             self._lock = threading.Lock()
             self._pid = os.getpid()
             self._errors = Counter()
+            self._logged = set()
             self._conflicts = Counter()
 
     def record(self, where: str, exc: BaseException) -> None:
-        """Count and (the first time for its kind) log ``exc``; never raises."""
+        """Count ``exc`` under its kind and log the first of each kind and reason; never raises.
+
+        The reason is a ledger error's fixed ``reason`` (never a path or a value); other
+        exceptions have none.
+        """
         self._own()
         kind = f"{where}:{type(exc).__name__}"
+        reason = exc.reason if isinstance(exc, LedgerError) else None
         with self._lock:
             self._errors[kind] += 1
-            first = self._errors[kind] == 1
+            first = (kind, reason) not in self._logged
+            self._logged.add((kind, reason))
         if first:
             self.logger.warning(
-                "task-state-guard: ledger error (%s); the %s runs on. "
+                "task-state-guard: ledger error (%s%s); the %s runs on. "
                 "Further errors of this kind are counted, not logged.",
                 kind,
+                "" if reason is None else f", reason {reason}",
                 self.subject,
             )
 

@@ -20,6 +20,8 @@ setting                         environment variable                  default
 ``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
 ==============================  ====================================  ========================
 
+A ``*_seconds`` value given as text (environment, framework configuration) may carry a unit, as
+on the command line: ``90s``, ``15m``, ``2h``, ``1d``.
 ``heartbeat_seconds=0`` turns the background heartbeat off; otherwise it must be below the
 active grace. ``reconcile_interval_seconds`` is used by adapters with a long-lived worker loop
 (Celery and Dramatiq workers: a periodic reconcile in the worker's main process).
@@ -36,6 +38,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final, TypedDict
 
 from ..backends import redact
+from ..durations import UNITS, parse_seconds
 from ..model import MAX_SECONDS, InvalidInput
 
 DEFAULT_GRACE_SECONDS: Final = 600.0
@@ -127,9 +130,17 @@ def _lookup(
     return None, name
 
 
-def _seconds(value: Any, source: str, *, allow_zero: bool) -> float:
+def _seconds(value: Any, source: str, *, allow_zero: bool, units: bool = True) -> float:
     if isinstance(value, bool):
         raise ConfigurationError(f"task-state-guard: {source} must be a number of seconds")
+    if units and isinstance(value, str) and value.strip()[-1:] in UNITS:
+        try:  # a duration with a unit (15m, 2h, 1d): the CLI's one parser
+            value = parse_seconds(value.strip(), source)
+        except InvalidInput:
+            raise ConfigurationError(
+                f"task-state-guard: {source} must be a number of seconds or a duration "
+                "like 90s, 15m, 2h, 1d"
+            ) from None
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -163,7 +174,7 @@ def _flag(value: Any, source: str) -> bool:
 
 
 def _milliseconds(value: Any, source: str) -> int:
-    number = _seconds(value, source, allow_zero=True)
+    number = _seconds(value, source, allow_zero=True, units=False)
     if number != int(number) or number > 600_000:
         raise ConfigurationError(
             f"task-state-guard: {source} must be a whole number of milliseconds <= 600000"

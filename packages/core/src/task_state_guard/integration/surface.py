@@ -6,6 +6,7 @@ from typing import Any
 
 from ..model import Task
 from ..reconcile import DecisionCallback
+from .metrics import format_adapter_metrics
 from .runtime import AdapterRuntime, LostHook
 from .settings import Settings
 
@@ -17,6 +18,8 @@ class AdapterSurface:
     """
 
     runtime: AdapterRuntime
+    #: The ``adapter`` label of :meth:`metrics_text` (``celery``, ``dramatiq``, ``langgraph``).
+    adapter_name: str = "adapter"
 
     def logical_task_id(self, framework_id: str) -> str:
         """The ledger id of the logical task of a framework job id (a non-empty string)."""
@@ -70,6 +73,11 @@ class AdapterSurface:
     def stats(self) -> dict[str, Any]:
         """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
         return self.runtime.stats()
+
+    def metrics_text(self) -> str:
+        """This process's counters as Prometheus text (``tsg_adapter_*``), for the app to
+        serve; several adapters in one exposition: ``integration.format_adapter_metrics``."""
+        return format_adapter_metrics(self)
 
 
 __all__ = ["AdapterSurface"]

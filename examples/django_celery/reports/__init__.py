@@ -1,0 +1,1 @@
+"""Reports: built by a Celery task, fetched over HTTP."""

@@ -1,0 +1,7 @@
+"""The reports Django app."""
+
+from django.apps import AppConfig
+
+
+class ReportsConfig(AppConfig):
+    name = "reports"

@@ -1,0 +1,56 @@
+"""An adapter's in-process counters (``stats()``) as Prometheus text, for an app to serve.
+
+The counters belong to one process (see :class:`~task_state_guard.integration.ErrorPolicy`):
+serve them from the process whose hooks run the jobs. Labels are the adapter's name, the hook
+or operation, the exception's class name and the conflict kind; never ids, values or paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..metrics import Exposition, Sample
+
+#: The conflict kinds the runtime counts (always exposed, zeros included).
+CONFLICT_KINDS = ("attempt_close", "logical_close", "delivery_mark_dropped")
+
+
+class _Guard(Protocol):
+    adapter_name: str
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def format_adapter_metrics(*guards: _Guard) -> str:
+    """Prometheus text of the counters of ``guards`` (adapter objects: ``CeleryGuard``,
+    ``TaskStateGuardMiddleware``, ``GuardedGraph``) in this process, one family each."""
+    errors: list[Sample] = []
+    conflicts: list[Sample] = []
+    reconciles: list[Sample] = []
+    heartbeating: list[Sample] = []
+    for guard in guards:
+        adapter = guard.adapter_name
+        stats = guard.stats()
+        for kind, count in sorted(stats["errors"].items()):
+            hook, _, error = kind.rpartition(":")
+            errors.append(({"adapter": adapter, "error": error, "hook": hook}, count))
+        counted = stats["conflicts"]
+        kinds = [*CONFLICT_KINDS, *sorted(set(counted) - set(CONFLICT_KINDS))]
+        conflicts += [({"adapter": adapter, "kind": k}, counted.get(k, 0)) for k in kinds]
+        reconciles.append(({"adapter": adapter}, stats["reconciles"]))
+        heartbeating.append(({"adapter": adapter}, stats["heartbeating"]))
+    out = Exposition()
+    out.family("tsg_adapter_ledger_errors_total", "counter",
+               "Ledger errors inside framework hooks in this process, by adapter, hook or "
+               "operation, and exception class (the job ran on).", errors)
+    out.family("tsg_adapter_conflicts_total", "counter",
+               "Refused rewrites of terminal records in this process (e.g. a late completion "
+               "after a reconcile closed the task), by adapter and kind.", conflicts)
+    out.family("tsg_adapter_reconciles_total", "counter",
+               "Reconcile passes this process ran, by adapter.", reconciles)
+    out.family("tsg_adapter_heartbeating", "gauge",
+               "Tasks this process holds and heartbeats right now, by adapter.", heartbeating)
+    return out.render()
+
+
+__all__ = ["CONFLICT_KINDS", "format_adapter_metrics"]

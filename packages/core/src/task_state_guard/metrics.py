@@ -1,0 +1,191 @@
+"""Prometheus text exposition of a status report, and its atomic textfile writer. No ids.
+
+The format is Prometheus' text exposition format 0.0.4: one ``# HELP`` and one ``# TYPE`` line
+per family, then its samples. Every family and label is listed in ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from typing import Any
+
+from .model import InvalidInput, StorageError
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXTFILE_MODE = 0o644  # a new textfile: readable by the node exporter's user; no ids in it
+
+Sample = tuple[dict[str, str], float | int]
+
+
+def escape_label(value: str) -> str:
+    """A label value escaped for the text format (backslash, double quote, line feed)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Exposition:
+    """Collects metric families and renders them in the text format."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self.samples = 0
+
+    def family(self, name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> None:
+        """Add one family (``kind``: ``gauge`` or ``counter``) with its samples."""
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            text = ",".join(f'{key}="{escape_label(val)}"' for key, val in labels.items())
+            self._lines.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
+            self.samples += 1
+
+    def render(self) -> str:
+        """The exposition, ending in a line feed."""
+        return "\n".join(self._lines) + "\n"
+
+
+def format_prometheus(report: dict[str, Any]) -> str:
+    """Render a status report (``Ledger.status()``) in the text exposition format."""
+    out = Exposition()
+    out.family(
+        "tsg_tasks", "gauge",
+        "Tasks in the ledger by kind (task: logical task, attempt: its execution attempts) "
+        "and task state.",
+        [({"kind": kind, "status": state}, count)
+         for kind, states in report["tasks_by_kind"].items() for state, count in states.items()],
+    )
+    out.family(
+        "tsg_deliveries", "gauge",
+        "Tasks in the ledger by delivery obligation (owed: a recipient is owed the result, "
+        "internal: nobody is) and delivery state.",
+        [({"delivery_status": state, "kind": kind}, count)
+         for kind, states in report["deliveries_by_kind"].items()
+         for state, count in states.items()],
+    )
+    out.family(
+        "tsg_deliveries_awaiting", "gauge",
+        "Closed tasks whose delivery is still pending, by obligation (owed: the result is ready "
+        "and not yet delivered; internal: a record nobody closed, settled by reconcile).",
+        [({"kind": kind}, count) for kind, count in report["deliveries_awaiting"].items()],
+    )
+    out.family(
+        "tsg_tasks_by_name", "gauge", "Tasks by kind, name label and task state.",
+        [({"kind": kind, "name": name, "status": state}, count)
+         for kind, key in (("task", "by_name"), ("attempt", "attempts_by_name"))
+         for name, states in report[key].items() for state, count in states.items()],
+    )
+    out.family(
+        "tsg_outcomes_total", "counter",
+        "Task closes since the ledger was created, by kind, terminal state and reason code "
+        "(never lowered by prune).",
+        [({"code": code, "kind": kind, "status": state}, total)
+         for kind, states in report["outcomes_total"].items()
+         for state, codes in states.items() for code, total in codes.items()],
+    )
+    out.family(
+        "tsg_delivery_outcomes_total", "counter",
+        "Delivery closes since the ledger was created, by obligation, delivery state and reason "
+        "code (never lowered by prune).",
+        [({"code": code, "delivery_status": state, "kind": kind}, total)
+         for kind, states in report["delivery_outcomes_total"].items()
+         for state, codes in states.items() for code, total in codes.items()],
+    )
+    for key, name, text in (
+        ("oldest_queued_age_seconds", "tsg_oldest_queued_age_seconds",
+         "Age of the oldest queued task (0 when none)."),
+        ("oldest_running_age_seconds", "tsg_oldest_running_age_seconds",
+         "Time since the oldest running task started (0 when none)."),
+        ("oldest_owed_delivery_age_seconds", "tsg_oldest_owed_delivery_age_seconds",
+         "Time since the oldest closed task that owes a delivery closed (0 when none)."),
+    ):
+        out.family(name, "gauge", text, [({}, report[key] or 0)])
+    for key, text in (
+        ("running_past_deadline", "Running tasks past their deadline."),
+        ("running_heartbeat_stale", "Running tasks without a heartbeat for the active grace."),
+        ("running_owner_dead", "Running tasks whose owning process is provably dead."),
+    ):
+        out.family(f"tsg_{key}", "gauge", text, [({}, report[key])])
+    out.family("tsg_active_grace_seconds", "gauge",
+               "The active grace the heartbeat-stale count was taken with.",
+               [({}, report["active_grace_seconds"])])
+    return out.render()
+
+
+# ----------------------------------------------------------------------------- textfile
+
+
+def check_textfile(path: object) -> str:
+    """Check a ``--textfile`` target before anything is read: a file name in an existing
+    directory, not a directory itself. Errors never name the path."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidInput("the textfile path must be a non-empty path")
+    directory, base = os.path.split(os.path.abspath(path))
+    if not base or base in (".", ".."):
+        raise InvalidInput("the textfile path must name a file")
+    if not os.path.isdir(directory):
+        raise InvalidInput("the textfile's directory does not exist")
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise InvalidInput("the textfile path is a directory")
+    return path
+
+
+def write_textfile(path: str, text: str) -> int:
+    """Replace ``path`` with ``text`` atomically (node exporter's textfile convention).
+
+    The text goes to a hidden temporary file in the same directory (never matched by the
+    collector's ``*.prom``), is flushed and fsynced, then renamed over ``path``; the directory
+    is fsynced after. On any error the temporary file is removed and ``path`` is left as it
+    was (``StorageError``). A new file gets mode 0644; an existing one keeps its mode. Returns
+    the number of bytes written.
+    """
+    check_textfile(path)
+    directory, base = os.path.split(os.path.abspath(path))
+    data = text.encode("utf-8")
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = TEXTFILE_MODE
+    except OSError:
+        raise StorageError("the textfile cannot be read") from None
+    temp = os.path.join(directory, f".{base}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        raise StorageError("the textfile's directory is not writable") from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise StorageError("the textfile could not be written") from None
+    _fsync_directory(directory)
+    return len(data)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable (best effort: some platforms cannot open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["CONTENT_TYPE", "Exposition", "check_textfile", "format_prometheus",
+           "write_textfile"]

@@ -1,0 +1,136 @@
+"""The operator's task listing: which tasks are stuck, with what they need to be traced.
+
+One query per listing, oldest task first: logical tasks (no parent) by default, or the
+attempts (children) when asked, filtered by state, name label, idle time and age. Each row
+carries its number of attempts (direct children). The caller hands in the task columns and
+the row validator, so a tampered row is never returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .model import (
+    ACTIVE_STATES,
+    TASK_STATES,
+    InvalidInput,
+    Task,
+    check_name,
+    check_seconds,
+    check_state,
+)
+
+if TYPE_CHECKING:
+    from .database import Database
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10**6
+
+# The time of a task's last sign of life: its heartbeat or start while running, its creation
+# while queued, its close once terminal.
+_ACTIVITY = (
+    "CASE status WHEN 'running' THEN coalesce(heartbeat_at, started_at, updated_at) "
+    "WHEN 'queued' THEN created_at ELSE updated_at END"
+)
+_ATTEMPTS = "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id)"
+
+
+@dataclass(frozen=True, slots=True)
+class ListedTask:
+    """One row of a task listing: the task, its attempts, its age and idle time (seconds)."""
+
+    task: Task
+    attempts: int
+    age_seconds: float
+    idle_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready row: ids, name, states, code, ages and the attempt count."""
+        task = self.task
+        return {
+            "id": task.id,
+            "parent_id": task.parent_id,
+            "framework_id": task.framework_id,
+            "name": task.name,
+            "status": task.status.value,
+            "code": task.terminal_code,
+            "delivery_status": task.delivery_status.value,
+            "age_seconds": round(self.age_seconds, 3),
+            "idle_seconds": round(self.idle_seconds, 3),
+            "attempts": self.attempts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TaskListing:
+    """The rows of one listing (oldest first), whether more matched past the limit, and the
+    clock reading the ages were measured at."""
+
+    tasks: list[ListedTask]
+    more: bool
+    at: float
+
+
+def _where(
+    status: str | None, name: str | None, attempts: bool, stale: float | None,
+    older: float | None, now: float,
+) -> tuple[str, list[Any]]:
+    clauses = ["parent_id IS NOT NULL" if attempts else "parent_id IS NULL"]
+    params: list[Any] = []
+    if status is None or status in ACTIVE_STATES:
+        clauses.append("delivery_status = 'pending'")  # the open-work index
+    if status is None:
+        clauses.append("status IN ('queued','running')")
+    else:
+        clauses.append("status = ?")
+        params.append(status)
+    if name is not None:
+        clauses.append("name = ?")
+        params.append(name)
+    if stale is not None:
+        clauses.append(f"{_ACTIVITY} <= ?")
+        params.append(now - stale)
+    if older is not None:
+        clauses.append("created_at <= ?")
+        params.append(now - older)
+    return " AND ".join(clauses), params
+
+
+def list_tasks(
+    db: Database,
+    columns: str,
+    to_task: Callable[[tuple[Any, ...]], Task],
+    *,
+    status: str | None = None,
+    name: str | None = None,
+    attempts: bool = False,
+    stale_seconds: float | None = None,
+    older_than_seconds: float | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> TaskListing:
+    """List tasks, oldest first (see :meth:`task_state_guard.Ledger.list_tasks`)."""
+    state = None if status is None else check_state(status, TASK_STATES, "task status")
+    label = check_name(name)
+    stale = None if stale_seconds is None else check_seconds(
+        stale_seconds, "stale_seconds", allow_zero=True)
+    older = None if older_than_seconds is None else check_seconds(
+        older_than_seconds, "older_than_seconds", allow_zero=True)
+    if not isinstance(attempts, bool):
+        raise InvalidInput("attempts must be a boolean")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput("limit must be a positive integer")
+    with db.read() as conn:
+        now = db.now()
+        where, params = _where(state, label, attempts, stale, older, now)
+        sql = (
+            f"SELECT {columns}, {_ATTEMPTS}, {_ACTIVITY} FROM tsg_tasks WHERE {where} "
+            "ORDER BY seq LIMIT ?"
+        )
+        rows = conn.execute(sql, [*params, limit + 1]).fetchall()
+    listed: list[ListedTask] = []
+    for row in rows[:limit]:
+        task = to_task(tuple(row[:-2]))
+        listed.append(ListedTask(task, int(row[-2]), now - task.created_at, now - float(row[-1])))
+    return TaskListing(listed, len(rows) > limit, now)

@@ -1,0 +1,120 @@
+"""examples/observability: the Grafana dashboard and the Prometheus rules parse, and every
+metric, label and label value they use is one the real outputs print."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from core_helpers import run_cli
+from prom_text import Family, parse
+from task_state_guard import Ledger, StorageError
+from task_state_guard.integration import (
+    AdapterRuntime,
+    AdapterSurface,
+    format_adapter_metrics,
+    resolve_settings,
+)
+
+HERE = Path(__file__).resolve().parents[2] / "examples" / "observability"
+SELECTOR = re.compile(r"\b(tsg_[a-z_]+)\b(\{[^}]*\})?")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+EXTERNAL_LABELS = {"instance", "job"}  # added by Prometheus, not by the exposition
+DURATION = re.compile(r"\d+[smhd]\Z")
+
+
+class _Guard(AdapterSurface):
+    adapter_name = "celery"
+
+    def __init__(self, db: str) -> None:
+        self.runtime = AdapterRuntime(resolve_settings(db=db), logger=logging.getLogger("t"))
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Family]:
+    """Every family `tsg metrics` prints on a ledger with work in it, plus the adapters'."""
+    db = str(tmp_path_factory.mktemp("obs") / "d" / "tasks.sqlite")
+    with Ledger(db) as led:
+        root = led.create_task(name="app.add")
+        led.start_task(root.id, owner=False)
+        attempt = led.create_task(parent_id=root.id, delivery_required=False, name="app.add")
+        led.close_task_settled(attempt.id, "succeeded", code="worker_completed")
+        led.close_task_settled(root.id, "succeeded", code="worker_completed")
+    result = run_cli("--db", db, "metrics")
+    assert result.code == 0
+    found = parse(result.stdout)
+    guard = _Guard(db)
+    guard.runtime.policy.record("task_prerun", StorageError("x"))
+    adapter = parse(format_adapter_metrics(guard))
+    assert not set(found) & set(adapter)
+    return {**found, **adapter}
+
+
+def _check_expr(expr: str, families: dict[str, Family]) -> set[str]:
+    names = set()
+    for name, selector in SELECTOR.findall(expr):
+        assert name in families, f"{name} is not a metric tsg prints"
+        names.add(name)
+        labels: dict[str, set[str]] = {}
+        for sample_labels, _value in families[name].samples:
+            for key, value in sample_labels.items():
+                labels.setdefault(key, set()).add(value)
+        for key, op, value in MATCHER.findall(selector or ""):
+            if key in EXTERNAL_LABELS:
+                continue
+            assert key in labels, f"{name} has no label {key}"
+            if op == "=" and "$" not in value:
+                assert value in labels[key], f"{name}{{{key}={value!r}}} never appears"
+            elif op == "=~" and "$" not in value:
+                for alternative in value.split("|"):
+                    assert alternative in labels[key], f"{name}: {key}={alternative!r}"
+    return names
+
+
+def test_the_dashboard_parses_and_uses_real_metrics(families: dict[str, Family]) -> None:
+    dashboard = json.loads((HERE / "grafana-dashboard.json").read_text())
+    assert dashboard["title"] and dashboard["uid"] and dashboard["panels"]
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    used: set[str] = set()
+    used |= _check_expr(variables["instance"]["definition"], families)
+    for panel in dashboard["panels"]:
+        assert panel["title"] and panel["datasource"] == {"type": "prometheus",
+                                                          "uid": "${datasource}"}
+        assert {"x", "y", "w", "h"} <= set(panel["gridPos"])
+        assert panel["targets"]
+        for target in panel["targets"]:
+            used |= _check_expr(target["expr"], families)
+    for name in ("tsg_outcomes_total", "tsg_deliveries_awaiting", "tsg_running_owner_dead",
+                 "tsg_adapter_ledger_errors_total"):
+        assert name in used
+
+
+def test_the_alert_rules_parse_and_use_real_metrics(families: dict[str, Family]) -> None:
+    document: Any = yaml.safe_load((HERE / "prometheus-rules.yml").read_text())
+    assert set(document) == {"groups"} and document["groups"]
+    used: set[str] = set()
+    alerts = []
+    for group in document["groups"]:
+        assert set(group) <= {"name", "interval", "rules"} and group["name"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
+            assert re.fullmatch(r"[A-Z][A-Za-z0-9]*", rule["alert"])
+            assert isinstance(rule["expr"], str)
+            if "for" in rule:
+                assert DURATION.match(rule["for"])
+            assert rule["labels"]["severity"] in ("info", "warning", "critical")
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+            alerts.append(rule["alert"])
+            used |= _check_expr(rule["expr"], families)
+    assert len(alerts) == len(set(alerts))
+    for name in ("tsg_running_owner_dead", "tsg_outcomes_total", "tsg_delivery_outcomes_total",
+                 "tsg_oldest_owed_delivery_age_seconds"):
+        assert name in used

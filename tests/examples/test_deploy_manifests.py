@@ -1,0 +1,183 @@
+"""The shipped Dockerfile, Kubernetes manifests and systemd units agree with each other, with
+the example projects and with docs/deploy.md (loaded and checked, not just present)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_helpers import BIN, DEPLOY, EXAMPLES, REPO
+
+K8S = DEPLOY / "k8s"
+SYSTEMD = DEPLOY / "systemd"
+DOC = REPO / "docs" / "deploy.md"
+CELERY_SETTINGS = EXAMPLES / "django_celery" / "proj" / "settings.py"
+
+
+def _celery_time_limit() -> int:
+    match = re.search(r"^CELERY_TASK_TIME_LIMIT = (\d+)", CELERY_SETTINGS.read_text(), re.M)
+    assert match, "settings.py sets CELERY_TASK_TIME_LIMIT"
+    return int(match.group(1))
+
+
+def _dockerfile() -> dict[str, Any]:
+    text = (DEPLOY / "Dockerfile").read_text()
+    entry = re.search(r'^ENTRYPOINT \["([^"]+)"\]', text, re.M)
+    copy = re.search(r"^COPY --chmod=0755 examples/deploy/entrypoint\.sh (\S+)", text, re.M)
+    user = re.search(r"^USER (\d+):(\d+)", text, re.M)
+    db = re.search(r"^ENV TSG_DB=(\S+)", text, re.M)
+    assert entry and copy and user and db
+    return {"entrypoint": entry.group(1), "copied_to": copy.group(1),
+            "uid": int(user.group(1)), "gid": int(user.group(2)), "db": db.group(1)}
+
+
+def _workloads() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert isinstance(doc, dict) and {"apiVersion", "kind", "metadata"} <= doc.keys()
+            if doc["kind"] in ("Deployment", "StatefulSet"):
+                found.append((path.name, doc))
+    return found
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def test_dockerfile_installs_the_entrypoint_it_runs() -> None:
+    docker = _dockerfile()
+    assert docker["entrypoint"] == docker["copied_to"]
+    assert docker["uid"] != 0
+    assert Path(docker["db"]).parent.parent == Path("/data")  # a directory below the volume
+    text = (DEPLOY / "Dockerfile").read_text()
+    for source in re.findall(r"^COPY (?:--\S+ )*(\S+) ", text, re.M):
+        if source != "dist/":  # built by scripts/build_release.py before the image
+            assert (REPO / source).exists(), source
+    assert "build_release.py" in text
+
+
+@pytest.mark.parametrize("name", ["celery-statefulset.yaml", "shared-ledger-pod.yaml",
+                                  "agent-statefulset.yaml"])
+def test_manifest_wiring(name: str) -> None:
+    docker = _dockerfile()
+    workloads = [doc for file, doc in _workloads() if file == name]
+    assert len(workloads) == 1
+    workload = workloads[0]
+    pod = workload["spec"]["template"]["spec"]
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == docker["uid"] and security["runAsGroup"] == docker["gid"]
+    # fsGroup only with OnRootMismatch: "Always" re-chmods the ledger's directory at each mount
+    assert "fsGroup" in security
+    assert security["fsGroupChangePolicy"] == "OnRootMismatch"
+
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    claims = {c["metadata"]["name"]: c for c in workload["spec"].get("volumeClaimTemplates", [])}
+    ledger_mounts = set()
+    for container in pod["containers"]:
+        env = _env(container)
+        assert container["command"] == [docker["entrypoint"]]
+        assert container["args"], "the worker command goes in args"
+        assert "securityContext" not in container or "runAsUser" not in container[
+            "securityContext"], "every container sharing the ledger runs as the pod's uid"
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        db = Path(env["TSG_DB"])
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        mount = next(p for p in mounts if Path(p) in db.parents)
+        # the ledger's own directory is below the mount point, never the mount point itself
+        assert db.parent != Path(mount) and db.parent.parent == Path(mount)
+        ledger_mounts.add((mounts[mount], mount, str(db)))
+        if container["args"][0] == "celery":
+            assert env["TSG_RECONCILE"] == "preview"  # the boot reconcile reports lost tasks
+            assert pod["terminationGracePeriodSeconds"] >= _celery_time_limit() + 30
+        else:
+            assert env["TSG_RECONCILE"] in ("apply", "preview")
+    assert len(ledger_mounts) == 1, "containers of one pod share one ledger on one volume"
+    (volume, mount, _db), = ledger_mounts
+    assert volume in volumes or volume in claims
+    if volume in claims:
+        assert workload["kind"] == "StatefulSet"
+        assert claims[volume]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    else:
+        assert "emptyDir" in volumes[volume]
+
+    # The init container makes the fsGroup volume's root sticky, on the same volume and path.
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["sh", "-c", f"chmod +t {mount}"]
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {volume: mount}
+    assert init["securityContext"]["runAsUser"] == 0
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["FOWNER"]}
+
+
+def _unit(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """A systemd unit as sections of (key, value) lines; repeated keys are kept in order."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], [])
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and current is not None, raw
+        current.append((key.strip(), value.strip()))
+    return sections
+
+
+def _values(section: list[tuple[str, str]], key: str) -> list[str]:
+    return [v for k, v in section if k == key]
+
+
+@pytest.mark.parametrize("name", ["report-worker.service", "research-api.service"])
+def test_systemd_unit(name: str, tmp_path: Path) -> None:
+    path = SYSTEMD / name
+    service = _unit(path)["Service"]
+    (db,) = [v.split("=", 1)[1] for v in _values(service, "Environment")
+             if v.startswith("TSG_DB=")]
+    state = _values(service, "StateDirectory")
+    assert state and Path(db).parent == Path("/var/lib") / state[0]
+    assert _values(service, "StateDirectoryMode") == ["0700"]
+    pre = [v.split(None, 1)[1] for v in _values(service, "ExecStartPre")]
+    assert all(v.split()[0].endswith("/tsg") for v in _values(service, "ExecStartPre"))
+    (start,) = _values(service, "ExecStart")
+    assert _values(service, "KillSignal") == ["SIGTERM"]
+    assert _values(service, "KillMode") == ["mixed"]
+    (stop,) = (int(v) for v in _values(service, "TimeoutStopSec"))
+    if start.split()[0].endswith("/celery"):
+        assert pre == ["init", "reconcile --dry-run"]  # the worker's boot reconcile applies
+        assert stop >= _celery_time_limit() + 30
+    else:
+        assert pre == ["init", "reconcile --dry-run", "reconcile"]
+        graceful = int(start.split("--timeout-graceful-shutdown ", 1)[1].split()[0])
+        assert stop > graceful
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze:  # verify the unit too, with the commands pointed at this interpreter's scripts
+        prefix = start.split()[0].rsplit("/", 1)[0]
+        local = tmp_path / name
+        local.write_text(path.read_text().replace(prefix, BIN))
+        done = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
+                              timeout=120)
+        problems = [ln for ln in (done.stdout + done.stderr).splitlines() if name in ln]
+        assert done.returncode == 0 and problems == [], done.stdout + done.stderr
+
+
+def test_the_doc_covers_every_shipped_file() -> None:
+    text = DOC.read_text()
+    shipped = [p for p in DEPLOY.rglob("*") if p.is_file()]
+    assert len(shipped) >= 7
+    for path in shipped:
+        assert str(path.relative_to(REPO)) in text, path
+    assert "examples/django_celery" in text and "examples/fastapi_langgraph" in text
+    assert "docs/deploy.md" in (REPO / "README.md").read_text()
+    for _file, workload in _workloads():
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            assert _env(container)["TSG_DB"] in text

@@ -1,0 +1,143 @@
+"""examples/fastapi_langgraph for real: uvicorn started through the shipped entrypoint, HTTP
+requests with urllib, a LangGraph graph with an on-disk checkpointer recorded in the ledger;
+then the server is SIGKILLed mid-run and the restarted one's reconcile and recover() close the
+lost run and finish its thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy_helpers import EXAMPLES, Ledgers, Service, base_env, free_port, json_lines, tsg
+from deploy_helpers import wait_for as wait
+from task_state_guard_langgraph import logical_task_id, recovery_invocation_id
+
+PROJECT = EXAMPLES / "fastapi_langgraph"
+
+
+class Api:
+    """One uvicorn server of the example (through the entrypoint, TSG_RECONCILE=apply)."""
+
+    def __init__(self, ledgers: Ledgers, log: Path, gather_seconds: float) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = base_env(
+            TSG_DB=ledgers.db,
+            CHECKPOINTS=str(ledgers.data / "lg" / "checkpoints.sqlite"),
+            GATHER_SECONDS=str(gather_seconds),
+            TSG_RECONCILE="apply",
+            PYTHONPATH=str(PROJECT),
+        )
+        self.service = Service(
+            ["uvicorn", "service:app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--timeout-graceful-shutdown", "5"],
+            env=env, cwd=PROJECT, log=log,
+        )
+        self.service.wait_log("Application startup complete", timeout=120)
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             timeout: float = 60) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method,
+            headers={"content-type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Api]]:
+    made: list[Api] = []
+    yield made
+    for api in made:
+        api.service.stop()
+
+
+def test_question_answered_recorded_and_delivered(
+    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
+) -> None:
+    api = Api(ledgers, tmp_path / "api.log", gather_seconds=0)
+    servers.append(api)
+    status, body = api.call("POST", "/questions",
+                            {"thread_id": "chat-1", "question": "What is SQLite?"})
+    assert status == 200
+    assert body["answer"].startswith("SQLite keeps a database in one file")
+    invocation = tsg(ledgers.db, "get", logical_task_id(body["invocation_id"]), "--extras")
+    task = invocation["task"]
+    assert (task["status"], task["terminal_code"], task["name"]) == (
+        "succeeded", "completed", "research")
+    assert task["delivery_status"] == "pending"
+    nodes = tsg(ledgers.db, "children", task["id"], "--extras")["children"]
+    assert sorted((n["name"], n["status"]) for n in nodes) == [
+        ("answer", "succeeded"), ("gather", "succeeded"), ("plan", "succeeded")]
+
+    assert api.call("POST", f"/invocations/{body['invocation_id']}/delivered") == (
+        200, {"delivery": "delivered"})
+    assert api.call("POST", "/invocations/req-unknown/delivered") == (
+        409, {"detail": "TaskNotFound"})
+    assert tsg(ledgers.db, "get", task["id"])["task"]["delivery_status"] == "delivered"
+    assert api.call("GET", "/healthz") == (200, {"ok": True, "ledger_errors": 0})
+
+
+def test_killed_server_run_is_closed_and_its_thread_recovered(
+    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
+) -> None:
+    slow = Api(ledgers, tmp_path / "slow.log", gather_seconds=300)  # the tools hang
+    servers.append(slow)
+    answers: list[Any] = []
+
+    def ask() -> None:
+        try:
+            answers.append(slow.call("POST", "/questions",
+                                     {"thread_id": "chat-7", "question": "And Celery?"}, 120))
+        except OSError as exc:  # the server dies under the request
+            answers.append(exc)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    running = wait(lambda: tsg(ledgers.db, "tasks", "--status", "running")["task_ids"],
+                   what="the run and its node attempt to be running")
+    invocation = next(i for i in running if tsg(ledgers.db, "get", i)["task"]["parent_id"]
+                      is None)
+    wait(lambda: [(c["name"], c["status"]) for c in tsg(
+        ledgers.db, "children", invocation, "--extras")["children"]]
+        == [("plan", "succeeded"), ("gather", "running")], what="gather to run")
+    slow.service.kill()  # SIGKILL mid-run
+    asker.join(60)
+    assert answers and isinstance(answers[0], OSError)
+
+    api = Api(ledgers, tmp_path / "api.log", gather_seconds=0)  # restarted; tools answer again
+    servers.append(api)
+    preview, applied = json_lines(api.service.log())  # the entrypoint's reconcile
+    assert preview["reconcile"]["tasks_timed_out"] == 2 and applied["reconcile"]["applied"]
+    lost = tsg(ledgers.db, "get", invocation)["task"]
+    assert (lost["status"], lost["terminal_code"]) == ("timed_out", "owner_lost")
+    status, recovery = api.call("GET", "/recovery")
+    assert status == 200
+    assert recovery["lost"] == ["chat-7"] and recovery["resumed"] == ["chat-7"]
+    (run,) = recovery["runs"]
+    assert run["outcome"] == "succeeded"
+    assert "run lost (owner_lost): resuming thread chat-7" in api.service.log()
+
+    # The recovery run is a child of the lost one in the ledger and finished the thread.
+    resumed = tsg(ledgers.db, "get", logical_task_id(run["invocation_id"]), "--extras")["task"]
+    assert resumed["parent_id"] == invocation
+    assert (resumed["status"], resumed["terminal_code"]) == ("succeeded", "completed")
+    assert logical_task_id(run["recovers"]) == invocation
+    assert run["invocation_id"] == recovery_invocation_id(run["recovers"])
+    assert api.call("GET", "/threads/chat-7") == (200, {
+        "answer": "Celery runs tasks in worker processes that take messages from a broker.",
+        "next": []})
+    assert api.call("POST", f"/invocations/{run['invocation_id']}/delivered") == (
+        200, {"delivery": "delivered"})
+    assert tsg(ledgers.db, "doctor")["ok"] is True
