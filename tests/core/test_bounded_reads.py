@@ -181,7 +181,7 @@ def test_python_read_only_ledger_reads_the_closed_ledger_in_bounded_memory(
     out, peak = json.loads(proc.stdout)
     # transient private sidecars while it is open (a writer could join), gone after close()
     assert out == [True, TASKS // 10, 1, "succeeded", 10,
-                   ["tasks.sqlite-shm", "tasks.sqlite-wal"], False, "wal", 3]
+                   ["tasks.sqlite-shm", "tasks.sqlite-wal"], False, "wal", 4]
     assert peak < LIMIT_MB
     assert entries(os.path.dirname(db)) == before
 
