@@ -103,6 +103,7 @@ def test_only_get_metrics_is_served(served: tuple[Server, Ledger], db: str) -> N
     assert code == 0 and out == "" and err == ""  # logs nothing, stops cleanly on SIGTERM
 
 
+@pytest.mark.sqlite_only
 def test_a_scrape_that_cannot_read_answers_503_without_detail(db: str, tmp_path: Path) -> None:
     with Ledger(db) as led:
         led.create_task()
