@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from task_state_guard import Ledger, reasons
 
 T0 = 1_000_000.0  # a synthetic, exactly representable start time
@@ -55,6 +56,13 @@ class Clock:
 
     def advance(self, dt: float) -> None:
         self.t += dt
+
+
+def skip_unless_ci(reason: str) -> None:
+    """Skip on a developer machine that lacks a tool; under ``CI=true`` it is a failure."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
 
 
 def without_counts_flags(report: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from core_helpers import (
     cli_env,
     run_cli,
     sidecars,
+    skip_unless_ci,
     snapshot_tree,
     without_counts_flags,
 )
@@ -339,12 +340,12 @@ def test_sigkilled_owner_tasks_time_out_at_once(db: str, owner_script: str) -> N
 def _unshare_prefix() -> list[str]:
     tool = shutil.which("unshare")
     if tool is None:
-        pytest.skip("unshare(1) is not installed")
+        skip_unless_ci("unshare(1) is not installed")
     prefix = [tool, "--pid", "--fork", "--mount-proc", "--kill-child"]
     probe = subprocess.run([*prefix, sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=False, timeout=30)
     if probe.returncode != 0:
-        pytest.skip(f"the kernel refused a new pid namespace: {probe.stderr.strip()[:200]}")
+        skip_unless_ci(f"the kernel refused a new pid namespace: {probe.stderr.strip()[:200]}")
     assert probe.stdout.strip() == "1", "the probe should be pid 1 in its own namespace"
     return prefix
 

@@ -24,7 +24,7 @@ from task_state_guard.integration import (
 )
 
 from ._child import ChildReceivers
-from ._ids import IDS, logical_task_id
+from ._ids import IDS
 from ._lost import fail_in_backend
 from ._main import MainReceivers
 from ._request import TOKEN_KEY, attempt_of
@@ -55,6 +55,7 @@ class CeleryGuard(AdapterSurface):
     """
 
     adapter_name = "celery"
+    id_scheme = IDS
 
     def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
         self.app = app
@@ -90,10 +91,6 @@ class CeleryGuard(AdapterSurface):
     def last_boot_report(self) -> dict[str, Any] | None:
         """The report of this process's last reconcile (counts only)."""
         return self.runtime.last_reconcile
-
-    def logical_task_id(self, celery_task_id: str) -> str:
-        """The ledger id of the logical task (parent) of ``celery_task_id``."""
-        return logical_task_id(celery_task_id)
 
     def uninstall(self) -> None:
         """Disconnect every receiver and the boot step, stop heartbeats, close the ledger."""

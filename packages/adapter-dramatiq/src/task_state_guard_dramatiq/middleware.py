@@ -94,6 +94,7 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     """
 
     adapter_name = "dramatiq"
+    id_scheme = MESSAGES
 
     def __init__(
         self,
@@ -121,10 +122,6 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     def ledger(self) -> Ledger:
         """This process's ledger (opened on first use; reopened in a forked child)."""
         return self.runtime.ledger
-
-    def logical_task_id(self, message_id: str) -> str:
-        """The ledger id of the logical task of ``message_id`` (see the module function)."""
-        return logical_task_id(message_id)
 
     def current_attempt_id(self) -> str | None:
         """The attempt id of the message running in this thread (sync actors), if any."""

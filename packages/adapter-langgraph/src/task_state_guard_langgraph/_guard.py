@@ -24,7 +24,7 @@ from task_state_guard.integration import (
 )
 
 from ._batch import BatchMixin
-from ._ids import logical_task_id
+from ._ids import INVOCATIONS, logical_task_id
 from ._invocation import METADATA_KEY, Invocation, thread_config, with_handler
 from ._recorder import Recorder
 from ._recovery import Recovery, RecoveryMixin, RecoveryReport
@@ -46,6 +46,7 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     """
 
     adapter_name = "langgraph"
+    id_scheme = INVOCATIONS
 
     def __init__(
         self,
@@ -107,7 +108,8 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
 
     @staticmethod
     def logical_task_id(invocation_id: str) -> str:
-        """Ledger id of the invocation task for ``invocation_id`` (deterministic uuid5)."""
+        """Ledger id of the invocation task for ``invocation_id`` (deterministic uuid5); a
+        static method, so ``GuardedGraph.logical_task_id(...)`` works without an instance."""
         return logical_task_id(invocation_id)
 
     @property

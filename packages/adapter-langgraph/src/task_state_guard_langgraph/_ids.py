@@ -10,7 +10,8 @@ from task_state_guard.integration import IdScheme
 #: Namespace of every ledger id this adapter derives (``uuid5(NAMESPACE, ...)``).
 NAMESPACE = uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42")
 
-_INVOCATIONS = IdScheme(NAMESPACE)
+INVOCATIONS = IdScheme(NAMESPACE)
+_INVOCATIONS = INVOCATIONS
 
 
 def logical_task_id(invocation_id: str) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..model import Task
 from ..reconcile import DecisionCallback
+from .ids import IdScheme
 from .metrics import format_adapter_metrics
 from .runtime import AdapterRuntime, LostHook
 from .settings import Settings
@@ -14,16 +15,18 @@ from .settings import Settings
 class AdapterSurface:
     """``mark_delivered``, ``mark_delivery_failed``, ``reconcile``, ``stats`` and ``settings``.
 
-    An adapter class sets ``runtime`` and implements :meth:`logical_task_id` (its id rule).
+    An adapter class sets ``runtime`` and ``id_scheme`` (its id rule, fixed per framework).
     """
 
     runtime: AdapterRuntime
+    #: The framework's deterministic ids (:meth:`logical_task_id`).
+    id_scheme: IdScheme
     #: The ``adapter`` label of :meth:`metrics_text` (``celery``, ``dramatiq``, ``langgraph``).
     adapter_name: str = "adapter"
 
     def logical_task_id(self, framework_id: str) -> str:
         """The ledger id of the logical task of a framework job id (a non-empty string)."""
-        raise NotImplementedError
+        return self.id_scheme.logical_task_id(framework_id)
 
     @property
     def settings(self) -> Settings:
