@@ -1,6 +1,7 @@
 """Overhead of task-state-guard-celery on a real prefork worker (concurrency 2, Redis).
 
     python benchmarks/celery_overhead.py [--tasks 2000] [--sleep-tasks 300] [--rounds 3]
+        [--db PATH-OR-POSTGRESQL-URL]   # the adapter worker's ledger (default: fresh SQLite)
 
 Three real ``celery worker`` processes run side by side on their own queues: one with
 ``task_state_guard_celery.install(app)``, one bare (no result backend, results ignored) and
@@ -105,7 +106,9 @@ def session_cpu_seconds(sid: int) -> float | None:
 
 
 class _Worker:
-    def __init__(self, root: Path, name: str, adapter: bool, track: bool = False) -> None:
+    def __init__(
+        self, root: Path, name: str, adapter: bool, track: bool = False, db: str | None = None
+    ) -> None:
         self.queue = f"tsg-bench-{name}-{uuid.uuid4().hex[:8]}"
         self.node = f"{name}-{uuid.uuid4().hex[:6]}@bench"
         ledger_dir = root / f"ledger-{name}"
@@ -116,7 +119,7 @@ class _Worker:
                 "TSG_BENCH_QUEUE": self.queue,
                 "TSG_BENCH_ADAPTER": "1" if adapter else "0",
                 "TSG_BENCH_TRACK": "1" if track else "0",
-                "TSG_DB": str(ledger_dir / "tasks.sqlite"),
+                "TSG_DB": db or str(ledger_dir / "tasks.sqlite"),
                 "PYTHONPATH": os.pathsep.join(
                     [str(HERE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
                 ),
@@ -195,12 +198,15 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=2000, help="no-op tasks per round")
     parser.add_argument("--sleep-tasks", type=int, default=300, help="10 ms tasks per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per variant and task")
+    parser.add_argument("--db", default=None,
+                        help="the adapter worker's ledger (a path or a postgresql:// URL); "
+                        "default: a fresh SQLite file in a temporary directory")
     args = parser.parse_args()
 
     r = redis_lib.Redis.from_url(REDIS_URL)
     r.ping()
     root = Path(tempfile.mkdtemp(prefix="tsg-celery-bench-"))
-    workers = {"with_adapter": _Worker(root, "with", True),
+    workers = {"with_adapter": _Worker(root, "with", True, db=args.db),
                "without_adapter": _Worker(root, "without", False),
                "celery_tracking": _Worker(root, "tracking", False, track=True)}
     clients = {name: _client(w.queue) for name, w in workers.items()}
@@ -255,6 +261,8 @@ def main() -> int:
             "pool": "prefork",
             "concurrency": 2,
             "broker": "redis",
+            "ledger_backend": "postgresql"
+            if (args.db or "").startswith(("postgresql:", "postgres:")) else "sqlite",
             "rounds": args.rounds,
             "statistic": "median tasks/s (and worker CPU per task) over alternating rounds",
             "python": platform.python_version(),

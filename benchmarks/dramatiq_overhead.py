@@ -15,6 +15,7 @@ message / guarded CPU per message, i.e. the throughput ratio of a CPU-bound run 
 otherwise idle machine). Redis's own CPU is not included.
 
     .venv/bin/python benchmarks/dramatiq_overhead.py [--rounds 3] [--messages 2000]
+        [--db PATH-OR-POSTGRESQL-URL]   # the guarded worker's ledger (default: fresh SQLite)
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def session_cpu_seconds(sid: int) -> float | None:
 
 
 def run_round(
-    guarded: bool, messages: int, workdir: Path, processes: int, threads: int
+    guarded: bool, messages: int, workdir: Path, processes: int, threads: int, db: str
 ) -> tuple[float, float | None]:
     """One round: (messages per second, worker CPU milliseconds per message or None)."""
     from dramatiq.brokers.redis import RedisBroker
@@ -91,7 +92,7 @@ def run_round(
             "TSG_BENCH_GUARD": "1" if guarded else "0",
             "TSG_BENCH_NAMESPACE": namespace,
             "TSG_BENCH_QUEUE": queue,
-            "TSG_DB": str(workdir / "ledger" / "tasks.sqlite"),
+            "TSG_DB": db,
         }
     )
     log_path = workdir / f"worker-{suffix}.log"
@@ -165,8 +166,12 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=2000, help="messages per round")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--db", default=None,
+                        help="the guarded worker's ledger (a path or a postgresql:// URL); "
+                        "default: a fresh SQLite file in a temporary directory")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tsg-dramatiq-bench-"))
+    db = args.db or str(workdir / "ledger" / "tasks.sqlite")
     rates: dict[str, list[float]] = {"plain": [], "guarded": []}
     cpus: dict[str, list[float]] = {"plain": [], "guarded": []}
     try:
@@ -175,14 +180,14 @@ def main() -> int:
             for with_guard in order:
                 mode = "guarded" if with_guard else "plain"
                 rate, cpu_ms = run_round(
-                    with_guard, args.messages, workdir, args.processes, args.threads
+                    with_guard, args.messages, workdir, args.processes, args.threads, db
                 )
                 rates[mode].append(rate)
                 if cpu_ms is not None:
                     cpus[mode].append(cpu_ms)
         from task_state_guard import Ledger
 
-        ledger = Ledger(str(workdir / "ledger" / "tasks.sqlite"))
+        ledger = Ledger(db)
         tasks = ledger.status()["tasks"]
         healthy = ledger.doctor()["healthy"]
         ledger.close()
@@ -193,6 +198,8 @@ def main() -> int:
     result: dict[str, Any] = {
         "benchmark": "dramatiq_overhead",
         "broker": "redis",
+        "ledger_backend": "postgresql" if db.startswith(("postgresql:", "postgres:"))
+        else "sqlite",
         "processes": args.processes,
         "threads": args.threads,
         "messages_per_round": args.messages,

@@ -10,15 +10,18 @@ backend, then the support matrix (real Celery/Dramatiq workers against Redis and
 the PostgreSQL ledger, on 127.0.0.1; a service that cannot be started is an error, never a
 skip):
 
-* the core and reliability suites on every other CPython >= 3.11 installed on this machine,
-  each in its own ./.venv-py<version> built from uv.lock (interpreters are found, never
-  downloaded; a supported minor version that is not installed is printed as not tested);
+* the core and reliability suites on the SQLite backend on every other CPython >= 3.11
+  installed on this machine, each in its own ./.venv-py<version> built from uv.lock
+  (interpreters are found, never downloaded; a supported minor version that is not installed
+  is printed as not tested);
 * each adapter's suite (and the PostgreSQL backend's, ``tests/postgres``) against the lowest
   framework (driver) versions its pyproject declares, on the newest interpreter found (uv's
   ``lowest-direct`` resolution into ./.venv-lowest-<name>; uv.lock is not touched), with a
   check that the resolved versions are exactly the declared lower bounds;
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
-  versions.
+  versions; here the conformance suite (tests/core, tests/contract) runs on both ledger
+  backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), and tests/fleet
+  runs workers of several "hosts" on one PostgreSQL ledger.
 
 Every leg prints a ``matrix:`` line with its pass count; the exit status is non-zero when any
 leg fails. ``test`` with pytest arguments runs only the whole-suite leg with those arguments.
@@ -251,13 +254,16 @@ def _lock_version(name: str) -> str:
 
 
 def python_leg(version: str, exe: str) -> Leg:
-    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/reliability, uv.lock versions")
+    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/reliability on the SQLite "
+              "backend, uv.lock versions")
     env_dir = os.path.join(ROOT, f".venv-py{version}")
     if run([uv(), "sync", "--quiet", "--all-packages", "--frozen", "--python", exe],
            env=_env(UV_PROJECT_ENVIRONMENT=env_dir)) != 0:
         leg.closing = "uv sync failed"
         return leg
-    _pytest(leg, os.path.join(env_dir, "bin", "python"), [*LEG_PYTEST, *SUITE_CORE])
+    # The PostgreSQL half of the conformance suite runs once, in the whole-suite leg.
+    _pytest(leg, os.path.join(env_dir, "bin", "python"),
+            [*LEG_PYTEST, "--backend", "sqlite", *SUITE_CORE])
     return leg
 
 

@@ -57,8 +57,15 @@ class Worker:
     """One `celery worker` subprocess (its own session, so it can be killed as a group)."""
 
     def __init__(
-        self, env: dict[str, str], args: list[str], log_path: Path, wrap: list[str] | None = None
+        self,
+        env: dict[str, str],
+        args: list[str],
+        log_path: Path,
+        wrap: list[str] | None = None,
+        group: int | None = None,
     ) -> None:
+        """``group``: 0 = lead a new process group, N = join group N (a "host" of several
+        workers, killed together; both in this session), None = a session of its own."""
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -77,7 +84,8 @@ class Worker:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=group is None,
+            process_group=group,
         )
 
     @property
@@ -204,6 +212,7 @@ class Scenario:
         concurrency: int = 2,
         ready: bool = True,
         wrap: list[str] | None = None,
+        group: int | None = None,
         **extra_env: Any,
     ) -> Worker:
         args = [
@@ -222,7 +231,7 @@ class Scenario:
             "INFO",
         ]
         log_path = self.tmp / f"worker{len(self.workers)}.log"
-        worker = Worker(self.env(**extra_env), args, log_path, wrap)
+        worker = Worker(self.env(**extra_env), args, log_path, wrap, group)
         self.workers.append(worker)
         if ready:
             worker.wait_ready()

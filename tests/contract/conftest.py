@@ -43,10 +43,11 @@ def driver(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    directory = tmp_path / "ledger"
-    directory.mkdir(mode=0o700)
-    return str(directory / "tasks.sqlite")
+def db(ledger_target: str, backend: str) -> str:
+    """A fresh ledger on each backend (a SQLite path in a private directory, or a URL)."""
+    if backend == "sqlite":
+        Path(ledger_target).parent.mkdir(mode=0o700)
+    return ledger_target
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""Fixtures for the core tests: an injected clock and a private ledger path."""
+"""Fixtures for the core tests: an injected clock and a private ledger on each backend.
+
+``db`` is a SQLite path in the test's directory or a PostgreSQL URL with a schema of its own
+(the root conftest's backend matrix); tests of the SQLite file itself are ``sqlite_only``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from core_helpers import Clock
@@ -16,8 +18,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    return str(tmp_path / "ledger" / "tasks.sqlite")
+def db(ledger_target: str) -> str:
+    return ledger_target
 
 
 @pytest.fixture

@@ -65,6 +65,11 @@ def skip_unless_ci(reason: str) -> None:
     pytest.skip(reason)
 
 
+def is_sqlite(db: str) -> bool:
+    """Whether a test's ledger is a SQLite file (else a PostgreSQL URL)."""
+    return not db.startswith(("postgresql://", "postgres://"))
+
+
 def without_counts_flags(report: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in report.items() if k not in ("dry_run", "applied")}
 

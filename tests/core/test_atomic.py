@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import threading
+from collections.abc import Iterator
 
 import pytest
 from task_state_guard import Ledger, StateConflict
 
 
 @pytest.fixture()
-def ledger(tmp_path) -> Ledger:
-    with Ledger(os.path.join(tmp_path, "l", "tasks.sqlite")) as led:
+def ledger(db: str) -> Iterator[Ledger]:
+    with Ledger(db) as led:
         yield led
 
 

@@ -19,9 +19,11 @@ from core_helpers import (
     assert_cli_error,
     assert_json_line,
     cli_env,
+    is_sqlite,
     run_cli,
     skip_unless_ci,
 )
+from ledger_backends import ledger_target, pg_schema_exists
 from task_state_guard import Ledger, payload_fingerprint
 
 CANARY = "CANARYq7x9zz"
@@ -34,12 +36,13 @@ def ok(result, code: int = 0):
     return payload
 
 
-def test_full_lifecycle_through_cli(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_full_lifecycle_through_cli(db: str) -> None:
     init = ok(run_cli("--db", db, "init"))
     assert set(init) == {"ok", "storage"} and init["ok"] is True
-    assert init["storage"]["permission_model"] == "posix_mode"
-    assert init["storage"]["journal_mode"] == "wal" and init["storage"]["foreign_keys"] is True
+    if is_sqlite(db):
+        assert init["storage"]["permission_model"] == "posix_mode"
+        assert init["storage"]["journal_mode"] == "wal"
+        assert init["storage"]["foreign_keys"] is True
     assert init["storage"]["busy_timeout_ms"] == 5000 and init["storage"]["schema_version"] == 4
     parent = ok(run_cli("--db", db, "create", "--name", "app.job", "--timeout-seconds", "900"))
     task = parent["task"]
@@ -99,6 +102,7 @@ def test_full_lifecycle_through_cli(tmp_path) -> None:
     assert ok(run_cli("--db", db, "doctor"))["task_count"] == 0
 
 
+@pytest.mark.sqlite_only
 def test_console_scripts_share_the_entry_point(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     for script in ("task-state-guard", "tsg"):
@@ -118,8 +122,7 @@ def test_help_and_version_exit_zero() -> None:
     assert version.code == 0 and "task-state-guard" in version.stdout
 
 
-def test_payload_hash_never_printed(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_payload_hash_never_printed(db: str) -> None:
     digest = payload_fingerprint(b"some payload")
     created = ok(run_cli("--db", db, "create", "--payload-sha256", digest))
     assert created["task"]["has_payload_hash"] is True
@@ -130,8 +133,7 @@ def test_payload_hash_never_printed(tmp_path) -> None:
 # ----------------------------------------------------------------------------- errors
 
 
-def test_state_errors_exit_2(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_state_errors_exit_2(db: str) -> None:
     tid = ok(run_cli("--db", db, "create"))["task"]["id"]
     unknown = str(uuid.uuid4())
     assert_cli_error(run_cli("--db", db, "get", unknown), "TaskNotFound")
@@ -187,6 +189,7 @@ def _bad_invocations(db: str, tid: str) -> list[tuple[list[str], dict[str, str],
     ]
 
 
+@pytest.mark.sqlite_only
 def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     tid = ok(run_cli("--db", db, "create"))["task"]["id"]
@@ -207,8 +210,7 @@ def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
     assert ok(run_cli("--db", db, "get", tid))["task"]["status"] == "queued"
 
 
-def test_unexpected_error_is_internal_error_exit_3(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_unexpected_error_is_internal_error_exit_3(db: str) -> None:
     tid = ok(run_cli("--db", db, "create"))["task"]["id"]
     script = (
         "import runpy, sys\n"
@@ -229,6 +231,7 @@ def test_unexpected_error_is_internal_error_exit_3(tmp_path) -> None:
     assert CANARY not in proc.stdout and tid not in proc.stdout
 
 
+@pytest.mark.sqlite_only
 def test_unhealthy_doctor_exits_1(tmp_path) -> None:
     import sqlite3
 
@@ -258,6 +261,7 @@ READ_COMMANDS = [
 ]
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize("args", READ_COMMANDS, ids=lambda a: "-".join(a[:2]))
 def test_read_commands_never_create_a_database(tmp_path, args: list[str]) -> None:
     missing_dir = tmp_path / "missing" / "tasks.sqlite"
@@ -273,12 +277,25 @@ def test_read_commands_never_create_a_database(tmp_path, args: list[str]) -> Non
     assert os.listdir(existing) == []
 
 
+@pytest.mark.postgresql_only
+@pytest.mark.parametrize("args", READ_COMMANDS, ids=lambda a: "-".join(a[:2]))
+def test_read_commands_never_create_a_postgresql_ledger(db: str, args: list[str]) -> None:
+    """A missing ledger (its schema does not exist) is the same InvalidInput as a missing
+    SQLite file, and a read command creates nothing."""
+    assert_cli_error(run_cli("--db", db, *args), "InvalidInput")
+    assert_cli_error(run_cli(*args, env=cli_env({"TSG_DB": db})), "InvalidInput")
+    assert not pg_schema_exists(db)
+
+
 # ----------------------------------------------------------------------------- environment
 
 
-def test_tsg_db_env_and_flag_precedence(tmp_path) -> None:
-    env_db = str(tmp_path / "env" / "tasks.sqlite")
-    flag_db = str(tmp_path / "flag" / "tasks.sqlite")
+def test_tsg_db_env_and_flag_precedence(tmp_path, backend: str, db: str) -> None:
+    with ledger_target(backend, tmp_path / "flag") as flag_db:
+        _env_and_flag(db, flag_db)
+
+
+def _env_and_flag(env_db: str, flag_db: str) -> None:
     env = cli_env({"TSG_DB": env_db})
     tid = ok(run_cli("create", env=env))["task"]["id"]
     assert ok(run_cli("get", tid, env=env))["task"]["id"] == tid
@@ -296,8 +313,7 @@ def _ledger_with_stale_work(db: str, age: float) -> None:
         led.close_task(done.id, "succeeded")
 
 
-def test_grace_from_env_and_flags(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_grace_from_env_and_flags(db: str) -> None:
     _ledger_with_stale_work(db, 1000)
 
     def preview(*flags: str, **env: str) -> dict:
@@ -326,8 +342,7 @@ def test_grace_from_env_and_flags(tmp_path) -> None:
     assert applied["tasks_timed_out"] == 1
 
 
-def test_status_and_metrics_text_outputs(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_status_and_metrics_text_outputs(db: str) -> None:
     tid = ok(run_cli("--db", db, "create", "--name", "app.job"))["task"]["id"]
     for args in (["status", "--format", "text"], ["metrics"]):
         result = run_cli("--db", db, *args)

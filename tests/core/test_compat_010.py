@@ -195,6 +195,7 @@ def test_doctor_report_shape(ledger: Ledger) -> None:
     assert all(type(report[k]) is int and report[k] == 0 for k in counts)
 
 
+@pytest.mark.sqlite_only
 def test_storage_info_keys(db: str) -> None:
     with Ledger(db, busy_timeout_ms=1234) as led:
         led.create_task()

@@ -125,6 +125,7 @@ def test_prune_in_batches(ledger: Ledger, clock: Clock, monkeypatch: pytest.Monk
     assert ledger.doctor() == {**ledger.doctor(), "healthy": True, "task_count": 0}
 
 
+@pytest.mark.sqlite_only
 def test_bulk_writes_restore_the_connection_settings(ledger: Ledger, clock: Clock) -> None:
     """Reconcile apply and prune borrow a larger page cache and give it back."""
     from task_state_guard import connections

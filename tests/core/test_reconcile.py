@@ -295,6 +295,7 @@ def raw_row(db: str, task_id: str, column: str) -> object:
         conn.close()
 
 
+@pytest.mark.sqlite_only
 def test_one_corrupt_row_does_not_block_the_others(db: str, clock: Clock) -> None:
     with Ledger(db, clock=clock) as led:
         running = [led.create_task() for _ in range(5)]
@@ -321,6 +322,7 @@ def test_one_corrupt_row_does_not_block_the_others(db: str, clock: Clock) -> Non
         assert corrupt not in repr(doctor)
 
 
+@pytest.mark.sqlite_only
 def test_corrupt_pending_delivery_row_does_not_block_the_others(db: str, clock: Clock) -> None:
     with Ledger(db, clock=clock) as led:
         pending = [led.create_task() for _ in range(4)]

@@ -132,6 +132,7 @@ def test_cli_get_shows_framework_id(db: str) -> None:
         _ids_absent(result.stdout + result.stderr, task.id, CELERY_ID)
 
 
+@pytest.mark.sqlite_only
 def test_doctor_counts_a_tampered_framework_id(db: str) -> None:
     with Ledger(db) as led:
         task = led.create_task(framework_id=CELERY_ID)
@@ -143,6 +144,7 @@ def test_doctor_counts_a_tampered_framework_id(db: str) -> None:
         _ids_absent(json.dumps(report), task.id, "user data")
 
 
+@pytest.mark.sqlite_only
 def test_v3_schema_has_a_nullable_framework_id(db: str) -> None:
     with Ledger(db) as led:
         led.create_task()

@@ -146,6 +146,9 @@ class CliWorker:
     shutdown_timeout_ms: int = 10000
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    #: None: a session of its own; N: join process group N (a "host" of several workers in
+    #: this session, killed together)
+    group: int | None = None
 
     def start(self, wait: bool = True) -> CliWorker:
         index = 0
@@ -176,7 +179,8 @@ class CliWorker:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=str(self.env.scratch),
-            start_new_session=True,
+            start_new_session=self.group is None,
+            process_group=self.group,
         )
         if wait:
             self.wait_ready()
@@ -218,7 +222,7 @@ class CliWorker:
     def kill_group(self) -> None:
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.group or self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def wait_exit(self, timeout: float) -> int:

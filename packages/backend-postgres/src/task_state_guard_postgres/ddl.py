@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from task_state_guard import reasons as r
 from task_state_guard import schema as core_schema
 from task_state_guard.model import StorageError
 
@@ -200,11 +199,11 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
         if version is None:
             if _has_ledger_tables(conn, schema):
                 if check:
-                    raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
+                    raise StorageError(FOREIGN_SCHEMA)
                 return None
-            raise StorageError(MISSING, reason=r.DATABASE_MISSING)
+            raise StorageError(MISSING)
         if version > SCHEMA_VERSION:
-            raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
+            raise StorageError(NEWER_SCHEMA)
         return version
     conn.execute("BEGIN")
     try:
@@ -217,11 +216,11 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
         version = stored_version(conn, schema)
         if version is None and _has_ledger_tables(conn, schema):
             if check:
-                raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
+                raise StorageError(FOREIGN_SCHEMA)
             conn.execute("ROLLBACK")
             return None
         if version is not None and version > SCHEMA_VERSION:
-            raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
+            raise StorageError(NEWER_SCHEMA)
         if version is None:
             conn.execute(
                 f'CREATE TABLE "{schema}".tsg_migrations '

@@ -24,7 +24,6 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
-from task_state_guard import reasons as r
 from task_state_guard.model import LedgerBusy, LedgerError, StorageError
 
 from .url import SERVER_KEEPALIVE, Target
@@ -67,28 +66,18 @@ def translate_error(exc: BaseException) -> LedgerError:
     if isinstance(exc, LedgerError):
         return exc
     if isinstance(exc, _BUSY):
-        return LedgerBusy(
-            "another connection held the ledger past the busy timeout", reason=r.DATABASE_BUSY
-        )
+        return LedgerBusy("another connection held the ledger past the busy timeout")
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
-        return StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        return StorageError("the ledger was opened read-only")
     if isinstance(exc, pg_errors.InsufficientPrivilege):
-        return StorageError(
-            "the PostgreSQL role lacks a privilege the ledger needs", reason=r.PRIVILEGE_MISSING
-        )
+        return StorageError("the PostgreSQL role lacks a privilege the ledger needs")
     if isinstance(exc, _FOREIGN):
-        return StorageError(
-            "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
-        )
+        return StorageError("the database holds a foreign or tampered schema")
     if isinstance(exc, pg_errors.DiskFull | pg_errors.OutOfMemory):
-        return StorageError("the PostgreSQL server is out of space", reason=r.DISK_FULL)
+        return StorageError("the PostgreSQL server is out of space")
     if isinstance(exc, psycopg.OperationalError):
-        return StorageError(
-            "the PostgreSQL server cannot be reached", reason=r.SERVER_UNREACHABLE
-        )
-    return StorageError(
-        "the PostgreSQL ledger refused a statement", reason=r.DATABASE_UNUSABLE
-    )
+        return StorageError("the PostgreSQL server cannot be reached")
+    return StorageError("the PostgreSQL ledger refused a statement")
 
 
 class Conn:
@@ -171,9 +160,7 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
             prepare_threshold=None,
         )
     if raw is None:  # raised outside the handler: the driver's text is not even chained
-        raise StorageError(
-            "cannot connect to the PostgreSQL ledger", reason=r.SERVER_UNREACHABLE
-        )
+        raise StorageError("cannot connect to the PostgreSQL ledger")
     conn = Conn(raw)
     settings = {
         "search_path": f'"{target.schema}"',

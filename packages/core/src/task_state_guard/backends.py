@@ -10,7 +10,6 @@ import importlib
 import re
 from typing import TYPE_CHECKING, Any
 
-from . import reasons as r
 from .model import StorageError
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def open_database(url: str, **options: Any) -> Database:
     try:
         backend = importlib.import_module(_BACKEND_MODULE)
     except ImportError:
-        raise StorageError(MISSING_BACKEND, reason=r.BACKEND_MISSING) from None
+        raise StorageError(MISSING_BACKEND) from None
     db: Database = backend.open_database(url, **options)
     return db
 

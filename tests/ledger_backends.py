@@ -1,0 +1,115 @@
+"""Which ledger backends the conformance suite runs against, and a fresh ledger on each.
+
+A test that asks for the ``backend`` fixture (directly or through ``ledger_target`` or a
+directory's ``db`` fixture) runs once per selected backend: ``sqlite`` gets a path in the
+test's private directory, ``postgresql`` a URL naming a schema of its own in database ``test``
+on 127.0.0.1:5432 (trust auth), dropped after the test. PostgreSQL is required wherever it is
+selected: an unreachable server fails the test, never skips it.
+
+Selection: ``pytest --backend sqlite|postgresql|all`` (default ``all``), or the environment
+variable ``TSG_TEST_LEDGER_BACKEND`` with the same values when no option is given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+BACKENDS = ("sqlite", "postgresql")
+ENV_VAR = "TSG_TEST_LEDGER_BACKEND"
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+SCHEMA_PREFIX = "tsgt_"
+_SCHEMA = re.compile(r"[?&]schema=(" + SCHEMA_PREFIX + r"[a-z0-9_]+)")
+
+
+def selected(choice: str | None) -> tuple[str, ...]:
+    """The backends a run selects (an unknown value is a usage error)."""
+    value = (choice or os.environ.get(ENV_VAR) or "all").strip().lower()
+    if value == "all":
+        return BACKENDS
+    if value not in BACKENDS:
+        raise ValueError(f"--backend must be one of sqlite, postgresql, all (got {value!r})")
+    return (value,)
+
+
+def pg_url(schema: str) -> str:
+    """The ledger URL of ``schema`` in the test database."""
+    return f"{PG_ADMIN}?schema={schema}"
+
+
+def new_schema() -> str:
+    return SCHEMA_PREFIX + uuid.uuid4().hex[:16]
+
+
+def _connect() -> psycopg.Connection[tuple[object, ...]]:
+    try:
+        return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise AssertionError(
+            f"PostgreSQL is required at 127.0.0.1:5432 (database 'test') for the "
+            f"postgresql ledger backend: {exc}"
+        ) from exc
+
+
+def require_postgresql() -> None:
+    """Fail (never skip) when the test server cannot be reached."""
+    _connect().close()
+
+
+def drop_schema(url: str) -> None:
+    """Drop the test schema named in ``url`` (only ``tsgt_*`` schemas, never anything else)."""
+    match = _SCHEMA.search(url)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        conn.execute("SET lock_timeout = '20s'")
+        conn.execute(f'DROP SCHEMA IF EXISTS "{match.group(1)}" CASCADE')
+    finally:
+        conn.close()
+
+
+def pg_schema_exists(url: str) -> bool:
+    """Whether the test schema named in ``url`` exists."""
+    match = _SCHEMA.search(url)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (match.group(1),)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bool(row and row[0])
+
+
+@contextmanager
+def ledger_target(backend: str, directory: Path) -> Iterator[str]:
+    """A fresh, empty ledger location on ``backend``: a path under ``directory`` (not created)
+    or a URL with a schema of its own, dropped afterwards."""
+    if backend == "sqlite":
+        yield str(directory / "ledger" / "tasks.sqlite")
+        return
+    if backend != "postgresql":
+        raise ValueError("unknown backend")
+    require_postgresql()
+    url = pg_url(new_schema())
+    try:
+        yield url
+    finally:
+        for attempt in range(3):  # a killed worker's session may still hold a lock for a moment
+            try:
+                drop_schema(url)
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
