@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import time
 
+import psycopg
+import pytest
+from pg_fixtures import PG_BASE
 from pg_helpers import Workers, schema_of, sql
-from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard import InvalidInput, Ledger, ReconcilePolicy
+from task_state_guard.owners import Liveness
 from task_state_guard_postgres import drop_schema
+from task_state_guard_postgres.database import open_database
 from task_state_guard_postgres.ddl import lock_key
-from task_state_guard_postgres.owners import OWNER_KIND
+from task_state_guard_postgres.owners import INCARNATION_SQL, OWNER_KIND, epoch_hex
+from task_state_guard_postgres.url import parse
 
 GRACE = ReconcilePolicy(3600, 3600)  # nothing is stale by age: only liveness can close work
 
@@ -114,3 +121,89 @@ def test_one_owner_connection_per_process_for_many_ledgers(pg_url: str) -> None:
             ledger.close()
             if url != pg_url:
                 drop_schema(url)
+
+
+# ----------------------------------------------------------------- incarnations and the bound
+def _incarnation(url: str) -> tuple[int, float]:
+    """The server's current incarnation (epoch seconds) and its age in seconds."""
+    ((seconds, age),) = sql(url, INCARNATION_SQL)
+    return int(seconds), float(age)
+
+
+def _probe(url: str, token: str) -> Liveness:
+    db = open_database(url, clock=time.time, busy_timeout_ms=1000, read_only=False)
+    try:
+        return db.probe_owner(token)
+    finally:
+        db.close()
+
+
+def test_token_names_the_incarnation_it_was_made_in(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger:
+        task = ledger.start_task(ledger.create_task().id)
+        assert task.has_owner
+        ((token,),) = sql(pg_url, "SELECT owner FROM tsg_tasks")
+        assert len(token) == 32 and set(token) <= set("0123456789abcdef")
+        assert token[:8] == epoch_hex(_incarnation(pg_url)[0])
+        assert _probe(pg_url, token) is Liveness.ALIVE  # held by this process
+        ledger.close_task(task.id, "succeeded")
+
+
+def test_free_lock_of_this_incarnation_is_dead_at_once(pg_url: str) -> None:
+    current, _age = _incarnation(pg_url)
+    token = epoch_hex(current) + secrets.token_hex(12)  # nobody ever locked it
+    url = pg_url + "&owner_reconnect_seconds=86400"  # the bound plays no part here
+    assert _probe(url, token) is Liveness.DEAD
+
+
+def test_free_lock_of_an_earlier_incarnation_waits_for_the_bound(pg_url: str) -> None:
+    current, age = _incarnation(pg_url)
+    token = epoch_hex(current - 1000) + secrets.token_hex(12)  # before the last (re)start
+    assert _probe(pg_url + "&owner_reconnect_seconds=0", token) is Liveness.DEAD
+    long_bound = _probe(pg_url + "&owner_reconnect_seconds=86400", token)
+    assert long_bound is (Liveness.UNKNOWN if age < 86000 else Liveness.DEAD)
+    # Within the bound the core applies its age rules: fresh work is kept, not owner_lost.
+    url = pg_url + "&owner_reconnect_seconds=86400"
+    with Ledger(url) as ledger:
+        task = ledger.start_task(ledger.create_task().id, owner=False)
+        sql(url, "UPDATE tsg_tasks SET owner = %s", (token,))
+        report = ledger.reconcile(GRACE)
+        if long_bound is Liveness.UNKNOWN:
+            assert report["tasks_timed_out"] == 0 and report["fresh_active_retained"] == 1
+            assert ledger.get_task(task.id).status == "running"
+    with Ledger(pg_url + "&owner_reconnect_seconds=0") as ledger:
+        assert ledger.reconcile(GRACE)["tasks_timed_out"] == (
+            1 if long_bound is Liveness.UNKNOWN else 0
+        )
+        assert ledger.get_task(task.id).terminal_code == "owner_lost"
+
+
+def test_held_lock_of_an_earlier_incarnation_is_alive(pg_url: str) -> None:
+    current, _age = _incarnation(pg_url)
+    token = epoch_hex(current - 1000) + secrets.token_hex(12)
+    _probe(pg_url, "0" * 32)  # creates the schema
+    key = lock_key(OWNER_KIND, schema_of(pg_url), token)
+    with psycopg.connect(PG_BASE, autocommit=True) as holder:  # an owner that locked again
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        assert _probe(pg_url + "&owner_reconnect_seconds=0", token) is Liveness.ALIVE
+    assert _probe(pg_url + "&owner_reconnect_seconds=0", token) is Liveness.DEAD
+
+
+def test_malformed_token_is_unknown(pg_url: str) -> None:
+    for token in ("", "x" * 32, "ABCDEF00" * 4, "0" * 31, "0" * 33, "é" * 32):
+        assert _probe(pg_url + "&owner_reconnect_seconds=0", token) is Liveness.UNKNOWN
+
+
+def test_owner_reconnect_seconds_is_validated_without_echo(pg_url: str) -> None:
+    assert parse(pg_url).owner_reconnect_seconds == 60.0
+    assert parse(pg_url + "&owner_reconnect_seconds=2.5").owner_reconnect_seconds == 2.5
+    assert "owner_reconnect_seconds" not in parse(pg_url + "&owner_reconnect_seconds=3").conninfo
+    for bad in ("-1", "nan", "inf", "86401", "", "3s", "1e9"):
+        with pytest.raises(InvalidInput) as err:
+            parse(f"{pg_url}&owner_reconnect_seconds={bad}")
+        assert err.value.reason == "invalid_database_path"
+        assert "86400" in str(err.value) and f"={bad}" not in str(err.value)
+    with pytest.raises(InvalidInput):
+        parse(pg_url + "&owner_reconnect_seconds=1&owner_reconnect_seconds=2")
+    with pytest.raises(InvalidInput):
+        Ledger(pg_url + "&owner_reconnect_seconds=-5")

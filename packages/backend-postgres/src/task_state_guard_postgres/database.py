@@ -139,12 +139,14 @@ class PostgresDatabase:
     def write(self) -> Iterator[driver.Conn]:
         """One READ COMMITTED transaction; commits on success, rolls back on any error.
         Inside :meth:`group` the enclosing transaction is reused; inside :meth:`bulk` the
-        schema's pass lock is taken first."""
+        schema's pass lock is taken first. Before it, an owning process whose owner lock
+        connection broke (a server restart or failover) takes its locks back (``owners``)."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         if getattr(self._local, "atomic", False):
             yield self.conn()
             return
+        owners.keep_locks(self._target, self.busy_timeout_ms)
         conn = self.conn()
         conn.execute("BEGIN")
         try:
@@ -217,7 +219,8 @@ class PostgresDatabase:
 
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:
-        """This process's owner token (its session-level advisory lock taken once)."""
+        """This process's owner token, its session-level advisory lock held (taken on first
+        use, taken again on the same token after the lock connection broke)."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         return owners.own_token(self._target, self.busy_timeout_ms)
@@ -227,7 +230,8 @@ class PostgresDatabase:
         return owners.held_token(self._target)
 
     def probe_owner(self, token: str) -> Liveness:
-        """Whether the owner of ``token`` is alive (its advisory lock held) or dead."""
+        """Whether the owner of ``token`` is alive (its advisory lock held), dead, or unknown
+        (lock free within ``owner_reconnect_seconds`` of a server restart; see ``owners``)."""
         return owners.probe(self.conn(), self._target, token)
 
     def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
@@ -247,6 +251,7 @@ class PostgresDatabase:
             "write_isolation": "read committed, row locks",
             "read_isolation": "repeatable read, read only",
             "owner_liveness": "advisory_lock",
+            "owner_reconnect_seconds": self._target.owner_reconnect_seconds,
             "client_keepalive_defaults": {
                 k: v for k, v in CLIENT_DEFAULTS.items() if k != "connect_timeout"
             },

@@ -2,27 +2,48 @@
 
 A process that starts a task with an owner first opens a connection of its own to the ledger's
 database (one per server and database, shared by the ledger schemas there) and takes
-``pg_advisory_lock`` on a 64-bit key derived from the ledger's schema and a fresh random token;
-the task row stores only the token. The connection (and so the lock) lives
-as long as the process: the server ends the session, releasing the lock, at once when the
-process dies (its socket closes), and within the keepalive bounds of ``url.SERVER_KEEPALIVE``
-when its host vanishes.
+``pg_advisory_lock`` on a 64-bit key derived from the ledger's schema and its owner token; the
+task row stores only the token. The connection (and so the lock) lives as long as the process:
+the server ends the session, releasing the lock, at once when the process dies (its socket
+closes), and within the keepalive bounds of ``url.SERVER_KEEPALIVE`` when its host vanishes.
 
-A probe asks for the same key *shared*, at transaction level
-(``pg_try_advisory_xact_lock_shared``): granted means nobody holds it exclusively, so the
-owner's session has ended and its running tasks are provably lost; refused means the owner is
-alive. A token is locked before any row names it and never locked again, so a probe can neither
-block nor outlive a live owner. Should this process's owner connection break, its tokens are
-given up and the next owning start takes a fresh one (the tasks of the old token are then,
-honestly, ownerless).
+A token is 32 lowercase hex digits: 8 name the server *incarnation* the token was made in, 24
+are random. An incarnation starts when the server (re)starts its shared memory, which is where
+advisory locks live: it is the latest of ``pg_postmaster_start_time()`` (a start or restart),
+``pg_stat_bgwriter.stats_reset`` (PostgreSQL resets it when it reinitialises after a crashed
+backend, which ends every session but keeps the postmaster and its start time; also when an
+administrator resets those statistics) and, on a promoted standby, the time of the last
+transaction it replayed before promotion, in whole seconds since the epoch.
+
+A probe asks for the token's key *shared*, at transaction level
+(``pg_try_advisory_xact_lock_shared``):
+
+- refused: somebody holds it exclusively, the owner is **alive**;
+- granted, and the token was made in the current incarnation: the owner's session ended while
+  the server kept running, so the owner is **dead** (a SIGKILLed process is proven dead at once);
+- granted, and the token is from an earlier incarnation: the server restarted or failed over
+  since, which ended every session, the living owners' included. **Unknown** (the core then
+  applies its heartbeat and deadline rules, never ``owner_lost``) until the incarnation is older
+  than the URL's ``owner_reconnect_seconds`` (default 60), then **dead**: a living owner has
+  taken its lock back by then.
+
+An owner takes its lock back itself: when its lock connection is found broken (checked, without
+a round trip unless the server has sent something, before every write of this process and every
+owning start), it reconnects and locks the *same* tokens again (they are random, nobody else
+ever locks them), so its tasks stay its own. A probe never blocks: it only tries, and its shared
+lock ends with its transaction. An administrator's ``pg_terminate_backend`` of a live owner's
+lock session is, within one incarnation, indistinguishable from that owner's death.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import select
 import threading
-import uuid
+import time
 
+from task_state_guard.model import LedgerError
 from task_state_guard.owners import Liveness
 
 from . import driver
@@ -30,65 +51,127 @@ from .ddl import lock_key
 from .url import Target
 
 OWNER_KIND = "tsg-owner"
+_HEX = frozenset("0123456789abcdef")
+#: The current incarnation's start (its seconds, and how long ago it was, by the server's clock).
+_INCARNATION = (
+    "greatest(pg_postmaster_start_time(), (SELECT stats_reset FROM pg_stat_bgwriter),"
+    " CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_last_xact_replay_timestamp() END)"
+)
+_COLUMNS = (
+    f"floor(extract(epoch FROM {_INCARNATION}))::bigint,"
+    f" extract(epoch FROM clock_timestamp() - {_INCARNATION})::float8"
+)
+INCARNATION_SQL = f"SELECT {_COLUMNS}"
+_PROBE = f"SELECT pg_try_advisory_xact_lock_shared(?), {_COLUMNS}"
+#: After a failed attempt to lock again, the next one waits this long (the server is down).
+_RETRY_SECONDS = 1.0
+
+
+def epoch_hex(seconds: int) -> str:
+    """The 8 hex digits that name an incarnation in a token."""
+    return f"{seconds & 0xFFFFFFFF:08x}"
 
 
 class _Registry:
     """This process's owner lock connections (one per server and database, shared by every
-    ledger schema there) and its tokens (one per schema)."""
+    ledger schema there) and its tokens (one per schema; kept when a connection breaks)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pid = os.getpid()
         self.conns: dict[str, driver.Conn] = {}
         self.tokens: dict[tuple[str, str], str] = {}
+        self.failed_at: dict[str, float] = {}
 
     def reset_after_fork(self) -> None:
-        # The parent's connections are never used or closed here (see ``driver``).
+        # The parent's connections are never used or closed here (see ``driver``); nor are its
+        # tokens: the child is another owner.
         self.lock = threading.Lock()
         self.pid = os.getpid()
         self.conns = {}
         self.tokens = {}
+        self.failed_at = {}
 
 
 _REGISTRY = _Registry()
 os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
 
 
+def _suspect(conn: driver.Conn) -> bool:
+    """True when the idle lock connection is unusable or the server sent it something (an
+    idle session receives nothing unless it is being ended): worth a real check."""
+    if not conn.usable:
+        return True
+    try:
+        readable, _w, _x = select.select([conn.raw.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _intact(conn: driver.Conn | None) -> bool:
+    """Whether the lock connection's session still holds its locks (a round trip only when
+    the connection looks suspect)."""
+    if conn is None:
+        return False
+    if not _suspect(conn):
+        return True
+    if not conn.usable:
+        return False
+    try:
+        conn.execute("SELECT 1")
+    except LedgerError:
+        return False
+    return conn.usable
+
+
+def _relock(registry: _Registry, target: Target, busy_timeout_ms: int) -> driver.Conn:
+    """Open a fresh lock connection and lock again every token this process owns on that
+    server and database (caller holds the registry lock)."""
+    old = registry.conns.pop(target.conninfo, None)
+    if old is not None:
+        old.close()
+    conn = driver.connect(target, busy_timeout_ms=busy_timeout_ms, read_only=False)
+    try:
+        for (conninfo, schema), token in registry.tokens.items():
+            if conninfo == target.conninfo:
+                conn.execute("SELECT pg_advisory_lock(?)", (lock_key(OWNER_KIND, schema, token),))
+    except BaseException:
+        conn.close()
+        raise
+    registry.conns[target.conninfo] = conn
+    registry.failed_at.pop(target.conninfo, None)
+    return conn
+
+
 def held_token(target: Target) -> str | None:
-    """This process's token for the ledger while its lock connection is usable, else None."""
+    """This process's token for the ledger while its lock is known held, else None."""
     registry = _REGISTRY
     if registry.pid != os.getpid():
         return None
+    token = registry.tokens.get((target.conninfo, target.schema))
     conn = registry.conns.get(target.conninfo)
-    if conn is None or not conn.usable:
+    if token is None or conn is None or _suspect(conn):
         return None
-    return registry.tokens.get((target.conninfo, target.schema))
+    return token
 
 
 def own_token(target: Target, busy_timeout_ms: int) -> str:
-    """Return this process's owner token, taking its advisory lock on first use."""
-    token = held_token(target)
-    if token is not None:
-        return token
+    """Return this process's owner token with its advisory lock held: made and locked on
+    first use, locked again (the same token) after the lock connection broke."""
     with _REGISTRY.lock:
         registry = _REGISTRY
         if registry.pid != os.getpid():
             registry.reset_after_fork()
         conn = registry.conns.get(target.conninfo)
-        if conn is not None and not conn.usable:
-            # Broken: every lock it held is gone with its session; so are its tokens.
-            conn.close()
-            registry.tokens = {
-                key: value for key, value in registry.tokens.items() if key[0] != target.conninfo
-            }
-            conn = None
+        if not _intact(conn):
+            conn = _relock(registry, target, busy_timeout_ms)
+        assert conn is not None
         token = registry.tokens.get((target.conninfo, target.schema))
-        if conn is not None and token is not None:
+        if token is not None:
             return token
-        if conn is None:
-            conn = driver.connect(target, busy_timeout_ms=busy_timeout_ms, read_only=False)
-            registry.conns[target.conninfo] = conn
-        token = uuid.uuid4().hex
+        row = conn.execute(INCARNATION_SQL).fetchone()
+        token = epoch_hex(int(row[0]) if row is not None else 0) + secrets.token_hex(12)
         conn.execute(
             "SELECT pg_advisory_lock(?)", (lock_key(OWNER_KIND, target.schema, token),)
         )
@@ -96,16 +179,50 @@ def own_token(target: Target, busy_timeout_ms: int) -> str:
         return token
 
 
+def keep_locks(target: Target, busy_timeout_ms: int) -> None:
+    """Before a write: when this process owns tokens on the ledger's server and its lock
+    connection broke (a restart, a failover), reconnect and lock the same tokens again.
+
+    A failure is left to the write itself (the server is likely down); the next attempt
+    waits :data:`_RETRY_SECONDS`. Costs one ``select`` while the connection is intact."""
+    registry = _REGISTRY
+    if registry.pid != os.getpid() or not any(
+        key[0] == target.conninfo for key in registry.tokens
+    ):
+        return
+    conn = registry.conns.get(target.conninfo)
+    if conn is not None and not _suspect(conn):
+        return
+    with registry.lock:
+        if registry.pid != os.getpid():
+            return
+        if _intact(registry.conns.get(target.conninfo)):
+            return
+        if time.monotonic() - registry.failed_at.get(target.conninfo, -1e9) < _RETRY_SECONDS:
+            return
+        try:
+            _relock(registry, target, busy_timeout_ms)
+        except LedgerError:
+            registry.failed_at[target.conninfo] = time.monotonic()
+
+
 def probe(conn: driver.Conn, target: Target, token: str) -> Liveness:
-    """Whether the owner holding ``token`` is alive or provably dead (``conn``: the caller's
+    """Whether the owner holding ``token`` is alive, dead, or unknown (``conn``: the caller's
     connection, inside its transaction; the probe's shared lock ends with that transaction)."""
-    if len(token) != 32 or not all(c in "0123456789abcdef" for c in token):
+    if len(token) != 32 or not _HEX.issuperset(token):
         return Liveness.UNKNOWN
     if held_token(target) == token:
         return Liveness.ALIVE
     key = lock_key(OWNER_KIND, target.schema, token)
-    row = conn.execute("SELECT pg_try_advisory_xact_lock_shared(?)", (key,)).fetchone()
-    return Liveness.DEAD if row is not None and row[0] is True else Liveness.ALIVE
+    row = conn.execute(_PROBE, (key,)).fetchone()
+    if row is None or row[0] is not True:
+        return Liveness.ALIVE
+    incarnation, uptime = row[1], row[2]
+    if token[:8] == epoch_hex(int(incarnation)):
+        return Liveness.DEAD
+    if float(uptime) > target.owner_reconnect_seconds:
+        return Liveness.DEAD
+    return Liveness.UNKNOWN
 
 
-__all__ = ["held_token", "own_token", "probe"]
+__all__ = ["INCARNATION_SQL", "epoch_hex", "held_token", "keep_locks", "own_token", "probe"]

@@ -1,24 +1,33 @@
 """Ledger URLs: the schema parameter, connection defaults (TCP keepalive) and redaction.
 
 ``postgresql://USER@HOST[:PORT]/DB?schema=NAME&...`` (a password may follow the user, after a
-colon): ``schema`` is the ledger's own parameter (stripped before connecting; default ``tsg``);
-every other parameter goes to libpq. The password is kept only inside :class:`Target` and never
+colon): ``schema`` (default ``tsg``) and ``owner_reconnect_seconds`` (default 60; see
+``owners``) are the ledger's own parameters, stripped before connecting; every other parameter
+goes to libpq. The password is kept only inside :class:`Target` and never
 shown (its ``repr`` and ``shown`` carry the URL without it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from task_state_guard import reasons as r
 from task_state_guard.backends import redact
 from task_state_guard.model import InvalidInput
 
 DEFAULT_SCHEMA = "tsg"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+#: How long after a server restart or failover an owner whose advisory lock is free still
+#: counts as possibly alive (it may be reconnecting); see ``owners``.
+DEFAULT_OWNER_RECONNECT_SECONDS = 60.0
+MAX_OWNER_RECONNECT_SECONDS = 86400.0
+_OWN_PARAMETERS = ("schema", "owner_reconnect_seconds")
 
 #: Client-side connection defaults, used unless the URL sets them. The TCP keepalive
 #: settings make a connection to a vanished server fail within about 25 s of silence
@@ -49,6 +58,24 @@ class Target:
     conninfo: str = field(repr=False)
     schema: str
     shown: str
+    owner_reconnect_seconds: float = DEFAULT_OWNER_RECONNECT_SECONDS
+
+
+def _invalid(message: str) -> InvalidInput:
+    return InvalidInput(message, reason=r.INVALID_DATABASE_PATH)
+
+
+def _reconnect_seconds(values: list[str]) -> float:
+    """The ``owner_reconnect_seconds`` parameter: one number of seconds, 0 to one day."""
+    if not values:
+        return DEFAULT_OWNER_RECONNECT_SECONDS
+    seconds = math.nan
+    if len(values) == 1:
+        with contextlib.suppress(ValueError):
+            seconds = float(values[0])
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_OWNER_RECONNECT_SECONDS):
+        raise _invalid("the URL's owner_reconnect_seconds must be one number from 0 to 86400")
+    return seconds
 
 
 def parse(url: str) -> Target:
@@ -60,12 +87,15 @@ def parse(url: str) -> Target:
     except ValueError:
         port_ok = False
     if not port_ok:  # raised outside the handler: no rejected value is chained
-        raise InvalidInput("the PostgreSQL URL does not parse")
+        raise _invalid("the PostgreSQL URL does not parse")
     schemas = [value for key, value in query if key == "schema"]
     if len(schemas) > 1 or (schemas and not _SCHEMA.fullmatch(schemas[0])):
-        raise InvalidInput("the URL's schema must match [a-z_][a-z0-9_]{0,62}")
+        raise _invalid("the URL's schema must match [a-z_][a-z0-9_]{0,62}")
     schema = schemas[0] if schemas else DEFAULT_SCHEMA
-    rest = [(key, value) for key, value in query if key != "schema"]
+    reconnect = _reconnect_seconds(
+        [value for key, value in query if key == "owner_reconnect_seconds"]
+    )
+    rest = [(key, value) for key, value in query if key not in _OWN_PARAMETERS]
     conninfo = ""
     try:
         params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
@@ -75,10 +105,15 @@ def parse(url: str) -> Target:
     except (psycopg.Error, ValueError, TypeError):
         pass
     if not conninfo:
-        raise InvalidInput("the PostgreSQL URL does not parse")
+        raise _invalid("the PostgreSQL URL does not parse")
     shown = redact(urlunsplit(parts._replace(query=urlencode(
         [(k, v) for k, v in query if k.lower() != "password"]))))
-    return Target(conninfo=conninfo, schema=schema, shown=shown)
+    return Target(
+        conninfo=conninfo, schema=schema, shown=shown, owner_reconnect_seconds=reconnect
+    )
 
 
-__all__ = ["CLIENT_DEFAULTS", "DEFAULT_SCHEMA", "SERVER_KEEPALIVE", "Target", "parse"]
+__all__ = [
+    "CLIENT_DEFAULTS", "DEFAULT_OWNER_RECONNECT_SECONDS", "DEFAULT_SCHEMA",
+    "MAX_OWNER_RECONNECT_SECONDS", "SERVER_KEEPALIVE", "Target", "parse",
+]
