@@ -139,17 +139,18 @@ class PostgresDatabase:
     def write(self) -> Iterator[driver.Conn]:
         """One READ COMMITTED transaction; commits on success, rolls back on any error.
         Inside :meth:`group` the enclosing transaction is reused; inside :meth:`bulk` the
-        schema's pass lock is taken first. Before it, an owning process whose owner lock
-        connection broke (a server restart or failover) takes its locks back (``owners``)."""
+        schema's pass lock is taken first. Once it has begun (the server is reachable), an
+        owning process whose owner lock connection broke (a server restart or failover) takes
+        its locks back (``owners.keep_locks``)."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only")
         if getattr(self._local, "atomic", False):
             yield self.conn()
             return
-        owners.keep_locks(self._target, self.busy_timeout_ms)
         conn = self.conn()
         conn.execute("BEGIN")
         try:
+            owners.keep_locks(self._target, self.busy_timeout_ms)
             if getattr(self._local, "bulk", False):
                 conn.execute(
                     "SELECT pg_advisory_xact_lock(?)", (ddl.lock_key(PASS_KIND, self.schema),)

@@ -27,21 +27,28 @@ A probe asks for the token's key *shared*, at transaction level
   than the URL's ``owner_reconnect_seconds`` (default 60), then **dead**: a living owner has
   taken its lock back by then.
 
-An owner takes its lock back itself: when its lock connection is found broken (checked, without
-a round trip unless the server has sent something, before every write of this process and every
-owning start), it reconnects and locks the *same* tokens again (they are random, nobody else
-ever locks them), so its tasks stay its own. A probe never blocks: it only tries, and its shared
-lock ends with its transaction. An administrator's ``pg_terminate_backend`` of a live owner's
-lock session is, within one incarnation, indistinguishable from that owner's death.
+An owner takes its lock back itself: its lock connection is checked (without a round trip
+unless the server has sent it something) at the start of every write transaction of this
+process, heartbeats included, and before every owning start; found broken, it is reopened and
+the *same* tokens are locked again (they are random: nobody else ever locks them), so the
+owner's tasks stay its own. A process that only heartbeats has its locks back at its first
+heartbeat the restarted server accepts, so ``owner_reconnect_seconds`` must exceed the
+heartbeat interval plus the time a restart or failover takes.
+
+A probe never blocks: it only tries, and its shared lock ends with its transaction. An
+administrator's ``pg_terminate_backend`` of a live owner's lock session is, within one
+incarnation, indistinguishable from that owner's death: a reconcile may close its tasks
+``owner_lost``; the owner then locks its token again and its later writes to those tasks get
+``StateConflict``. Two incarnations that begin within the same second are not told apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import select
 import threading
-import time
 
 from task_state_guard.model import LedgerError
 from task_state_guard.owners import Liveness
@@ -63,8 +70,6 @@ _COLUMNS = (
 )
 INCARNATION_SQL = f"SELECT {_COLUMNS}"
 _PROBE = f"SELECT pg_try_advisory_xact_lock_shared(?), {_COLUMNS}"
-#: After a failed attempt to lock again, the next one waits this long (the server is down).
-_RETRY_SECONDS = 1.0
 
 
 def epoch_hex(seconds: int) -> str:
@@ -81,7 +86,6 @@ class _Registry:
         self.pid = os.getpid()
         self.conns: dict[str, driver.Conn] = {}
         self.tokens: dict[tuple[str, str], str] = {}
-        self.failed_at: dict[str, float] = {}
 
     def reset_after_fork(self) -> None:
         # The parent's connections are never used or closed here (see ``driver``); nor are its
@@ -90,7 +94,6 @@ class _Registry:
         self.pid = os.getpid()
         self.conns = {}
         self.tokens = {}
-        self.failed_at = {}
 
 
 _REGISTRY = _Registry()
@@ -140,7 +143,6 @@ def _relock(registry: _Registry, target: Target, busy_timeout_ms: int) -> driver
         conn.close()
         raise
     registry.conns[target.conninfo] = conn
-    registry.failed_at.pop(target.conninfo, None)
     return conn
 
 
@@ -180,11 +182,10 @@ def own_token(target: Target, busy_timeout_ms: int) -> str:
 
 
 def keep_locks(target: Target, busy_timeout_ms: int) -> None:
-    """Before a write: when this process owns tokens on the ledger's server and its lock
-    connection broke (a restart, a failover), reconnect and lock the same tokens again.
-
-    A failure is left to the write itself (the server is likely down); the next attempt
-    waits :data:`_RETRY_SECONDS`. Costs one ``select`` while the connection is intact."""
+    """At the start of each write transaction (so the server is reachable): when this process
+    owns tokens on the ledger's server and its lock connection broke (a restart, a failover),
+    reconnect and lock the same tokens again. A failure is left for the next write. Costs one
+    ``select`` while the lock connection is intact."""
     registry = _REGISTRY
     if registry.pid != os.getpid() or not any(
         key[0] == target.conninfo for key in registry.tokens
@@ -198,12 +199,8 @@ def keep_locks(target: Target, busy_timeout_ms: int) -> None:
             return
         if _intact(registry.conns.get(target.conninfo)):
             return
-        if time.monotonic() - registry.failed_at.get(target.conninfo, -1e9) < _RETRY_SECONDS:
-            return
-        try:
+        with contextlib.suppress(LedgerError):
             _relock(registry, target, busy_timeout_ms)
-        except LedgerError:
-            registry.failed_at[target.conninfo] = time.monotonic()
 
 
 def probe(conn: driver.Conn, target: Target, token: str) -> Liveness:
