@@ -10,6 +10,9 @@ Modes:
                 refused as conflicts.
   open T        wait until T, open the ledger (creating or migrating it), print its schema
                 version.
+  resume FILE   start a task as owner, print its id, wait until FILE exists, then heartbeat
+                and close it and start a second owned task; print the error names (or
+                null) of the first two and the second task's id, then sleep.
   fork          start a task as owner, fork a child that starts a second task as its own
                 owner and exits normally (every finaliser runs); then check this process's
                 connection still works, print both ids and the child's exit code, and sleep.
@@ -22,7 +25,7 @@ import os
 import sys
 import time
 
-from task_state_guard import Ledger, StateConflict
+from task_state_guard import Ledger, LedgerError, StateConflict
 from task_state_guard.reconcile import ReconcilePolicy
 
 
@@ -66,6 +69,24 @@ def main(argv: list[str]) -> None:
         _wait(float(argv[2]))
         ledger = Ledger(url)
         print(json.dumps({"schema_version": ledger.schema_version}), flush=True)
+    elif mode == "resume":
+        ledger = Ledger(url)
+        first = ledger.start_task(ledger.create_task().id)
+        print(json.dumps(first.id), flush=True)
+        while not os.path.exists(argv[2]):
+            time.sleep(0.01)
+        errors: list[str | None] = []
+        for write in (lambda: ledger.heartbeat(first.id),
+                      lambda: ledger.close_task(first.id, "succeeded")):
+            try:
+                write()
+                errors.append(None)
+            except LedgerError as exc:
+                errors.append(type(exc).__name__)
+        second = ledger.start_task(ledger.create_task().id)
+        print(json.dumps({"errors": errors, "second": second.id}), flush=True)
+        while True:
+            time.sleep(60)
     elif mode == "fork":
         ledger = Ledger(url)
         mine, theirs = ledger.create_task(), ledger.create_task()

@@ -6,6 +6,7 @@ import os
 import secrets
 import signal
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -207,3 +208,42 @@ def test_owner_reconnect_seconds_is_validated_without_echo(pg_url: str) -> None:
         parse(pg_url + "&owner_reconnect_seconds=1&owner_reconnect_seconds=2")
     with pytest.raises(InvalidInput):
         Ledger(pg_url + "&owner_reconnect_seconds=-5")
+
+
+def _holders(url: str, token: str) -> list[int]:
+    key = lock_key(OWNER_KIND, schema_of(url), token) & 0xFFFFFFFFFFFFFFFF
+    return [row[0] for row in sql(
+        url, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND mode = 'ExclusiveLock' AND classid::bigint = %s AND objid::bigint = %s",
+        (key >> 32, key & 0xFFFFFFFF),
+    )]
+
+
+def test_terminated_lock_session_is_death_then_the_owner_locks_again(
+    pg_url: str, workers: Workers, tmp_path: Path
+) -> None:
+    """Within one incarnation an administrator's pg_terminate_backend of an owner's lock
+    session is indistinguishable from its death: its task is closed owner_lost, its later
+    writes to it are refused, and its next write takes the same token's lock back."""
+    go = tmp_path / "go"
+    proc = workers.start("resume", pg_url, go)
+    first = workers.line(proc)
+    ((token,),) = sql(pg_url, "SELECT owner FROM tsg_tasks")
+    (pid,) = _holders(pg_url, token)
+    assert sql(pg_url, "SELECT pg_terminate_backend(%s)", (pid,)) == [(True,)]
+    with Ledger(pg_url) as ledger:
+        deadline = time.monotonic() + 10
+        while ledger.status()["running_owner_dead"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ledger.reconcile(GRACE)["tasks_timed_out"] == 1
+        assert ledger.get_task(first).terminal_code == "owner_lost"
+        go.touch()
+        seen = workers.line(proc)
+        assert seen["errors"] == ["StateConflict", "StateConflict"]  # never a guessed success
+        assert ledger.get_task(first).terminal_code == "owner_lost"
+        (again,) = _holders(pg_url, token)  # the same token, locked again by a new session
+        assert again != pid
+        second = seen["second"]
+        assert sql(pg_url, "SELECT owner FROM tsg_tasks WHERE id = %s", (second,)) == [(token,)]
+        report = ledger.reconcile(GRACE)
+        assert report["tasks_timed_out"] == 0 and report["fresh_active_retained"] == 1
