@@ -50,6 +50,7 @@ import secrets
 import select
 import threading
 
+import psycopg
 from task_state_guard.model import LedgerError
 from task_state_guard.owners import Liveness
 
@@ -106,8 +107,13 @@ def _suspect(conn: driver.Conn) -> bool:
     if not conn.usable:
         return True
     try:
-        readable, _w, _x = select.select([conn.raw.fileno()], [], [], 0)
-    except (OSError, ValueError):
+        fd = conn.raw.fileno()
+        if hasattr(select, "poll"):  # no FD_SETSIZE limit
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(0))
+        readable, _w, _x = select.select([fd], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
         return True
     return bool(readable)
 
