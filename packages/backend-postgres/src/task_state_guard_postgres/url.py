@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from task_state_guard import reasons as r
 from task_state_guard.backends import redact
 from task_state_guard.model import InvalidInput
 
@@ -60,10 +61,12 @@ def parse(url: str) -> Target:
     except ValueError:
         port_ok = False
     if not port_ok:  # raised outside the handler: no rejected value is chained
-        raise InvalidInput("the PostgreSQL URL does not parse")
+        raise InvalidInput("the PostgreSQL URL does not parse", reason=r.INVALID_DATABASE_PATH)
     schemas = [value for key, value in query if key == "schema"]
     if len(schemas) > 1 or (schemas and not _SCHEMA.fullmatch(schemas[0])):
-        raise InvalidInput("the URL's schema must match [a-z_][a-z0-9_]{0,62}")
+        raise InvalidInput(
+            "the URL's schema must match [a-z_][a-z0-9_]{0,62}", reason=r.INVALID_DATABASE_PATH
+        )
     schema = schemas[0] if schemas else DEFAULT_SCHEMA
     rest = [(key, value) for key, value in query if key != "schema"]
     conninfo = ""
@@ -75,7 +78,7 @@ def parse(url: str) -> Target:
     except (psycopg.Error, ValueError, TypeError):
         pass
     if not conninfo:
-        raise InvalidInput("the PostgreSQL URL does not parse")
+        raise InvalidInput("the PostgreSQL URL does not parse", reason=r.INVALID_DATABASE_PATH)
     shown = redact(urlunsplit(parts._replace(query=urlencode(
         [(k, v) for k, v in query if k.lower() != "password"]))))
     return Target(conninfo=conninfo, schema=schema, shown=shown)
