@@ -9,8 +9,10 @@ CPU time and peak RSS (the child's VmHWM) are measured. Prints one JSON object.
 
 ``reads``: each read command of the CLI (``status``, ``doctor``, ``tasks``, ``get``,
 ``children``, ``metrics``, ``reconcile --dry-run``) as ``tsg`` runs it, on the cleanly closed
-ledger (no WAL: read in place, with transient sidecars or, for the dry-run, none) and on the
-live one (a writer holds it open), with whether anything was left behind.
+ledger (no WAL: read in place with transient sidecars; the dry-run loads the verified in-memory
+snapshot, creating nothing) and on the live one (a writer holds it open), with whether anything
+was left behind. A dry-run of a closed ledger larger than the snapshot limit (1 GiB) fails
+closed by design: recorded as its exit code 2 and ``reason`` ``snapshot_too_large``.
 
     python benchmarks/scale.py                         # 100,000 and 1,000,000 tasks
     python benchmarks/scale.py --sizes 20000           # quick look
@@ -221,13 +223,17 @@ def build_sql(db: str, size: int) -> float:
 _OPERATION = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[4])
-from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard import Ledger, ReconcilePolicy, StorageError
 db, op, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
 read_only = op in ("dry_run", "dry_run_closed", "doctor", "status")
 start = time.perf_counter()
 cpu_start = time.process_time()
-ledger = Ledger(db, read_only=read_only, transient_sidecars=not op.startswith("dry_run"),
-                clock=lambda: now + 1)
+try:
+    ledger = Ledger(db, read_only=read_only, transient_sidecars=not op.startswith("dry_run"),
+                    clock=lambda: now + 1)
+except StorageError as exc:  # a closed ledger over the snapshot limit: fails closed by design
+    print(json.dumps({"exit": 2, "reason": exc.reason}))
+    sys.exit(0)
 policy = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=86400)
 if op in ("dry_run", "dry_run_closed"):
     result = ledger.reconcile(policy, dry_run=True)
@@ -296,9 +302,11 @@ def measure_cli(db: str, args: list[str]) -> dict[str, object]:
     """Run ``tsg --db DB ARGS`` in a fresh process; its time, CPU, peak RSS and exit code."""
     out = subprocess.run(
         [sys.executable, "-c", _CLI, CORE_SRC, "--db", db, *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False,
+        capture_output=True, text=True, check=False,
     )
     data: dict[str, object] = json.loads(out.stderr)
+    if data["exit"] != 0:  # an expected refusal (a dry-run over the snapshot limit): its reason
+        data["reason"] = json.loads(out.stdout.splitlines()[-1]).get("reason")
     return data
 
 

@@ -1,7 +1,8 @@
 """Dry-run: same decisions as apply at the same clock, and no change to any byte, mode, mtime or
-directory entry -- for a cleanly closed ledger (no sidecars: read in place, verified against a
-change), for a live ledger with a writer connection open, and for a closed ledger larger than
-64 MiB. The read commands on a closed ledger leave every entry as it was (their transient
+directory entry -- for a cleanly closed ledger (no sidecars: two matching reads loaded as a
+verified private in-memory snapshot), for a live ledger with a writer connection open, and for a
+closed ledger larger than 64 MiB (within the default snapshot limit; a smaller limit fails
+closed). The read commands on a closed ledger leave every entry as it was (their transient
 sidecars are gone again)."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from core_helpers import (
     table_columns,
     without_counts_flags,
 )
-from task_state_guard import InvalidInput, Ledger, ReconcilePolicy
+from task_state_guard import InvalidInput, Ledger, ReconcilePolicy, StorageError
 
 POLICY = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=600)
 EXPECTED = {
@@ -300,15 +301,19 @@ def test_dry_run_on_closed_ledger_over_64_mib(big_ledger: str) -> None:
     assert files_of(directory) == before
 
 
-def test_snapshot_limit_no_longer_limits_a_closed_ledger(big_ledger: str) -> None:
-    """Closed ledgers are read in place: ``snapshot_max_bytes`` is still checked, never a cap."""
+def test_snapshot_limit_below_file_size_fails_closed(big_ledger: str) -> None:
     size = os.path.getsize(big_ledger)
     directory = os.path.dirname(big_ledger)
     before = files_of(directory)
     for limit in (4096, size - 1, 64 * 2**20):
-        with Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
-                    snapshot_max_bytes=limit, transient_sidecars=False) as ro:
-            assert ro.reconcile(POLICY, dry_run=True)["tasks_timed_out"] == 2
+        with pytest.raises(StorageError) as caught:
+            Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
+                   snapshot_max_bytes=limit, transient_sidecars=False)
+        assert caught.value.reason == "snapshot_too_large"
+    with Ledger(big_ledger, clock=Clock(T0 + 1000), read_only=True,
+                snapshot_max_bytes=size, transient_sidecars=False) as ro:
+        assert ro.storage_info()["read_snapshot"] is True
+        assert ro.reconcile(POLICY, dry_run=True)["tasks_timed_out"] == 2
     with pytest.raises(InvalidInput):
         Ledger(big_ledger, read_only=True, snapshot_max_bytes=4095)
     assert files_of(directory) == before

@@ -138,3 +138,16 @@ def test_serve_fails_fast_on_a_missing_ledger_or_a_taken_port(db: str, tmp_path:
         assert_cli_error(taken, "InvalidInput")
     finally:
         first.stop()
+
+
+def test_no_network_module_loads_unless_serving() -> None:
+    code = ("import sys, task_state_guard, task_state_guard.cli, task_state_guard.integration\n"
+            "from task_state_guard.cli import main\n"
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['--db', '/nonexistent/x.sqlite', 'metrics'])\n"
+            "print(sorted(m for m in ('http.server', 'socketserver', 'socket',\n"
+            "             'task_state_guard.metrics_http') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=cli_env(), check=True)
+    assert result.stdout == "[]\n"

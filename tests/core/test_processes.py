@@ -139,7 +139,7 @@ def test_read_only_closed_ledger_from_many_threads(db: str, transient: bool) -> 
     with Ledger(db, clock=Clock()) as writer:
         ids = [writer.create_task().id for _ in range(10)]
     reader = Ledger(db, clock=Clock(T0 + 10), read_only=True, transient_sidecars=transient)
-    # in place: through transient sidecars, or creating nothing (a fixed, verified view)
+    # in place through transient sidecars, or a verified private snapshot creating nothing
     assert reader.storage_info()["read_snapshot"] is not transient
     errors: list[BaseException] = []
     barrier = threading.Barrier(6)
@@ -209,10 +209,12 @@ def test_ledger_after_fork_child_and_parent_both_work(db: str) -> None:
 
 @pytest.mark.sqlite_only
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_read_only_snapshot_ledger_after_fork(db: str) -> None:
+@pytest.mark.parametrize("transient", [True, False])
+def test_read_only_closed_ledger_after_fork(db: str, transient: bool) -> None:
     with Ledger(db, clock=Clock()) as writer:
         tid = writer.create_task().id
-    reader = Ledger(db, clock=Clock(T0 + 1), read_only=True)
+    reader = Ledger(db, clock=Clock(T0 + 1), read_only=True, transient_sidecars=transient)
+    assert reader.storage_info()["read_snapshot"] is not transient
     assert reader.get_task(tid).status == "queued"
     pid = os.fork()
     if pid == 0:

@@ -3,6 +3,7 @@ real ``tsg`` on PATH, and a real command that the script must ``exec``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -171,7 +172,22 @@ def test_a_refusal_never_starts_the_worker(
     done = _run(db, *command, mode=mode)
     assert done.returncode == code
     if setup == "unsafe-directory":
-        assert done.stdout.strip() == '{"error":"InvalidInput","ok":false}'
+        assert json.loads(done.stdout) == {
+            "error": "InvalidInput", "ok": False, "reason": "directory_writable_by_others"}
         assert str(ledgers.data) not in done.stdout + done.stderr  # no path echoed
     assert not marker.exists()
     assert not Path(ledgers.db).exists() or setup == "unsafe-directory"
+
+
+def test_containers_starting_together_on_a_fresh_volume(tmp_path: Path) -> None:
+    """shared-ledger-pod.yaml: its containers start at once on an empty emptyDir; every
+    entrypoint creates or finds the ledger and starts its worker."""
+    for round_ in range(3):
+        db = str(tmp_path / f"volume{round_}" / "tsg" / "tasks.sqlite")
+        (tmp_path / f"volume{round_}").mkdir(mode=0o700)
+        procs = [_popen(db, sys.executable, "-c", WORKER) for _ in range(3)]
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 7, out + err
+            assert [line["reconcile"]["dry_run"] for line in json_lines(out)] == [True, False]
+        assert tsg(db, "doctor")["ok"] is True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -52,10 +53,14 @@ COMMANDS = ["init", "create", "start", "heartbeat", "close", "delivery", "reconc
 OPTIONS = ["--id", "--parent", "--timeout-seconds", "--internal", "--name", "--payload-sha256",
            "--code", "--active-grace-seconds", "--delivery-grace-seconds", "--dry-run",
            "--status", "--stale-seconds", "--limit", "--format", "--older-than", "--db",
-           "--busy-timeout-ms", "--allow-external-acl", "json", "text", "--", "-", "-x"]
+           "--busy-timeout-ms", "--allow-external-acl", "json", "text", "--", "-", "-x",
+           "--events", "--details", "--attempts", "--progress"]
 WORDS = ["queued", "running", "succeeded", "failed", "timed_out", "cancelled", "delivered",
          "not_applicable", "pending", "completed", "worker_failed", "transport_acknowledged",
-         "internal_task", "0", "-1", "1e309", "nan", "inf", "600", "1", "0x10", "", " "]
+         "internal_task", "0", "-1", "1e309", "nan", "inf", "600", "1", "0x10", "", " ",
+         "90s", "15m", "2h", "1d", "1h30", "-5m", "1w"]
+PROGRESS_LINE = re.compile(r"tsg (reconcile|prune): \d+/\d+ (open tasks|closed trees) examined "
+                           r"\(\d+%\)")
 
 
 def canary_text() -> st.SearchStrategy[str]:
@@ -99,7 +104,14 @@ def _asks_for_help(argv: list[str]) -> bool:
                for a in argv)
 
 
+def _asks_for_progress(argv: list[str]) -> bool:
+    return any(len(a) > 2 and "--progress".startswith(a) for a in argv)
+
+
 def check_cli_contract(argv: list[str], code: int | str, out: str, err: str) -> None:
+    if err and _asks_for_progress(argv):  # progress lines only, and only when asked
+        assert all(PROGRESS_LINE.fullmatch(line) for line in err.splitlines()), err
+        err = ""
     assert err == "", "stderr must stay empty"
     assert CANARY not in out, "an input value was echoed"
     if isinstance(code, str):
@@ -264,6 +276,15 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: ledger.get_task(d(some)),
             lambda: ledger.children_of(d(some)),
             lambda: ledger.find_task_ids(d(ANY), stale_seconds=d(ANY), limit=d(ANY)),
+            lambda: ledger.find_task_ids("queued", name=d(ANY), older_than_seconds=d(ANY)),
+            lambda: ledger.list_tasks(status=d(ANY), name=d(ANY), attempts=d(ANY),
+                                      stale_seconds=d(ANY), older_than_seconds=d(ANY),
+                                      limit=d(ANY)),
+            lambda: ledger.list_tasks(limit=d(ANY)),
+            lambda: ledger.events_of(d(some)),
+            lambda: ledger.reconcile(dry_run=d(ANY), progress=d(ANY)),
+            lambda: ledger.prune(d(ANY), dry_run=d(ANY), progress=d(ANY)),
+            lambda: ledger.prune(d(ANY), dry_run=True, progress=lambda done, total: None),
             lambda: ledger.reconcile(ReconcilePolicy(d(ANY), d(ANY)), dry_run=d(ANY)),
             lambda: ledger.reconcile(d(ANY), dry_run=d(ANY)),
             lambda: reconcile_restart(ledger, d(ANY), d(ANY)),
@@ -346,7 +367,11 @@ def _tamper_case(tmp_path: Path, field: str) -> None:
     outputs = []
     for args in (["get", child.id], ["children", parent.id], ["tasks", "--status", "failed"],
                  ["tasks", "--status", "running"], ["status"], ["metrics"],
-                 ["status", "--format", "text"], ["doctor"], ["reconcile", "--dry-run"]):
+                 ["status", "--format", "text"], ["doctor"], ["reconcile", "--dry-run"],
+                 ["get", child.id, "--events"], ["get", child.id, "--format", "text"],
+                 ["children", parent.id, "--format", "text"], ["tasks", "--details"],
+                 ["tasks", "--format", "text", "--attempts"], ["doctor", "--format", "text"],
+                 ["reconcile", "--dry-run", "--format", "text"]):
         code, out, err = main_in_process(["--db", str(db), *args])
         assert err == "" and code in (0, 1, 2)
         outputs.append(out)
@@ -606,6 +631,6 @@ def test_everything_exported_is_covered() -> None:
         "DeliveryStatus", "Heartbeater", "InvalidInput", "Ledger", "LedgerBusy", "LedgerError",
         "ReconcileDecision", "ReconcilePolicy", "StateConflict", "StorageError", "Task",
         "TaskNotFound", "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
-        "reconcile_restart",
+        "reconcile_restart", "ListedTask", "TaskListing", "TaskEvent",  # results of the reads
         "reasons"}  # constants only; check_cli_contract holds every emitted reason to them
     json.dumps(task_state_guard.__version__)

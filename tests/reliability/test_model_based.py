@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import uuid
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,6 +96,16 @@ class RefModel:
         self.tasks: dict[str, MTask] = {}
         self.order: list[str] = []  # creation order (= the ledger's seq order)
         self.dead_helpers: set[int] = set()
+        #: Outcome totals: every close and delivery close ever made (prune lowers none).
+        self.totals: Counter[tuple[str, str, str, str]] = Counter()
+
+    def count_close(self, t: MTask) -> None:
+        kind = "task" if t.parent_id is None else "attempt"
+        self.totals[("closed", kind, t.status, t.terminal_code or "")] += 1
+
+    def count_delivery(self, t: MTask) -> None:
+        kind = "owed" if t.delivery_required else "internal"
+        self.totals[("delivery", kind, t.delivery_status, t.delivery_code or "")] += 1
 
     def owner_dead(self, task: MTask) -> bool:
         return task.owner is not None and task.owner[0] == "helper" and (
@@ -157,6 +168,7 @@ class RefModel:
             raise InvalidInput
         t.status, t.terminal_code, t.ended_at, t.updated_at = state, code, now, now
         t.version += 1
+        self.count_close(t)
         return t
 
     def deliver(self, now: float, tid: str, state: str, code: str | None) -> MTask:
@@ -177,6 +189,7 @@ class RefModel:
         t.delivery_status, t.delivery_code = state, code
         t.delivery_closed_at = now
         t.version += 1
+        self.count_delivery(t)
         return t
 
     def reconcile(self, now: float, active_grace: float, delivery_grace: float,
@@ -221,6 +234,8 @@ class RefModel:
             timed_out.add(tid)
             t.status, t.terminal_code, t.ended_at, t.updated_at = "timed_out", code, now, now
             t.version += 1
+            if apply:
+                self.count_close(t)
         for tid in self.order:
             t = tasks[tid]
             if t.status not in TERMINAL or t.delivery_status != "pending":
@@ -238,6 +253,8 @@ class RefModel:
                 t.delivery_status, t.delivery_code = "not_applicable", "internal_task"
             t.delivery_closed_at = now
             t.version += 1
+            if apply:
+                self.count_delivery(t)
         return {**counts, "dry_run": not apply, "applied": apply}
 
     def prune(self, now: float, age: float, apply: bool) -> dict[str, Any]:
@@ -532,6 +549,21 @@ class LedgerVsModel(RuleBasedStateMachine):
             assert report["tasks"][state] == sum(t.status == state for t in tasks)
         for state in ("pending", "delivered", "failed", "not_applicable"):
             assert report["deliveries"][state] == sum(t.delivery_status == state for t in tasks)
+        for kind, is_root in (("task", True), ("attempt", False)):
+            for state in ("queued", "running", *TERMINAL):
+                assert report["tasks_by_kind"][kind][state] == sum(
+                    t.status == state and (t.parent_id is None) == is_root for t in tasks)
+        for kind, owed in (("owed", True), ("internal", False)):
+            for state in ("pending", "delivered", "failed", "not_applicable"):
+                assert report["deliveries_by_kind"][kind][state] == sum(
+                    t.delivery_status == state and t.delivery_required == owed for t in tasks)
+        totals = Counter({
+            (event, kind, state, code): n
+            for event, key in (("closed", "outcomes_total"),
+                               ("delivery", "delivery_outcomes_total"))
+            for kind, states in report[key].items()
+            for state, codes in states.items() for code, n in codes.items() if n})
+        assert totals == self.model.totals  # never lowered by prune
         running = [t for t in tasks if t.status == "running"]
         assert report["running_owner_dead"] == sum(self.model.owner_dead(t) for t in running)
         assert report["running_past_deadline"] == sum(

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from task_state_guard import reasons as r
 from task_state_guard.database import read_clock
 from task_state_guard.model import InvalidInput, LedgerError, StorageError
 from task_state_guard.owners import Liveness
@@ -94,7 +95,7 @@ class PostgresDatabase:
         if entry is not None and entry.usable:
             return entry
         if self._closed:
-            raise StorageError("the ledger is closed")
+            raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         pid = os.getpid()
         if pid != self._pid:  # forked: the parent's connections are neutralised, never used
             self._lock = threading.Lock()
@@ -143,7 +144,7 @@ class PostgresDatabase:
         owning process whose owner lock connection broke (a server restart or failover) takes
         its locks back (``owners.keep_locks``)."""
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         if getattr(self._local, "atomic", False):
             yield self.conn()
             return
@@ -160,7 +161,10 @@ class PostgresDatabase:
             if conn.failed:
                 # A statement failed inside and the caller went on: PostgreSQL would turn this
                 # COMMIT into a silent ROLLBACK. Say so instead.
-                raise StorageError("a statement of the transaction failed; nothing was written")
+                raise StorageError(
+                    "a statement of the transaction failed; nothing was written",
+                    reason=r.WRITE_REJECTED,
+                )
             conn.execute("COMMIT")
         except BaseException:
             self._rollback(conn)
@@ -207,7 +211,7 @@ class PostgresDatabase:
         """Mark this thread's next write transactions as one pass (reconcile, prune): each
         takes the schema's pass lock first."""
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         self._local.bulk = True
         try:
             yield
@@ -223,7 +227,7 @@ class PostgresDatabase:
         """This process's owner token, its session-level advisory lock held (taken on first
         use, taken again on the same token after the lock connection broke)."""
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         return owners.own_token(self._target, self.busy_timeout_ms)
 
     def held_token(self) -> str | None:

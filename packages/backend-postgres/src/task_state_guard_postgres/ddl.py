@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+from task_state_guard import reasons as r
 from task_state_guard import schema as core_schema
 from task_state_guard.model import StorageError
 
@@ -199,11 +200,11 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
         if version is None:
             if _has_ledger_tables(conn, schema):
                 if check:
-                    raise StorageError(FOREIGN_SCHEMA)
+                    raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
                 return None
-            raise StorageError(MISSING)
+            raise StorageError(MISSING, reason=r.DATABASE_MISSING)
         if version > SCHEMA_VERSION:
-            raise StorageError(NEWER_SCHEMA)
+            raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
         return version
     conn.execute("BEGIN")
     try:
@@ -216,11 +217,11 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
         version = stored_version(conn, schema)
         if version is None and _has_ledger_tables(conn, schema):
             if check:
-                raise StorageError(FOREIGN_SCHEMA)
+                raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
             conn.execute("ROLLBACK")
             return None
         if version is not None and version > SCHEMA_VERSION:
-            raise StorageError(NEWER_SCHEMA)
+            raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
         if version is None:
             conn.execute(
                 f'CREATE TABLE "{schema}".tsg_migrations '

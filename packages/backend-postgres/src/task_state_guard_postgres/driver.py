@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
+from task_state_guard import reasons as r
 from task_state_guard.model import LedgerBusy, LedgerError, StorageError
 
 from .url import SERVER_KEEPALIVE, Target
@@ -66,18 +67,28 @@ def translate_error(exc: BaseException) -> LedgerError:
     if isinstance(exc, LedgerError):
         return exc
     if isinstance(exc, _BUSY):
-        return LedgerBusy("another connection held the ledger past the busy timeout")
+        return LedgerBusy(
+            "another connection held the ledger past the busy timeout", reason=r.DATABASE_BUSY
+        )
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
-        return StorageError("the ledger was opened read-only")
+        return StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
     if isinstance(exc, pg_errors.InsufficientPrivilege):
-        return StorageError("the PostgreSQL role lacks a privilege the ledger needs")
+        return StorageError(
+            "the PostgreSQL role lacks a privilege the ledger needs", reason=r.PRIVILEGE_MISSING
+        )
     if isinstance(exc, _FOREIGN):
-        return StorageError("the database holds a foreign or tampered schema")
+        return StorageError(
+            "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
+        )
     if isinstance(exc, pg_errors.DiskFull | pg_errors.OutOfMemory):
-        return StorageError("the PostgreSQL server is out of space")
+        return StorageError("the PostgreSQL server is out of space", reason=r.DISK_FULL)
     if isinstance(exc, psycopg.OperationalError):
-        return StorageError("the PostgreSQL server cannot be reached")
-    return StorageError("the PostgreSQL ledger refused a statement")
+        return StorageError(
+            "the PostgreSQL server cannot be reached", reason=r.SERVER_UNREACHABLE
+        )
+    return StorageError(
+        "the PostgreSQL ledger refused a statement", reason=r.DATABASE_UNUSABLE
+    )
 
 
 class Conn:
@@ -160,7 +171,9 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
             prepare_threshold=None,
         )
     if raw is None:  # raised outside the handler: the driver's text is not even chained
-        raise StorageError("cannot connect to the PostgreSQL ledger")
+        raise StorageError(
+            "cannot connect to the PostgreSQL ledger", reason=r.SERVER_UNREACHABLE
+        )
     conn = Conn(raw)
     settings = {
         "search_path": f'"{target.schema}"',

@@ -10,6 +10,7 @@ import importlib
 import re
 from typing import TYPE_CHECKING, Any
 
+from . import reasons as r
 from .model import StorageError
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def open_database(url: str, **options: Any) -> Database:
     try:
         backend = importlib.import_module(_BACKEND_MODULE)
     except ImportError:
-        raise StorageError(MISSING_BACKEND) from None
+        raise StorageError(MISSING_BACKEND, reason=r.BACKEND_MISSING) from None
     db: Database = backend.open_database(url, **options)
     return db
 

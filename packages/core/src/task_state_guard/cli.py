@@ -25,8 +25,7 @@ from . import __version__, cli_text, operator_reads
 from . import reasons as r
 from .durations import parse_seconds
 from .ledger import Ledger
-from .metrics_command import check_metrics_options, run_metrics
-from .metrics_http import DEFAULT_LISTEN
+from .metrics_command import DEFAULT_LISTEN, check_metrics_options, run_metrics
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,

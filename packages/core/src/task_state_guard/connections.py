@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
+import stat
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -152,26 +154,6 @@ def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
         )
 
 
-def _read_header(path: str) -> bytes:
-    """The first 100 bytes of the file, read with a descriptor of our own.
-
-    Closing any descriptor of a file drops every POSIX lock this process holds on it, SQLite's
-    included, so this is only done when no connection of this process can have the ledger
-    open: for a closed ledger (no sidecars) about to be read in place.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise StorageError(
-            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
-        ) from exc
-    try:
-        return os.read(fd, 100)
-    finally:
-        os.close(fd)
-
-
 class ReadMode(StrEnum):
     """How a read-only connection reads the ledger."""
 
@@ -180,63 +162,64 @@ class ReadMode(StrEnum):
     #: A cleanly closed ledger opened in place in WAL mode: SQLite creates private (0600) WAL
     #: and SHM files for the connection and, as the last connection, removes them on close.
     TRANSIENT = "transient"
-    #: A cleanly closed ledger read in place without any sidecar (SQLite's immutable mode);
-    #: every read transaction is verified against a change of the file (:class:`StableFile`).
-    IN_PLACE = "in_place"
+    #: A cleanly closed ledger read twice, verified and loaded as a private in-memory copy:
+    #: creates nothing, and SQLite never opens the file itself.
+    SNAPSHOT = "snapshot"
 
 
-# A closed ledger read in place is only trusted when its last change is older than this: a
-# later change then moves its mtime or ctime even on filesystems with coarse (tick-sized)
-# timestamps, so the check after a read cannot miss it.
-_SETTLE_NS = 50_000_000
+_CHUNK = 1 << 20
 
 
-def _file_state(path: str) -> tuple[int, int, int, int, int]:
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise StorageError(
-            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
-        ) from exc
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _capture(path: str, max_bytes: int) -> tuple[os.stat_result, str, bytearray]:
+    """Read the file once: its stat, SHA-256 and bytes (refused above ``max_bytes``).
 
-
-def _sidecar_present(path: str) -> bool:
-    return any(os.path.lexists(path + suffix) for suffix in ("-wal", "-shm", "-journal"))
-
-
-class StableFile:
-    """The state of a cleanly closed ledger that a read in place relies on.
-
-    SQLite's immutable mode takes no lock and reads the file as it is, so a writer could change
-    it meanwhile: every read transaction starts only while no sidecar exists and the file is as
-    it was captured, and its result counts only if the file is still unchanged at its end (a
-    change there fails the read closed; nothing it read leaves the ledger).
+    Closing a descriptor of a file drops every POSIX lock this process holds on it, SQLite's
+    included: this is only done for a closed ledger (no sidecars), which no connection of this
+    process can have open.
     """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        state = _file_state(path)
-        if time.time_ns() - max(state[3], state[4]) < _SETTLE_NS:
-            raise _WriterOpening("the database changed a moment ago")
-        if _sidecar_present(path):
-            raise _WriterOpening("a writer appeared while the ledger was opened")
-        self._state = state
-
-    def check_start(self) -> None:
-        """Refuse to start a read once a writer opened the ledger or the file changed."""
-        if _sidecar_present(self.path) or _file_state(self.path) != self._state:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise StorageError("the database is not a regular file", reason=r.FILE_NOT_REGULAR)
+        if before.st_size > max_bytes:
             raise StorageError(
-                "a writer opened the ledger since it was opened read-only",
-                reason=r.DATABASE_CHANGING,
+                "the closed database is larger than the snapshot limit",
+                reason=r.SNAPSHOT_TOO_LARGE,
             )
+        digest = hashlib.sha256()
+        buffer = bytearray(before.st_size)
+        view = memoryview(buffer)
+        offset = 0
+        while offset < before.st_size:
+            got = os.readv(fd, [view[offset : offset + _CHUNK]])
+            if got == 0:
+                break
+            digest.update(view[offset : offset + got])
+            offset += got
+        view.release()
+        if offset != before.st_size or os.read(fd, 1):
+            _wipe(buffer)
+            raise _WriterOpening("the database changed while it was read")
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if _identity(before) != _identity(after):
+        _wipe(buffer)
+        raise _WriterOpening("the database changed while it was read")
+    return after, digest.hexdigest(), buffer
 
-    def check_end(self) -> None:
-        """Fail the read closed if the file changed while it was read."""
-        if _file_state(self.path) != self._state:
-            raise StorageError(
-                "the database changed while it was read", reason=r.DATABASE_CHANGING
-            )
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _wipe(buffer: bytearray) -> None:
+    zeros = bytes(min(len(buffer), _CHUNK))
+    for start in range(0, len(buffer), _CHUNK):
+        end = min(start + _CHUNK, len(buffer))
+        buffer[start:end] = zeros[: end - start]
 
 
 def _check_header(header: bytes) -> None:
@@ -248,19 +231,62 @@ def _check_header(header: bytes) -> None:
         )
 
 
+def _snapshot(path: str, max_bytes: int) -> sqlite3.Connection:
+    """Load a verified private in-memory copy of a cleanly closed WAL ledger.
+
+    The file is read twice; both reads must match in identity, size, times and SHA-256, with
+    no sidecar appearing meanwhile (a writer or checkpoint), before the second copy is loaded.
+    Our buffers are wiped; SQLite owns the loaded copy and frees it when the connection closes.
+    """
+    if not hasattr(sqlite3.Connection, "deserialize"):
+        raise StorageError(
+            "in-memory snapshots are unavailable on this Python", reason=r.SNAPSHOT_UNAVAILABLE
+        )
+    try:
+        first_stat, first_hash, first = _capture(path, max_bytes)
+        _wipe(first)
+        del first
+        second_stat, second_hash, data = _capture(path, max_bytes)
+    except OSError as exc:
+        raise StorageError(
+            "the database file cannot be read", reason=r.FILE_NOT_ACCESSIBLE
+        ) from exc
+    try:
+        if first_hash != second_hash or _identity(first_stat) != _identity(second_stat):
+            raise _WriterOpening("the database changed between the two snapshot reads")
+        if any(os.path.lexists(path + s) for s in ("-wal", "-shm", "-journal")):
+            raise _WriterOpening("a writer appeared while the snapshot was taken")
+        _check_header(bytes(data[:100]))
+        data[18] = 1  # WAL read/write versions -> rollback journal, for the private copy only
+        data[19] = 1
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        try:
+            conn.deserialize(data)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise translate(exc) from None
+        return conn
+    finally:
+        _wipe(data)
+
+
 def connect_read_only(
-    path: str, busy_timeout_ms: int, *, transient: bool, attach: bool = False
-) -> tuple[sqlite3.Connection, ReadMode, StableFile | None]:
+    path: str,
+    busy_timeout_ms: int,
+    snapshot_max_bytes: int,
+    *,
+    transient: bool,
+    attach: bool = False,
+) -> tuple[sqlite3.Connection, ReadMode]:
     """Open an existing WAL ledger without migrating or tightening anything.
 
-    Returns the connection, how it reads (:class:`ReadMode`) and, for a read in place, the
-    file state each read transaction is verified against. A live ledger (WAL and SHM
+    Returns the connection and how it reads (:class:`ReadMode`). A live ledger (WAL and SHM
     present) is read through SQLite's read-only WAL access. A cleanly closed one is opened in
     place with transient sidecars when ``transient`` is true (the caller checked that they can
-    be created), else read in place creating nothing. ``attach``: a transient connection of the
-    caller is open, so the sidecars present are (or include) its own: open another transient
-    connection, so that the last of them to close removes them. Memory stays bounded by SQLite's
-    page cache whatever the size of the ledger.
+    be created), else loaded as a verified private in-memory snapshot of at most
+    ``snapshot_max_bytes`` (creating nothing). ``attach``: a transient connection of the caller
+    is open, so the sidecars present are (or include) its own: open another transient
+    connection, so that the last of them to close removes them.
 
     A writer that opens (or closes) the ledger meanwhile creates (or removes) the WAL and SHM
     files and can change the file: such a moment is retried until the busy timeout, after
@@ -270,7 +296,7 @@ def connect_read_only(
     pause = 0.005
     while True:
         try:
-            return _connect_read_only(path, busy_timeout_ms, transient, attach)
+            return _connect_read_only(path, busy_timeout_ms, snapshot_max_bytes, transient, attach)
         except _WriterOpening as exc:
             if time.monotonic() >= deadline:
                 raise StorageError(str(exc), reason=exc.reason) from None
@@ -292,8 +318,8 @@ def _connect(target: str, busy_timeout_ms: int, *, uri: bool) -> sqlite3.Connect
 
 
 def _connect_read_only(
-    path: str, busy_timeout_ms: int, transient: bool, attach: bool
-) -> tuple[sqlite3.Connection, ReadMode, StableFile | None]:
+    path: str, busy_timeout_ms: int, snapshot_max_bytes: int, transient: bool, attach: bool
+) -> tuple[sqlite3.Connection, ReadMode]:
     present = {s: os.path.lexists(path + s) for s in ("-wal", "-shm", "-journal")}
     if present["-journal"]:
         raise StorageError(
@@ -301,19 +327,16 @@ def _connect_read_only(
         )
     if present["-wal"] != present["-shm"]:
         raise _WriterOpening("an incomplete WAL/SHM pair is present", reason=r.WAL_INCOMPLETE)
-    stable: StableFile | None = None
-    quoted = "file:" + urllib.parse.quote(path)
     if attach or (transient and not present["-wal"]):
         mode = ReadMode.TRANSIENT
         conn = _connect(path, busy_timeout_ms, uri=False)
     elif present["-wal"]:
         mode = ReadMode.LIVE
+        quoted = "file:" + urllib.parse.quote(path)
         conn = _connect(quoted + "?mode=ro&readonly_shm=1", busy_timeout_ms, uri=True)
     else:
-        mode = ReadMode.IN_PLACE
-        _check_header(_read_header(path))
-        stable = StableFile(path)
-        conn = _connect(quoted + "?mode=ro&immutable=1", busy_timeout_ms, uri=True)
+        mode = ReadMode.SNAPSHOT
+        conn = _snapshot(path, snapshot_max_bytes)
     try:
         # Before anything is read: the transient connection could write, this keeps it from
         # ever doing so (compatibility views are TEMP and lift it only while they are made).
@@ -322,16 +345,16 @@ def _connect_read_only(
         # The first read: from here on this connection's shared lock keeps a live ledger's
         # WAL in place (the last writer to close would otherwise remove it under us).
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        if stable is not None:
-            stable.check_end()
-        elif str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        if mode is not ReadMode.SNAPSHOT and (
+            str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal"
+        ):
             # judged by SQLite, which read the header: no descriptor of ours touches the file
             raise StorageError(
-            "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
-        )
+                "read-only access needs a ledger in WAL mode", reason=r.WAL_MODE_REQUIRED
+            )
     except sqlite3.Error as exc:
         conn.close()
-        if mode is not ReadMode.IN_PLACE and _writer_moment(exc):
+        if mode is not ReadMode.SNAPSHOT and _writer_moment(exc):
             # The WAL or SHM came or went between the look and the read (a writer opened or
             # closed), or the SHM is not initialised yet: a read-only reader cannot help it.
             raise _WriterOpening("a writer opened or closed the ledger meanwhile") from None
@@ -339,7 +362,7 @@ def _connect_read_only(
     except BaseException:
         conn.close()
         raise
-    return conn, mode, stable
+    return conn, mode
 
 
 def check_snapshot_limit(value: object) -> int:

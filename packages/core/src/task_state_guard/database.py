@@ -161,6 +161,7 @@ class SQLiteDatabase:
         allow_external_acl: bool,
         read_only: bool,
         transient_sidecars: bool,
+        snapshot_max_bytes: int,
         check_schema: bool,
     ) -> None:
         self._path = path
@@ -169,15 +170,18 @@ class SQLiteDatabase:
         self.allow_external_acl = allow_external_acl
         self._read_only = read_only
         self._transient_sidecars = transient_sidecars
+        self._snapshot_max_bytes = snapshot_max_bytes
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
         self._pid = os.getpid()
         self._open_conns: list[sqlite3.Connection] = []
         self._identity: storage.FileIdentity | None = None
-        # How each read-only connection reads (by id of the connection), and for a read in
-        # place the file state its read transactions are verified against.
-        self._modes: dict[int, tuple[connections.ReadMode, connections.StableFile | None]] = {}
+        # How each read-only connection reads (by id of the connection).
+        self._modes: dict[int, connections.ReadMode] = {}
+        # A private in-memory snapshot of a closed ledger, shared by every thread.
+        self._shared: sqlite3.Connection | None = None
         # The one connection every thread of this process writes through (under the writer
         # lock): its page cache stays warm from one thread's transaction to the next, where a
         # connection per thread would find its cache invalidated by every other thread's commit.
@@ -213,17 +217,23 @@ class SQLiteDatabase:
             raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         if pid != self._pid:  # a lock held by another thread at fork() time stays held
             self._lock = threading.Lock()
+            self._snapshot_lock = threading.RLock()
         with self._lock:
             if pid != self._pid:  # forked: park inherited handles, never close them here
                 self._forked(pid)
-            conn = self._open()
-            self._open_conns.append(conn)
+            if self._shared is not None:
+                conn = self._shared
+            else:
+                conn = self._open()
+                self._open_conns.append(conn)
+                if self._modes.get(id(conn)) is connections.ReadMode.SNAPSHOT:
+                    self._shared = conn
         self._local.entry = (pid, conn)
         return conn
 
     def _forked(self, pid: int) -> None:
         _INHERITED.extend(self._open_conns)
-        self._open_conns, self._writer, self._pid = [], None, pid
+        self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
         self._modes = {}
 
     def writer(self) -> sqlite3.Connection:
@@ -306,12 +316,19 @@ class SQLiteDatabase:
         if self._identity is not None and identity != self._identity:
             raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         transient = self._transient_sidecars and storage.sidecars_creatable(self._path)
-        attach = any(m is connections.ReadMode.TRANSIENT for m, _ in self._modes.values())
-        conn, mode, stable = connections.connect_read_only(
-            self._path, self.busy_timeout_ms, transient=transient, attach=attach
+        attach = any(m is connections.ReadMode.TRANSIENT for m in self._modes.values())
+        conn, mode = connections.connect_read_only(
+            self._path,
+            self.busy_timeout_ms,
+            self._snapshot_max_bytes,
+            transient=transient,
+            attach=attach,
         )
         version: int | None = None
         try:
+            # the file SQLite opened is still the one judged (not swapped for a link meanwhile)
+            if storage.current_identity(self._path) != identity:
+                raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
             if mode is connections.ReadMode.TRANSIENT:
                 # the sidecars SQLite just made (or a writer's, had one appeared) are private
                 storage.check_sidecars(self._path, tighten=False)
@@ -336,13 +353,12 @@ class SQLiteDatabase:
             raise
         self.schema_version = version
         self._identity = identity
-        self._modes[id(conn)] = (mode, stable)
+        self._modes[id(conn)] = mode
         return conn
 
     def read_mode(self) -> connections.ReadMode | None:
         """How this thread's connection reads the ledger (None for a writable ledger)."""
-        entry = self._modes.get(id(self.conn()))
-        return None if entry is None else entry[0]
+        return self._modes.get(id(self.conn()))
 
     def close(self) -> None:
         """Close every connection this process opened; no use afterwards."""
@@ -353,6 +369,7 @@ class SQLiteDatabase:
                     with suppress(sqlite3.Error):
                         conn.close()
             self._open_conns = []
+            self._shared = None
             self._modes = {}
             self._writer = None
         self._local = threading.local()
@@ -360,6 +377,7 @@ class SQLiteDatabase:
     def _check_identity(self) -> None:
         if (
             self._identity is not None
+            and self._shared is None  # a private snapshot no longer depends on the file
             and storage.current_identity(self._path) != self._identity
         ):
             raise StorageError(
@@ -437,9 +455,10 @@ class SQLiteDatabase:
         conn = self.conn()
         self._check_identity()
         toggled = query_only and not self._read_only
-        mode, stable = self._modes.get(id(conn), (None, None))
-        if stable is not None:
-            stable.check_start()
+        mode = self._modes.get(id(conn))
+        shared = conn is self._shared
+        if shared:
+            self._snapshot_lock.acquire()
         try:
             if toggled:
                 conn.execute("PRAGMA query_only=1")
@@ -449,11 +468,11 @@ class SQLiteDatabase:
         except sqlite3.Error as exc:
             if toggled:
                 conn.execute("PRAGMA query_only=0")
+            if shared:
+                self._snapshot_lock.release()
             raise connections.translate(exc) from None
         try:
             yield conn
-            if stable is not None:  # what was read counts only if the file stayed unchanged
-                stable.check_end()
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
         finally:
@@ -461,6 +480,8 @@ class SQLiteDatabase:
                 conn.execute("ROLLBACK")
             if toggled:
                 conn.execute("PRAGMA query_only=0")
+            if shared:
+                self._snapshot_lock.release()
 
     @contextmanager
     def bulk(self) -> Iterator[None]:
@@ -503,20 +524,19 @@ class SQLiteDatabase:
             self._path, allow_external_acl=self.allow_external_acl, read_only=self._read_only
         )
         conn = self.conn()
-        in_place = self.read_mode() is connections.ReadMode.IN_PLACE
+        snapshot = self.read_mode() is connections.ReadMode.SNAPSHOT
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
             foreign_keys = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
-        if in_place:
-            journal = "wal"  # SQLite's immutable view of a closed WAL ledger reports "delete"
+        if snapshot:
+            journal = "wal"  # the private copy of a closed WAL ledger; the file itself is WAL
         info["journal_mode"] = journal
         info["foreign_keys"] = foreign_keys
         info["busy_timeout_ms"] = self.busy_timeout_ms
         info["schema_version"] = self.schema_version
-        # a fixed, verified view of a closed ledger (0.1.0: its private in-memory copy)
-        info["read_snapshot"] = in_place
+        info["read_snapshot"] = snapshot  # a verified private in-memory copy of a closed ledger
         return info
 
 

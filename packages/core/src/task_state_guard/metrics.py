@@ -13,6 +13,7 @@ import stat
 from collections.abc import Iterable
 from typing import Any
 
+from . import reasons
 from .model import InvalidInput, StorageError
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -150,12 +151,17 @@ def write_textfile(path: str, text: str) -> int:
     except FileNotFoundError:
         mode = TEXTFILE_MODE
     except OSError:
-        raise StorageError("the textfile cannot be read") from None
+        raise StorageError(
+            "the textfile cannot be read", reason=reasons.TEXTFILE_NOT_ACCESSIBLE
+        ) from None
     temp = os.path.join(directory, f".{base}.{secrets.token_hex(8)}.tmp")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError:
-        raise StorageError("the textfile's directory is not writable") from None
+        raise StorageError(
+            "the textfile's directory is not writable",
+            reason=reasons.TEXTFILE_DIRECTORY_NOT_WRITABLE,
+        ) from None
     try:
         try:
             view = memoryview(data)
@@ -169,7 +175,9 @@ def write_textfile(path: str, text: str) -> int:
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp)
-        raise StorageError("the textfile could not be written") from None
+        raise StorageError(
+            "the textfile could not be written", reason=reasons.TEXTFILE_NOT_WRITTEN
+        ) from None
     _fsync_directory(directory)
     return len(data)
 

@@ -6,15 +6,36 @@ here writes the ledger.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
 from .ledger import Ledger
 from .metrics import check_textfile, format_prometheus, write_textfile
-from .metrics_http import DEFAULT_LISTEN, bind, parse_listen, run
 from .model import InvalidInput, LedgerError
 
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
 Payload = dict[str, Any] | str
+
+
+def parse_listen(value: object) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6; port 0 picks a free one) → ``(host, port)``.
+
+    The host must be an IP address; errors never echo the value.
+    """
+    if not isinstance(value, str) or ":" not in value:
+        raise InvalidInput("listen must be HOST:PORT")
+    host, _, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise InvalidInput("the listen host must be an IP address") from None
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise InvalidInput("the listen port must be 0-65535")
+    return str(address), int(port_text)
 
 
 def check_metrics_options(textfile: str | None, serve: bool, listen: str | None) -> dict[str, Any]:
@@ -54,6 +75,8 @@ def run_metrics(
 
     text = render()
     if values["listen"] is not None:
+        from .metrics_http import bind, run  # the network code loads only for --serve
+
         server = bind(values["listen"], render, categorize)
         host, port = str(server.server_address[0]), int(server.server_address[1])
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -67,4 +90,4 @@ def run_metrics(
     return {"ok": True, "textfile": {"bytes": size, "samples": samples}}, 0
 
 
-__all__ = ["check_metrics_options", "run_metrics"]
+__all__ = ["DEFAULT_LISTEN", "check_metrics_options", "parse_listen", "run_metrics"]

@@ -1,5 +1,8 @@
 """A read-only HTTP endpoint serving ``tsg metrics`` (standard library ``http.server``).
 
+The core's only module with network code: imported only by ``tsg metrics --serve`` (never by
+``import task_state_guard`` or any other command), and the privacy audit allows it here alone.
+
 ``GET /metrics`` opens the ledger read-only, reads a fresh status, closes it and answers the
 text exposition; every other path is 404, every other method 501. Requests are served one at
 a time (a scrape never runs beside another), nothing is logged, and the endpoint never writes
@@ -18,31 +21,10 @@ from urllib.parse import urlsplit
 from .metrics import CONTENT_TYPE
 from .model import InvalidInput, LedgerError
 
-DEFAULT_LISTEN = "127.0.0.1:9464"
-
 #: Renders one scrape (raises a ``LedgerError`` when the ledger cannot be read).
 Render = Callable[[], str]
 #: Names an error's category for the 503 body.
 Categorize = Callable[[LedgerError], str]
-
-
-def parse_listen(value: object) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6; port 0 picks a free one) → ``(host, port)``.
-
-    The host must be an IP address; errors never echo the value.
-    """
-    if not isinstance(value, str) or ":" not in value:
-        raise InvalidInput("listen must be HOST:PORT")
-    host, _, port_text = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise InvalidInput("the listen host must be an IP address") from None
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise InvalidInput("the listen port must be 0-65535")
-    return str(address), int(port_text)
 
 
 class _Server(HTTPServer):
@@ -118,4 +100,4 @@ def run(server: HTTPServer) -> None:
         server.server_close()
 
 
-__all__ = ["DEFAULT_LISTEN", "bind", "parse_listen", "run"]
+__all__ = ["bind", "run"]

@@ -59,6 +59,8 @@ STORED_ROW_INVALID = "stored_row_invalid"
 WAL_MODE_UNAVAILABLE = "wal_mode_unavailable"
 WAL_MODE_REQUIRED = "wal_mode_required"
 ROLLBACK_JOURNAL_PRESENT = "rollback_journal_present"
+SNAPSHOT_TOO_LARGE = "snapshot_too_large"
+SNAPSHOT_UNAVAILABLE = "snapshot_unavailable"
 DATABASE_CHANGING = "database_changing"
 WAL_INCOMPLETE = "wal_incomplete"
 
@@ -69,6 +71,17 @@ WRITE_REJECTED = "write_rejected"
 DATABASE_UNUSABLE = "database_unusable"
 READ_ONLY_LEDGER = "read_only_ledger"
 LEDGER_CLOSED = "ledger_closed"
+
+# ----------------------------------------------------------------------------- metrics textfile
+TEXTFILE_NOT_ACCESSIBLE = "textfile_not_accessible"
+TEXTFILE_DIRECTORY_NOT_WRITABLE = "textfile_directory_not_writable"
+TEXTFILE_NOT_WRITTEN = "textfile_not_written"
+
+# ----------------------------------------------------------------------------- PostgreSQL
+BACKEND_MISSING = "backend_missing"
+SERVER_UNREACHABLE = "server_unreachable"
+PRIVILEGE_MISSING = "privilege_missing"
+SCHEMA_NEWER = "schema_newer"
 
 #: Reasons of the command line's usage errors (always with ``"error":"InvalidInput"``).
 USAGE: frozenset[str] = frozenset(
@@ -91,10 +104,12 @@ STORAGE: frozenset[str] = frozenset(
         FILE_OWNED_BY_OTHER_USER, FILE_NOT_PRIVATE, FILE_NOT_ACCESSIBLE, FILE_MODE_NOT_FIXABLE,
         OWNER_LOCK_UNAVAILABLE, OWNER_LOCK_DIRECTORY_UNSAFE,
         NOT_A_LEDGER, FOREIGN_SCHEMA, MIGRATION_REFUSED, STORED_ROW_INVALID,
-        WAL_MODE_UNAVAILABLE, WAL_MODE_REQUIRED, ROLLBACK_JOURNAL_PRESENT,
-        DATABASE_CHANGING, WAL_INCOMPLETE,
+        WAL_MODE_UNAVAILABLE, WAL_MODE_REQUIRED, ROLLBACK_JOURNAL_PRESENT, SNAPSHOT_TOO_LARGE,
+        SNAPSHOT_UNAVAILABLE, DATABASE_CHANGING, WAL_INCOMPLETE,
         DATABASE_BUSY, DISK_FULL, WRITE_REJECTED, DATABASE_UNUSABLE, READ_ONLY_LEDGER,
-        LEDGER_CLOSED,
+        LEDGER_CLOSED, TEXTFILE_NOT_ACCESSIBLE, TEXTFILE_DIRECTORY_NOT_WRITABLE,
+        TEXTFILE_NOT_WRITTEN,
+        BACKEND_MISSING, SERVER_UNREACHABLE, PRIVILEGE_MISSING, SCHEMA_NEWER,
     }
 )
 #: The whole closed vocabulary.
