@@ -293,6 +293,14 @@ class Ledger:
         db = self._db
         if db.in_group:  # joining the enclosing transaction: no context manager needed
             return self._guarded_on(db.conn(), sql, tid, params)
+        write_one = db.write_one
+        if write_one is not None and sql:
+            # One round trip: the guarded statement alone is the transaction. A refusal (the
+            # clock read before a lock wait may be stale) takes the locked path below.
+            now = db.now()
+            row = write_one(sql, (now, tid, *params))
+            if row is not None:
+                return row, now, None
         with db.write() as conn:
             return self._guarded_on(conn, sql, tid, params)
 
@@ -410,11 +418,12 @@ class Ledger:
             raise InvalidInput("owner must be a boolean")
         if self._db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        token = None
-        if owner:
+        token = self._db.held_token() if owner else None
+        if owner and token is None:
             # Judged before the lock file exists; the guarded update below decides for real.
             # The lock file is made outside the write transaction: its creation never waits
-            # for (or holds up) another connection's write.
+            # for (or holds up) another connection's write. Once this process holds it, a
+            # refused start creates nothing, so no look ahead is needed.
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
             token = self._db.own_token()
