@@ -215,6 +215,23 @@ class PostgresDatabase:
         """Hold the task's row until this transaction ends (before the clock is read)."""
         conn.execute(_LOCK_TASK, (task_id,))
 
+    def write_one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """Run one guarded statement as its own transaction (autocommit: one round trip, no
+        BEGIN or COMMIT); return its first row, or None when nothing was written.
+
+        The statement and the events its triggers write commit together or not at all. Its
+        row lock is taken by the statement itself, and at READ COMMITTED a statement that
+        waited re-judges its guard against the row that was committed meanwhile. Inside an
+        open transaction (a group, or a pass) nothing runs and None is returned: the caller's
+        locked path does the work there.
+        """
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        conn = self.conn()
+        if conn.in_transaction or getattr(self._local, "bulk", False):
+            return None
+        return conn.fetch_prepared(sql, params)
+
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:
         """This process's owner token (its session-level advisory lock taken once)."""
