@@ -128,6 +128,12 @@ def test_a_transition_is_one_statement_and_refusals_still_explain(
             closed = ledger.close_task(task.id, "succeeded", code="completed")
             assert len(statements) == 3  # no BEGIN, no COMMIT, no look ahead
             assert started.has_owner and closed.status == "succeeded"
+        internal = ledger.create_task(delivery_required=False)
+        ledger.start_task(internal.id)
+        statements.clear()
+        settled = ledger.close_task_settled(internal.id, "failed", code="worker_failed")
+        assert len(statements) == 1  # the close and its settled delivery: one statement
+        assert (settled.status, settled.delivery_status) == ("failed", "not_applicable")
         statements.clear()
         with pytest.raises(StateConflict, match="already closed with another state"):
             ledger.close_task(task.id, "failed")

@@ -293,16 +293,27 @@ class Ledger:
         db = self._db
         if db.in_group:  # joining the enclosing transaction: no context manager needed
             return self._guarded_on(db.conn(), sql, tid, params)
-        write_one = db.write_one
-        if write_one is not None and sql:
-            # One round trip: the guarded statement alone is the transaction. A refusal (the
-            # clock read before a lock wait may be stale) takes the locked path below.
-            now = db.now()
-            row = write_one(sql, (now, tid, *params))
-            if row is not None:
-                return row, now, None
+        if sql:
+            done = self._write_one(sql, tid, params)
+            if done is not None:
+                return done[0], done[1], None
         with db.write() as conn:
             return self._guarded_on(conn, sql, tid, params)
+
+    def _write_one(
+        self, sql: str, tid: str, params: tuple[Any, ...]
+    ) -> tuple[tuple[Any, ...], float] | None:
+        """The guarded statement alone as its own transaction (one round trip), where the
+        backend offers it and no group is open: its row and clock reading, or None (refused,
+        or no such backend). A refusal proves nothing (the clock was read before any lock
+        wait): the caller then takes the locked path, which explains."""
+        db = self._db
+        write_one = db.write_one
+        if write_one is None or db.in_group:
+            return None
+        now = db.now()
+        row = write_one(sql, (now, tid, *params))
+        return None if row is None else (row, now)
 
     def _guarded_on(
         self, conn: Any, sql: str, tid: str, params: tuple[Any, ...]
@@ -515,6 +526,10 @@ class Ledger:
         tid = canonical_id(task_id)
         state = check_state(status, TERMINAL_STATES, "terminal task status")
         reason = check_code_shape(code)
+        if reason is None or reason in TASK_CODES[state]:
+            done = self._write_one(_CLOSE_SETTLED, tid, (state, reason))
+            if done is not None:
+                return row_to_task(done[0])
         with self._db.group():
             if reason is None or reason in TASK_CODES[state]:
                 updated, _now, _row = self._guarded(_CLOSE_SETTLED, tid, state, reason)
@@ -544,6 +559,8 @@ class Ledger:
                     raise connections.translate(exc) from None
                 if done is not None:
                     return
+            elif self._write_one(_CLOSE_SETTLED_QUIET, tid, (state, reason)) is not None:
+                return
         self.close_task_settled(tid, state, code=reason)  # outside a group, or to explain
 
     def set_delivery(
