@@ -1,11 +1,15 @@
 """The PostgreSQL database object behind ``Ledger(url)``: the core's ``Database`` protocol.
 
 One connection per thread and per process (opened lazily, never used after ``fork()``).
-Writes run at READ COMMITTED: every guarded transition first holds its task's row, then reads
-the clock, then runs the core's guarded statement, so concurrent writers on one task queue on
-its row lock exactly as SQLite's writers queue on the database lock, and a guard is always
-judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY transactions
-whose snapshot is taken before the caller reads the clock (a dry run writes nothing).
+Writes run at READ COMMITTED. A transition outside a group is first tried as the core's
+guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, its own
+transaction; a statement that waited for a row lock re-judges its guard against the row
+committed meanwhile). On a refusal, and inside a group, the locked path runs: it first holds the
+task's row, then reads the clock, then runs the guarded statement, so concurrent writers on one
+task queue on its row lock exactly as SQLite's writers queue on the database lock, and a guard
+is always judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY
+transactions whose snapshot is taken before the caller reads the clock (a dry run writes
+nothing).
 Reconcile and prune passes (``bulk``) first take a transaction-level advisory lock of the
 schema, so passes on many hosts run one after another, and reconcile holds the open rows it
 reads until it commits, skipping any row a worker's transaction holds at that moment: no pass

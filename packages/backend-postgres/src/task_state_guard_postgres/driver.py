@@ -2,9 +2,11 @@
 
 The core writes its portable statements with SQLite's placeholders (``?`` and ``?N``); a
 :class:`Conn` translates them once per statement text to psycopg's and binds values on the
-client side, so a ``NULL`` or a repeated parameter needs no type annotation. Every driver error
-becomes a fixed ledger error (``LedgerBusy`` for lock waits, deadlocks and serialization
-failures), never the server's text, which may quote stored values.
+client side, so a ``NULL`` or a repeated parameter needs no type annotation. The hot
+transition statements go through :meth:`Conn.fetch_prepared` instead: prepared once per
+connection, values bound by the server (strings typed ``text``, a ``None`` inlined as
+``NULL``). Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
+deadlocks and serialization failures), never the server's text, which may quote stored values.
 
 A connection is never used or closed by a process that did not open it (:attr:`Conn.usable`
 and :meth:`Conn.close` check the process id; psycopg finalises a connection only in the process
