@@ -1,4 +1,5 @@
-"""The PostgreSQL ledger's own guarantees: row lock before the clock, read-only dry runs,
+"""The PostgreSQL ledger's own guarantees: one statement per transition, row lock before
+the clock on the locked path, read-only dry runs,
 read-only ledgers, connection bounds."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from pg_helpers import sql
@@ -20,11 +23,12 @@ from task_state_guard import (
     StorageError,
     TaskNotFound,
 )
-from task_state_guard_postgres import CLIENT_DEFAULTS, SERVER_KEEPALIVE
+from task_state_guard_postgres import CLIENT_DEFAULTS, SERVER_KEEPALIVE, driver
 from task_state_guard_postgres.url import parse
 
 
-def test_a_transition_reads_the_clock_only_once_it_holds_the_row(pg_url: str) -> None:
+def _slow_clock() -> tuple[threading.Event, threading.Event, Callable[[], float]]:
+    """A clock that, once armed, sleeps after its first reading (another writer lands then)."""
     read_clock, armed = threading.Event(), threading.Event()
 
     def slow_clock() -> float:
@@ -34,6 +38,44 @@ def test_a_transition_reads_the_clock_only_once_it_holds_the_row(pg_url: str) ->
             time.sleep(0.5)  # a heartbeat elsewhere would land now, after this reading
         return now
 
+    return read_clock, armed, slow_clock
+
+
+def test_a_transition_in_a_group_reads_the_clock_only_once_it_holds_the_row(
+    pg_url: str,
+) -> None:
+    read_clock, armed, slow_clock = _slow_clock()
+    with Ledger(pg_url) as setup:
+        task = setup.create_task()
+        setup.start_task(task.id, owner=False)
+    closer = Ledger(pg_url, clock=slow_clock)
+    beater = Ledger(pg_url)
+    outcome: dict[str, object] = {}
+
+    def close() -> None:
+        try:
+            with closer.atomic():
+                outcome["closed"] = closer.close_task(task.id, "succeeded").status
+        except StateConflict as exc:
+            outcome["closed"] = str(exc)
+
+    thread = threading.Thread(target=close)
+    armed.set()
+    thread.start()
+    assert read_clock.wait(10)
+    with pytest.raises(StateConflict):  # waits for the closer's row lock, then finds it closed
+        beater.heartbeat(task.id)
+    thread.join(10)
+    assert outcome["closed"] == "succeeded"
+    closer.close()
+    beater.close()
+
+
+def test_a_clock_read_before_another_change_never_fails_a_transition(pg_url: str) -> None:
+    # Outside a group a transition is one statement whose clock was read before any row lock:
+    # a heartbeat landing after that reading makes the guard refuse, and the locked path then
+    # re-reads the clock under the row lock and closes the task.
+    read_clock, armed, slow_clock = _slow_clock()
     with Ledger(pg_url) as setup:
         task = setup.create_task()
         setup.start_task(task.id, owner=False)
@@ -51,12 +93,57 @@ def test_a_transition_reads_the_clock_only_once_it_holds_the_row(pg_url: str) ->
     armed.set()
     thread.start()
     assert read_clock.wait(10)
-    with pytest.raises(StateConflict):  # waits for the closer's row lock, then finds it closed
-        beater.heartbeat(task.id)
+    beat = beater.heartbeat(task.id)  # nothing holds the row: lands after the closer's reading
     thread.join(10)
     assert outcome["closed"] == "succeeded"
+    closed = beater.get_task(task.id)
+    assert beat.heartbeat_at is not None and closed.ended_at is not None
+    assert closed.ended_at >= beat.heartbeat_at
+    assert [e.kind for e in beater.events_of(task.id)] == ["created", "started", "closed"]
+    assert beater.doctor()["healthy"] is True
     closer.close()
     beater.close()
+
+
+def test_a_transition_is_one_statement_and_refusals_still_explain(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    statements: list[str] = []
+    for name in ("execute", "fetch_prepared"):
+        original = getattr(driver.Conn, name)
+
+        def counted(self: driver.Conn, sql: str, params: Any = (), *,
+                    _original: Any = original) -> Any:
+            statements.append(sql)
+            return _original(self, sql, params)
+
+        monkeypatch.setattr(driver.Conn, name, counted)
+    with Ledger(pg_url) as ledger:
+        warm = ledger.create_task()
+        ledger.start_task(warm.id)  # takes this process's owner token once
+        for steps in range(3):
+            statements.clear()
+            task = ledger.create_task(delivery_required=bool(steps % 2))
+            started = ledger.start_task(task.id)
+            closed = ledger.close_task(task.id, "succeeded", code="completed")
+            assert len(statements) == 3  # no BEGIN, no COMMIT, no look ahead
+            assert started.has_owner and closed.status == "succeeded"
+        internal = ledger.create_task(delivery_required=False)
+        ledger.start_task(internal.id)
+        statements.clear()
+        settled = ledger.close_task_settled(internal.id, "failed", code="worker_failed")
+        assert len(statements) == 1  # the close and its settled delivery: one statement
+        assert (settled.status, settled.delivery_status) == ("failed", "not_applicable")
+        statements.clear()
+        with pytest.raises(StateConflict, match="already closed with another state"):
+            ledger.close_task(task.id, "failed")
+        assert len(statements) > 1  # the refusal took the locked path to explain
+        with pytest.raises(TaskNotFound):
+            ledger.start_task("00000000-0000-4000-8000-000000000000")
+        with pytest.raises(StateConflict, match="only a queued task can start"):
+            ledger.start_task(task.id)
+        assert ledger.get_task(task.id).status == "succeeded"
+        assert ledger.doctor()["healthy"] is True
 
 
 def test_dry_run_writes_nothing(pg_url: str) -> None:

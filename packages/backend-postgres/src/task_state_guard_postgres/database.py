@@ -1,11 +1,15 @@
 """The PostgreSQL database object behind ``Ledger(url)``: the core's ``Database`` protocol.
 
 One connection per thread and per process (opened lazily, never used after ``fork()``).
-Writes run at READ COMMITTED: every guarded transition first holds its task's row, then reads
-the clock, then runs the core's guarded statement, so concurrent writers on one task queue on
-its row lock exactly as SQLite's writers queue on the database lock, and a guard is always
-judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY transactions
-whose snapshot is taken before the caller reads the clock (a dry run writes nothing).
+Writes run at READ COMMITTED. A transition outside a group is first tried as the core's
+guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, its own
+transaction; a statement that waited for a row lock re-judges its guard against the row
+committed meanwhile). On a refusal, and inside a group, the locked path runs: it first holds the
+task's row, then reads the clock, then runs the guarded statement, so concurrent writers on one
+task queue on its row lock exactly as SQLite's writers queue on the database lock, and a guard
+is always judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY
+transactions whose snapshot is taken before the caller reads the clock (a dry run writes
+nothing).
 Reconcile and prune passes (``bulk``) first take a transaction-level advisory lock of the
 schema, so passes on many hosts run one after another, and reconcile holds the open rows it
 reads until it commits, skipping any row a worker's transaction holds at that moment: no pass
@@ -221,6 +225,23 @@ class PostgresDatabase:
     def lock_task(self, conn: Any, task_id: str) -> None:
         """Hold the task's row until this transaction ends (before the clock is read)."""
         conn.execute(_LOCK_TASK, (task_id,))
+
+    def write_one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """Run one guarded statement as its own transaction (autocommit: one round trip, no
+        BEGIN or COMMIT); return its first row, or None when nothing was written.
+
+        The statement and the events its triggers write commit together or not at all. Its
+        row lock is taken by the statement itself, and at READ COMMITTED a statement that
+        waited re-judges its guard against the row that was committed meanwhile. Inside an
+        open transaction (a group, or a pass) nothing runs and None is returned: the caller's
+        locked path does the work there.
+        """
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only")
+        conn = self.conn()
+        if conn.in_transaction or getattr(self._local, "bulk", False):
+            return None
+        return conn.fetch_prepared(sql, params)
 
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:

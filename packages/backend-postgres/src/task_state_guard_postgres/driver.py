@@ -2,9 +2,11 @@
 
 The core writes its portable statements with SQLite's placeholders (``?`` and ``?N``); a
 :class:`Conn` translates them once per statement text to psycopg's and binds values on the
-client side, so a ``NULL`` or a repeated parameter needs no type annotation. Every driver error
-becomes a fixed ledger error (``LedgerBusy`` for lock waits, deadlocks and serialization
-failures), never the server's text, which may quote stored values.
+client side, so a ``NULL`` or a repeated parameter needs no type annotation. The hot
+transition statements go through :meth:`Conn.fetch_prepared` instead: prepared once per
+connection, values bound by the server (strings typed ``text``, a ``None`` inlined as
+``NULL``). Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
+deadlocks and serialization failures), never the server's text, which may quote stored values.
 
 A connection is never used or closed by a process that did not open it (:attr:`Conn.usable`
 and :meth:`Conn.close` check the process id; psycopg finalises a connection only in the process
@@ -24,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
+from psycopg.types.string import StrDumper
 from task_state_guard import reasons as r
 from task_state_guard.model import LedgerBusy, LedgerError, StorageError
 
@@ -54,6 +57,21 @@ def translate_sql(sql: str) -> tuple[str, bool]:
         return "%s"
 
     return _MARK.sub(mark, sql.replace("%", "%%")), numbered
+
+
+@lru_cache(maxsize=256)
+def translate_typed(sql: str, nulls: tuple[bool, ...]) -> str:
+    """SQLite's numbered placeholders to psycopg's for server-side binding: a parameter whose
+    value is None becomes the literal ``NULL`` (a bare NULL parameter has no type the server
+    could infer), every other one ``%(pN)s``. One text per statement and pattern of NULLs."""
+
+    def mark(match: re.Match[str]) -> str:
+        if not match.group(1):
+            raise ValueError("server-side binding needs numbered placeholders")
+        index = int(match.group(1))
+        return "NULL" if nulls[index - 1] else f"%(p{index})s"
+
+    return _MARK.sub(mark, sql.replace("%", "%%"))
 
 
 def _bind(numbered: bool, params: Sequence[Any]) -> Sequence[Any] | dict[str, Any]:
@@ -99,6 +117,7 @@ class Conn:
         self.pid = os.getpid()
         #: Rows changed by this connection's statements (the core's heartbeat count).
         self.total_changes = 0
+        self._typed: psycopg.Cursor[Any] | None = None  # for :meth:`fetch_prepared`
 
     @property
     def usable(self) -> bool:
@@ -134,6 +153,29 @@ class Conn:
                 self.total_changes += cursor.rowcount
             return cursor
         raise error  # outside the handler: the driver's text is not even chained
+
+    def fetch_prepared(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """Run one statement with numbered placeholders as a server-side prepared statement
+        (parsed and planned once per connection, values bound by the server, strings typed
+        ``text``); return its first row. Driver errors become ledger errors."""
+        cursor = self._typed
+        if cursor is None:
+            cursor = self._typed = psycopg.Cursor(self.raw)
+            cursor.adapters.register_dumper(str, StrDumper)
+            # Only statements run with ``prepare=True`` are prepared (ClientCursor never is).
+            self.raw.prepare_threshold = 1 << 30
+        text = translate_typed(sql, tuple(value is None for value in params))
+        bound = {f"p{index}": value for index, value in enumerate(params, 1) if value is not None}
+        try:
+            cursor.execute(text, bound, prepare=True)
+            row = cursor.fetchone()
+        except psycopg.Error as exc:
+            error = translate_error(exc)
+        else:
+            if cursor.rowcount > 0 and _is_write(text):
+                self.total_changes += cursor.rowcount
+            return row
+        raise error
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement per parameter row."""

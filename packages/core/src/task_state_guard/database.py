@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from . import connections, owners, schema, storage
 from . import reasons as r
@@ -55,6 +55,10 @@ def read_clock(clock: Callable[[], float]) -> float:
     if not math.isfinite(now) or now < 0:
         raise InvalidInput("clock returned an invalid time")
     return now
+
+
+#: A backend's one-statement write (see :attr:`Database.write_one`).
+WriteOne: TypeAlias = Callable[[str, tuple[Any, ...]], tuple[Any, ...] | None]
 
 
 class Database(Protocol):
@@ -115,6 +119,16 @@ class Database(Protocol):
         """Inside a write transaction, before the clock is read: hold the task's row so that no
         other writer changes it before this transaction ends (a no-op where the whole database
         is locked for writing)."""
+        ...
+
+    @property
+    def write_one(self) -> WriteOne | None:
+        """A backend's one-statement write, or None (then every transition runs in
+        :meth:`write`): ``write_one(sql, params)`` runs one guarded statement as its own
+        committed transaction (outside any group) and returns its first ``RETURNING`` row, or
+        None when the guard refused. The clock is read before the call, so a refusal proves
+        nothing: the ledger then runs the locked path, which re-reads the clock and explains.
+        """
         ...
 
     def own_token(self) -> str:
@@ -492,6 +506,9 @@ class SQLiteDatabase:
             yield
 
     # ----------------------------------------------------------------- owners and reports
+    #: SQLite's writes queue on one database lock; the single statement is no shortcut.
+    write_one: WriteOne | None = None
+
     def lock_task(self, conn: Any, task_id: str) -> None:
         """Nothing to do: an IMMEDIATE transaction already holds the database's write lock."""
 

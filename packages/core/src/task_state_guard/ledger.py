@@ -296,8 +296,27 @@ class Ledger:
         db = self._db
         if db.in_group:  # joining the enclosing transaction: no context manager needed
             return self._guarded_on(db.conn(), sql, tid, params)
+        if sql:
+            done = self._write_one(sql, tid, params)
+            if done is not None:
+                return done[0], done[1], None
         with db.write() as conn:
             return self._guarded_on(conn, sql, tid, params)
+
+    def _write_one(
+        self, sql: str, tid: str, params: tuple[Any, ...]
+    ) -> tuple[tuple[Any, ...], float] | None:
+        """The guarded statement alone as its own transaction (one round trip), where the
+        backend offers it and no group is open: its row and clock reading, or None (refused,
+        or no such backend). A refusal proves nothing (the clock was read before any lock
+        wait): the caller then takes the locked path, which explains."""
+        db = self._db
+        write_one = db.write_one
+        if write_one is None or db.in_group:
+            return None
+        now = db.now()
+        row = write_one(sql, (now, tid, *params))
+        return None if row is None else (row, now)
 
     def _guarded_on(
         self, conn: Any, sql: str, tid: str, params: tuple[Any, ...]
@@ -413,11 +432,12 @@ class Ledger:
             raise InvalidInput("owner must be a boolean")
         if self._db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        token = None
-        if owner:
+        token = self._db.held_token() if owner else None
+        if owner and token is None:
             # Judged before the lock file exists; the guarded update below decides for real.
             # The lock file is made outside the write transaction: its creation never waits
-            # for (or holds up) another connection's write.
+            # for (or holds up) another connection's write. Once this process holds it, a
+            # refused start creates nothing, so no look ahead is needed.
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
             token = self._db.own_token()
@@ -509,6 +529,10 @@ class Ledger:
         tid = canonical_id(task_id)
         state = check_state(status, TERMINAL_STATES, "terminal task status")
         reason = check_code_shape(code)
+        if reason is None or reason in TASK_CODES[state]:
+            done = self._write_one(_CLOSE_SETTLED, tid, (state, reason))
+            if done is not None:
+                return row_to_task(done[0])
         with self._db.group():
             if reason is None or reason in TASK_CODES[state]:
                 updated, _now, _row = self._guarded(_CLOSE_SETTLED, tid, state, reason)
@@ -538,6 +562,8 @@ class Ledger:
                     raise connections.translate(exc) from None
                 if done is not None:
                     return
+            elif self._write_one(_CLOSE_SETTLED_QUIET, tid, (state, reason)) is not None:
+                return
         self.close_task_settled(tid, state, code=reason)  # outside a group, or to explain
 
     def set_delivery(
