@@ -237,11 +237,15 @@ class PostgresDatabase:
         locked path does the work there.
         """
         if self._read_only:
-            raise StorageError("the ledger was opened read-only")
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         conn = self.conn()
         if conn.in_transaction or getattr(self._local, "bulk", False):
             return None
-        return conn.fetch_prepared(sql, params)
+        row = conn.fetch_prepared(sql, params)
+        # The server answered: as after a write's BEGIN, an owner whose lock connection broke
+        # takes its locks back.
+        owners.keep_locks(self._target, self.busy_timeout_ms)
+        return row
 
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:
