@@ -135,6 +135,11 @@ _SERVER_GROUPS = f"""SELECT status, delivery_status, name, parent_id IS NULL,
     FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5"""
 
 
+def _before(value: Any, least: Any) -> bool:
+    """``value < least`` as SQL's ``min`` orders them (NaN above every number)."""
+    return bool(value < least or (least != least and value == value))
+
+
 def _server_groups(
     conn: Any, now: float, grace: float
 ) -> tuple[Counter[tuple[Any, Any, Any, Any, Any]], dict[str, Any], int, int]:
@@ -154,7 +159,7 @@ def _server_groups(
                 key = (status, delivery, None if name is None else INVALID_LABEL, key[3], key[4])
             counts[key] += count
             for what, value in (("queued", queued), ("running", running), ("owed", ended)):
-                if value is not None and (least[what] is None or value < least[what]):
+                if value is not None and (least[what] is None or _before(value, least[what])):
                     least[what] = value
             past_deadline += late
             stale += old
