@@ -169,3 +169,6 @@ def test_a_version_4_ledger_migrates_to_5_and_its_pass_writes_every_event(pg_url
         (3, "closed", "timed_out", "restart_stale"),
         (4, "delivery", "failed", "delivery_grace_expired")]
     assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,)]
+    assert sql(pg_url, "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n "
+                       "ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                       "AND c.relname = 'tsg_tasks'", (schema,)) == [(["fillfactor=80"],)]

@@ -167,9 +167,12 @@ PASS_EVENTS = "tsg.pass_events"
 
 def _v5(s: str) -> list[str]:
     """Version 5: the row trigger steps aside for a reconcile pass's set-based statements
-    (a trigger call per row cost a pass more than the rows' own updates)."""
+    (a trigger call per row cost a pass more than the rows' own updates); task pages keep a
+    fifth free (pages written from now on), so that a start, heartbeat or time-out, which
+    change no indexed column, can stay on its page without new index entries (HOT)."""
     q = f'"{s}"'
     return [
+        f"ALTER TABLE {q}.tsg_tasks SET (fillfactor = 80)",
         f"DROP TRIGGER tsg_event_changed ON {q}.tsg_tasks",
         f"CREATE TRIGGER tsg_event_changed AFTER UPDATE OF status, delivery_status "
         f"ON {q}.tsg_tasks FOR EACH ROW "
