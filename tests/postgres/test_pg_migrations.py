@@ -6,7 +6,7 @@ import time
 
 import pytest
 from pg_helpers import Workers, schema_of, sql
-from task_state_guard import Ledger, StorageError
+from task_state_guard import Ledger, ReconcilePolicy, StorageError
 from task_state_guard.cli import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
 from task_state_guard_postgres.ddl import MIGRATIONS
@@ -14,19 +14,19 @@ from task_state_guard_postgres.ddl import MIGRATIONS
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 4
+        assert ledger.schema_version == SCHEMA_VERSION == 5
         ledger.create_task()
     with Ledger(pg_url) as again:  # a second open migrates nothing
         assert again.schema_version == SCHEMA_VERSION
         assert again.status()["tasks"]["queued"] == 1
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,)]
 
 
 def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
     start = time.time() + 2.0
     procs = [workers.start("open", pg_url, start) for _ in range(4)]
-    assert [workers.finish(p)["schema_version"] for p in procs] == [4, 4, 4, 4]
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,)]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [5, 5, 5, 5]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,)]
     with Ledger(pg_url) as ledger:
         assert ledger.doctor()["healthy"] is True
 
@@ -34,7 +34,7 @@ def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> N
 def test_a_newer_schema_is_refused(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (5, 0)")
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (6, 0)")
     for read_only in (False, True):
         with pytest.raises(StorageError) as err:
             Ledger(pg_url, read_only=read_only)
@@ -54,7 +54,7 @@ def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
     assert tables == []  # no table, no migrations row: all of it or nothing
     sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
     with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
-        assert ledger.schema_version == 4
+        assert ledger.schema_version == 5
 
 
 def test_a_foreign_schema_is_refused_and_doctor_says_so(
@@ -96,7 +96,7 @@ def test_stale_ledger_schemas_are_dropped_and_fresh_ones_kept(pg_url: str) -> No
             drop_schema(url)
 
 
-def test_a_version_3_ledger_migrates_to_4_with_its_totals(pg_url: str) -> None:
+def test_a_version_3_ledger_migrates_to_5_with_its_totals(pg_url: str) -> None:
     schema = schema_of(pg_url)
     sql(pg_url, f'CREATE SCHEMA "{schema}"')
     sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
@@ -115,7 +115,7 @@ def test_a_version_3_ledger_migrates_to_4_with_its_totals(pg_url: str) -> None:
                     "VALUES (%s, %s, %s, 1, 'pending', 1.0, %s, 1.0, 2.0)",
             (tid, status, code, ended))
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == 4
+        assert ledger.schema_version == 5
         seeded = ledger.status()["outcomes_total"]["task"]  # the two closed tasks it held
         assert seeded["succeeded"]["worker_completed"] == 1 and seeded["failed"][""] == 1
         assert seeded["cancelled"].get("", 0) == 0
@@ -125,5 +125,50 @@ def test_a_version_3_ledger_migrates_to_4_with_its_totals(pg_url: str) -> None:
         assert ledger.doctor()["schema_ok"] is True
         ledger.reconcile()  # a pass folds the totals' increments into one row per outcome
         assert ledger.status()["outcomes_total"]["task"]["cancelled"][""] == 2
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,)]
     assert sql(pg_url, "SELECT total FROM tsg_totals WHERE state = 'cancelled'") == [(2,)]
+
+
+def test_a_version_4_ledger_migrates_to_5_and_its_pass_writes_every_event(pg_url: str) -> None:
+    schema = schema_of(pg_url)
+    sql(pg_url, f'CREATE SCHEMA "{schema}"')
+    sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
+                "(version integer PRIMARY KEY, applied_at double precision NOT NULL)")
+    for number in (3, 4):  # the layout the previous release created
+        for statement in MIGRATIONS[number](schema):
+            sql(pg_url, statement)
+        sql(pg_url, "INSERT INTO tsg_migrations VALUES (%s, 0)", (number,))
+    sql(pg_url, "INSERT INTO tsg_meta VALUES ('application', 'task-state-guard')")
+    tid = "00000000-0000-4000-8000-000000000001"
+    sql(pg_url, "INSERT INTO tsg_tasks(id, status, delivery_required, delivery_status, "
+                "created_at, started_at, heartbeat_at, delivery_updated_at, updated_at) "
+                "VALUES (%s, 'running', 1, 'pending', 1.0, 1.0, 1.0, 1.0, 1.0)", (tid,))
+    sql(pg_url, "INSERT INTO tsg_events VALUES (1, 2, 'started', 'running', 'started', 1.0)")
+    sql(pg_url, "UPDATE tsg_tasks SET version = 1")
+    # the version 4 trigger, before the migration: events for every update
+    assert sql(pg_url, "SELECT tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                       "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                       "AND pg_get_triggerdef(t.oid) LIKE %s",
+               (schema, "%WHEN%")) == []
+    with Ledger(pg_url, clock=lambda: 10_000.0) as ledger:
+        assert ledger.schema_version == 5
+        assert ledger.doctor()["healthy"] is True
+        report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60,
+                                                  delivery_grace_seconds=0))
+        assert report["tasks_timed_out"] == 1 and report["deliveries_failed"] == 1
+        other = ledger.create_task()
+        ledger.close_task(other.id, "cancelled")  # the trigger writes this one's events
+        assert ledger.doctor()["healthy"] is True
+        totals = ledger.status()
+        assert totals["outcomes_total"]["task"]["timed_out"]["restart_stale"] == 1
+        assert totals["outcomes_total"]["task"]["cancelled"][""] == 1
+        assert totals["delivery_outcomes_total"]["owed"]["failed"]["delivery_grace_expired"] == 1
+    assert sql(pg_url, "SELECT step, kind, state, code FROM tsg_events WHERE task_seq = 1 "
+                       "ORDER BY step") == [
+        (1, "created", "queued", "created"), (2, "started", "running", "started"),
+        (3, "closed", "timed_out", "restart_stale"),
+        (4, "delivery", "failed", "delivery_grace_expired")]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,)]
+    assert sql(pg_url, "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n "
+                       "ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                       "AND c.relname = 'tsg_tasks'", (schema,)) == [(["fillfactor=80"],)]

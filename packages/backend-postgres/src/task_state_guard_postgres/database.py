@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from task_state_guard import reasons as r
+from task_state_guard import reconcile as _reconcile
 from task_state_guard.database import read_clock
 from task_state_guard.model import InvalidInput, LedgerError, StorageError
 from task_state_guard.owners import Liveness
@@ -34,6 +35,37 @@ from . import doctor as _doctor
 from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
 
 PASS_KIND = "tsg-pass"
+# Reconcile's per-row statements (last parameter: the row's seq) as one statement per batch
+# and set of values, writing what the event trigger writes for the same rows (the trigger
+# steps aside while ``ddl.PASS_EVENTS`` is on). The guards (still active / still pending)
+# hold for every row a pass sends, since it holds them; they keep events exact regardless.
+_TASKS_SEQ = "seq = ANY(?::bigint[])"
+PASS_WRITES = {
+    _reconcile.TIME_OUT: (
+        "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
+        f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
+        "AND status IN ('queued','running') "
+        "RETURNING seq, status, terminal_code, ended_at, parent_id), "
+        "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
+        "SELECT seq, 3, 'closed', status, terminal_code, ended_at FROM u) "
+        "INSERT INTO tsg_totals(event, kind, state, code, total) "
+        "SELECT 'closed', CASE WHEN parent_id IS NULL THEN 'task' ELSE 'attempt' END, status, "
+        "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
+    ),
+    _reconcile.CLOSE_DELIVERY: (
+        "WITH u AS (UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, "
+        f"delivery_updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
+        "AND delivery_status = 'pending' "
+        "RETURNING seq, delivery_status, delivery_code, delivery_updated_at, delivery_required), "
+        "c AS (SELECT * FROM u WHERE delivery_status <> 'pending'), "
+        "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
+        "SELECT seq, 4, 'delivery', delivery_status, delivery_code, delivery_updated_at FROM c) "
+        "INSERT INTO tsg_totals(event, kind, state, code, total) "
+        "SELECT 'delivery', CASE delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END, "
+        "delivery_status, coalesce(delivery_code, ''), count(*) FROM c GROUP BY 2, 3, 4"
+    ),
+}
+_PASS_EVENTS = f"SELECT set_config('{ddl.PASS_EVENTS}', ?, true)"
 _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 
 
@@ -45,6 +77,26 @@ class PostgresDatabase:
     #: being changed right now; the next pass judges it): a pass never waits for a worker,
     #: so a worker's transaction and a pass can never deadlock.
     row_lock = " FOR NO KEY UPDATE SKIP LOCKED"
+    #: The server hash-aggregates: status reads only the groups, never every row.
+    group_on_server = True
+
+    @staticmethod
+    def run_batch(conn: driver.Conn, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        """Reconcile's writes as one set-based statement per distinct set of values (a pass
+        gives a few: its codes share one clock reading) instead of a statement and a trigger
+        call per row; the statement writes the rows' events and totals itself. Any other
+        statement: one per row."""
+        shape = PASS_WRITES.get(statement)
+        if shape is None:
+            conn.executemany(statement, rows)
+            return
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for row in rows:
+            groups.setdefault(tuple(row[:-1]), []).append(row[-1])
+        conn.execute(_PASS_EVENTS, ("on",))
+        for values, seqs in groups.items():
+            conn.execute(shape, (*values, seqs))
+        conn.execute(_PASS_EVENTS, ("off",))  # a failure above aborts the transaction: no reset
 
     def __init__(
         self,

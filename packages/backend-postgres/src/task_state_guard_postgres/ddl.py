@@ -20,8 +20,9 @@ from task_state_guard.model import StorageError
 
 from .driver import Conn
 
-#: The layout version this release writes (the core's data model version).
-SCHEMA_VERSION = 4
+#: The layout version this release writes (4: the core's data model; 5: reconcile passes
+#: write their events set-based, see :data:`PASS_EVENTS`).
+SCHEMA_VERSION = 5
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -157,8 +158,32 @@ $fn$""",
     ]
 
 
+#: A transaction-local setting: while it is ``on``, the row trigger leaves a state change's
+#: event and totals to the statement that makes the change. Only a reconcile pass sets it,
+#: for each of its set-based statements, which write the events and totals of exactly the rows
+#: they change (``database.PASS_WRITES``). A session that sets it on purpose skips events as
+#: one that drops the trigger would; doctor's event-chain check finds either.
+PASS_EVENTS = "tsg.pass_events"
+
+
+def _v5(s: str) -> list[str]:
+    """Version 5: the row trigger steps aside for a reconcile pass's set-based statements
+    (a trigger call per row cost a pass more than the rows' own updates); task pages keep a
+    fifth free (pages written from now on), so that a start, heartbeat or time-out, which
+    change no indexed column, can stay on its page without new index entries (HOT)."""
+    q = f'"{s}"'
+    return [
+        f"ALTER TABLE {q}.tsg_tasks SET (fillfactor = 80)",
+        f"DROP TRIGGER tsg_event_changed ON {q}.tsg_tasks",
+        f"CREATE TRIGGER tsg_event_changed AFTER UPDATE OF status, delivery_status "
+        f"ON {q}.tsg_tasks FOR EACH ROW "
+        f"WHEN (current_setting('{PASS_EVENTS}', true) IS DISTINCT FROM 'on') "
+        f"EXECUTE FUNCTION {q}.tsg_write_event()",
+    ]
+
+
 #: Migration number -> its statements (a function of the schema name), applied in order.
-MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4}
+MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4, 5: _v5}
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
@@ -251,6 +276,6 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
 
 
 __all__ = [
-    "COMPACT_TOTALS", "MIGRATIONS", "NEWER_SCHEMA", "SCHEMA_VERSION", "lock_key", "prepare",
-    "stored_version",
+    "COMPACT_TOTALS", "MIGRATIONS", "NEWER_SCHEMA", "PASS_EVENTS", "SCHEMA_VERSION", "lock_key",
+    "prepare", "stored_version",
 ]

@@ -97,6 +97,17 @@ _TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
     AND g.tgname IN ('tsg_event_created', 'tsg_event_changed')"""
 
 
+class _Streamed:
+    """The connection as ``core._check_values`` reads it: its one query over every row comes
+    through a server-side cursor, a bounded number of rows at a time."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str) -> Any:
+        return self._conn.stream(sql)
+
+
 def _schema_ok(conn: Any, schema: str) -> int | None:
     """The schema version when the layout is exactly this release's, else None."""
     version = ddl.stored_version(conn, schema)
@@ -128,7 +139,7 @@ def run_doctor(db: PostgresDatabase) -> dict[str, Any]:
                 findings["foreign_key_violations"] = core._count(conn, _MISSING_PARENTS)
                 findings["orphan_events"] = core._count(conn, core._ORPHAN_EVENTS)
                 core._check_shapes(conn, findings, _SHAPES)
-                core._check_values(conn, findings)
+                core._check_values(_Streamed(conn), findings)
                 findings["event_chain_mismatches"] = core._count(conn, _EVENT_CHAINS)
                 findings["parent_order_violations"], findings["parent_cycles"] = core._cycles(
                     conn

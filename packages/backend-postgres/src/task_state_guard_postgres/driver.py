@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -190,6 +190,23 @@ class Conn:
                 self.total_changes += cursor.rowcount
             return
         raise error
+
+    def stream(self, sql: str, size: int = 5000) -> Iterator[tuple[Any, ...]]:
+        """The rows of one query (no parameters) through a server-side cursor, ``size`` rows
+        per round trip, so the client never holds them all (inside a transaction block)."""
+        cursor = self.raw.cursor(name="tsg_stream")
+        cursor.itersize = size
+        error: LedgerError | None = None
+        try:
+            cursor.execute(sql)
+            yield from cursor
+        except psycopg.Error as exc:
+            error = translate_error(exc)
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                cursor.close()
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""

@@ -106,6 +106,16 @@ class Database(Protocol):
     #: Appended to reconcile's read of open work when it applies (a row lock, or "").
     row_lock: str
 
+    #: True when the server's GROUP BY should count (status groups rows in SQL and reads only
+    #: the groups); False when streaming the rows and counting them in Python is faster.
+    group_on_server: bool
+
+    def run_batch(self, conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        """Inside a write transaction: run one of reconcile's write statements (``TIME_OUT``,
+        ``CLOSE_DELIVERY``) once per parameter row, with the same effect as ``executemany``
+        (a backend may send the whole batch as a few set-based statements)."""
+        ...
+
     def conn(self) -> Any:
         """This thread's connection (inside a write transaction: the one it writes through)."""
         ...
@@ -165,6 +175,13 @@ class SQLiteDatabase:
 
     #: SQLite's write transaction locks the whole database: no row lock is needed.
     row_lock = ""
+    #: SQLite's GROUP BY sorts every row (spilling on large ledgers): status counts in Python.
+    group_on_server = False
+
+    @staticmethod
+    def run_batch(conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        """``executemany``: in-process statements cost no round trip."""
+        conn.executemany(statement, rows)
 
     def __init__(
         self,

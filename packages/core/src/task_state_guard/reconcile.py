@@ -34,11 +34,11 @@ _ACTIVE_CHILDREN = (
     "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
 )
 # The schema's triggers write the matching events.
-_TIME_OUT = (
+TIME_OUT = (
     "UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, updated_at = ?, "
     "version = version + 1 WHERE seq = ?"
 )
-_CLOSE_DELIVERY = (
+CLOSE_DELIVERY = (
     "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_updated_at = ?, "
     "version = version + 1 WHERE seq = ?"
 )
@@ -229,9 +229,9 @@ class _Pass:
                     self.decide("delivery", row, "not_applicable", "internal_task")
             if not self.dry_run:
                 if timeouts:
-                    conn.executemany(_TIME_OUT, timeouts)
+                    self.db.run_batch(conn, TIME_OUT, timeouts)
                 if deliveries:
-                    conn.executemany(_CLOSE_DELIVERY, deliveries)
+                    self.db.run_batch(conn, CLOSE_DELIVERY, deliveries)
             if progress is not None:
                 progress(done, max(done, total))
 

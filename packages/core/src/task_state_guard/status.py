@@ -44,7 +44,12 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
     awaiting = dict.fromkeys(OBLIGATIONS, 0)  # terminal, delivery still pending
     with db.read() as conn:
         now = db.now()
-        for (status, delivery, name, root, owed), count in _group_counts(conn).items():
+        if db.group_on_server:
+            groups, oldest, past_deadline, stale = _server_groups(conn, now, grace)
+        else:
+            groups = _group_counts(conn)
+            oldest, past_deadline, stale = _at_risk(conn, now, grace)
+        for (status, delivery, name, root, owed), count in groups.items():
             kind = "task" if root else "attempt"
             if status in TASK_STATES:
                 by_status[status] += count
@@ -59,26 +64,6 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
                 per = names[kind].setdefault(label, dict.fromkeys(_TASK_ORDER, 0))
                 per[status] += count
         totals = read_totals(conn)
-        oldest: dict[str, Any] = {}
-        for state, column in (("queued", "created_at"), ("running", "started_at")):
-            value = conn.execute(
-                f"SELECT min({column}) FROM tsg_tasks "
-                f"WHERE delivery_status = 'pending' AND status = '{state}'"
-            ).fetchone()[0]
-            oldest[state] = None if value is None else round(max(0.0, now - value), 3)
-        value = conn.execute(
-            "SELECT min(ended_at) FROM tsg_tasks WHERE delivery_status = 'pending' "
-            f"AND delivery_required = 1 AND status IN {_TERMINAL_SQL}"
-        ).fetchone()[0]
-        oldest["owed"] = None if value is None else round(max(0.0, now - value), 3)
-        past_deadline = conn.execute(
-            "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
-            "AND status = 'running' AND deadline_at <= ?", (now,)
-        ).fetchone()[0]
-        stale = conn.execute(
-            "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
-            "AND status = 'running' AND coalesce(heartbeat_at, started_at) <= ?", (now - grace,)
-        ).fetchone()[0]
         owner_dead = 0
         for token, count in conn.execute(
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
@@ -104,6 +89,82 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
         "running_owner_dead": owner_dead,
         "active_grace_seconds": grace,
     }
+
+
+def _age(now: float, value: Any) -> float | None:
+    return None if value is None else round(max(0.0, now - value), 3)
+
+
+def _at_risk(conn: Any, now: float, grace: float) -> tuple[dict[str, Any], int, int]:
+    """Oldest active ages and at-risk running counts, each through the open-work index."""
+    oldest: dict[str, Any] = {}
+    for state, column in (("queued", "created_at"), ("running", "started_at")):
+        value = conn.execute(
+            f"SELECT min({column}) FROM tsg_tasks "
+            f"WHERE delivery_status = 'pending' AND status = '{state}'"
+        ).fetchone()[0]
+        oldest[state] = _age(now, value)
+    value = conn.execute(
+        "SELECT min(ended_at) FROM tsg_tasks WHERE delivery_status = 'pending' "
+        f"AND delivery_required = 1 AND status IN {_TERMINAL_SQL}"
+    ).fetchone()[0]
+    oldest["owed"] = _age(now, value)
+    past_deadline = conn.execute(
+        "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
+        "AND status = 'running' AND deadline_at <= ?", (now,)
+    ).fetchone()[0]
+    stale = conn.execute(
+        "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
+        "AND status = 'running' AND coalesce(heartbeat_at, started_at) <= ?", (now - grace,)
+    ).fetchone()[0]
+    return oldest, int(past_deadline), int(stale)
+
+
+# One scan, grouped by the server: the counts of _group_counts and, per group, the figures of
+# _at_risk (the FILTER of a group is constant but for its times, so this costs little more).
+_SERVER_GROUPS = f"""SELECT status, delivery_status, name, parent_id IS NULL,
+    delivery_required = 1, count(*),
+    min(created_at) FILTER (WHERE delivery_status = 'pending' AND status = 'queued'),
+    min(started_at) FILTER (WHERE delivery_status = 'pending' AND status = 'running'),
+    min(ended_at) FILTER (WHERE delivery_status = 'pending' AND delivery_required = 1
+                          AND status IN {_TERMINAL_SQL}),
+    count(*) FILTER (WHERE delivery_status = 'pending' AND status = 'running'
+                     AND deadline_at <= ?),
+    count(*) FILTER (WHERE delivery_status = 'pending' AND status = 'running'
+                     AND coalesce(heartbeat_at, started_at) <= ?)
+    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5"""
+
+
+def _before(value: Any, least: Any) -> bool:
+    """``value < least`` as SQL's ``min`` orders them (NaN above every number)."""
+    return bool(value < least or (least != least and value == value))
+
+
+def _server_groups(
+    conn: Any, now: float, grace: float
+) -> tuple[Counter[tuple[Any, Any, Any, Any, Any]], dict[str, Any], int, int]:
+    """What _group_counts and _at_risk return, from one query grouped on the server; its
+    groups are streamed (names beyond ``_MAX_GROUPS`` fold as in _group_counts)."""
+    counts: Counter[tuple[Any, Any, Any, Any, Any]] = Counter()
+    least: dict[str, Any] = dict.fromkeys(("queued", "running", "owed"))
+    past_deadline = stale = 0
+    cursor = conn.execute(_SERVER_GROUPS, (now, now - grace))
+    while True:
+        rows = cursor.fetchmany(4096)
+        if not rows:
+            break
+        for status, delivery, name, root, owed, count, queued, running, ended, late, old in rows:
+            key = (status, delivery, name, bool(root), bool(owed))
+            if len(counts) >= _MAX_GROUPS and key not in counts:
+                key = (status, delivery, None if name is None else INVALID_LABEL, key[3], key[4])
+            counts[key] += count
+            for what, value in (("queued", queued), ("running", running), ("owed", ended)):
+                if value is not None and (least[what] is None or _before(value, least[what])):
+                    least[what] = value
+            past_deadline += late
+            stale += old
+    oldest = {what: _age(now, value) for what, value in least.items()}
+    return counts, oldest, past_deadline, stale
 
 
 def read_totals(conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:

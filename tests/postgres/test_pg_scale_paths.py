@@ -1,0 +1,178 @@
+"""The PostgreSQL backend's large-ledger paths give exactly what the generic paths give:
+status grouped on the server, reconcile's writes sent as set-based batches, doctor's value
+checks streamed through a server-side cursor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pg_helpers import sql
+from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard import reconcile as core_reconcile
+from task_state_guard import status as core_status
+
+T0 = 1_700_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _mixed_ledger(url: str, clock: Clock) -> None:
+    """Queued, fresh and stale running, past deadline, closed owed and internal tasks, a
+    running child keeping its parent fresh, and several names."""
+    with Ledger(url, clock=clock) as ledger:
+        for index in range(3):
+            ledger.create_task(name=f"app.queued{index % 2}")
+        stale = [ledger.create_task(name="app.stale") for _ in range(3)]
+        for task in stale:
+            ledger.start_task(task.id, owner=False)
+        parent = ledger.create_task(name="agent.plan")
+        ledger.start_task(parent.id, owner=False)
+        clock.now += 50
+        child = ledger.create_task(name="agent.tool", parent_id=parent.id)
+        ledger.start_task(child.id, owner=False)
+        late = ledger.create_task(name="app.late", timeout_seconds=5)
+        ledger.start_task(late.id, owner=False)
+        done = ledger.create_task(name="app.done")
+        ledger.start_task(done.id, owner=False)
+        ledger.close_task(done.id, "succeeded")
+        internal = ledger.create_task(name="app.inner", parent_id=done.id, delivery_required=False)
+        ledger.start_task(internal.id, owner=False)
+        ledger.close_task(internal.id, "failed")
+        clock.now += 20
+        fresh = ledger.create_task(name="app.fresh")
+        ledger.start_task(fresh.id, owner=False)
+        ledger.heartbeat(child.id)
+
+
+@pytest.mark.parametrize("grace", [0.0, 30.0, 10_000.0])
+def test_status_grouped_on_the_server_equals_the_streamed_count(pg_url: str, grace: float) -> None:
+    clock = Clock()
+    _mixed_ledger(pg_url, clock)
+    clock.now += 40
+    sql(pg_url, "UPDATE tsg_tasks SET name = 'bad name!' WHERE name = 'app.queued1'")
+    # a tampered time: SQL's min orders NaN above every number, so must the grouped path
+    sql(pg_url, "UPDATE tsg_tasks SET started_at = 'NaN' WHERE name = 'app.late'")
+    with Ledger(pg_url, read_only=True, clock=clock) as ledger:
+        db: Any = ledger._db
+        assert db.group_on_server is True
+        grouped = ledger.status(active_grace_seconds=grace)
+        db.group_on_server = False  # this object only: the generic streamed path
+        streamed = ledger.status(active_grace_seconds=grace)
+    assert grouped == streamed
+    assert grouped["by_name"][core_status.INVALID_LABEL]["queued"] == 1
+    assert grouped["running_past_deadline"] == 1
+    assert grouped["oldest_owed_delivery_age_seconds"] is not None
+
+
+def test_status_on_the_server_folds_names_beyond_the_group_bound(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Ledger(pg_url, clock=Clock()) as ledger:
+        for index in range(6):
+            ledger.create_task(name=f"app.n{index}")
+    monkeypatch.setattr(core_status, "_MAX_GROUPS", 2)
+    with Ledger(pg_url, read_only=True, clock=Clock()) as ledger:
+        report = ledger.status()
+    assert report["tasks"]["queued"] == 6
+    assert sum(per["queued"] for per in report["by_name"].values()) == 6
+    assert report["by_name"][core_status.INVALID_LABEL]["queued"] >= 4
+
+
+def _rows_and_events(url: str) -> tuple[list[tuple[Any, ...]], ...]:
+    rows = sql(url, "SELECT id, status, terminal_code, ended_at, updated_at, delivery_status, "
+                    "delivery_code, delivery_updated_at, version FROM tsg_tasks ORDER BY seq")
+    events = sql(url, "SELECT t.id, e.step, e.kind, e.state, e.code, e.at FROM tsg_events e "
+                      "JOIN tsg_tasks t ON t.seq = e.task_seq ORDER BY t.seq, e.step")
+    totals = sql(url, "SELECT event, kind, state, code, sum(total) FROM tsg_totals "
+                      "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4")
+    return rows, events, totals
+
+
+def test_reconcile_batches_write_what_one_statement_per_row_writes(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pg_fixtures import drop_pg_url, new_pg_url
+
+    twin = new_pg_url()
+    try:
+        reports = []
+        for url in (pg_url, twin):
+            clock = Clock()
+            _mixed_ledger(url, clock)
+            # the same ids on both ledgers, so that rows and events compare one to one
+            sql(url, "UPDATE tsg_tasks SET id = md5(seq::text)::uuid::text, "
+                     "parent_id = md5((SELECT p.seq FROM tsg_tasks p "
+                     "WHERE p.id = tsg_tasks.parent_id)::text)::uuid::text")
+            clock.now += 5000
+            with Ledger(url, clock=clock) as ledger:
+                db: Any = ledger._db
+                if url == twin:  # the generic path: one statement per row
+                    monkeypatch.setattr(db, "run_batch", lambda conn, statement, rows:
+                                        conn.executemany(statement, rows))
+                reports.append(ledger.reconcile(ReconcilePolicy(
+                    active_grace_seconds=60, delivery_grace_seconds=0)))
+        assert reports[0] == reports[1]
+        assert reports[0]["tasks_timed_out"] >= 3 and reports[0]["deliveries_failed"] >= 1
+        assert _rows_and_events(pg_url) == _rows_and_events(twin)
+        for url in (pg_url, twin):
+            with Ledger(url, clock=Clock(T0 + 9000)) as ledger:
+                # the pass's setting ends with it: a later close on the same connection
+                # gets its event from the trigger again
+                late = ledger.create_task()
+                ledger.close_task(late.id, "cancelled")
+                assert ledger.doctor()["healthy"] is True
+                assert ledger.reconcile()["tasks_timed_out"] == 0  # idempotent
+    finally:
+        drop_pg_url(twin)
+
+
+def test_run_batch_groups_rows_by_values(pg_url: str) -> None:
+    clock = Clock()
+    with Ledger(pg_url, clock=clock) as ledger:
+        tasks = [ledger.create_task() for _ in range(4)]
+        for task in tasks:
+            ledger.start_task(task.id, owner=False)
+        seqs = [row[0] for row in sql(pg_url, "SELECT seq FROM tsg_tasks ORDER BY seq")]
+        db: Any = ledger._db
+        with db.write() as conn:
+            db.run_batch(conn, core_reconcile.TIME_OUT, [
+                ("owner_lost", T0 + 1, T0 + 1, seqs[0]),
+                ("restart_stale", T0 + 2, T0 + 2, seqs[1]),
+                ("owner_lost", T0 + 1, T0 + 1, seqs[2]),
+            ])
+    rows = sql(pg_url, "SELECT status, terminal_code, ended_at FROM tsg_tasks ORDER BY seq")
+    assert rows == [("timed_out", "owner_lost", T0 + 1), ("timed_out", "restart_stale", T0 + 2),
+                    ("timed_out", "owner_lost", T0 + 1), ("running", None, None)]
+    closed = sql(pg_url, "SELECT count(*) FROM tsg_events WHERE kind = 'closed'")
+    assert closed == [(3,)]
+
+
+def test_doctor_streams_value_checks_and_counts_bad_values(pg_url: str) -> None:
+    with Ledger(pg_url, clock=Clock()) as ledger:
+        for index in range(12):
+            ledger.create_task(name=f"app.v{index}")
+    sql(pg_url, "UPDATE tsg_tasks SET id = 'not-a-uuid' "
+                "WHERE seq = (SELECT min(seq) FROM tsg_tasks)")
+    sql(pg_url, "UPDATE tsg_tasks SET name = 'bad name' "
+                "WHERE seq = (SELECT max(seq) FROM tsg_tasks)")
+    sql(pg_url, "UPDATE tsg_tasks SET payload_hash = 'XYZ' "
+                "WHERE seq = (SELECT max(seq) - 1 FROM tsg_tasks)")
+    with Ledger(pg_url, read_only=True) as ledger:
+        db: Any = ledger._db
+        conn = db.conn()
+        conn.execute("BEGIN")
+        try:  # a stream smaller than the table still sees every row
+            assert sum(1 for _ in conn.stream("SELECT id FROM tsg_tasks", size=5)) == 12
+        finally:
+            conn.execute("ROLLBACK")
+        report = ledger.doctor()
+    assert report["invalid_id_count"] == 1
+    assert report["invalid_value_count"] == 2
+    assert report["healthy"] is False
