@@ -10,18 +10,21 @@ backend, then the support matrix (real Celery/Dramatiq workers against Redis and
 the PostgreSQL ledger, on 127.0.0.1; a service that cannot be started is an error, never a
 skip):
 
-* the core and reliability suites on the SQLite backend on every other CPython >= 3.11
-  installed on this machine, each in its own ./.venv-py<version> built from uv.lock
-  (interpreters are found, never downloaded; a supported minor version that is not installed
-  is printed as not tested);
+* the conformance suite (tests/core, tests/contract) on the SQLite backend on every other
+  CPython >= 3.11 installed on this machine, each in its own ./.venv-py<version> built from
+  uv.lock (interpreters are found, never downloaded; a supported minor version that is not
+  installed is printed as not tested);
 * each adapter's suite (and the PostgreSQL backend's, ``tests/postgres``) against the lowest
   framework (driver) versions its pyproject declares, on the newest interpreter found (uv's
   ``lowest-direct`` resolution into ./.venv-lowest-<name>; uv.lock is not touched), with a
   check that the resolved versions are exactly the declared lower bounds;
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
   versions; here the conformance suite (tests/core, tests/contract) runs on both ledger
-  backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), and tests/fleet
-  runs workers of several "hosts" on one PostgreSQL ledger.
+  backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), tests/reliability
+  runs (once, here), and tests/fleet runs workers of several "hosts" on one PostgreSQL ledger.
+
+Before its tests each environment's site-packages and the workspace's sources are compiled to
+bytecode, so the many processes the suites start never compile their imports again.
 
 Every leg prints a ``matrix:`` line with its pass count; the exit status is non-zero when any
 leg fails. ``test`` with pytest arguments runs only the whole-suite leg with those arguments.
@@ -92,7 +95,19 @@ def package_dir(name: str) -> str:
     """The package directory of an adapter or a backend."""
     return os.path.join(ROOT, "packages", f"backend-{name}" if name in BACKENDS
                         else f"adapter-{name}")
-SUITE_CORE = ["tests/core", "tests/reliability"]
+# What each other CPython runs: the conformance suite on SQLite (the interpreter-dependent part:
+# sqlite3, fork, signals, the CLI, the adapters' in-process contract). tests/reliability
+# (faults, hostile input, privacy, load, release) runs once, in the whole-suite leg.
+SUITE_CORE = ["tests/core", "tests/contract"]
+# Compiled into each environment before its tests: site-packages and these source trees. The
+# suites start hundreds of CLI, worker and helper processes, and where bytecode is not written
+# (PYTHONDONTWRITEBYTECODE, set for every CLI subprocess) each would compile its imports anew.
+COMPILED_SOURCES = ("packages", "tests")
+_COMPILE = (
+    "import compileall, sys, sysconfig\n"
+    "for d in [sysconfig.get_paths()['purelib'], *sys.argv[1:]]:\n"
+    "    compileall.compile_dir(d, quiet=2, workers=0)\n"
+)
 LEG_PYTEST = ["-q", "-p", "no:cacheprovider"]
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
 _PROBE = (
@@ -100,6 +115,13 @@ _PROBE = (
     "list(sys.version_info[:3]), os.path.realpath(sys.executable), "
     "sys.prefix != sys.base_prefix, bool(getattr(sys, '_is_gil_enabled', lambda: 1)())]))"
 )
+
+
+def compile_bytecode(python: str) -> None:
+    """Write the bytecode of ``python``'s site-packages and of the workspace's sources (best
+    effort: a file that does not compile is left to the import that needs it)."""
+    subprocess.call([python, "-c", _COMPILE, *(os.path.join(ROOT, d) for d in COMPILED_SOURCES)],
+                    cwd=ROOT, env=_env())
 
 
 class Leg:
@@ -254,13 +276,14 @@ def _lock_version(name: str) -> str:
 
 
 def python_leg(version: str, exe: str) -> Leg:
-    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/reliability on the SQLite "
+    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/contract on the SQLite "
               "backend, uv.lock versions")
     env_dir = os.path.join(ROOT, f".venv-py{version}")
     if run([uv(), "sync", "--quiet", "--all-packages", "--frozen", "--python", exe],
            env=_env(UV_PROJECT_ENVIRONMENT=env_dir)) != 0:
         leg.closing = "uv sync failed"
         return leg
+    compile_bytecode(os.path.join(env_dir, "bin", "python"))
     # The PostgreSQL half of the conformance suite runs once, in the whole-suite leg.
     _pytest(leg, os.path.join(env_dir, "bin", "python"),
             [*LEG_PYTEST, "--backend", "sqlite", *SUITE_CORE])
@@ -301,6 +324,7 @@ def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
             [uv(), "pip", "sync", "--quiet", "--python", python, pinned], env=_env()) != 0:
         leg.closing = "the lowest declared versions did not install"
         return leg
+    compile_bytecode(python)
     installed = _installed(python, FRAMEWORK_DISTS[adapter])
     leg.label += " (" + ", ".join(f"{k} {v}" for k, v in installed.items()) + ")"
     wrong = [f"{name} {installed.get(name)} is not the declared lower bound {bound}"
@@ -355,6 +379,7 @@ def test(extra: list[str]) -> int:
     checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src",
                    *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph")),
                    *(f"packages/backend-{b}/src" for b in BACKENDS)])
+    compile_bytecode(venv_python)
     legs: list[Leg] = []
     notes: list[str] = []
     own = ".".join(map(str, sys.version_info[:3]))

@@ -12,6 +12,7 @@ variable ``TSG_TEST_LEDGER_BACKEND`` with the same values when no option is give
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -45,7 +46,40 @@ def pg_url(schema: str) -> str:
 
 
 def new_schema() -> str:
-    return SCHEMA_PREFIX + uuid.uuid4().hex[:16]
+    """``tsgt_<creation time in hex seconds>_<random>``: the leftover cleanup judges a schema's
+    age by its name, never by the ledger's own record (tests run ledgers on simulated clocks
+    far in the past, and another test session's cleanup must never drop a live one)."""
+    return f"{SCHEMA_PREFIX}{int(time.time()):x}_{uuid.uuid4().hex[:12]}"
+
+
+_STAMPED = re.compile(SCHEMA_PREFIX + r"([0-9a-f]{8,12})_[a-z0-9_]+")
+
+
+def drop_stale_schemas(conninfo: str = PG_ADMIN, older_than_seconds: float = 3600.0) -> int:
+    """Drop the test schemas (``tsgt_<time>_*``) created more than ``older_than_seconds`` ago,
+    the leftovers of killed runs; return how many were dropped."""
+    cutoff = time.time() - older_than_seconds
+    try:
+        conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise AssertionError(f"PostgreSQL is required for the test ledgers: {exc}") from exc
+    dropped = 0
+    try:
+        conn.execute("SET lock_timeout = '5s'")
+        names = [row[0] for row in conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (SCHEMA_PREFIX,)
+        ).fetchall()]
+        for name in names:
+            match = _STAMPED.fullmatch(name)
+            if match and int(match.group(1), 16) < cutoff:
+                try:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+                    dropped += 1
+                except psycopg.errors.LockNotAvailable:
+                    pass  # still in use: a later session drops it
+    finally:
+        conn.close()
+    return dropped
 
 
 def _connect() -> psycopg.Connection[tuple[object, ...]]:
@@ -89,6 +123,37 @@ def pg_schema_exists(url: str) -> bool:
     finally:
         conn.close()
     return bool(row and row[0])
+
+
+def stored_state(target: str) -> dict[str, str]:
+    """A digest of everything stored for the ledger at ``target``: for SQLite each file of its
+    directory (the database and its sidecars, byte for byte), for PostgreSQL each table of its
+    schema row by row with every row version's ``xmin`` and ``ctid`` (any write, even one that
+    stores equal values, makes a new row version). Equal digests: nothing was written."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        folder = Path(target).parent
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(folder.iterdir()) if p.is_file()}
+    match = _SCHEMA.search(target)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    schema = match.group(1)
+    conn = _connect()
+    try:
+        tables = [row[0] for row in conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY relname", (schema,)
+        ).fetchall()]
+        digests = {}
+        for table in tables:
+            rows = conn.execute(
+                f'SELECT xmin::text, ctid::text, t::text FROM "{schema}"."{table}" t '
+                "ORDER BY ctid"
+            ).fetchall()
+            digests[table] = hashlib.sha256(repr(rows).encode()).hexdigest()
+    finally:
+        conn.close()
+    return digests
 
 
 @contextmanager

@@ -479,11 +479,12 @@ def test_many_processes_write_one_ledger(tmp_path, db: str) -> None:
 
 FIRST_OPEN_SCRIPT = textwrap.dedent(
     """
-    import os, sys, time
+    import sys
     from task_state_guard import Ledger
-    db, start = sys.argv[1], float(sys.argv[2])
-    time.sleep(max(0.0, start - time.time()))  # every process opens at the same instant
-    with Ledger(db) as led:
+    import task_state_guard_postgres  # imported before the start, as everything else is
+    print("ready", flush=True)
+    sys.stdin.readline()  # every process opens at the same instant: when all are ready
+    with Ledger(sys.argv[1]) as led:
         led.create_task(name="proc.first_open")
     """
 )
@@ -501,13 +502,17 @@ def test_processes_opening_a_new_ledger_at_once_all_succeed(tmp_path, backend: s
         with ledger_target(backend, directory) as db:
             if backend == "sqlite":
                 db = str(directory / "tasks.sqlite")
-            start = time.time() + 1.5
             procs = [
-                subprocess.Popen([sys.executable, str(script), db, str(start)], env=cli_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                subprocess.Popen([sys.executable, str(script), db], env=cli_env(),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
                 for _ in range(6)
             ]
-            outputs = [p.communicate(timeout=60) for p in procs]
+            # A fixed start time lost the race on a busy machine (imports outlasted it):
+            # start them once every process has imported everything.
+            for p in procs:
+                assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+            outputs = [p.communicate(b"go\n", timeout=60) for p in procs]
             assert [p.returncode for p in procs] == [0] * 6, outputs
             with Ledger(db) as led:
                 assert led.status()["by_name"]["proc.first_open"]["queued"] == 6

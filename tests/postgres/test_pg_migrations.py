@@ -6,7 +6,7 @@ import time
 
 import pytest
 from pg_helpers import Workers, schema_of, sql
-from task_state_guard import Ledger, ReconcilePolicy, StorageError
+from task_state_guard import InvalidInput, Ledger, ReconcilePolicy, StorageError
 from task_state_guard.cli import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
 from task_state_guard_postgres.ddl import MIGRATIONS
@@ -72,9 +72,10 @@ def test_a_foreign_schema_is_refused_and_doctor_says_so(
 
 
 def test_a_read_only_open_of_a_missing_ledger_creates_nothing(pg_url: str) -> None:
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(InvalidInput) as err:  # as a missing SQLite file
         Ledger(pg_url, read_only=True)
     assert str(err.value) == "the ledger does not exist"
+    assert err.value.reason == "database_missing"
     schema = schema_of(pg_url)
     assert sql(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)) == []
 

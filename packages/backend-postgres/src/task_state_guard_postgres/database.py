@@ -165,7 +165,7 @@ class PostgresDatabase:
                     if not self._prepared:
                         self.schema_version = ddl.prepare(
                             conn, self._target.schema, read_only=self._read_only,
-                            check=self._check_schema, now=self.now(),
+                            check=self._check_schema, now=self.now,
                         )
                         self._prepared = True
         except BaseException:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from task_state_guard import reasons as r
 from task_state_guard import schema as core_schema
-from task_state_guard.model import StorageError
+from task_state_guard.model import InvalidInput, StorageError
 
 from .driver import Conn
 
@@ -215,10 +215,14 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
     return bool(row and row[0])
 
 
-def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float) -> int | None:
+def prepare(
+    conn: Conn, schema: str, *, read_only: bool, check: bool, now: Callable[[], float]
+) -> int | None:
     """Check (and, when writable, create or migrate) the ledger's schema; return its version.
 
     ``check=False`` (doctor) reports a foreign schema as version None instead of refusing it.
+    ``now`` is read only when a migration is recorded: opening a ledger samples no clock (a
+    read's clock is sampled once, inside its snapshot).
     """
     if read_only:
         version = stored_version(conn, schema)
@@ -227,7 +231,8 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
                 if check:
                     raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
                 return None
-            raise StorageError(MISSING, reason=r.DATABASE_MISSING)
+            # As a missing SQLite file: a usage error (nothing to read), never a conflict.
+            raise InvalidInput(MISSING, reason=r.DATABASE_MISSING)
         if version > SCHEMA_VERSION:
             raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
         return version
@@ -252,20 +257,20 @@ def prepare(conn: Conn, schema: str, *, read_only: bool, check: bool, now: float
                 f'CREATE TABLE "{schema}".tsg_migrations '
                 "(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
             )
-        for number in sorted(MIGRATIONS):
-            if version is not None and number <= version:
-                continue
+        pending = [n for n in sorted(MIGRATIONS) if version is None or n > version]
+        at = now() if pending else 0.0
+        for number in pending:
             for statement in MIGRATIONS[number](schema):
                 conn.execute(statement)
             conn.execute(
                 f'INSERT INTO "{schema}".tsg_migrations(version, applied_at) VALUES (?, ?)',
-                (number, now),
+                (number, at),
             )
         if version is None:
             conn.execute(
                 f'INSERT INTO "{schema}".tsg_meta(key, value) VALUES '
                 "('application', ?), ('created_at', ?)",
-                (APPLICATION, repr(now)),
+                (APPLICATION, repr(at)),
             )
         conn.execute("COMMIT")
     except BaseException:
