@@ -22,6 +22,7 @@ from core_helpers import (
     assert_json_line,
     check_report,
     cli_env,
+    is_sqlite,
     raw_execute,
     run_cli,
 )
@@ -174,9 +175,15 @@ def test_payload_fingerprint_of_text_and_bytes() -> None:
 
 
 def test_schema_version_constant(ledger: Ledger) -> None:
-    assert Ledger.SCHEMA_VERSION == 4 and ledger.SCHEMA_VERSION == 4
-    assert ledger.doctor()["schema_version"] == Ledger.SCHEMA_VERSION
-    assert ledger.storage_info()["schema_version"] == Ledger.SCHEMA_VERSION
+    assert Ledger.SCHEMA_VERSION == 4
+    if is_sqlite(str(ledger.path)):
+        assert ledger.SCHEMA_VERSION == 4
+    else:
+        from task_state_guard_postgres import SCHEMA_VERSION as pg_version
+
+        assert ledger.SCHEMA_VERSION == pg_version == 5
+    assert ledger.doctor()["schema_version"] == ledger.SCHEMA_VERSION
+    assert ledger.storage_info()["schema_version"] == ledger.SCHEMA_VERSION
 
 
 def test_doctor_report_shape(ledger: Ledger) -> None:

@@ -76,6 +76,7 @@ class PostgresDatabase:
     #: checks), and skips a row a worker's transaction holds at that moment (that work is
     #: being changed right now; the next pass judges it): a pass never waits for a worker,
     #: so a worker's transaction and a pass can never deadlock.
+    layout_version = ddl.SCHEMA_VERSION
     row_lock = " FOR NO KEY UPDATE SKIP LOCKED"
     #: The server hash-aggregates: status reads only the groups, never every row.
     group_on_server = True

@@ -103,6 +103,9 @@ class Database(Protocol):
         """The schema version of the ledger (after any migration this object ran)."""
         ...
 
+    #: The schema version this backend writes (each backend versions its own layout).
+    layout_version: int
+
     #: Appended to reconcile's read of open work when it applies (a row lock, or "").
     row_lock: str
 
@@ -174,6 +177,7 @@ class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
     #: SQLite's write transaction locks the whole database: no row lock is needed.
+    layout_version = schema.SCHEMA_VERSION
     row_lock = ""
     #: SQLite's GROUP BY sorts every row (spilling on large ledgers): status counts in Python.
     group_on_server = False

@@ -188,7 +188,8 @@ class Ledger:
     many processes at once; a connection is never reused across ``fork()``.
     """
 
-    #: The schema version this release writes (older known layouts migrate to it on open).
+    #: The schema version this release writes (older known layouts migrate to it on open). On
+    #: an instance it is its backend's: a PostgreSQL ledger versions its own layout.
     SCHEMA_VERSION: int = schema.SCHEMA_VERSION
 
     def __init__(
@@ -233,6 +234,7 @@ class Ledger:
                 read_only=read_only, check_schema=_check_schema,
             )
             self._db.conn()  # connect, check and migrate now
+            self.SCHEMA_VERSION = self._db.layout_version
             return
         self._db = database.SQLiteDatabase(
             storage.normalize_path(path),
