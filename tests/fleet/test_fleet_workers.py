@@ -118,16 +118,22 @@ def test_a_dead_host_is_closed_by_the_other_hosts_periodic_reconcile(
 
         assert result.get(timeout=90) == "second"
         celery.wait_parent(result.id, "succeeded", 60)
-        assert celery.outcome(result.id) == (
+        # The redelivered attempt can finish before B's next periodic pass (every 0.5 s)
+        # closes the lost one: the close is asynchronous, so wait for it, then check it.
+        expected = (
             ("succeeded", "worker_completed"),
             [("timed_out", "owner_lost"), ("succeeded", "worker_completed")],
         )
+        wait_for(lambda: celery.outcome(result.id) == expected, 30,
+                 what="the lost Celery attempt closed owner_lost")
+        assert celery.outcome(result.id) == expected
         parent = wait_closed(ledger, mid, timeout=90)
         assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
+        lost_then_done = [("timed_out", "owner_lost"), ("succeeded", "worker_completed")]
+        wait_for(lambda: outcomes(attempts_of(ledger, mid)) == lost_then_done, 30,
+                 what="the lost Dramatiq attempt closed owner_lost")
         attempts = attempts_of(ledger, mid)
-        assert outcomes(attempts) == [
-            ("timed_out", "owner_lost"), ("succeeded", "worker_completed")
-        ]
+        assert outcomes(attempts) == lost_then_done
         assert attempts[0].id == lost_dramatiq
 
         # The redelivered copies ran on host B.
