@@ -12,7 +12,9 @@ until the test SIGKILLs the process; modes:
 - ``exit``: a finished run, then a run with ``durability="exit"`` killed in ``slow``;
   ``exit-new``: the same run on a new thread;
 - ``drain``: ``slow`` waits for ``MARKER.release``; SIGTERM requests a drain (the graceful
-  shutdown of a LangGraph 1.2 worker), so the run stops at the next step boundary.
+  shutdown of a LangGraph 1.2 worker), so the run stops at the next step boundary;
+- ``many``: four runs at once in threads (threads ``THREAD-0..3``, invocations
+  ``INVOCATION-0..3``, markers ``MARKER-0..3``), all killed in ``slow``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -86,8 +89,7 @@ def saver_at(checkpoints: str) -> Iterator[Any]:
         from langgraph.checkpoint.postgres import PostgresSaver
 
         with PostgresSaver.from_conn_string(checkpoints) as saver:
-            saver.setup()
-            yield saver
+            yield saver  # its tables: set up once by the test (concurrent setups race)
         return
     conn = sqlite3.connect(checkpoints, check_same_thread=False)
     try:
@@ -103,7 +105,6 @@ async def asaver_at(checkpoints: str) -> AsyncIterator[Any]:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
         async with AsyncPostgresSaver.from_conn_string(checkpoints) as saver:
-            await saver.setup()
             yield saver
         return
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -153,6 +154,18 @@ def main(db: str, checkpoints: str, marker: str, thread_id: str, inv: str, mode:
             if mode == "exit":
                 app_for(None).invoke({"log": []}, cfg, invocation_id=inv + "-first")
             app.invoke({"log": []}, cfg, invocation_id=inv, durability="exit")
+        elif mode == "many":
+            apps = [app_for(f"{marker}-{i}") for i in range(4)]
+            runs = [
+                threading.Thread(target=a.invoke, args=(
+                    {"log": []}, {"configurable": {"thread_id": f"{thread_id}-{i}"}}),
+                    kwargs={"invocation_id": f"{inv}-{i}", "durability": "sync"})
+                for i, a in enumerate(apps)
+            ]
+            for run in runs:
+                run.start()
+            for run in runs:
+                run.join()
         elif mode == "drain":
             control = RunControl()
             signal.signal(signal.SIGTERM, lambda *_: control.request_drain("shutdown"))

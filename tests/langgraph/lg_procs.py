@@ -35,11 +35,15 @@ class Stores:
 @contextmanager
 def checkpoint_database() -> Iterator[str]:
     """A PostgreSQL database of its own for the checkpointer (the saver's tables are not
-    schema-qualified), dropped afterwards."""
+    schema-qualified), its tables set up, dropped afterwards."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+
     name = f"tsgt_lg_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_SERVER + "test", autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
+        with PostgresSaver.from_conn_string(PG_SERVER + name) as saver:
+            saver.setup()
         yield PG_SERVER + name
     finally:
         with psycopg.connect(PG_SERVER + "test", autocommit=True) as admin:

@@ -5,7 +5,12 @@ recovery runs in this process."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +18,8 @@ from pathlib import Path
 import pytest
 from lg_crash_graph import builder, saver_at
 from lg_helpers import assert_healthy, shape, tree
-from lg_procs import Stores, kill_in_slow, start_child, wait_marker
+from lg_procs import HERE, Stores, child_env, kill_in_slow, sigkill, start_child, wait_marker
+from task_state_guard import Ledger
 from task_state_guard.integration import LostTask
 from task_state_guard_langgraph import (
     GuardedGraph,
@@ -161,3 +167,58 @@ def test_a_drained_run_is_resumed_on_restart(stores: Stores) -> None:
         )
         assert app.recover() == []
         assert_healthy(app.ledger)
+
+
+def test_two_servers_recovering_at_once_resume_and_report_each_thread_once(
+    stores: Stores,
+) -> None:
+    threads = [f"t-two-{i}" for i in range(4)]
+    # One process with four runs in flight, SIGKILLed.
+    child, marker = start_child(stores, "t-two", "two", "many")
+    try:
+        for i in range(4):
+            wait_marker(child, Path(f"{marker}-{i}"))
+    finally:
+        sigkill(child)
+    go = stores.work / "go"
+    outs = [stores.work / f"server-{i}.jsonl" for i in range(2)]
+    servers = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "lg_recovery_server.py"), stores.db,
+             stores.checkpoints, str(go), str(out)],
+            cwd=str(HERE), env=child_env(),
+        )
+        for out in outs
+    ]
+    try:
+        # Both have reconciled (their guards exist) before either recovers.
+        deadline = time.monotonic() + 120
+        while not all(out.exists() and "ready" in out.read_text() for out in outs):
+            assert all(server.poll() is None for server in servers)
+            assert time.monotonic() < deadline, "the servers did not start"
+            time.sleep(0.05)
+        go.write_text("go")
+        for server in servers:
+            assert server.wait(120) == 0
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+                server.wait(30)
+    lines = [json.loads(line) for out in outs for line in out.read_text().splitlines()]
+    calls = Counter(line["thread"] for line in lines if line["kind"] == "on_lost")
+    recovered = Counter(line["thread"] for line in lines if line["kind"] == "on_recovered")
+    reports = [line for line in lines if line["kind"] == "report"]
+    # Each lost thread: one on_lost, one resumption, across both servers.
+    assert calls == Counter(threads) and recovered == Counter(threads)
+    assert all(line["log"] == ["prepare", "slow", "finish"]
+               for line in lines if line["kind"] == "on_recovered")
+    assert sorted(t for r in reports for t in r["resumed"]) == threads
+    assert sorted(t for r in reports for t in r["lost"]) == threads
+    assert all(r["errors"] == {} for r in reports)
+    with Ledger(stores.db) as ledger:
+        for i in range(4):
+            lost = tree(ledger, logical_task_id(f"two-{i}"))
+            resumed = [c for c in lost["children"] if c["delivery_required"]]
+            assert [shape(c)[:3] for c in resumed] == [("crashy", "succeeded", "completed")]
+        assert_healthy(ledger)
