@@ -32,7 +32,7 @@ from ._lineage import METADATA_KEY
 from ._recorder import Lane, Recorder
 from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
 from ._retries import RetryOracle
-from ._runner import RecoveryRunner, RunnerMixin
+from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
 __all__ = [
@@ -140,17 +140,19 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         ``interrupted``, ``failed`` or ``cancelled``."""
         return getattr(self._local, "outcome", None)
 
-    def close(self) -> None:
+    def close(self, timeout: float = STOP_SECONDS) -> None:
         """Stop background recovery (its resumed runs are drained: the next start resumes
-        them), finish queued writes, stop the heartbeat and writer threads; close the ledger
-        if :func:`guard` opened it. In an async app prefer ``await app.aclose()``."""
-        self.stop_recovery()
+        them; a thread runner is waited for up to ``timeout``), finish queued writes, stop the
+        heartbeat and writer threads; close the ledger if :func:`guard` opened it. In an
+        async app use ``await app.aclose()``."""
+        self.stop_recovery(timeout)
         self._rec.shutdown()
 
-    async def aclose(self) -> None:
-        """:meth:`close` for async apps: waits for background recovery to stop (its resumed
-        runs drain at their next step boundary) without blocking the event loop."""
-        await self.astop_recovery()
+    async def aclose(self, timeout: float = STOP_SECONDS) -> None:
+        """:meth:`close` for async apps: waits (up to ``timeout``) for background recovery's
+        resumed runs to drain at their next step boundary, then cancels the rest (closed
+        ``cancelled/interrupted``: resumed again at the next start), never blocking the loop."""
+        await self.astop_recovery(timeout)
         await asyncio.to_thread(self._rec.shutdown)
 
     uninstall = close

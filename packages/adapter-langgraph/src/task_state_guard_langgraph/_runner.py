@@ -199,12 +199,12 @@ class RunnerMixin:
         runner._start()
         return runner
 
-    def stop_recovery(self) -> None:
+    def stop_recovery(self, timeout: float = STOP_SECONDS) -> None:
         """Stop background recovery (see :meth:`RecoveryRunner.stop`)."""
         for runner in self._runners:
-            runner.stop()
+            runner.stop(timeout)
 
-    async def astop_recovery(self) -> None:
-        """Stop background recovery and wait for its drained runs (on the event loop)."""
+    async def astop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery and wait (up to ``timeout``) for its drained runs."""
         for runner in self._runners:
-            await runner.astop()
+            await runner.astop(timeout)
