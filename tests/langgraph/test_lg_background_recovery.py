@@ -96,3 +96,21 @@ def test_stopping_drains_resumed_runs_and_the_next_start_resumes_them(stores: St
             assert_healthy(again.ledger)
         finally:
             again.close()
+
+
+def test_the_interval_reconciles_even_without_background_recovery(stores: Stores) -> None:
+    with saver_at(stores.checkpoints) as saver:
+        app = guard(builder(None).compile(checkpointer=saver, name="crashy"), db=stores.db,
+                    strict=True, reconcile_interval_seconds=0.5)
+        try:
+            kill_in_slow(stores, "t-int", "int-1")
+            with Ledger(stores.db) as ledger:
+                _until(lambda: str(ledger.get_task(logical_task_id("int-1")).status)
+                       == "timed_out", "the periodic reconcile to close the dead run")
+                assert ledger.get_task(logical_task_id("int-1")).terminal_code == "owner_lost"
+            assert app.stats()["reconciles"] >= 2  # the boot pass and a periodic one
+        finally:
+            app.close()
+        reconciles = app.stats()["reconciles"]
+        time.sleep(1.5)
+        assert app.stats()["reconciles"] == reconciles  # stopped with the guard

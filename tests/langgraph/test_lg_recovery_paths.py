@@ -129,6 +129,8 @@ def test_a_crash_under_exit_durability_is_reported(stores: Stores) -> None:
         assert lost == [LostTask(logical_task_id("exit-1"), logical_task_id("exit-1"),
                                  "crashy", "owner_lost", "t-exit")]
         assert _log(app, "t-exit") == ["prepare", "slow", "finish"]
+        again = app.recover()  # reported once, not on every pass
+        assert again == [] and again.lost == [] and len(lost) == 1
         assert shape(tree(app.ledger, logical_task_id("exit-1-first"))) == (
             "crashy", "succeeded", "completed", (
                 ("prepare", *OK), ("slow", *OK), ("finish", *OK),

@@ -8,7 +8,6 @@ import os
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Generator
-from concurrent.futures import Future
 from typing import Any, Unpack, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -27,7 +26,7 @@ from task_state_guard.integration import (
 from ._batch import BatchMixin
 from ._edits import EditsMixin
 from ._ids import INVOCATIONS, logical_task_id
-from ._invocation import Invocation, with_handler
+from ._invocation import Invocation, finish_unstarted, with_handler
 from ._lineage import METADATA_KEY
 from ._recorder import Lane, Recorder
 from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
@@ -78,6 +77,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         # Shared with every with_config() copy: per process, not per view.
         self._drained_here: set[str] = set()
         self._seen_cancelled: set[str] = set()
+        self._seen_lost: set[str] = set()
         self._recovery_controls: set[Any] = set()
         self._runners: list[RecoveryRunner] = []
         self.on_recovered: RecoveredHook | None = None
@@ -189,7 +189,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
             run = await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             # The caller gave up while the start was being written: close it once it is.
-            future.add_done_callback(_cancel_started)
+            future.add_done_callback(finish_unstarted)
             raise
         assert run is not None
         return run
@@ -378,13 +378,6 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
             await self._aend(run, exc)
             raise
         await self._aend(run, None)
-
-
-def _cancel_started(future: Future[Invocation | None]) -> None:
-    # Runs in the invocation's lane once a start whose caller was cancelled is written.
-    run = None if future.cancelled() or future.exception() else future.result()
-    if run is not None:
-        run.finish(asyncio.CancelledError())
 
 
 def guard(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import Future
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -109,3 +111,11 @@ def thread_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
     if configurable.get("checkpoint_id"):
         inner["checkpoint_id"] = configurable["checkpoint_id"]
     return {"configurable": inner}
+
+
+def finish_unstarted(future: Future[Any]) -> None:
+    """Done-callback of a start (or a recovery claim) whose caller stopped waiting: once it is
+    written, close it as cancelled (a recovery run: ``cancelled/interrupted``, resumable)."""
+    run = None if future.cancelled() or future.exception() else future.result()
+    if isinstance(run, Invocation):
+        run.finish(asyncio.CancelledError())

@@ -32,7 +32,7 @@ from task_state_guard.integration import LostTask
 from task_state_guard.integration import codes as c
 
 from ._ids import recovery_id_for_task
-from ._invocation import Invocation
+from ._invocation import Invocation, finish_unstarted
 from ._lineage import (
     Head,
     acheckpoint_invocation,
@@ -152,6 +152,7 @@ class RecoveryMixin:
     _drained_here: set[str]
     _recovery_controls: set[RunControl]
     _seen_cancelled: set[str]
+    _seen_lost: set[str]
     on_recovered: RecoveredHook | None
 
     if TYPE_CHECKING:  # provided by GuardedGraph
@@ -230,9 +231,12 @@ class RecoveryMixin:
                 report.claimed_elsewhere += 1
                 logger.info("recovery: another process is resuming a thread; left to it")
                 return None
-        if finding.kind == LOST:
+        task = finding.head.task
+        if finding.kind == LOST and (run is not None or task.id not in self._seen_lost):
+            # Reported by the process that resumes it; one that cannot be resumed, once per
+            # process.
+            self._seen_lost.add(task.id)
             report.lost.append(finding.thread_id)
-            task = finding.head.task
             framework_id = finding.head.invocation_id or task.id
             self._rec.rt.notify_lost(
                 LostTask(framework_id, task.id, task.name, str(task.terminal_code),
@@ -448,18 +452,28 @@ class RecoveryMixin:
             for thread_id in ids:
                 try:
                     finding = await self._aexamine(saver, thread_id)
-                    if finding is None:
-                        continue
-                    run = await self._rec.call(
-                        self._settle, finding, config, report, AsyncGuardCallbackHandler
-                    )
                 except Exception as exc:
                     errors.error("recover", exc)
                     continue
-                if run is not None:
-                    await gate.acquire()
-                    claim = _Claim(finding, run)
-                    resumes.append(asyncio.ensure_future(resume(claim)))
+                if finding is None:
+                    continue
+                # A slot first: a claimed run always starts (never held by a full gate).
+                await gate.acquire()
+                settling = self._rec.pool().submit(
+                    self._settle, finding, config, report, AsyncGuardCallbackHandler
+                )
+                try:
+                    run = await asyncio.shield(asyncio.wrap_future(settling))
+                except asyncio.CancelledError:
+                    settling.add_done_callback(finish_unstarted)  # a claim made meanwhile
+                    raise
+                except Exception as exc:
+                    errors.error("recover", exc)
+                    run = None
+                if run is None:
+                    gate.release()
+                    continue
+                resumes.append(asyncio.ensure_future(resume(_Claim(finding, run))))
             report.extend(await asyncio.gather(*resumes))
         except BaseException:
             for task in resumes:
