@@ -4,9 +4,9 @@ Dry-run and apply share every decision; dry-run runs in a query-only read transa
 counts. A task the pass times out that owes nobody a delivery (an attempt, an internal task)
 has its delivery closed ``not_applicable`` in the same pass, as the adapters' own closes do:
 the delivery grace is for deliveries somebody may still confirm, or records a dead process
-left terminal with their delivery open. Candidates are read through partial indexes in bounded batches, so memory stays flat
-whatever the ledger size. A row that fails validation is skipped (doctor reports it) so one
-corrupt row never blocks the others.
+left terminal with their delivery open. Candidates are read through partial indexes in bounded
+batches, so memory stays flat whatever the ledger size. A row that fails validation is skipped
+(doctor reports it) so one corrupt row never blocks the others.
 """
 
 from __future__ import annotations
