@@ -16,9 +16,9 @@ invocations.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from task_state_guard import Task
 from task_state_guard.integration import codes as c
@@ -59,32 +59,42 @@ def _edit_parent(tup: Any) -> Any:
     return None
 
 
+def _invocation_of(tup: Any) -> Generator[Any, Any, str | None]:
+    """The walk of :func:`checkpoint_invocation`: yields the config of each parent checkpoint
+    it needs, and is sent that checkpoint (the saver's sync or async read)."""
+    for _ in range(_MAX_EDITS):
+        if tup is None:
+            return None
+        named = _named(tup)
+        parent = _edit_parent(tup)
+        if named is not None or parent is None:
+            return named
+        tup = yield parent
+    return None
+
+
 def checkpoint_invocation(saver: Any, tup: Any) -> str | None:
     """The invocation a thread's latest checkpoint ``tup`` belongs to (``None``: the thread
     never ran under the guard). Edits made on the raw graph name none: their parents are read
     until one does."""
-    for _ in range(_MAX_EDITS):
-        if tup is None:
-            return None
-        named = _named(tup)
-        parent = _edit_parent(tup)
-        if named is not None or parent is None:
-            return named
-        tup = saver.get_tuple(parent)
-    return None
+    walk = _invocation_of(tup)
+    try:
+        parent = next(walk)
+        while True:
+            parent = walk.send(saver.get_tuple(parent))
+    except StopIteration as done:
+        return cast("str | None", done.value)
 
 
 async def acheckpoint_invocation(saver: Any, tup: Any) -> str | None:
     """:func:`checkpoint_invocation` with the saver's async reads."""
-    for _ in range(_MAX_EDITS):
-        if tup is None:
-            return None
-        named = _named(tup)
-        parent = _edit_parent(tup)
-        if named is not None or parent is None:
-            return named
-        tup = await aget_tuple(saver, parent)
-    return None
+    walk = _invocation_of(tup)
+    try:
+        parent = next(walk)
+        while True:
+            parent = walk.send(await aget_tuple(saver, parent))
+    except StopIteration as done:
+        return cast("str | None", done.value)
 
 
 async def aget_tuple(saver: Any, config: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..model import Task
@@ -56,10 +55,14 @@ class AdapterSurface:
         """:meth:`mark_delivered` for async code: the ledger write runs in a worker thread, so
         the event loop never waits for it (not even while another process holds the ledger
         locked). A cancelled caller stops waiting; the write still completes."""
+        import asyncio  # only async callers load it (it imports the network modules)
+
         return await asyncio.to_thread(self.mark_delivered, framework_id)
 
     async def amark_delivery_failed(self, framework_id: str) -> Task | None:
         """:meth:`mark_delivery_failed` for async code (see :meth:`amark_delivered`)."""
+        import asyncio
+
         return await asyncio.to_thread(self.mark_delivery_failed, framework_id)
 
     def reconcile(
