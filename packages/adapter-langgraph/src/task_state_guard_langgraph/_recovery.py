@@ -108,6 +108,18 @@ class RecoveryReport(list[Recovery]):
         return [r.thread_id for r in self]
 
 
+@dataclass
+class PassArgs:
+    """What a recovery pass runs with. ``periodic``: a repeated background pass (its
+    reconcile logs at debug level when it changed nothing)."""
+
+    config: dict[str, Any] | None
+    thread_ids: list[str] | None
+    max_concurrency: int | None
+    kwargs: dict[str, Any]
+    periodic: bool = False
+
+
 @dataclass(frozen=True)
 class _Finding:
     thread_id: str
@@ -381,16 +393,20 @@ class RecoveryMixin:
         not raised, and its result handed to ``on_recovered``. Returns a
         :class:`RecoveryReport`.
         """
+        return self._recover_pass(PassArgs(config, thread_ids, max_concurrency, kwargs))
+
+    def _recover_pass(self, args: PassArgs) -> RecoveryReport:
         report = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or self.ledger is None:
             return report
         policy = self._rec.rt.policy
-        self._rec.rt.guarded_reconcile("reconcile")
-        ids = thread_ids
+        self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=args.periodic)
+        config, kwargs = args.config, args.kwargs
+        ids = args.thread_ids
         if ids is None:
             ids = policy.call("recover", partial(self._thread_ids, saver)) or []
-        limit = max(1, max_concurrency or DEFAULT_CONCURRENCY)
+        limit = max(1, args.max_concurrency or DEFAULT_CONCURRENCY)
         with ThreadPoolExecutor(limit, thread_name_prefix="tsg-recovery") as pool:
             futures = []
             for thread_id in ids:
@@ -426,20 +442,27 @@ class RecoveryMixin:
         """:meth:`recover` for async checkpointers (``AsyncSqliteSaver``, ``AsyncPostgresSaver``):
         the same pass, every ledger call on a worker thread (the event loop keeps serving),
         each thread resumed with ``ainvoke(None, ...)``, at most ``max_concurrency`` at once."""
+        return await self._arecover_pass(PassArgs(config, thread_ids, max_concurrency, kwargs))
+
+    async def _arecover_pass(self, args: PassArgs) -> RecoveryReport:
         report = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or await self._rec.call(self._no_ledger):
             return report
         errors = self._rec.rt.policy
-        await self._rec.call(self._rec.rt.guarded_reconcile, "reconcile")
-        ids = thread_ids
+        await self._rec.call(
+            partial(self._rec.rt.guarded_reconcile, "reconcile",
+                    quiet_when_unchanged=args.periodic)
+        )
+        config, kwargs = args.config, args.kwargs
+        ids = args.thread_ids
         if ids is None:
             try:
                 ids = await self._athread_ids(saver)
             except Exception as exc:
                 errors.error("recover", exc)
                 ids = []
-        gate = asyncio.Semaphore(max(1, max_concurrency or DEFAULT_CONCURRENCY))
+        gate = asyncio.Semaphore(max(1, args.max_concurrency or DEFAULT_CONCURRENCY))
         resumes: list[asyncio.Task[Recovery]] = []
 
         async def resume(claim: _Claim) -> Recovery:
@@ -505,6 +528,7 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "DRAINED",
     "LOST",
+    "PassArgs",
     "RecoveredHook",
     "Recovery",
     "RecoveryMixin",
