@@ -385,7 +385,8 @@ def guard(
     """
     resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
     runtime = AdapterRuntime(
-        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost
+        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost,
+        adapter=GuardedGraph.adapter_name,
     )
     app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
     runtime.boot_reconcile("reconcile")
