@@ -386,7 +386,7 @@ class RecoveryMixin:
         if saver is None or isinstance(saver, bool) or self.ledger is None:
             return report
         policy = self._rec.rt.policy
-        self._rec.rt.guarded_reconcile("reconcile")
+        self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=True)
         ids = thread_ids
         if ids is None:
             ids = policy.call("recover", partial(self._thread_ids, saver)) or []
@@ -431,7 +431,8 @@ class RecoveryMixin:
         if saver is None or isinstance(saver, bool) or await self._rec.call(self._no_ledger):
             return report
         errors = self._rec.rt.policy
-        await self._rec.call(self._rec.rt.guarded_reconcile, "reconcile")
+        await self._rec.call(
+            partial(self._rec.rt.guarded_reconcile, "reconcile", quiet_when_unchanged=True))
         ids = thread_ids
         if ids is None:
             try:
