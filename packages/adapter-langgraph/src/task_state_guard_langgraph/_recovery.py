@@ -108,16 +108,14 @@ class RecoveryReport(list[Recovery]):
         return [r.thread_id for r in self]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PassArgs:
-    """What a recovery pass runs with. ``periodic``: a repeated background pass (its
-    reconcile logs at debug level when it changed nothing)."""
+    """What a recovery pass runs with (the arguments of :meth:`RecoveryMixin.recover`)."""
 
     config: dict[str, Any] | None
     thread_ids: list[str] | None
     max_concurrency: int | None
     kwargs: dict[str, Any]
-    periodic: bool = False
 
 
 @dataclass(frozen=True)
@@ -401,7 +399,8 @@ class RecoveryMixin:
         if saver is None or isinstance(saver, bool) or self.ledger is None:
             return report
         policy = self._rec.rt.policy
-        self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=args.periodic)
+        # guard()'s own pass logs at INFO; a recovery pass that changed nothing, at DEBUG.
+        self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=True)
         config, kwargs = args.config, args.kwargs
         ids = args.thread_ids
         if ids is None:
@@ -451,9 +450,7 @@ class RecoveryMixin:
             return report
         errors = self._rec.rt.policy
         await self._rec.call(
-            partial(self._rec.rt.guarded_reconcile, "reconcile",
-                    quiet_when_unchanged=args.periodic)
-        )
+            partial(self._rec.rt.guarded_reconcile, "reconcile", quiet_when_unchanged=True))
         config, kwargs = args.config, args.kwargs
         ids = args.thread_ids
         if ids is None:

@@ -68,7 +68,6 @@ class RecoveryRunner:
         if report is not None:
             self.report = report
         self.passes += 1
-        self._args.periodic = True  # the next passes log a quiet reconcile at debug level
         self.running = False
         self._first.set()
 

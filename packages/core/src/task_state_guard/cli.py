@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
     metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
     metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
+    metrics.add_argument("--metrics-dir",
+                         help="add the adapters' counters summed over every process that counts "
+                              "into this directory (default: $TSG_METRICS_DIR)")
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
@@ -312,7 +315,9 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
     if command == "metrics":
-        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
+        metrics_dir = args.metrics_dir if args.metrics_dir is not None else (
+            os.environ.get("TSG_METRICS_DIR") or None)
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen, metrics_dir))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
