@@ -159,3 +159,26 @@ def test_drain_is_a_cancelled_invocation_and_resumes_linked(
         ("LangGraph", "succeeded", "completed", (("second", "succeeded", "worker_completed", ()),))
     ]
     assert_healthy(app.ledger)
+
+
+@pytest.mark.parametrize("edit_on", ["guarded", "raw"])
+def test_a_resume_after_a_state_edit_keeps_its_parent(
+    db: str, saver: Any, apps: list[Any], edit_on: str
+) -> None:
+    runs: list[str] = []
+    app = guard(_approval_graph(runs).compile(checkpointer=saver), db=db, strict=True)
+    apps.append(app)
+    cfg = {"configurable": {"thread_id": f"edit-{edit_on}"}}
+    app.invoke({"log": []}, cfg, invocation_id="ask")
+    # Someone edits the waiting thread's state (the guarded graph's update_state, or the raw
+    # graph's, which names no invocation), then the human answers.
+    (app if edit_on == "guarded" else app.graph).update_state(cfg, {"log": ["edited"]})
+    out = app.invoke(Command(resume="yes"), cfg, invocation_id="answer")
+    assert out["log"] == ["draft", "edited", "sent"] and out["answer"] == "yes"
+    resumed = app.ledger.get_task(app.logical_task_id("answer"))
+    assert resumed.parent_id == app.logical_task_id("ask")
+    asked = tree(app.ledger, app.logical_task_id("ask"))
+    assert [shape(c)[:3] for c in asked["children"] if c["delivery_required"]] == [
+        ("LangGraph", "succeeded", "completed")
+    ]
+    assert_healthy(app.ledger)
