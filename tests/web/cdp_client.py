@@ -66,7 +66,9 @@ class Chromium:
         )
         self.width, self.height = width, height
         url = self._devtools_url(profile)
-        self.ws: ClientConnection = connect(url, max_size=64 * 1024 * 1024, open_timeout=30)
+        self._stack = contextlib.ExitStack()
+        self.ws: ClientConnection = self._stack.enter_context(
+            connect(url, max_size=64 * 1024 * 1024, open_timeout=30))
         self._ids = itertools.count(1)
         self._events: list[dict[str, Any]] = []
 
@@ -154,7 +156,7 @@ class Chromium:
     def close(self) -> None:
         """Close the websocket and stop the browser (its whole process group)."""
         with contextlib.suppress(Exception):
-            self.ws.close()
+            self._stack.close()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)
         try:

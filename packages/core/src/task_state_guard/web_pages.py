@@ -308,19 +308,29 @@ def _fields(task: Task, now: float) -> str:
     return f'<section class="card job"><dl>{items}</dl></section>'
 
 
+def _phase(is_job: bool, kind: str) -> int:
+    """At equal times, the lifecycle order: the job opens, its attempts open and close, then
+    the job closes."""
+    opening = kind in ("created", "started")
+    if is_job:
+        return 0 if opening else 3
+    return 1 if opening else 2
+
+
 def _timeline(data: JobView) -> str:
-    """Every event of the job and its attempts, oldest first (ties: the job's first)."""
+    """Every event of the job and its attempts, oldest first."""
     labels = {data.job.id: "job"}
     labels.update({a.id: f"attempt {n}" for n, a in enumerate(data.attempts, start=1)})
     order = {task_id: n for n, task_id in enumerate(labels)}
     merged = sorted(
-        ((event.at, order[task_id], step, task_id, event)
+        ((event.at, _phase(task_id == data.job.id, event.kind), order[task_id], step,
+          task_id, event)
          for task_id, events in data.events.items() for step, event in enumerate(events)),
-        key=lambda item: item[:3],
+        key=lambda item: item[:4],
     )
     start = data.job.created_at
     items = []
-    for at, _who, _step, task_id, event in merged:
+    for at, _phase_rank, _who, _step, task_id, event in merged:
         ok = event.state in ("succeeded", "delivered", "not_applicable")
         cls = f"ev-{event.kind}" + (" ok" if ok else "")
         shown = event.code if event.code not in (None, event.kind) else None
