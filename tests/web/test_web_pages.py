@@ -87,10 +87,22 @@ def test_every_page_against_real_framework_work(
     assert mixed_ledger.celery_ok not in text  # finished work is not stuck
     page.screenshot(tmp_path / "stuck.png")
 
-    # The job: found from the list; attempts and the timeline so far.
+    # The job: from the list; attempts and the timeline so far.
     page.click(f'a[href*="{mixed_ledger.celery_lost_ledger_id}"]')
     assert "running" in page.text()
     page.screenshot(tmp_path / "job-running.png")
+
+    # Each framework's job by the id the operator pastes into the form.
+    for pasted, name in ((mixed_ledger.dramatiq_ok, "ok"),
+                         (mixed_ledger.langgraph_ok, "agent_planner"),
+                         (mixed_ledger.celery_lost, "tsgt.sleep")):
+        page.click('header nav a[href^="/job"]')
+        page.type_into('input[name="id"]', pasted)
+        page.click('form button[type="submit"]')
+        text = page.text()
+        assert f"Job {name}" in text, text
+        assert ("running" if name == "tsgt.sleep" else "succeeded") in text
+    assert mixed_ledger.celery_lost_ledger_id in page.text()
 
     # An operator reconciles (the CLI, not the server): the lost job's verdict shows.
     assert run_cli("--db", mixed_ledger.db, "reconcile").code == 0

@@ -4,18 +4,21 @@ The core's only module with network code: imported only by ``tsg serve`` and its
 ``tsg metrics --serve`` (never by ``import task_state_guard`` or another command); the privacy
 audit allows sockets here alone.
 
-* The main thread accepts; each connection goes to a fixed pool of worker threads through a
-  bounded queue. When every worker is busy and the queue is full, the connection is answered
-  ``503`` at once and closed (counted ``overload``): a flood never grows threads or memory.
-* A request's head (request line and headers, at most 16 KiB) and body (at most 4 KiB) must
-  arrive within ``read_timeout`` seconds in all, and its response must be taken within
-  ``write_timeout``: an idle or slow client holds one worker for that long at most and never
-  blocks another. Every response closes its connection.
-* Nothing is logged. A client that resets or times out, a malformed request and an error of the
-  application are counted by reason (:class:`Counters`); the application's error answers ``500``
-  with a fixed body, never a trace or a path.
-* SIGTERM or SIGINT stops it: the listening socket closes at once, requests in flight get up to
-  ``stop_grace`` seconds to finish, then their connections are shut down.
+* One thread (the caller's) accepts connections and reads their requests without blocking, for
+  all of them at once: a request's head (request line and headers, at most 16 KiB) and body (at
+  most 4 KiB) must arrive within ``read_timeout`` seconds in all, or the connection is closed
+  (counted ``timeout``). An idle or slow client therefore costs one socket, never a thread,
+  and never delays another client. At most ``max_connections`` are read at once; beyond that,
+  and when the queue of complete requests is full, a connection is answered ``503`` at once
+  (counted ``overload``): a flood never grows threads or memory.
+* A fixed pool of worker threads answers the complete requests; a response must be taken
+  within ``write_timeout``. Every response closes its connection (after a short linger, so a
+  client never loses its response to a reset).
+* Nothing is logged. A client that resets, a malformed request and an error of the
+  application are counted by reason (:class:`Counters`); the application's error answers
+  ``500`` with a fixed body, never a trace or a path.
+* SIGTERM or SIGINT stops it: the listening socket and every connection not being answered
+  close at once; requests being answered get up to ``stop_grace`` seconds to finish.
 """
 
 from __future__ import annotations
@@ -48,8 +51,7 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _TARGET = re.compile(r"/[!-~]*")
 
-#: How long a connection may linger half-closed after its response, and how many refused
-#: connections may linger at once.
+#: How long a connection may linger half-closed after its response, and how many may at once.
 LINGER_SECONDS = 2.0
 MAX_LINGERING = 256
 
@@ -107,10 +109,6 @@ class _Malformed(Exception):
         self.status = status
 
 
-class _NoRequest(Exception):
-    """The client closed before sending a byte (a browser's unused preconnect)."""
-
-
 def plain(status: int, text: str | None = None) -> Response:
     """A short text response (the status's phrase unless ``text``)."""
     body = (text if text is not None else HTTPStatus(status).phrase.lower()) + "\n"
@@ -151,32 +149,17 @@ def _parse_head(data: bytes) -> tuple[str, str, dict[str, str]]:
     return parts[0].decode("ascii"), target, headers
 
 
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left
-
-
-def _read_request(sock: socket.socket, deadline: float) -> Request:
-    buffer = bytearray()
-    while True:
-        end = _HEAD_END.search(buffer)
-        if end is not None:
-            break
+def _parse_request(buffer: bytes | bytearray) -> Request | None:
+    """The request in ``buffer`` once it is complete (None while more must come);
+    ``_Malformed`` when it cannot be one."""
+    end = _HEAD_END.search(buffer)
+    if end is None:
         if len(buffer) > MAX_HEAD:
             raise _Malformed(431)
-        sock.settimeout(_remaining(deadline))
-        chunk = sock.recv(4096)
-        if not chunk:
-            if not buffer:
-                raise _NoRequest
-            raise ConnectionResetError
-        buffer += chunk
+        return None
     if end.start() > MAX_HEAD:
         raise _Malformed(431)
     method, target, headers = _parse_head(bytes(buffer[: end.start()]))
-    body = bytes(buffer[end.end():])
     if "transfer-encoding" in headers:
         raise _Malformed(501)
     length_text = headers.get("content-length", "0")
@@ -185,12 +168,9 @@ def _read_request(sock: socket.socket, deadline: float) -> Request:
     length = int(length_text)
     if length > MAX_BODY:
         raise _Malformed(413)
-    while len(body) < length:
-        sock.settimeout(_remaining(deadline))
-        chunk = sock.recv(length - len(body))
-        if not chunk:
-            raise ConnectionResetError
-        body += chunk
+    body = bytes(buffer[end.end():])
+    if len(body) < length:
+        return None
     path, _, query = target.partition("?")
     return Request(method, path, query, headers, body[:length])
 
@@ -213,12 +193,29 @@ def _encode(response: Response, head_only: bool) -> bytes:
 def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
     view = memoryview(data)
     while view:
-        sock.settimeout(_remaining(deadline))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
         view = view[sock.send(view):]
 
 
+@dataclass(slots=True)
+class _Reading:
+    """A connection whose request is still arriving."""
+
+    deadline: float
+    buffer: bytearray = field(default_factory=bytearray)
+
+
+#: A unit of work for the pool: a connection and its request, or the status of the error to
+#: answer it with.
+_Job = tuple[socket.socket, "Request | int"]
+
+
 class HttpServer:
-    """The listening socket, its worker pool and its counters (see the module's docstring)."""
+    """The listening socket, its reader loop, its worker pool and its counters (see the
+    module's docstring)."""
 
     def __init__(
         self,
@@ -227,6 +224,7 @@ class HttpServer:
         *,
         workers: int = 8,
         queued: int = 32,
+        max_connections: int = 256,
         read_timeout: float = 10.0,
         write_timeout: float = 30.0,
         stop_grace: float = 5.0,
@@ -238,7 +236,7 @@ class HttpServer:
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, port))
-            self._listener.listen(64)
+            self._listener.listen(128)
             self._listener.setblocking(False)
         except OSError:
             self._listener.close()
@@ -248,16 +246,21 @@ class HttpServer:
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
         self.stop_grace = stop_grace
-        self._queue: queue.Queue[socket.socket | None] = queue.Queue(max(queued, workers))
-        # Connections still reading their request (ended at once on stop), and those whose
-        # request is being answered (given ``stop_grace`` to finish).
-        self._reading: set[socket.socket] = set()
+        self.max_connections = max_connections
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(queued)
+        self._finished: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        self._reading: dict[socket.socket, _Reading] = {}
+        self._lingering: dict[socket.socket, float] = {}
         self._answering: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._threads = [
             threading.Thread(target=self._work, name=f"tsg-serve-{n}", daemon=True)
             for n in range(workers)
@@ -271,56 +274,55 @@ class HttpServer:
         name = self._listener.getsockname()
         return str(name[0]), int(name[1])
 
-    # ------------------------------------------------------------------ accept loop
+    # ------------------------------------------------------------------ the reader loop
     def serve_until_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT (or :meth:`stop`), then stop (see :meth:`close`)."""
+        """Serve until SIGTERM or SIGINT (or :meth:`stop`), then :meth:`close`."""
 
         def on_signal(signum: int, frame: object) -> None:
             self.stop()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self._accept_loop()
+            self._loop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
 
     def stop(self) -> None:
-        """Ask the accept loop to return (safe from a signal handler or another thread)."""
+        """Ask the loop to return (safe from a signal handler or another thread)."""
         self._stopping.set()
-        with contextlib.suppress(OSError):
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full wake socket is already awake
             self._wake_w.send(b"x")
 
-    def _accept_loop(self) -> None:
-        # Refused connections linger here, half-closed, until the client closes its side (or
-        # ``LINGER_SECONDS`` pass): closing a socket with unread data would reset it, and the
-        # client could lose the 503 it was sent.
-        lingering: dict[socket.socket, float] = {}
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._listener, selectors.EVENT_READ)
-            selector.register(self._wake_r, selectors.EVENT_READ)
-            try:
-                while not self._stopping.is_set():
-                    wait = None if not lingering else max(
-                        0.0, min(lingering.values()) - time.monotonic())
-                    for key, _events in selector.select(wait):
-                        if key.fileobj is self._listener:
-                            self._accept(selector, lingering)
-                        elif key.fileobj is self._wake_r:
-                            with contextlib.suppress(OSError):
-                                self._wake_r.recv(64)
-                        else:
-                            self._drain(key.fileobj, selector, lingering)  # type: ignore[arg-type]
-                    now = time.monotonic()
-                    for conn in [c for c, until in lingering.items() if until <= now]:
-                        _forget(conn, selector, lingering)
-            finally:
-                for conn in list(lingering):
-                    _forget(conn, selector, lingering)
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            deadlines = [r.deadline for r in self._reading.values()]
+            deadlines += self._lingering.values()
+            wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+            for key, _events in self._selector.select(wait):
+                sock = key.fileobj
+                if sock is self._listener:
+                    self._accept()
+                elif sock is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                elif sock in self._reading:
+                    self._read(sock)
+                elif sock in self._lingering:
+                    self._drain(sock)
+            self._take_finished()
+            now = time.monotonic()
+            for conn in [c for c, r in self._reading.items() if r.deadline <= now]:
+                self.counters.add("timeout")
+                self._drop(conn)
+            for conn in [c for c, until in self._lingering.items() if until <= now]:
+                self._drop(conn)
 
-    def _accept(self, selector: selectors.BaseSelector,
-                lingering: dict[socket.socket, float]) -> None:
+    def _accept(self) -> None:
         while not self._stopping.is_set():
             try:
                 conn, _peer = self._listener.accept()
@@ -328,112 +330,148 @@ class HttpServer:
                 return
             except OSError:
                 return  # e.g. the client reset before accept, or out of descriptors for now
-            conn.setblocking(True)
-            try:
-                self._queue.put_nowait(conn)
-            except queue.Full:
+            conn.setblocking(False)
+            if len(self._reading) >= self.max_connections:
                 self.counters.add("overload")
-                self._refuse(conn, selector, lingering)
+                self._refuse(conn)
+                continue
+            self._reading[conn] = _Reading(time.monotonic() + self.read_timeout)
+            self._selector.register(conn, selectors.EVENT_READ)
 
-    def _refuse(self, conn: socket.socket, selector: selectors.BaseSelector,
-                lingering: dict[socket.socket, float]) -> None:
-        """Answer 503 without reading it (one non-blocking send of a short answer), then
-        half-close and let it linger."""
+    def _read(self, conn: socket.socket) -> None:
+        state = self._reading[conn]
+        try:
+            chunk = conn.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.counters.add("reset")
+            self._drop(conn)
+            return
+        if not chunk:
+            if state.buffer:
+                self.counters.add("reset")  # gone in the middle of its request
+            self._drop(conn)  # nothing sent at all: a browser's unused preconnect
+            return
+        state.buffer += chunk
+        try:
+            request = _parse_request(state.buffer)
+        except _Malformed as exc:
+            self.counters.add("malformed")
+            self._dispatch(conn, exc.status)
+            return
+        if request is not None:
+            self._dispatch(conn, request)
+
+    def _dispatch(self, conn: socket.socket, work: Request | int) -> None:
+        """Hand a complete request (or the status of its error) to the pool; 503 when the
+        pool's queue is full."""
+        self._selector.unregister(conn)
+        del self._reading[conn]
+        try:
+            self._jobs.put_nowait((conn, work))
+        except queue.Full:
+            self.counters.add("overload")
+            self._refuse(conn)
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """Answer 503 at once (one non-blocking send of a short answer) and linger."""
         response = plain(503, "busy: retry")
         response.headers.append(("Retry-After", "1"))
         try:
-            conn.setblocking(False)
             conn.send(_encode(response, head_only=False))
+        except OSError:
+            conn.close()
+            return
+        self._linger(conn)
+
+    def _linger(self, conn: socket.socket) -> None:
+        """Half-close ``conn`` and read until the client closes (at most ``LINGER_SECONDS``):
+        closing with unread bytes would reset it, and the client could lose its response."""
+        try:
+            conn.setblocking(False)
             conn.shutdown(socket.SHUT_WR)
         except OSError:
             conn.close()
             return
-        if len(lingering) >= MAX_LINGERING:
+        if len(self._lingering) >= MAX_LINGERING:
             conn.close()
             return
-        lingering[conn] = time.monotonic() + LINGER_SECONDS
-        selector.register(conn, selectors.EVENT_READ)
+        self._lingering[conn] = time.monotonic() + LINGER_SECONDS
+        self._selector.register(conn, selectors.EVENT_READ)
 
-    def _drain(self, conn: socket.socket, selector: selectors.BaseSelector,
-               lingering: dict[socket.socket, float]) -> None:
+    def _drain(self, conn: socket.socket) -> None:
         try:
-            if conn.recv(4096):
+            if conn.recv(65536):
                 return
         except BlockingIOError:
             return
         except OSError:
             pass
-        _forget(conn, selector, lingering)
+        self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        """Forget a connection the loop watches, and close it."""
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        self._reading.pop(conn, None)
+        self._lingering.pop(conn, None)
+        conn.close()
+
+    def _take_finished(self) -> None:
+        """Connections the workers answered: they linger here until the client closes."""
+        while True:
+            try:
+                conn = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            if self._stopping.is_set():
+                conn.close()
+            else:
+                self._linger(conn)
 
     # ------------------------------------------------------------------ workers
     def _work(self) -> None:
         while True:
-            conn = self._queue.get()
-            if conn is None:
+            job = self._jobs.get()
+            if job is None:
                 return
+            conn, work = job
             with self._lock:
-                self._reading.add(conn)
-                stopping = self._stopping.is_set()
+                if self._stopping.is_set():
+                    conn.close()
+                    continue
+                self._answering.add(conn)
+            done = False
             try:
-                if not stopping:
-                    self._serve(conn)
+                done = self._answer(conn, work)
             except Exception:  # never a trace: counted, the connection is closed below
                 self.counters.add("internal")
             finally:
                 with self._lock:
-                    self._reading.discard(conn)
                     self._answering.discard(conn)
                     self._answered.notify_all()
-                with contextlib.suppress(OSError):
+                if done and not self._stopping.is_set():
+                    self._finished.put(conn)
+                    self._wake()
+                else:
                     conn.close()
 
-    def _serve(self, conn: socket.socket) -> None:
-        head_only = False
+    def _answer(self, conn: socket.socket, work: Request | int) -> bool:
+        """Send the response; True when it was sent whole."""
+        if isinstance(work, int):
+            response, head_only = plain(work), False
+        else:
+            response, head_only = self._respond(work), work.method == "HEAD"
         try:
-            try:
-                request = _read_request(conn, time.monotonic() + self.read_timeout)
-            except _NoRequest:
-                return
-            except _Malformed as exc:
-                self.counters.add("malformed")
-                response = plain(exc.status)
-            else:
-                if not self._answer(conn):
-                    return  # stopping: a request not yet answered is dropped
-                head_only = request.method == "HEAD"
-                response = self._respond(request)
             _send_all(conn, _encode(response, head_only), time.monotonic() + self.write_timeout)
-            self._linger(conn)
         except TimeoutError:
             self.counters.add("timeout")
-        except OSError:  # reset, broken pipe, aborted, shut down at stop
+            return False
+        except OSError:  # reset, broken pipe, shut down at stop
             self.counters.add("reset")
-
-    def _linger(self, conn: socket.socket) -> None:
-        """End the response cleanly: half-close, then read until the client closes (at most
-        ``LINGER_SECONDS``), so unread request bytes never turn the close into a reset that
-        could cost the client the response. A stop ends it at once."""
-        with self._lock:
-            self._answering.discard(conn)
-            self._reading.add(conn)
-            if self._stopping.is_set():
-                return
-        deadline = time.monotonic() + LINGER_SECONDS
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_WR)
-            while True:
-                conn.settimeout(_remaining(deadline))
-                if not conn.recv(4096):
-                    return
-
-    def _answer(self, conn: socket.socket) -> bool:
-        """Move ``conn`` from reading to answering; False once the server is stopping."""
-        with self._lock:
-            if self._stopping.is_set():
-                return False
-            self._reading.discard(conn)
-            self._answering.add(conn)
-            return True
+            return False
+        return True
 
     def _respond(self, request: Request) -> Response:
         try:
@@ -444,48 +482,45 @@ class HttpServer:
 
     # ------------------------------------------------------------------ stopping
     def close(self) -> None:
-        """Stop accepting and end connections still reading; give requests being answered
-        ``stop_grace`` seconds, then end them too."""
+        """Stop accepting; close every connection not being answered; give the requests being
+        answered ``stop_grace`` seconds, then end them too."""
         if self._closed:
             return
         self._closed = True
         self._stopping.set()
+        self._selector.close()
         self._listener.close()
-        while True:  # connections that waited in the queue were never read: just close them
+        for conn in [*self._reading, *self._lingering]:
+            conn.close()
+        self._reading.clear()
+        self._lingering.clear()
+        while True:  # complete requests nobody started: closed unanswered
             try:
-                waiting = self._queue.get_nowait()
+                job = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if waiting is not None:
-                waiting.close()
+            if job is not None:
+                job[0].close()
         for _ in self._threads:
-            self._queue.put(None)
+            with contextlib.suppress(queue.Full):
+                self._jobs.put_nowait(None)
         deadline = time.monotonic() + self.stop_grace
         with self._lock:
-            _shut(self._reading)
             while self._answering and time.monotonic() < deadline:
                 self._answered.wait(max(0.0, deadline - time.monotonic()))
-            _shut(self._answering)
+            for conn in self._answering:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
         joined = time.monotonic() + 1.0
         for thread in self._threads:
             thread.join(max(0.0, joined - time.monotonic()))
+        while True:
+            try:
+                self._finished.get_nowait().close()
+            except queue.Empty:
+                break
         self._wake_r.close()
         self._wake_w.close()
-
-
-def _forget(conn: socket.socket, selector: selectors.BaseSelector,
-            lingering: dict[socket.socket, float]) -> None:
-    with contextlib.suppress(KeyError, ValueError):
-        selector.unregister(conn)
-    lingering.pop(conn, None)
-    conn.close()
-
-
-def _shut(connections: set[socket.socket]) -> None:
-    """Shut ``connections`` down: a worker blocked on one returns at once."""
-    for conn in connections:
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_RDWR)
 
 
 __all__ = ["App", "Counters", "HttpServer", "Request", "Response", "plain"]

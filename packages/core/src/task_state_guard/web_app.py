@@ -56,8 +56,12 @@ SESSION_COOKIE = "tsg_session"
 PER_PAGE = (25, 50, 100, 200)
 ATTEMPTS_SHOWN = 100
 _SAFE_NEXT = re.compile(r"/(?!/)[A-Za-z0-9/_.~%&=+?-]{0,500}")
-#: The kinds of id the job page can find a job by: (form value, label).
-ID_KINDS: tuple[tuple[str, str], ...] = (("ledger", "ledger id"),)
+#: The kinds of id a job can be found by: (form value, label). ``any`` tries each in turn.
+ID_KINDS: tuple[tuple[str, str], ...] = (
+    ("any", "any kind of id"), ("ledger", "ledger id"), ("celery", "Celery task id"),
+    ("dramatiq", "Dramatiq message id"), ("langgraph", "LangGraph invocation id"),
+)
+MAX_ID_LENGTH = 1000
 
 
 def _common_headers(policy: str) -> list[tuple[str, str]]:
@@ -265,54 +269,103 @@ class WebApp:
             query, cursor, backwards = _stuck_query(params)
         except _BadInput as exc:
             fallback = _stuck_query({})[0]
-            body = pages.stuck(view, fallback, TaskListing([], False, 0.0), has_previous=False,
-                               error=str(exc))
+            body = pages.stuck(view, fallback, TaskListing([], False, time.time()),
+                               has_previous=False, error=str(exc), kinds=ID_KINDS)
             return Response(400, body, HTML)
         with self._ledger() as ledger:
-            listing = ledger.list_tasks(
-                status=None if query.status == "active" else query.status,
-                name=query.name or None, attempts=query.attempts,
-                stale_seconds=None if not query.idle else parse_seconds(query.idle, "idle"),
-                older_than_seconds=None if not query.older else parse_seconds(query.older,
-                                                                              "older"),
-                limit=query.per_page, order=query.order,
-                descending=query.descending != backwards, after=cursor,
-            )
+            job = None
+            if query.job:
+                found = _existing(ledger, job_candidates(query.job_kind, query.job))
+                job = found[0][1] if found else None
+            if query.job and job is None:
+                listing = TaskListing([], False, time.time())
+            else:
+                listing = ledger.list_tasks(
+                    status=None if query.status == "active" else query.status,
+                    name=query.name or None, attempts=query.attempts, task_id=job,
+                    stale_seconds=None if not query.idle else parse_seconds(query.idle, "idle"),
+                    older_than_seconds=None if not query.older else parse_seconds(
+                        query.older, "older"),
+                    limit=query.per_page, order=query.order,
+                    descending=query.descending != backwards, after=cursor,
+                )
         has_previous = cursor is not None
         if backwards:  # the page before ``cursor``: read backwards, shown forwards
             has_previous = listing.more
             listing = TaskListing(listing.tasks[::-1], True, listing.at)
-        body = pages.stuck(view, query, listing, has_previous=has_previous)
+        body = pages.stuck(view, query, listing, has_previous=has_previous, kinds=ID_KINDS)
         return Response(200, body, HTML)
 
     def _job(self, view: View, params: dict[str, str]) -> Response:
         value = params.get("id", "").strip()
-        kind = params.get("kind", "ledger")
+        kind = params.get("kind", "any")
         if kind not in dict(ID_KINDS):
             raise _BadInput("Unknown kind of id.")
         if not value:
             return Response(200, pages.job_search(view, ID_KINDS, chosen=kind), HTML)
         try:
-            task_id = resolve_job_id(kind, value)
+            candidates = job_candidates(kind, value)
         except InvalidInput:
             body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
                                     error="That is not a valid id of the kind chosen.")
             return Response(400, body, HTML)
-        try:
-            with self._ledger() as ledger:
-                data = _job_view(ledger, task_id)
-        except TaskNotFound:
-            body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
-                                    error="No job with that id is in this ledger.")
-            return Response(404, body, HTML)
-        return Response(200, pages.job(view, data, ID_KINDS, time.time()), HTML)
+        with self._ledger() as ledger:
+            found = _existing(ledger, candidates)
+            try:
+                data = _job_view(ledger, found[0][1]) if len(found) == 1 else None
+            except TaskNotFound:  # pruned meanwhile
+                found, data = [], None
+        if data is not None:
+            return Response(200, pages.job(view, data, ID_KINDS, time.time()), HTML)
+        if found:  # the same text is a job id of several frameworks: let the operator pick
+            links = [(view.href("/job", {"id": value, "kind": k}), dict(ID_KINDS)[k])
+                     for k, _task_id in found]
+            body = pages.job_search(view, ID_KINDS, chosen=kind, value=value, choices=links)
+            return Response(200, body, HTML)
+        body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
+                                error="No job with that id is in this ledger.")
+        return Response(404, body, HTML)
 
 
-def resolve_job_id(kind: str, value: str) -> str:
-    """The ledger id of the job an operator pasted (``InvalidInput`` when it is not one)."""
+def _ledger_id(kind: str, value: str) -> str:
     if kind == "ledger":
         return canonical_id(value.lower() if len(value) == 36 else value)
-    raise InvalidInput("unknown kind of id")
+    from .integration.ids import job_task_id
+
+    return job_task_id(kind, value)
+
+
+def job_candidates(kind: str, value: str) -> list[tuple[str, str]]:
+    """The ledger ids an operator's pasted id can stand for, as ``(kind, ledger id)``: one for
+    a given kind (``InvalidInput`` when the text is not an id of that kind), every kind it can
+    be for ``any`` (a framework's job id is computed from it, nothing is looked up)."""
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput("the id is too long")
+    if kind != "any":
+        return [(kind, _ledger_id(kind, value))]
+    found = []
+    for each, _label in ID_KINDS[1:]:
+        try:
+            found.append((each, _ledger_id(each, value)))
+        except InvalidInput:
+            continue
+    if not found:
+        raise InvalidInput("not an id of any kind")
+    return found
+
+
+def _existing(ledger: Ledger, candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The candidates whose task is in the ledger (each ledger id once)."""
+    found: list[tuple[str, str]] = []
+    for kind, task_id in candidates:
+        if any(task_id == seen for _kind, seen in found):
+            continue
+        try:
+            ledger.get_task(task_id)
+        except TaskNotFound:
+            continue
+        found.append((kind, task_id))
+    return found
 
 
 def _job_view(ledger: Ledger, task_id: str) -> pages.JobView:
@@ -358,11 +411,21 @@ def _stuck_query(params: dict[str, str]) -> tuple[pages.StuckQuery, str | None, 
     per = params.get("per") or "50"
     if not per.isdigit() or int(per) not in PER_PAGE:
         raise _BadInput("Rows per page are 25, 50, 100 or 200.")
+    job = params.get("job", "").strip()
+    job_kind = params.get("job_kind") or "any"
+    if job_kind not in dict(ID_KINDS):
+        raise _BadInput("Unknown kind of id.")
+    if job:
+        try:
+            job_candidates(job_kind, job)
+        except InvalidInput:
+            raise _BadInput("That is not a valid id of the kind chosen.") from None
     after, before = params.get("after"), params.get("before")
     if after and before:
         raise _BadInput("A page starts after one row or ends before one, not both.")
     query = pages.StuckQuery(status, name, durations["idle"], durations["older"],
-                             rows == "attempts", order, direction == "desc", int(per))
+                             rows == "attempts", order, direction == "desc", int(per), job,
+                             job_kind)
     cursor = after or before or None
     if cursor is not None:
         try:
@@ -395,4 +458,4 @@ def _text(status: int, text: str) -> Response:
     return Response(status, (text + "\n").encode("utf-8"))
 
 
-__all__ = ["ID_KINDS", "Settings", "WebApp", "is_loopback_host", "resolve_job_id"]
+__all__ = ["ID_KINDS", "Settings", "WebApp", "is_loopback_host", "job_candidates"]

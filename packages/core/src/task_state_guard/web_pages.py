@@ -143,6 +143,8 @@ class StuckQuery:
     order: str
     descending: bool
     per_page: int
+    job: str = ""  # one job, by an id of ``job_kind``
+    job_kind: str = "any"
 
     def params(self, **changes: object) -> dict[str, object]:
         """The query string of this view, with ``changes``."""
@@ -151,6 +153,7 @@ class StuckQuery:
             "idle": self.idle, "older": self.older, "rows": "attempts" if self.attempts else "",
             "sort": self.order, "dir": "desc" if self.descending else "",
             "per": "" if self.per_page == 50 else self.per_page,
+            "job": self.job, "job_kind": "" if self.job_kind == "any" else self.job_kind,
         }
         values.update(changes)
         return values
@@ -170,7 +173,7 @@ def _sort_header(view: View, query: StuckQuery, order: str, label: str) -> str:
 
 
 def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: bool,
-          error: str = "") -> bytes:
+          kinds: Sequence[tuple[str, str]], error: str = "") -> bytes:
     """The stuck-work list: the filters form, the sortable table and the pager."""
     options = "".join(
         f'<option value="{esc(value)}"{" selected" if value == query.status else ""}>'
@@ -198,10 +201,14 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
         f'<label>Created at least<input name="older" value="{esc(query.older)}" size="7" '
         'placeholder="2h"></label>'
         f'<label>Rows<select name="rows">{rows_kind}</select></label>'
+        f'<label>One job<input name="job" value="{esc(query.job)}" size="22" '
+        'placeholder="an id" autocomplete="off"></label>'
+        f'<label>Kind of id<select name="job_kind">{_options(kinds, query.job_kind)}'
+        "</select></label>"
         f'{hidden}<button type="submit">Apply</button> '
         f'{link(view.href("/stuck"), "Clear")}</form>'
     )
-    heads = [esc("Ledger id"), esc("Parent" if query.attempts else "Framework id"),
+    heads = [esc("Ledger id"), esc("Kind"), esc("Parent" if query.attempts else "Framework id"),
              _sort_header(view, query, "name", "Name"), _sort_header(view, query, "status",
                                                                       "State"),
              esc("Code"), esc("Delivery"), _sort_header(view, query, "created", "Age"),
@@ -212,8 +219,8 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
     for item in listing.tasks:
         task = item.task
         other = task.parent_id if query.attempts else task.framework_id
-        row = [link(view.href("/job", {"id": task.id}), task.id, "id"),
-               "-" if other is None else f"<code>{esc(other)}</code>",
+        row = [link(view.href("/job", {"id": task.id, "kind": "ledger"}), task.id, "id"),
+               esc(item.kind), "-" if other is None else f"<code>{esc(other)}</code>",
                esc(task.name or "-"), badge(task.status.value), esc(task.terminal_code or "-"),
                badge(task.delivery_status.value), esc(humanize(item.age_seconds)),
                esc(humanize(item.idle_seconds))]
@@ -221,7 +228,7 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
             row.append(str(item.attempts))
         rows.append(row)
     grid = table(heads, rows, header_html=heads, raw=frozenset(range(len(heads))),
-                 numeric=frozenset({6, 7, 8}), empty="no tasks match")
+                 numeric=frozenset({7, 8, 9}), empty="no tasks match")
     pager = []
     if has_previous:
         pager.append(link(view.href("/stuck", query.params()), "« First page"))
@@ -254,13 +261,17 @@ class JobView:
     asked: str
 
 
+def _options(choices: Sequence[tuple[str, str]], chosen: str) -> str:
+    return "".join(
+        f'<option value="{esc(k)}"{" selected" if k == chosen else ""}>{esc(text)}</option>'
+        for k, text in choices
+    )
+
+
 def search_form(view: View, kinds: Sequence[tuple[str, str]], chosen: str = "",
                 value: str = "") -> str:
     """The form that finds a job by its ledger id or a framework's id."""
-    options = "".join(
-        f'<option value="{esc(k)}"{" selected" if k == chosen else ""}>{esc(text)}</option>'
-        for k, text in kinds
-    )
+    options = _options(kinds, chosen)
     paused = '<input type="hidden" name="refresh" value="off">' if view.paused else ""
     return (
         '<form class="filters" method="get" action="/job">'
@@ -272,9 +283,15 @@ def search_form(view: View, kinds: Sequence[tuple[str, str]], chosen: str = "",
 
 
 def job_search(view: View, kinds: Sequence[tuple[str, str]], *, chosen: str = "",
-               value: str = "", error: str = "", now: float | None = None) -> bytes:
-    """The job page without a job: the search form, and why the last search found none."""
+               value: str = "", error: str = "", now: float | None = None,
+               choices: Sequence[tuple[str, str]] = ()) -> bytes:
+    """The job page without a job: the search form, why the last search found none, or the
+    jobs it could mean (``choices``: links and their kind of id)."""
     alert = f'<p class="error" role="alert">{esc(error)}</p>' if error else ""
+    if choices:
+        items = "".join(f"<li>{link(href, f'the job with this {label}')}</li>"
+                        for href, label in choices)
+        alert += f"<p>That id names more than one job:</p><ul>{items}</ul>"
     body = (alert + search_form(view, kinds, chosen, value) +
             '<p class="muted">A framework id is turned into the ledger id the adapter derives '
             "from it; nothing is stored or logged about the search.</p>")
