@@ -79,6 +79,8 @@ def test_metrics_are_fresh_and_carry_no_ids(served: tuple[Served, Ledger], db: s
     fam = parse(body)
     assert fam["tsg_tasks"].value(kind="task", status="running") == 1
     assert set(fam) == set(parse(run_cli("--db", db, "metrics").stdout)) | {SERVER_FAMILY}
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    assert f"`{SERVER_FAMILY}`" in documented and "`reason`" in documented
     # each scrape reads fresh: a close made after the first scrape shows in the next
     task_id = led.find_task_ids("running")[0]
     attempt = led.create_task(parent_id=task_id, delivery_required=False, name="app.add")

@@ -110,7 +110,7 @@ main{padding:16px 24px 40px;max-width:1280px}
 h1{font-size:20px;margin:4px 0 12px}
 h2{font-size:15px;margin:22px 0 8px}
 .muted{color:var(--muted)}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(230px,1fr));gap:12px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(270px,1fr));gap:12px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 14px}
 .card h2{margin:0 0 6px;font-size:13px;text-transform:uppercase;letter-spacing:.4px;
 color:var(--muted)}

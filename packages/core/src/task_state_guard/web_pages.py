@@ -68,7 +68,7 @@ def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window
         ]),
         _card("Awaiting delivery", [
             ("owed (result ready)", str(awaiting["owed"]), awaiting["owed"] > 0),
-            ("internal (settled by reconcile)", str(awaiting["internal"]), False),
+            ("internal (nobody owed)", str(awaiting["internal"]), False),
             ("oldest owed", _age(report["oldest_owed_delivery_age_seconds"]), False),
         ]),
     ]
