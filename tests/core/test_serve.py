@@ -407,11 +407,14 @@ def test_beyond_loopback_needs_a_token(db: str, tmp_path: Path) -> None:
     with Ledger(db) as led:
         led.create_task(name="app.secret")
     refused = run_cli("--db", db, "serve", "--listen", "0.0.0.0:0")
+    assert_cli_error(refused, "InvalidInput")
+    refused = run_cli("--explain", "--db", db, "serve", "--listen", "0.0.0.0:0")
     assert_cli_error(refused, "InvalidInput", reason="serve_token_required")
-    weak = run_cli("--db", db, "serve", "--listen", "0.0.0.0:0",
+    weak = run_cli("--explain", "--db", db, "serve", "--listen", "0.0.0.0:0",
                    env=cli_env({"TSG_SERVE_TOKEN": "short"}))
     assert_cli_error(weak, "InvalidInput", reason="serve_token_invalid")
-    unreadable = run_cli("--db", db, "serve", "--token-file", str(tmp_path / "missing"))
+    unreadable = run_cli("--explain", "--db", db, "serve", "--token-file",
+                         str(tmp_path / "missing"))
     assert_cli_error(unreadable, "InvalidInput", reason="serve_token_invalid")
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
