@@ -3,8 +3,9 @@
 Builds a ledger with :mod:`scale`'s SQL loader (its task mix: per block of 20, 3 running, 1
 queued, 8 closed roots each with one closed child), starts ``tsg serve`` on it (cleanly
 closed, so each request opens it in place), and requests each page a few times; the server's
-peak RSS (VmHWM) is read at the end. ``tsg status`` and ``tsg tasks`` run beside, in fresh
-processes, so the ratios compare a page with the command it shows. Prints one JSON object.
+peak RSS (VmHWM) is read at the end, and its CPU time per page from /proc (steadier than wall
+time on a loaded machine). ``tsg status`` and ``tsg tasks`` run beside, in fresh processes, so
+the ratios compare a page with the command it shows. Prints one JSON object.
 
     python benchmarks/serve_pages.py                    # 1,000,000 tasks
     python benchmarks/serve_pages.py --sizes 100000
@@ -50,6 +51,13 @@ def _get(url: str) -> tuple[float, int, int]:
     return time.perf_counter() - started, status, len(body)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _peak_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status", encoding="ascii") as handle:
         for line in handle:
@@ -76,8 +84,11 @@ def run_size(base: str, size: int) -> dict[str, object]:
         base_url = "http://" + json.loads(server.stdout.readline())["listen"]
         pages: dict[str, object] = {}
         for name, path in _pages(root_id).items():
+            cpu = _cpu_seconds(server.pid)
             runs = [_get(base_url + path) for _ in range(REPEATS)]
             pages[name] = {"median_seconds": round(statistics.median(r[0] for r in runs), 3),
+                           "server_cpu_seconds": round(
+                               (_cpu_seconds(server.pid) - cpu) / REPEATS, 3),
                            "status": runs[0][1], "bytes": runs[0][2]}
         results["pages"] = pages
         results["server_peak_rss_mb"] = round(_peak_rss_mb(server.pid), 1)
@@ -89,8 +100,11 @@ def run_size(base: str, size: int) -> dict[str, object]:
     results["cli"] = {"status": status, "tasks_50": tasks}
     overview = pages["overview"]["median_seconds"]  # type: ignore[index]
     stuck = pages["stuck_first_page"]["median_seconds"]  # type: ignore[index]
+    overview_cpu = pages["overview"]["server_cpu_seconds"]  # type: ignore[index]
     results["ratios"] = {
         "overview_vs_status": round(overview / max(float(status["seconds"]), 1e-3), 2),
+        "overview_vs_status_cpu": round(overview_cpu / max(float(status["cpu_seconds"]), 1e-3),
+                                        2),
         "stuck_vs_tasks_50": round(stuck / max(float(tasks["seconds"]), 1e-3), 2),
     }
     return results

@@ -197,6 +197,7 @@ def test_stuck_work_filters_sorts_and_pages(db: str) -> None:
         status, _headers, body = server.request("/stuck?idle=fortnight-ish")
         assert status == 400 and "fortnight-ish" not in body and "Durations are" in body
         assert server.request("/stuck?after=zzz")[0] == 400
+        assert server.request("/stuck?" + "&".join(f"x{n}=1" for n in range(30)))[0] == 400
     finally:
         server.stop()
 

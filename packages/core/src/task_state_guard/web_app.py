@@ -171,12 +171,13 @@ class WebApp:
             response = self._page(401, nonce, lambda view: pages.login(view, target, False))
             response.headers.append(("WWW-Authenticate", 'Bearer realm="tsg"'))
             return response
-        params = _params(request.query)
         if request.path == "/metrics":
             return self._metrics()
-        view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
-        handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[request.path]
         try:
+            params = _params(request.query)
+            view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
+            handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[
+                request.path]
             return handler(view, params)
         except _BadInput as exc:
             return self._refused(nonce, exc)
@@ -261,7 +262,7 @@ class WebApp:
             report = ledger.status(active_grace_seconds=self.settings.grace)
             history = ledger.outcome_history(window_seconds=seconds, buckets=buckets)
         now = history.start + seconds
-        body = pages.overview(view, report, history, window, None, now)
+        body = pages.overview(view, report, history, window, now)
         return Response(200, body, HTML)
 
     def _stuck(self, view: View, params: dict[str, str]) -> Response:

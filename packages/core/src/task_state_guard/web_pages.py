@@ -44,8 +44,26 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else humanize(seconds)
 
 
+def _verdicts_card(report: dict[str, Any]) -> str | None:
+    """Lost-job verdicts (``report["verdicts"]``: state -> framework -> count), when the
+    ledger keeps them: waiting to be published to the framework, and published."""
+    verdicts = report.get("verdicts")
+    if not isinstance(verdicts, Mapping):
+        return None
+    pending = verdicts.get("pending") or {}
+    published = verdicts.get("published") or {}
+    rows = []
+    for framework in sorted(set(pending) | set(published)):
+        waiting = int(pending.get(framework, 0))
+        rows.append((f"{framework}: waiting", str(waiting), waiting > 0))
+        rows.append((f"{framework}: published", str(int(published.get(framework, 0))), False))
+    rows.append(("oldest waiting", _age(report.get("oldest_pending_verdict_age_seconds")),
+                 False))
+    return _card("Lost-job verdicts", rows)
+
+
 def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window: str,
-             verdicts: Mapping[str, int] | None, now: float) -> bytes:
+             now: float) -> bytes:
     """The overview: at-risk work, owed deliveries, verdicts, the chart and the counts."""
     kinds, owed = report["tasks_by_kind"], report["deliveries_by_kind"]
     grace = humanize(report["active_grace_seconds"])
@@ -72,12 +90,9 @@ def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window
             ("oldest owed", _age(report["oldest_owed_delivery_age_seconds"]), False),
         ]),
     ]
+    verdicts = _verdicts_card(report)
     if verdicts is not None:
-        cards.append(_card("Lost-job verdicts", [
-            ("waiting to be published", str(verdicts.get("pending", 0)),
-             verdicts.get("pending", 0) > 0),
-            ("published to the framework", str(verdicts.get("published", 0)), False),
-        ]))
+        cards.append(verdicts)
     windows = " · ".join(
         f"<strong>{esc(key)}</strong>" if key == window
         else link(view.href("/", {"window": key}), key) for key in WINDOWS
