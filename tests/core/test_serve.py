@@ -79,6 +79,7 @@ def test_metrics_are_fresh_and_carry_no_ids(served: tuple[Served, Ledger], db: s
     fam = parse(body)
     assert fam["tsg_tasks"].value(kind="task", status="running") == 1
     assert set(fam) == set(parse(run_cli("--db", db, "metrics").stdout)) | {SERVER_FAMILY}
+    assert "tsg_adapter_counters_readable" not in fam  # no metrics directory given
     documented = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     assert f"`{SERVER_FAMILY}`" in documented and "`reason`" in documented
     # each scrape reads fresh: a close made after the first scrape shows in the next
@@ -94,14 +95,17 @@ def test_metrics_are_fresh_and_carry_no_ids(served: tuple[Served, Ledger], db: s
     assert task_id not in body + second and attempt.id not in body + second
 
 
-def test_metrics_serve_is_an_alias_of_serve(db: str) -> None:
+def test_metrics_serve_is_an_alias_of_serve(db: str, tmp_path: Path) -> None:
     with Ledger(db) as led:
         _job(led, "app.alias")
-    server = Served(db, "--serve", "--listen", "127.0.0.1:0", command=("metrics",))
+    (tmp_path / "counters").mkdir()
+    server = Served(db, "--serve", "--listen", "127.0.0.1:0", command=("metrics",),
+                    env={"TSG_METRICS_DIR": str(tmp_path / "counters")})
     try:
         assert server.banner == {"listen": f"127.0.0.1:{server.port}", "ok": True}
-        assert parse(server.request("/metrics")[2])["tsg_tasks"].value(
-            kind="task", status="succeeded") == 1
+        fam = parse(server.request("/metrics")[2])
+        assert fam["tsg_tasks"].value(kind="task", status="succeeded") == 1
+        assert fam["tsg_adapter_counters_readable"].value() == 1  # the metrics directory
         status, headers, body = server.request("/")
         assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
         assert "app.alias" in body

@@ -30,7 +30,7 @@ from . import __version__, cli_text, operator_reads
 from . import reasons as r
 from .durations import parse_seconds
 from .ledger import Ledger
-from .metrics_command import check_metrics_options, run_metrics
+from .metrics_command import check_metrics_dir, check_metrics_options, run_metrics
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
@@ -175,9 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
     metrics.add_argument("--serve", action="store_true", help="the same as tsg serve")
     _add_serve_options(metrics, "with --serve: ")
+    _add_metrics_dir(metrics)
     serve = sub.add_parser("serve", help="read-only web view and GET /metrics over HTTP")
     serve.add_argument("--active-grace-seconds", help=_DURATION)
     _add_serve_options(serve, "")
+    _add_metrics_dir(serve)
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
@@ -210,6 +212,18 @@ def _add_serve_options(cmd: argparse.ArgumentParser, prefix: str) -> None:
     cmd.add_argument("--token-file", help=f"{prefix}bearer token file (or $TSG_SERVE_TOKEN); "
                                           "required beyond loopback")
     cmd.add_argument("--refresh", help=f"{prefix}pages refresh every T (default 30s; 0: off)")
+
+
+def _add_metrics_dir(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--metrics-dir",
+                     help="add the adapters' counters summed over every process that counts "
+                          "into this directory (default: $TSG_METRICS_DIR)")
+
+
+def _metrics_dir(args: argparse.Namespace) -> str | None:
+    """``--metrics-dir``, else ``$TSG_METRICS_DIR`` (unset or empty: none)."""
+    given: str | None = args.metrics_dir
+    return given if given is not None else (os.environ.get("TSG_METRICS_DIR") or None)
 
 
 def _add_format(cmd: argparse.ArgumentParser) -> None:
@@ -323,9 +337,12 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
     if command == "metrics":
+        values["metrics_dir"] = _metrics_dir(args)
         values.update(check_metrics_options(args.textfile, args.serve, args.listen,
-                                            args.refresh, args.token_file))
+                                            args.refresh, args.token_file,
+                                            values["metrics_dir"]))
     elif command == "serve":
+        values["metrics_dir"] = check_metrics_dir(_metrics_dir(args))
         values.update(check_serve_options(args.listen, args.refresh))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")

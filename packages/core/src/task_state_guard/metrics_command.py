@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import adapter_counters
 from .ledger import Ledger
 from .metrics import check_textfile, format_prometheus, write_textfile
 from .model import InvalidInput
@@ -20,19 +21,41 @@ Payload = dict[str, Any] | str
 
 def check_metrics_options(
     textfile: str | None, serve: bool, listen: str | None, refresh: str | None = None,
-    token_file: str | None = None,
+    token_file: str | None = None, metrics_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Check the options before any database is opened; errors never echo a value."""
+    """Check the options before any database is opened; errors never echo a value.
+
+    ``metrics_dir`` (``--metrics-dir``, else ``$TSG_METRICS_DIR``): the adapters' metrics
+    directory, whose summed counters are added to the exposition."""
     if serve and textfile is not None:
         raise InvalidInput("--serve and --textfile exclude each other")
     if not serve and (listen is not None or refresh is not None or token_file is not None):
         raise InvalidInput("--listen, --refresh and --token-file need --serve")
-    values: dict[str, Any] = {"textfile": None if textfile is None else check_textfile(textfile)}
+    values: dict[str, Any] = {"textfile": None if textfile is None else check_textfile(textfile),
+                              "metrics_dir": check_metrics_dir(metrics_dir)}
     if serve:
         values.update(check_serve_options(listen, refresh))
     else:
         values["listen"] = None
     return values
+
+
+def check_metrics_dir(metrics_dir: str | None) -> str | None:
+    """A metrics directory option: None, or a non-empty path."""
+    if metrics_dir is not None and (not metrics_dir or "\0" in metrics_dir):
+        raise InvalidInput("the metrics directory must be a path")
+    return metrics_dir
+
+
+def metrics_text(
+    ledger: Ledger, *, active_grace_seconds: float | None = None, metrics_dir: str | None = None
+) -> str:
+    """What ``tsg metrics`` prints: the ledger's families (``Ledger.status()``) and, with a
+    metrics directory, the adapters' counters summed over every process that counted into it."""
+    text = format_prometheus(ledger.status(active_grace_seconds=active_grace_seconds))
+    if metrics_dir is not None:
+        text += adapter_counters.format_directory(metrics_dir)
+    return text
 
 
 def run_metrics(open_ledger: Callable[[], Ledger], values: dict[str, Any]) -> tuple[Payload, int]:
@@ -44,7 +67,8 @@ def run_metrics(open_ledger: Callable[[], Ledger], values: dict[str, Any]) -> tu
     """
     ledger = open_ledger()
     try:
-        text = format_prometheus(ledger.status(active_grace_seconds=values["grace"]))
+        text = metrics_text(ledger, active_grace_seconds=values["grace"],
+                            metrics_dir=values.get("metrics_dir"))
     finally:
         ledger.close()
     if values["textfile"] is None:
@@ -54,4 +78,4 @@ def run_metrics(open_ledger: Callable[[], Ledger], values: dict[str, Any]) -> tu
     return {"ok": True, "textfile": {"bytes": size, "samples": samples}}, 0
 
 
-__all__ = ["check_metrics_options", "run_metrics"]
+__all__ = ["check_metrics_dir", "check_metrics_options", "metrics_text", "run_metrics"]

@@ -106,7 +106,8 @@ def run_serve(
     from .web_app import Settings, WebApp
 
     counters = Counters()
-    settings = Settings(grace=values["grace"], refresh_seconds=values["refresh"], token=token)
+    settings = Settings(grace=values["grace"], refresh_seconds=values["refresh"], token=token,
+                        metrics_dir=values.get("metrics_dir"))
     server = HttpServer(values["listen"], WebApp(open_ledger, settings, counters, categorize),
                         counters=counters)
     bound_host, bound_port = server.address

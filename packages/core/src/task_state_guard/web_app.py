@@ -38,7 +38,8 @@ from . import web_pages as pages
 from .durations import parse_seconds
 from .http_server import Counters, Request, Response
 from .ledger import Ledger
-from .metrics import CONTENT_TYPE, format_prometheus, format_server_counters
+from .metrics import CONTENT_TYPE, format_server_counters
+from .metrics_command import metrics_text
 from .model import (
     TASK_STATES,
     InvalidInput,
@@ -109,11 +110,13 @@ class _BadInput(Exception):
 @dataclass(frozen=True, slots=True)
 class Settings:
     """How the app answers: the active grace of the at-risk counts, the refresh interval
-    (0: off) and the token (None: loopback only, no sign-in)."""
+    (0: off), the token (None: loopback only, no sign-in) and the adapters' metrics directory
+    whose summed counters ``/metrics`` adds (None: none)."""
 
     grace: float
     refresh_seconds: int
     token: str | None
+    metrics_dir: str | None = None  # the adapters' metrics directory, added to /metrics
 
 
 class WebApp:
@@ -247,7 +250,8 @@ class WebApp:
     def _metrics(self) -> Response:
         try:
             with self._ledger(aggregate=True) as ledger:
-                text = format_prometheus(ledger.status(active_grace_seconds=self.settings.grace))
+                text = metrics_text(ledger, active_grace_seconds=self.settings.grace,
+                                    metrics_dir=self.settings.metrics_dir)
         except LedgerError as exc:
             return _text(503, f"error: {self._categorize(exc)}")
         text += format_server_counters(self.counters.snapshot())
