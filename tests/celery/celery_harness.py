@@ -289,9 +289,11 @@ class Scenario:
         return self.ledger.reconcile(policy)
 
     def lost_hook_calls(self) -> dict[str, dict[str, Any]]:
-        """What the workers' ``on_lost`` hooks received (TSGT_ON_LOST=1), by Celery id."""
+        """What the workers' ``on_lost`` hooks received (TSGT_ON_LOST=1), by Celery id (by
+        ledger id for a custom id, which is never stored); a second call for one job fails."""
         found = {}
         for path in self.markers.glob("lost-*"):
+            assert not path.name.endswith(".again"), f"on_lost fired twice: {path.name}"
             if not path.name.endswith(".tmp"):
                 found[path.name[5:]] = json.loads(path.read_text())
         return found

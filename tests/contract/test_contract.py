@@ -17,7 +17,8 @@ from task_state_guard.integration import ConfigurationError, LostTask
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from prom_text import parse
 
-STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating"}
+STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating", "verdicts_published",
+              "ledger_usable", "ledger_reason"}
 
 
 def _logical(driver: Any, db: str, fid: str) -> Any:

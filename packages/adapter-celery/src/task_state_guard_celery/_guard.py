@@ -60,7 +60,7 @@ class CeleryGuard(AdapterSurface):
     def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
         self.app = app
         self.runtime = AdapterRuntime(
-            settings, logger=log, subject="task", ids=IDS, on_lost=on_lost
+            settings, logger=log, subject="task", framework="celery", on_lost=on_lost
         )
         self.runtime.fail_lost = self._fail_lost_result
         self._child = ChildReceivers(self.runtime, self._ours, app)
@@ -122,8 +122,8 @@ class CeleryGuard(AdapterSurface):
         app = getattr(sender, "app", None)
         return app is None or app is self.app
 
-    def _boot_reconcile(self) -> None:
-        self.runtime.boot_reconcile("reconcile_on_boot")
+    def _boot(self) -> None:
+        self.runtime.boot("reconcile_on_boot")
 
     def _fail_lost_result(self, lost: LostTask) -> None:
         fail_in_backend(self.app, lost)

@@ -105,7 +105,7 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     ) -> None:
         resolved = resolve_settings(db=db, **settings)
         self.runtime = AdapterRuntime(
-            resolved, logger=logger, subject="message", ids=MESSAGES, on_lost=on_lost
+            resolved, logger=logger, subject="message", framework="dramatiq", on_lost=on_lost
         )
         self.runtime.fail_lost = self._fail_lost_result
         self._local = threading.local()
@@ -146,11 +146,13 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     # ------------------------------------------------------------------ worker lifecycle
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        """Reconcile before this process consumes anything; start the periodic reconcile."""
+        """Before this process consumes anything: open the ledger (an unusable one is logged
+        once at ERROR; with ``require_ledger`` the error is raised and the process does not
+        boot), reconcile, publish the verdicts owed to Dramatiq; start the periodic reconcile."""
         self._check_placement(broker)
         if self._broker is None:
             self._broker = broker
-        self.runtime.boot_reconcile("before_worker_boot")
+        self.runtime.boot("before_worker_boot")
         self.runtime.start_periodic_reconcile()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
@@ -172,8 +174,8 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         """Store :class:`TaskLostError` for a lost message when the ``Results`` middleware is
         configured and the actor stores results, unless a result is stored already."""
         broker = self._broker
-        if broker is None or lost.name is None:
-            return
+        if broker is None or lost.name is None or lost.framework_id is None:
+            return  # no message id stored (or no broker yet): nothing to address a result by
         from dramatiq import Message
         from dramatiq.results import ResultFailure, ResultMissing, Results
 

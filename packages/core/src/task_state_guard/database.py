@@ -333,7 +333,7 @@ class SQLiteDatabase:
                         "the database holds a foreign or tampered schema",
                         reason=r.FOREIGN_SCHEMA,
                     )
-                elif fmt != schema.V4:
+                elif fmt != schema.CURRENT:
                     schema.migrate(conn, fmt)  # one transaction: all of it or nothing
                 version = schema.SCHEMA_VERSION
                 conn.execute("COMMIT")

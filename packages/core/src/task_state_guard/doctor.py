@@ -3,7 +3,8 @@
 The report (0.1.0's keys): ``healthy``, ``schema_version``, ``schema_ok``, ``quick_check``
 (``"ok"`` or ``"failed"``), ``task_count``, ``event_count``, ``task_status_counts`` and
 ``delivery_status_counts`` (every state, zeros included), and one integer ``*_count`` per class
-of finding.
+of finding (this version adds ``verdict_mismatch_count``: the verdict outbox disagrees with the
+closes it records).
 
 Memory stays bounded whatever the ledger size: state and code rules are judged once per distinct
 row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
@@ -18,8 +19,15 @@ import sqlite3
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import schema
-from .model import DELIVERY_CODES, DELIVERY_STATES, TASK_CODES, TASK_STATES, TERMINAL_STATES
+from . import schema, verdicts
+from .model import (
+    DELIVERY_CODES,
+    DELIVERY_STATES,
+    FRAMEWORKS,
+    TASK_CODES,
+    TASK_STATES,
+    TERMINAL_STATES,
+)
 
 if TYPE_CHECKING:
     from .database import Database
@@ -36,6 +44,7 @@ _FINDINGS = (
     "parent_order_violations",
     "parent_cycles",
     "event_chain_mismatches",
+    "verdict_mismatches",
 )
 #: The report key of each finding class.
 _COUNT_KEYS = {
@@ -50,6 +59,7 @@ _COUNT_KEYS = {
     "parent_order_violations": "parent_order_violation_count",
     "parent_cycles": "parent_cycle_count",
     "event_chain_mismatches": "event_chain_mismatch_count",
+    "verdict_mismatches": "verdict_mismatch_count",
 }
 _TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
 _DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
@@ -122,6 +132,20 @@ _EVENT_CHAINS = f"""SELECT count(*) FROM (
     GROUP BY t.seq)
     WHERE actual != expected OR matching != expected
         OR typeof(version) != 'integer' OR version < expected - 1"""
+
+def outbox_values_sql(fin: Callable[[str], str]) -> str:
+    """Count the task rows whose outbox columns (current layout) are malformed: a framework
+    label outside the closed set or on an attempt, or a redelivery bound that is not a finite
+    duration of a started task."""
+    return f"""SELECT count(*) FROM tsg_tasks WHERE
+    (framework IS NOT NULL AND (framework NOT IN {schema.sql_list(FRAMEWORKS)}
+        OR parent_id IS NOT NULL))
+    OR (redelivery_seconds IS NOT NULL AND NOT ({fin("redelivery_seconds")}
+        AND redelivery_seconds <= 1e10 AND started_at IS NOT NULL))"""
+
+
+_OUTBOX_VALUES = outbox_values_sql(_fin)
+_OUTBOX = verdicts.consistency_sql(_fin)
 
 _ORPHAN_EVENTS = (
     "SELECT count(*) FROM tsg_events e "
@@ -263,6 +287,9 @@ def run_doctor(db: Database) -> dict[str, Any]:
                 _check_values(conn, findings)
                 findings["event_chain_mismatches"] = _count(conn, _EVENT_CHAINS)
                 findings["parent_order_violations"], findings["parent_cycles"] = _cycles(conn)
+                if fmt == schema.CURRENT:  # older layouts have no outbox
+                    findings["invalid_values"] += _count(conn, _OUTBOX_VALUES)
+                    findings["verdict_mismatches"] = _count(conn, _OUTBOX)
         except sqlite3.DatabaseError as exc:
             if not checked:
                 raise db.translate(exc) from None

@@ -16,6 +16,7 @@ from . import prune as _prune
 from . import reasons as r
 from . import reconcile as _reconcile
 from . import status as _status
+from . import verdicts as _verdicts
 from .model import (
     DELIVERY_CLOSED,
     DELIVERY_CODES,
@@ -34,6 +35,7 @@ from .model import (
     canonical_id,
     check_code,
     check_code_shape,
+    check_framework,
     check_name,
     check_payload_hash,
     check_seconds,
@@ -57,16 +59,19 @@ _RETURNING = f" RETURNING {TASK_COLUMNS}"
 # its event. When the guard refuses, the same transaction reads the row to explain why.
 _INSERT_TASK = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
-    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id) "
-    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1, ?1, ?8 WHERE ?3 IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = ?3 AND created_at <= ?1) "
+    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, "
+    "framework) "
+    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?7, ?1, ?1, ?1, ?8, ?9 "
+    "WHERE ?3 IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks WHERE id = ?3 AND created_at <= ?1) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
 # updated_at is the last task-state change or heartbeat; a delivery change moves only
 # delivery_updated_at. version counts state and delivery changes (heartbeats do not count).
+# ?4: the attempt's redelivery bound (seconds after its last sign of life during which its
+# broker may still hand the job to another worker), or NULL.
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = ?1, deadline_at = ?1 + timeout_seconds, "
-    "owner = ?3, updated_at = ?1, version = version + 1 "
+    "owner = ?3, redelivery_seconds = ?4, updated_at = ?1, version = version + 1 "
     "WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at" + _RETURNING
 )
 _HEARTBEAT = (
@@ -379,8 +384,14 @@ class Ledger:
         framework_id: str | uuid.UUID | None,
         *,
         quiet: bool,
+        framework: str | None = None,
     ) -> Task | str:
-        """:meth:`create_task`; ``quiet=True`` returns only the task's state (no Task built)."""
+        """:meth:`create_task`; ``quiet=True`` returns only the task's state (no Task built).
+
+        ``framework`` (the integration layer's): the label of the adapter that opens this
+        logical task (one of ``model.FRAMEWORKS``), so that a close declaring it lost owes that
+        framework a verdict. An existing task keeps the label it was created with.
+        """
         tid = str(uuid.uuid4()) if task_id is None else canonical_id(task_id)
         parent = None if parent_id is None else canonical_id(parent_id, "parent id")
         timeout = (
@@ -393,8 +404,10 @@ class Ledger:
         label = check_name(name)
         fingerprint = check_payload_hash(payload_hash)
         fid = None if framework_id is None else _framework_id(framework_id)
+        opener = check_framework(framework)
         inserted, now, row = self._guarded(
-            _INSERT_TASK, tid, parent, label, int(delivery_required), fingerprint, timeout, fid
+            _INSERT_TASK, tid, parent, label, int(delivery_required), fingerprint, timeout, fid,
+            opener,
         )
         if inserted is None:
             if row is not None:  # an explicit id that already exists
@@ -443,7 +456,7 @@ class Ledger:
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
             token = self._db.own_token()
-        updated, _now, row = self._guarded(_START, tid, token)
+        updated, _now, row = self._guarded(_START, tid, token, None)
         if updated is not None:
             return row_to_task(updated)
         if row is None:
@@ -452,18 +465,30 @@ class Ledger:
             raise StateConflict("only a queued task can start")
         raise StateConflict("clock is earlier than the task's stored times")
 
-    def _start_quiet(self, task_id: str, *, owner: bool) -> None:
+    def _start_quiet(
+        self, task_id: str, *, owner: bool, redelivery_seconds: float | None = None
+    ) -> None:
         """:meth:`start_task` for the integration layer: same guard and errors, no Task built.
 
         Once this process holds its owner lock file, the start is the guarded update alone
         (no look ahead: the lock file exists already, so a refused start creates nothing).
+        ``redelivery_seconds``: for an attempt whose broker redelivers the job if its worker
+        dies, how long after the attempt's last sign of life that may still happen; recorded in
+        the same statement, it keeps the logical task fresh that long once the attempt is lost.
         """
         tid = canonical_id(task_id)
+        bound = None if redelivery_seconds is None else check_seconds(
+            redelivery_seconds, "redelivery_seconds", allow_zero=True
+        )
         token = self._db.held_token() if owner else None
         if owner and token is None:
-            self.start_task(tid, owner=True)
-            return
-        updated, _now, row = self._guarded(_START_QUIET, tid, token)
+            # Judged before the lock file exists (see start_task); the guarded update decides.
+            if self._db.read_only:
+                raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+            if self._current(tid)[4] != "queued":
+                raise StateConflict("only a queued task can start")
+            token = self._db.own_token()
+        updated, _now, row = self._guarded(_START_QUIET, tid, token, bound)
         if updated is not None:
             return
         if row is None:
@@ -736,6 +761,36 @@ class Ledger:
         return _reconcile.run_reconcile(
             self._db, policy, dry_run=dry_run, on_decision=on_decision, progress=progress
         )
+
+    # ----------------------------------------------------------------- verdict outbox
+    def claim_verdicts(
+        self,
+        framework: str,
+        *,
+        limit: int = 100,
+        lease_seconds: float = 60.0,
+        task_ids: Iterable[str | uuid.UUID] | None = None,
+    ) -> list[_verdicts.Verdict]:
+        """Claim up to ``limit`` pending lost-job verdicts owed to ``framework`` (``celery``,
+        ``dramatiq``, ``langgraph``), oldest first, with a lease of ``lease_seconds`` during
+        which no other claim gets them (an expired lease can be claimed again); ``task_ids``
+        restricts the claim to those logical tasks. Publish each, then
+        :meth:`mark_verdicts_published` (or :meth:`release_verdicts`). See
+        :mod:`task_state_guard.verdicts`; the returned objects carry ids (in-process only).
+        """
+        return _verdicts.claim(
+            self._db, framework, limit=limit, lease_seconds=lease_seconds, task_ids=task_ids
+        )
+
+    def mark_verdicts_published(self, task_ids: Iterable[str | uuid.UUID]) -> int:
+        """Mark the pending verdicts of these logical tasks published; returns how many changed
+        (an already published one is left as it is, so a repeat changes nothing)."""
+        return _verdicts.mark_published(self._db, task_ids)
+
+    def release_verdicts(self, verdicts: Iterable[_verdicts.Verdict]) -> int:
+        """Give claimed verdicts back unpublished, so the next drain takes them at once (only
+        while the lease is still the one they were claimed with); returns how many."""
+        return _verdicts.release(self._db, verdicts)
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""

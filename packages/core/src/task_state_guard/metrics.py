@@ -94,7 +94,17 @@ def format_prometheus(report: dict[str, Any]) -> str:
          for kind, states in report["delivery_outcomes_total"].items()
          for state, codes in states.items() for code, total in codes.items()],
     )
+    out.family(
+        "tsg_verdicts", "gauge",
+        "Lost-job verdicts in the ledger's outbox by framework and state (pending: no adapter "
+        "of that framework has published it yet; published: kept until prune).",
+        [({"framework": framework, "status": state}, count)
+         for state, by_framework in report["verdicts"].items()
+         for framework, count in by_framework.items()],
+    )
     for key, name, text in (
+        ("oldest_pending_verdict_age_seconds", "tsg_oldest_pending_verdict_age_seconds",
+         "Time since the oldest pending lost-job verdict was recorded (0 when none)."),
         ("oldest_queued_age_seconds", "tsg_oldest_queued_age_seconds",
          "Age of the oldest queued task (0 when none)."),
         ("oldest_running_age_seconds", "tsg_oldest_running_age_seconds",

@@ -8,6 +8,7 @@ same settings, :class:`IdScheme` and :func:`name_label` the same id and label ru
 ``docs/architecture.md`` ("Writing an adapter").
 """
 
+from ..verdicts import Verdict
 from . import codes
 from .errors import ErrorPolicy
 from .ids import IdScheme, name_label
@@ -27,6 +28,7 @@ __all__ = [
     "LostTask",
     "SettingArgs",
     "Settings",
+    "Verdict",
     "codes",
     "env_name",
     "format_adapter_metrics",

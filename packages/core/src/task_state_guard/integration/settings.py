@@ -18,6 +18,7 @@ setting                         environment variable                  default
 ``strict``                      ``TSG_STRICT``                        false
 ``fail_lost_results``           ``TSG_FAIL_LOST_RESULTS``             true
 ``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
+``require_ledger``              ``TSG_REQUIRE_LEDGER``                false
 ==============================  ====================================  ========================
 
 A ``*_seconds`` value given as text (environment, framework configuration) may carry a unit, as
@@ -27,6 +28,8 @@ active grace. ``reconcile_interval_seconds`` is used by adapters with a long-liv
 (Celery and Dramatiq workers: a periodic reconcile in the worker's main process).
 ``fail_lost_results=false`` stops adapters from writing a failure into the framework's result
 backend for a job a reconcile found lost (the ``on_lost`` hook still fires).
+``require_ledger=true`` makes a worker refuse to start when its ledger cannot be used (by
+default it starts, logs the reason once at ERROR and records nothing until the ledger works).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ _NAMES = (
     "strict",
     "fail_lost_results",
     "busy_timeout_ms",
+    "require_ledger",
 )
 
 
@@ -71,6 +75,7 @@ class SettingArgs(TypedDict, total=False):
     strict: bool | None
     fail_lost_results: bool | None
     busy_timeout_ms: int | None
+    require_ledger: bool | None
 
 
 class ConfigurationError(InvalidInput, ValueError):
@@ -90,6 +95,7 @@ class Settings:
     strict: bool
     busy_timeout_ms: int
     fail_lost_results: bool = True
+    require_ledger: bool = False
 
     def __repr__(self) -> str:
         """Every setting, the ledger URL without its password."""
@@ -242,6 +248,8 @@ def resolve_settings(
     fail_lost = True if value is None else _flag(value, source)
     value, source = get("busy_timeout_ms")
     busy = DEFAULT_BUSY_TIMEOUT_MS if value is None else _milliseconds(value, source)
+    value, source = get("require_ledger")
+    required = False if value is None else _flag(value, source)
     return Settings(
         db=str(db),
         active_grace_seconds=active,
@@ -252,6 +260,7 @@ def resolve_settings(
         strict=strict,
         busy_timeout_ms=busy,
         fail_lost_results=fail_lost,
+        require_ledger=required,
     )
 
 
