@@ -388,3 +388,12 @@ def test_a_v4_ledger_migrates_to_the_outbox(db: str) -> None:
         # the task opened before the upgrade has no framework label: it owes nothing
         assert [v.task_id for v in ledger.claim_verdicts("celery")] == [logical]
         assert ledger.doctor()["healthy"] is True
+
+
+def test_the_framework_labels_are_the_shipped_adapters() -> None:
+    """The ledger's closed set of labels (the schema's check) names exactly the adapters whose
+    id schemes the integration layer ships."""
+    from task_state_guard.integration import FRAMEWORKS
+    from task_state_guard.model import FRAMEWORK_LABELS
+
+    assert set(FRAMEWORKS) == FRAMEWORK_LABELS

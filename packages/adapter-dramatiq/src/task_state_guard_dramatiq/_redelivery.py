@@ -53,8 +53,8 @@ def broker_window(broker: Any) -> float | None:
         parameters = getattr(broker, "parameters", None)
         if isinstance(parameters, list | tuple):
             parameters = parameters[0] if parameters else None
-        heartbeat = getattr(parameters, "heartbeat", None)
-        seconds = config_seconds(heartbeat if not callable(heartbeat) else None, 0.0)
+        proposed = getattr(parameters, "heartbeat", None)  # None: the server's; or a callable
+        seconds = config_seconds(None if callable(proposed) else proposed, 0.0)
         return 2 * (seconds if seconds > 0 else AMQP_SERVER_HEARTBEAT)
     return None
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from task_state_guard.integration import IdScheme
+from task_state_guard.integration.ids import LANGGRAPH
 
+#: The core's id scheme of invocations (defined once in ``task_state_guard.integration.ids``,
+#: where ``tsg get --langgraph ID`` finds it too).
+INVOCATIONS = LANGGRAPH
 #: Namespace of every ledger id this adapter derives (``uuid5(NAMESPACE, ...)``).
-NAMESPACE = uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42")
-
-INVOCATIONS = IdScheme(NAMESPACE)
+NAMESPACE = INVOCATIONS.namespace
 _INVOCATIONS = INVOCATIONS
 
 
@@ -55,4 +56,11 @@ class AttemptIds:
 def recovery_invocation_id(lost_invocation_id: str) -> str:
     """Invocation id of the run that recovers ``lost_invocation_id`` (deterministic, so two
     processes recovering at once race on one ledger task and only one wins the claim)."""
-    return "recover-" + uuid.uuid5(NAMESPACE, f"recover|{lost_invocation_id}").hex
+    return recovery_id_for_task(logical_task_id(lost_invocation_id))
+
+
+def recovery_id_for_task(lost_task_id: str) -> str:
+    """:func:`recovery_invocation_id` from the lost invocation's ledger id: recovery can
+    compute it for an invocation whose own id it never saw (one that died before writing its
+    first checkpoint is known only by its ledger record)."""
+    return "recover-" + uuid.uuid5(NAMESPACE, f"recover|{lost_task_id}").hex

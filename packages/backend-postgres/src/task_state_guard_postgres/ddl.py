@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from task_state_guard import reasons as r
 from task_state_guard import schema as core_schema
-from task_state_guard.model import FRAMEWORKS, InvalidInput, StorageError
+from task_state_guard.model import FRAMEWORK_LABELS, InvalidInput, StorageError
 
 from .driver import Conn
 
@@ -194,7 +194,7 @@ def _v6(s: str) -> list[str]:
     q = f'"{s}"'
     return [
         f"ALTER TABLE {q}.tsg_tasks ADD COLUMN framework text "
-        f"CHECK (framework IN {core_schema.sql_list(FRAMEWORKS)})",
+        f"CHECK (framework IN {core_schema.sql_list(FRAMEWORK_LABELS)})",
         f"ALTER TABLE {q}.tsg_tasks ADD COLUMN redelivery_seconds double precision",
         f"""CREATE TABLE {q}.tsg_verdicts (
     task_seq bigint PRIMARY KEY,

@@ -23,7 +23,7 @@ from . import schema, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
-    FRAMEWORKS,
+    FRAMEWORK_LABELS,
     TASK_CODES,
     TASK_STATES,
     TERMINAL_STATES,
@@ -138,7 +138,7 @@ def outbox_values_sql(fin: Callable[[str], str]) -> str:
     label outside the closed set or on an attempt, or a redelivery bound that is not a finite
     duration of a started task."""
     return f"""SELECT count(*) FROM tsg_tasks WHERE
-    (framework IS NOT NULL AND (framework NOT IN {schema.sql_list(FRAMEWORKS)}
+    (framework IS NOT NULL AND (framework NOT IN {schema.sql_list(FRAMEWORK_LABELS)}
         OR parent_id IS NOT NULL))
     OR (redelivery_seconds IS NOT NULL AND NOT ({fin("redelivery_seconds")}
         AND redelivery_seconds <= 1e10 AND started_at IS NOT NULL))"""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import cache
 
 from . import reasons as r
-from .model import DELIVERY_CODES, FRAMEWORKS, LOST_CODES, TASK_CODES, StorageError
+from .model import DELIVERY_CODES, FRAMEWORK_LABELS, LOST_CODES, TASK_CODES, StorageError
 
 SCHEMA_VERSION = 5
 APPLICATION = "task-state-guard"
@@ -198,7 +198,8 @@ def sql_list(values: frozenset[str]) -> str:
 #: task opened before v5) and, on an attempt, how long after its last sign of life the broker
 #: may still redeliver its job (NULL: it will not).
 _TASK_COLUMNS_V5 = [
-    f"ALTER TABLE tsg_tasks ADD COLUMN framework TEXT CHECK (framework IN {sql_list(FRAMEWORKS)})",
+    "ALTER TABLE tsg_tasks ADD COLUMN framework TEXT "
+    f"CHECK (framework IN {sql_list(FRAMEWORK_LABELS)})",
     "ALTER TABLE tsg_tasks ADD COLUMN redelivery_seconds REAL",
 ]
 # The verdict outbox: a logical task closed as lost is owed to its framework's adapters. One row

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .model import (
-    FRAMEWORKS,
+    FRAMEWORK_LABELS,
     LOST_CODES,
     InvalidInput,
     canonical_id,
@@ -126,7 +126,7 @@ def _verdict(row: tuple[Any, ...], claim_token: str, lease_until: float) -> Verd
         type(task_id) is str and is_canonical(task_id)
         and (fid is None or (type(fid) is str and is_canonical(fid)))
         and (name is None or (type(name) is str and is_valid_name(name)))
-        and code in LOST_CODES and framework in FRAMEWORKS and _finite(recorded)
+        and code in LOST_CODES and framework in FRAMEWORK_LABELS and _finite(recorded)
     ):
         return None
     return Verdict(task_id, framework, fid, name, code, float(recorded), claim_token, lease_until)
@@ -215,11 +215,12 @@ def release(db: Database, verdicts: Iterable[Verdict]) -> int:
 def counts(conn: Any, now: float, available: bool) -> tuple[dict[str, dict[str, int]], Any]:
     """Verdicts by state and framework (every framework, zeros included) and the age of the
     oldest pending one (None when none); counts only."""
-    by_state = {state: dict.fromkeys(sorted(FRAMEWORKS), 0) for state in ("pending", "published")}
+    by_state = {state: dict.fromkeys(sorted(FRAMEWORK_LABELS), 0)
+                for state in ("pending", "published")}
     oldest: float | None = None
     if available:
         for framework, state, count, first in conn.execute(_COUNTS):
-            if state not in by_state or framework not in FRAMEWORKS:
+            if state not in by_state or framework not in FRAMEWORK_LABELS:
                 continue  # only a tampered row has such values; doctor reports it
             by_state[state][framework] += int(count)
             if state == "pending" and _finite(first) and (oldest is None or first < oldest):
@@ -237,7 +238,7 @@ def consistency_sql(fin: Callable[[str], str]) -> str:
     return f"""SELECT (SELECT count(*) FROM tsg_verdicts v LEFT JOIN tsg_tasks t
         ON t.seq = v.task_seq
     WHERE t.seq IS NULL OR t.framework IS NULL OR v.framework <> t.framework
-        OR v.framework NOT IN {sql_list(FRAMEWORKS)}
+        OR v.framework NOT IN {sql_list(FRAMEWORK_LABELS)}
         OR t.status <> 'timed_out' OR t.terminal_code IS NULL OR t.terminal_code NOT IN {lost}
         OR v.state NOT IN ('pending','published') OR NOT {fin("v.recorded_at")}
         OR v.recorded_at <> t.ended_at

@@ -62,6 +62,8 @@ from .settings import Settings
 Closing = tuple[str, str, "str | None", bool]
 
 _BOOT_RECONCILE_TRIES = 5
+# The report keys that count changes a pass made (the others count what it examined or kept).
+_CHANGES = ("tasks_timed_out", "deliveries_failed", "deliveries_not_applicable")
 
 
 #: Verdicts one drain step claims, and the lease it holds them for while it publishes.
@@ -357,17 +359,20 @@ class AdapterRuntime:
         name: str | None,
         timeout_seconds: float | None = None,
         owner: bool = True,
+        framework_id: str | None = None,
         redelivery_seconds: float | None = None,
     ) -> None:
         """Create ``task_id`` (idempotent) and start it, in one transaction.
 
         ``StateConflict`` when it exists and is no longer queued (another process claimed it).
+        ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`).
         ``redelivery_seconds``: see :meth:`claim_attempt`.
         """
+        fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
         with led.atomic():
             led._create(
-                task_id, parent_id, timeout_seconds, delivery_required, name, None, None,
+                task_id, parent_id, timeout_seconds, delivery_required, name, None, fid,
                 quiet=True,
             )
             led._start_quiet(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
@@ -696,7 +701,7 @@ class AdapterRuntime:
 
     def _reconcile_loop(self, stop: threading.Event, interval: float, where: str) -> None:
         while not stop.wait(interval):
-            self.guarded_reconcile(where)
+            self.guarded_reconcile(where, quiet_when_unchanged=True)
 
     def boot(self, where: str = "boot") -> dict[str, Any] | None:
         """What a worker does when it starts, before it consumes: :meth:`check_ledger` (an
@@ -724,8 +729,12 @@ class AdapterRuntime:
         """:meth:`publish_verdicts` under the error policy (``None`` on error)."""
         return self.policy.call(where, self.publish_verdicts)
 
-    def guarded_reconcile(self, where: str = "reconcile") -> dict[str, Any] | None:
-        """:meth:`reconcile` under the error policy (``None`` on error)."""
+    def guarded_reconcile(
+        self, where: str = "reconcile", *, quiet_when_unchanged: bool = False
+    ) -> dict[str, Any] | None:
+        """:meth:`reconcile` under the error policy (``None`` on error); logs the counts-only
+        report at info level, or at debug level when ``quiet_when_unchanged`` and the pass
+        changed nothing (a periodic pass: a quiet fleet logs nothing at info level)."""
         with self.guarded(where):
             for attempt in range(_BOOT_RECONCILE_TRIES):
                 try:
@@ -734,7 +743,9 @@ class AdapterRuntime:
                     if attempt == _BOOT_RECONCILE_TRIES - 1:
                         raise
                     continue
-                self.logger.info(
+                changed = any(report[key] for key in _CHANGES)
+                self.logger.log(
+                    logging.DEBUG if quiet_when_unchanged and not changed else logging.INFO,
                     "task-state-guard: reconcile (%s) %s",
                     where,
                     json.dumps(report, sort_keys=True, separators=(",", ":")),
