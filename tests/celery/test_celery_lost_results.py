@@ -9,7 +9,6 @@ doctor stays healthy.
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,18 +17,11 @@ from typing import Any
 import pytest
 from celery import states  # type: ignore[import-untyped]
 from celery.exceptions import TaskRevokedError, WorkerLostError  # type: ignore[import-untyped]
-from celery_harness import BROKER, Scenario, wait_for
+from celery_harness import BROKER, Scenario, require_service, wait_for
 from task_state_guard_celery import TaskLostError
 
 SQL_BACKEND = "db+postgresql+psycopg://postgres@127.0.0.1:5432/test"
 RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
-
-
-def _require(port: int, what: str) -> None:
-    try:  # required (CI starts it): a missing service fails, never skips
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except OSError as exc:
-        pytest.fail(f"{what} is required at 127.0.0.1:{port} for tests/celery: {exc!r}")
 
 
 @pytest.fixture(
@@ -41,11 +33,11 @@ def lost_scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sc
     broker_kind, backend_kind = request.param
     broker = BROKER
     if broker_kind == "rabbitmq":
-        _require(5672, "RabbitMQ")
+        require_service(5672, "RabbitMQ")
         broker = RABBIT_BROKER
     backend = None
     if backend_kind == "sql":
-        _require(5432, "PostgreSQL")
+        require_service(5432, "PostgreSQL")
         backend = SQL_BACKEND
     sc = Scenario(tmp_path, broker=broker, backend=backend, track_started=True)
     try:

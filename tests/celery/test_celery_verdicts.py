@@ -10,9 +10,6 @@ when it starts (before it consumes) or, when it runs already, on its periodic in
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,18 +18,12 @@ from typing import Any
 import ledger_backends
 import pytest
 from celery import states  # type: ignore[import-untyped]
-from celery_harness import BROKER, Scenario, wait_for
+from celery_harness import BROKER, Scenario, require_service, wait_for
 from task_state_guard_celery import TaskLostError
+from verdict_checks import tsg
 
 RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 INTERVAL = 1.0  # the surviving worker's periodic reconcile (and publish)
-
-
-def _require(port: int, what: str) -> None:
-    try:  # required (CI starts it): a missing service fails, never skips
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except OSError as exc:
-        pytest.fail(f"{what} is required at 127.0.0.1:{port} for tests/celery: {exc!r}")
 
 
 @pytest.fixture(
@@ -43,7 +34,7 @@ def lost(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
     broker_kind, ledger_kind = request.param
     broker = BROKER
     if broker_kind == "rabbitmq":
-        _require(5672, "RabbitMQ")
+        require_service(5672, "RabbitMQ")
         broker = RABBIT_BROKER
     with ledger_backends.ledger_target(ledger_kind, tmp_path) as db:
         if ledger_kind == "sqlite":
@@ -55,12 +46,6 @@ def lost(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
             sc.close()
 
 
-def tsg(db: str, *args: str) -> dict[str, Any]:
-    """The operator's CLI, a process of its own (no adapter)."""
-    done = subprocess.run([sys.executable, "-m", "task_state_guard", "--db", db, *args],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0 and done.stderr == "", (done.stdout, done.stderr)
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def _running_task(scenario: Scenario, marker: str) -> Any:

@@ -150,6 +150,20 @@ def test_strict_mode_raises_the_ledger_error_out_of_the_hook(
     assert driver.guard.stats()["errors"]  # counted as well
 
 
+def test_an_unusable_ledger_shows_in_stats_and_metrics(driver: Any, broken_db: str) -> None:
+    """Whoever opened it first (the boot, a job's hook), an unusable ledger is visible in the
+    process's counters with its fixed reason, never the path; the jobs ran anyway."""
+    guard = driver.install(broken_db)
+    driver.boot()
+    driver.run("ok")
+    stats = guard.stats()
+    assert (stats["ledger_usable"], stats["ledger_reason"]) == (False, "directory_not_a_directory")
+    text = guard.metrics_text()
+    assert parse(text)["tsg_adapter_ledger_usable"].value(
+        adapter=driver.name, reason="directory_not_a_directory") == 0
+    assert broken_db not in text and "not-a-directory" not in text
+
+
 def test_ledger_errors_are_scrapeable_as_prometheus_text(driver: Any, broken_db: str) -> None:
     guard = driver.install(broken_db)
     driver.boot()

@@ -38,7 +38,7 @@ def open_job(rt: AdapterRuntime, fid: str | None = FID, name: str = "app.job",
     """A job as an adapter records it: its logical task and a running attempt."""
     logical = str(uuid.uuid5(uuid.NAMESPACE_URL, f"job:{fid}:{uuid.uuid4()}"))
     rt.open_logical(logical, delivery_required=False, name=name, framework_id=fid)
-    attempt = rt.claim_attempt(logical, name=name, redelivery_seconds=redelivery)
+    attempt = rt.claim_attempt(logical, name=name, redelivery_window=redelivery)
     return logical, attempt
 
 
@@ -268,8 +268,9 @@ def test_a_lost_attempt_the_broker_will_redeliver_keeps_its_job_fresh(
     ledger: Ledger, clock: Clock, rt: AdapterRuntime
 ) -> None:
     """The attempt is closed at once; the logical task is kept (and owes nothing) until the
-    attempt's redelivery window after its last sign of life has passed."""
-    logical, attempt = open_job(rt, redelivery=100)
+    attempt's redelivery window, plus the active grace for the requeued job to reach a worker,
+    has passed after its last sign of life."""
+    logical, attempt = open_job(rt, redelivery=100)  # kept 100 + 60 s after its start
     clock.advance(GRACE + 1)
     for dry_run in (True, False):
         report = reconcile(ledger, dry_run=dry_run)
@@ -277,7 +278,7 @@ def test_a_lost_attempt_the_broker_will_redeliver_keeps_its_job_fresh(
     assert ledger.get_task(attempt).terminal_code == "restart_stale"
     assert str(ledger.get_task(logical).status) == "running"
     assert verdicts(ledger)["pending"]["celery"] == 0
-    clock.advance(100 - GRACE - 1.5)  # the window ends 100 s after the last sign of life
+    clock.advance(100 - 1.5)  # the bound ends 160 s after the last sign of life
     assert reconcile(ledger)["tasks_timed_out"] == 0
     clock.advance(0.5)
     report = reconcile(ledger)
@@ -293,7 +294,7 @@ def test_a_redelivered_attempt_takes_over_and_the_job_succeeds(
     logical, _lost = open_job(rt, redelivery=100)
     clock.advance(GRACE + 1)
     reconcile(ledger)
-    again = rt.claim_attempt(logical, name="app.job", redelivery_seconds=100)  # redelivered
+    again = rt.claim_attempt(logical, name="app.job", redelivery_window=100)  # redelivered
     rt.close_tasks([(again, "succeeded", "worker_completed", True),
                     (logical, "succeeded", "worker_completed", False)])
     clock.advance(1000)

@@ -22,6 +22,7 @@ from task_state_guard.integration import AdapterRuntime, name_label
 from task_state_guard.integration import codes as c
 
 from ._ids import logical_task_id, replace_attempt_id, requeue_attempt_id, retry_attempt_id
+from ._redelivery import broker_window
 from ._request import (
     Attempt,
     acks_late,
@@ -43,6 +44,17 @@ class ChildReceivers:
         self.rt = runtime
         self.ours = ours
         self.app = app
+        self._broker_window: tuple[float | None] | None = None  # read once, on first use
+
+    def redelivery_window(self, task: Any, ctx: Any) -> float | None:
+        """How long after this attempt's last sign of life the broker may still hand its job
+        to another worker: only an ``acks_late`` message outlives its worker (see
+        ``_redelivery``)."""
+        if not acks_late(task) or bool(getattr(ctx, "is_eager", False)):
+            return None
+        if self._broker_window is None:
+            self._broker_window = (broker_window(self.app),)
+        return self._broker_window[0]
 
     # ------------------------------------------------------------------ start
 
@@ -78,6 +90,7 @@ class ChildReceivers:
                     timeout_seconds=attempt_timeout(task),
                     expected=expected_attempts(ctx, celery_id),
                     fresh_id=fresh_attempt_id(ctx),
+                    redelivery_window=self.redelivery_window(task, ctx),
                 )
 
             with rt.ledger.atomic():  # the parent and the attempt: one writer-lock round

@@ -34,8 +34,10 @@ _OPEN_BATCH = (
     "WHERE delivery_status = 'pending' AND seq < ? ORDER BY seq DESC LIMIT ?"
 )
 # The children that can keep a parent fresh: queued or running ones, and (current layout) lost
-# attempts whose broker may still redeliver the job (within ``redelivery_seconds`` of the
-# attempt's last sign of life); the last column says whether that window is still open.
+# attempts whose broker may still redeliver the job: ``redelivery_seconds`` (the broker's
+# window) plus the active grace (for the requeued job to reach a worker) after the attempt's
+# last sign of life; the parameter is the pass's active cutoff (now - grace). The last column
+# says whether that bound is still ahead.
 _REDELIVERY_OPEN = "(redelivery_seconds IS NOT NULL AND coalesce(heartbeat_at, started_at) " \
     "+ redelivery_seconds > ?)"
 _ACTIVE_CHILDREN = (
@@ -168,7 +170,8 @@ class _Pass:
             marks = ",".join("?" * len(chunk))
             params: list[Any] = list(chunk)
             if current:
-                sql, params = _ACTIVE_CHILDREN.format(marks=marks), [self.now, *chunk, self.now]
+                cutoff = self.active_cutoff
+                sql, params = _ACTIVE_CHILDREN.format(marks=marks), [cutoff, *chunk, cutoff]
             else:
                 sql = _ACTIVE_CHILDREN_OLD.format(marks=marks)
             for parent, seq, status, redelivery in self.conn.execute(sql, params):
@@ -177,7 +180,8 @@ class _Pass:
 
     def fresh_through_children(self, children: list[tuple[int, str, bool]]) -> bool:
         """A queued child, a running child this pass keeps, or a lost attempt whose broker may
-        still redeliver the job (its redelivery window is open) keeps its parent fresh."""
+        still redeliver the job (its redelivery window plus the active grace is not over) keeps
+        its parent fresh."""
         return any(
             status == "queued" or (status == "running" and seq not in self.timed_out)
             or redelivery

@@ -181,7 +181,7 @@ class AdapterRuntime:
                     proc.ledger = led
         return led
 
-    def check_ledger(self, where: str = "worker_start") -> bool:
+    def check_ledger(self) -> bool:
         """Open this process's ledger now (at worker start, before any job): True when usable.
 
         An unusable ledger (an unsafe or missing location, a foreign schema, an unreachable
@@ -194,11 +194,10 @@ class AdapterRuntime:
             self.ledger  # noqa: B018 - opening it runs every safety check
         except LedgerError as exc:
             self.logger.error(
-                "task-state-guard: the ledger cannot be used (%s%s) at %s; nothing is recorded "
-                "until it can.%s",
+                "task-state-guard: the ledger cannot be used at worker start (%s%s); nothing is "
+                "recorded until it can.%s",
                 type(exc).__name__,
                 "" if exc.reason is None else f", reason {exc.reason}",
-                where,
                 " require_ledger is set: the worker does not start."
                 if self.settings.require_ledger
                 else " Set require_ledger (TSG_REQUIRE_LEDGER=1) to refuse to start instead.",
@@ -366,7 +365,8 @@ class AdapterRuntime:
 
         ``StateConflict`` when it exists and is no longer queued (another process claimed it).
         ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`).
-        ``redelivery_seconds``: see :meth:`claim_attempt`.
+        ``redelivery_seconds``: the attempt's redelivery window, recorded with the start (see
+        :meth:`claim_attempt`).
         """
         fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
@@ -399,7 +399,7 @@ class AdapterRuntime:
         timeout_seconds: float | None = None,
         expected: Iterable[tuple[str, bool]] = (),
         fresh_id: str | None = None,
-        redelivery_seconds: float | None = None,
+        redelivery_window: float | None = None,
     ) -> str:
         """Start the attempt this delivery runs as, owned by this process; return its id.
 
@@ -410,12 +410,15 @@ class AdapterRuntime:
         attempt is recorded, with id ``fresh_id`` or a random one. ``TaskNotFound`` when the
         logical task does not exist. One transaction.
 
-        ``redelivery_seconds``: when the broker hands this delivery's job to another worker if
+        ``redelivery_window``: when the broker hands this delivery's job to another worker if
         this one dies (late acknowledgement, visibility timeout), how long after the attempt's
-        last sign of life that may still happen. It is recorded with the start itself (no
-        extra write); once the attempt is lost, reconcile keeps the logical task fresh that
-        long, so a job that will run again is not declared lost before its window passed.
+        last sign of life the broker puts it back in its queue (see
+        :mod:`~task_state_guard.integration.redelivery`). It is recorded with the start itself,
+        no extra write; once the attempt is lost, reconcile keeps the logical task fresh for
+        that window plus its active grace (for the requeued job to reach a free worker), so a
+        job that will run again is not declared lost before then.
         """
+        bound = redelivery_window
         led = self.ledger
         with led.atomic():
             for candidate, create in expected:
@@ -424,9 +427,7 @@ class AdapterRuntime:
                         self.queue_attempt(
                             candidate, parent_id, name=name, timeout_seconds=timeout_seconds
                         )
-                    led._start_quiet(
-                        candidate, owner=True, redelivery_seconds=redelivery_seconds
-                    )
+                    led._start_quiet(candidate, owner=True, redelivery_seconds=bound)
                     return candidate
                 except (StateConflict, TaskNotFound):
                     continue
@@ -437,7 +438,7 @@ class AdapterRuntime:
                 delivery_required=False,
                 name=name,
                 timeout_seconds=timeout_seconds,
-                redelivery_seconds=redelivery_seconds,
+                redelivery_seconds=bound,
             )
             return attempt
 
@@ -709,7 +710,7 @@ class AdapterRuntime:
         worker must not start), then, when the ledger is usable, :meth:`boot_reconcile` (the
         reconcile if ``reconcile_on_boot``, and the drain of this framework's verdicts).
         Returns the reconcile's report, if one ran."""
-        if not self.check_ledger(where):
+        if not self.check_ledger():
             return None
         return self.boot_reconcile(where)
 
