@@ -398,3 +398,18 @@ def test_the_framework_labels_are_the_shipped_adapters() -> None:
     from task_state_guard.model import FRAMEWORK_LABELS
 
     assert set(FRAMEWORKS) == FRAMEWORK_LABELS
+
+
+def test_a_root_started_through_the_runtime_is_a_logical_task_of_its_framework(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """An adapter that records its jobs with ``start_task`` (LangGraph's invocations) gets the
+    same routing: a root carries the label, its children do not."""
+    rt = runtime(ledger, framework="langgraph")
+    root = str(uuid.uuid4())
+    rt.start_task(root, parent_id=None, delivery_required=True, name="graph")
+    rt.start_task(str(uuid.uuid4()), parent_id=root, delivery_required=False, name="node")
+    clock.advance(GRACE + 1)
+    assert reconcile(ledger)["tasks_timed_out"] == 2  # both stale: only the root owes
+    assert [v.task_id for v in ledger.claim_verdicts("langgraph")] == [root]
+    assert ledger.doctor()["healthy"] is True

@@ -364,7 +364,8 @@ class AdapterRuntime:
         """Create ``task_id`` (idempotent) and start it, in one transaction.
 
         ``StateConflict`` when it exists and is no longer queued (another process claimed it).
-        ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`).
+        ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`);
+        a task without a parent is a logical task and carries this runtime's framework label.
         ``redelivery_seconds``: the attempt's redelivery window, recorded with the start (see
         :meth:`claim_attempt`).
         """
@@ -374,6 +375,8 @@ class AdapterRuntime:
             led._create(
                 task_id, parent_id, timeout_seconds, delivery_required, name, None, fid,
                 quiet=True,
+                # a root is a logical task: it carries the framework's label (see open_logical)
+                framework=self.framework if parent_id is None else None,
             )
             led._start_quiet(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
 
