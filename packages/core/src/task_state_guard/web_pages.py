@@ -406,12 +406,14 @@ def job(view: View, data: JobView, kinds: Sequence[tuple[str, str]], now: float)
 # ----------------------------------------------------------------------------- the small ones
 
 
-def message(view: View, title: str, text: str, status_note: str = "") -> bytes:
-    """A page with one fixed message (errors: never a trace, a path or a value)."""
+def message(view: View, title: str, text: str, status_note: str = "", *, here: str = "",
+            params: Mapping[str, object] | None = None) -> bytes:
+    """A page with one fixed message (errors: never a trace, a path or a value); ``here``
+    and ``params``: the page it stands for, which its refresh reloads."""
     body = f'<p class="error" role="alert">{esc(text)}</p>'
     if status_note:
         body += f'<p class="muted">{esc(status_note)}</p>'
-    return page(view, title, body, here="")
+    return page(view, title, body, here=here, params=params)
 
 
 def login(view: View, next_path: str, failed: bool) -> bytes:
