@@ -19,6 +19,7 @@ setting                         environment variable                  default
 ``fail_lost_results``           ``TSG_FAIL_LOST_RESULTS``             true
 ``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
 ``require_ledger``              ``TSG_REQUIRE_LEDGER``                false
+``metrics_dir``                 ``TSG_METRICS_DIR``                   none (off)
 ==============================  ====================================  ========================
 
 A ``*_seconds`` value given as text (environment, framework configuration) may carry a unit, as
@@ -30,6 +31,9 @@ active grace. ``reconcile_interval_seconds`` is used by adapters with a long-liv
 backend for a job a reconcile found lost (the ``on_lost`` hook still fires).
 ``require_ledger=true`` makes a worker refuse to start when its ledger cannot be used (by
 default it starts, logs the reason once at ERROR and records nothing until the ledger works).
+``metrics_dir``: a directory where every process adds its counters (ledger errors, conflicts,
+reconciles) to one shared file, for ``tsg metrics`` to expose summed over all processes
+(:mod:`task_state_guard.adapter_counters`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ _NAMES = (
     "fail_lost_results",
     "busy_timeout_ms",
     "require_ledger",
+    "metrics_dir",
 )
 
 
@@ -76,6 +81,7 @@ class SettingArgs(TypedDict, total=False):
     fail_lost_results: bool | None
     busy_timeout_ms: int | None
     require_ledger: bool | None
+    metrics_dir: str | os.PathLike[str] | None
 
 
 class ConfigurationError(InvalidInput, ValueError):
@@ -96,6 +102,7 @@ class Settings:
     busy_timeout_ms: int
     fail_lost_results: bool = True
     require_ledger: bool = False
+    metrics_dir: str | None = None
 
     def __repr__(self) -> str:
         """Every setting, the ledger URL without its password."""
@@ -188,6 +195,14 @@ def _milliseconds(value: Any, source: str) -> int:
     return int(number)
 
 
+def _directory(value: Any, source: str) -> str:
+    if isinstance(value, str | os.PathLike):
+        text = os.fspath(value)
+        if isinstance(text, str) and text and "\0" not in text:
+            return text
+    raise ConfigurationError(f"task-state-guard: {source} must be a directory path")
+
+
 def resolve_settings(
     *,
     framework: FrameworkConfig | None = None,
@@ -250,6 +265,8 @@ def resolve_settings(
     busy = DEFAULT_BUSY_TIMEOUT_MS if value is None else _milliseconds(value, source)
     value, source = get("require_ledger")
     required = False if value is None else _flag(value, source)
+    value, source = get("metrics_dir")
+    metrics_dir = None if value is None else _directory(value, source)
     return Settings(
         db=str(db),
         active_grace_seconds=active,
@@ -261,6 +278,7 @@ def resolve_settings(
         busy_timeout_ms=busy,
         fail_lost_results=fail_lost,
         require_ledger=required,
+        metrics_dir=metrics_dir,
     )
 
 
