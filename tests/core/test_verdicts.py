@@ -413,3 +413,27 @@ def test_a_root_started_through_the_runtime_is_a_logical_task_of_its_framework(
     assert reconcile(ledger)["tasks_timed_out"] == 2  # both stale: only the root owes
     assert [v.task_id for v in ledger.claim_verdicts("langgraph")] == [root]
     assert ledger.doctor()["healthy"] is True
+
+
+def test_an_adapter_can_publish_in_its_own_way(ledger: Ledger, clock: Clock) -> None:
+    """``publish_verdict`` replaces the default (result backend, then hook) for one verdict;
+    the claim, the lease and the marking stay the runtime's. False or an exception gives the
+    verdict back for the next drain."""
+    rt = runtime(ledger, framework="langgraph", on_lost=lambda lost: pytest.fail("not used"))
+    first, _ = open_job(rt)
+    second, _ = open_job(rt)
+    clock.advance(GRACE + 1)
+    reconcile(ledger)
+    seen: list[str] = []
+
+    def publish(verdict: Verdict) -> bool:
+        seen.append(verdict.task_id)
+        if verdict.task_id == second:
+            raise RuntimeError("cannot resume yet")
+        return True
+
+    rt.publish_verdict = publish
+    assert rt.publish_verdicts() == 1
+    assert seen == [first, second]
+    assert rt.stats()["errors"] == {"publish_verdict:RuntimeError": 1}
+    assert [v.task_id for v in ledger.claim_verdicts("langgraph")] == [second]  # given back

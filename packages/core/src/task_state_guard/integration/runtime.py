@@ -157,6 +157,12 @@ class AdapterRuntime:
         self.on_lost: LostHook | None = on_lost
         #: The adapter's writer of a failure into the framework's result backend.
         self.fail_lost: LostHook | None = None
+        #: How :meth:`publish_verdicts` publishes one claimed verdict: True when published
+        #: (it is then marked), False to give it back for a later drain. ``None``: the
+        #: default, :meth:`notify_lost` of its :class:`LostTask` (result backend, then
+        #: ``on_lost``). An adapter that publishes otherwise (LangGraph: report and resume
+        #: the lost thread) sets its own and keeps the claim, lease and marking here.
+        self.publish_verdict: Callable[[Verdict], bool] | None = None
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
 
@@ -680,7 +686,9 @@ class AdapterRuntime:
         leaves the verdict to the next drain once its lease expired), exactly once otherwise;
         two live processes never hold the same verdict. A verdict whose result-backend write
         failed is released and this drain stops (the next one retries it); an ``on_lost`` hook
-        that raises is counted and not called again for that verdict.
+        that raises is counted and not called again for that verdict. Each verdict is published
+        by :attr:`publish_verdict` when the adapter set one (an exception it raises is counted
+        under ``publish_verdict:<Class>`` and the verdict given back).
         """
         if self.framework is None:
             return 0
@@ -689,7 +697,7 @@ class AdapterRuntime:
             batch = self.claim_verdicts()
             failed: list[Verdict] = []
             for verdict in batch:
-                if self.notify_lost(self.lost_task(verdict)):
+                if self._publish_one(verdict):
                     published += self.mark_published([verdict])
                 else:
                     failed.append(verdict)
@@ -697,6 +705,16 @@ class AdapterRuntime:
                 self.release_verdicts(failed)
             if failed or len(batch) < VERDICT_BATCH:
                 return published
+
+    def _publish_one(self, verdict: Verdict) -> bool:
+        custom = self.publish_verdict
+        if custom is None:
+            return self.notify_lost(self.lost_task(verdict))
+        try:
+            return bool(custom(verdict))
+        except Exception as exc:
+            self.policy.record("publish_verdict", exc)
+            return False
 
     def notify_lost(self, lost: LostTask) -> bool:
         """Write the failure into the result backend (unless ``fail_lost_results`` is off),
