@@ -76,6 +76,12 @@ _CLAIMABLE = (
     "AND (lease_until IS NULL OR lease_until <= ?){only} ORDER BY task_seq LIMIT ?{lock}"
 )
 _ONLY = " AND task_seq IN (SELECT seq FROM tsg_tasks WHERE id IN ({marks}))"
+# Whether a claim could take anything (a read through the pending index: a drain that finds
+# nothing owed, the usual case, never takes the write lock).
+_ANY_CLAIMABLE = (
+    "SELECT 1 FROM tsg_verdicts WHERE framework = ? AND state = 'pending' "
+    "AND (lease_until IS NULL OR lease_until <= ?) LIMIT 1"
+)
 _CLAIM = (
     "UPDATE tsg_verdicts SET lease_until = ?, claim = ? WHERE task_seq IN ({claimable}) "
     "RETURNING task_seq"
@@ -153,6 +159,10 @@ def claim(
     only = None if task_ids is None else _ids(task_ids, "task_ids")
     if only is not None and not only:
         return []
+    if only is None:
+        with db.read() as conn:
+            if conn.execute(_ANY_CLAIMABLE, (label, db.now())).fetchone() is None:
+                return []
     token = secrets.token_hex(16)
     found: list[Verdict] = []
     with db.write() as conn:
