@@ -296,6 +296,13 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: reconcile_restart(ledger, dry_run=d(ANY), on_decision=[].append),
             lambda: ledger.prune(d(ANY), dry_run=d(ANY)),
             lambda: ledger.status(active_grace_seconds=d(ANY)),
+            lambda: ledger.claim_verdicts(d(ANY), limit=d(ANY), lease_seconds=d(ANY),
+                                          task_ids=d(ANY)),
+            lambda: ledger.claim_verdicts("celery", task_ids=d(st.lists(some, max_size=4))),
+            lambda: ledger.mark_verdicts_published(d(ANY)),
+            lambda: ledger.mark_verdicts_published(d(st.lists(some, max_size=4))),
+            lambda: ledger.release_verdicts(d(ANY)),
+            lambda: ledger.release_verdicts(ledger.claim_verdicts("dramatiq")),
             lambda: payload_fingerprint(d(ANY)),
             lambda: Heartbeater(ledger, d(ANY)),
             lambda: Heartbeater(d(ANY)),
@@ -636,5 +643,6 @@ def test_everything_exported_is_covered() -> None:
         "ReconcileDecision", "ReconcilePolicy", "StateConflict", "StorageError", "Task",
         "TaskNotFound", "TaskStatus", "UnsafeLocation", "__version__", "payload_fingerprint",
         "reconcile_restart", "ListedTask", "TaskListing", "TaskEvent",  # results of the reads
+        "Verdict",  # what claim_verdicts returns (fuzzed through claim and release above)
         "reasons"}  # constants only; check_cli_contract holds every emitted reason to them
     json.dumps(task_state_guard.__version__)

@@ -214,6 +214,8 @@ def mark_published(db: Database, task_ids: Iterable[Any]) -> int:
 def release(db: Database, verdicts: Iterable[Verdict]) -> int:
     """Give claimed verdicts back unpublished (their lease ends now, if still this claim's);
     returns how many were released."""
+    if isinstance(verdicts, str | bytes) or not isinstance(verdicts, Iterable):
+        raise InvalidInput("verdicts must be an iterable of Verdict objects")
     by_claim: dict[str, list[str]] = {}
     for verdict in verdicts:
         if not isinstance(verdict, Verdict):

@@ -226,18 +226,19 @@ class AdapterRuntime:
                     proc.ledger = led
         return led
 
-    def check_ledger(self) -> bool:
+    def check_ledger(self, where: str = "worker_start") -> bool:
         """Open this process's ledger now (at worker start, before any job): True when usable.
 
         An unusable ledger (an unsafe or missing location, a foreign schema, an unreachable
-        server) is logged once at ERROR with its fixed reason, shows in :meth:`stats`
-        (``ledger_usable``, ``ledger_reason``) and, with ``require_ledger``, is raised so that
-        the worker refuses to start; otherwise the worker runs with nothing recorded and every
-        hook counts its error.
+        server) is logged once at ERROR with its fixed reason, counted as an error of ``where``
+        (like any hook's), shows in :meth:`stats` (``ledger_usable``, ``ledger_reason``) and,
+        with ``require_ledger``, is raised so that the worker refuses to start; otherwise the
+        worker runs with nothing recorded and every hook counts its error.
         """
         try:
             self.ledger  # noqa: B018 - opening it runs every safety check
         except LedgerError as exc:
+            self.policy.record(where, exc)
             self.logger.error(
                 "task-state-guard: the ledger cannot be used at worker start (%s%s); nothing is "
                 "recorded until it can.%s",
@@ -775,7 +776,7 @@ class AdapterRuntime:
         worker must not start), then, when the ledger is usable, :meth:`boot_reconcile` (the
         reconcile if ``reconcile_on_boot``, and the drain of this framework's verdicts).
         Returns the reconcile's report, if one ran."""
-        if not self.check_ledger():
+        if not self.check_ledger(where):
             return None
         return self.boot_reconcile(where)
 
