@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from . import __version__, cli_text, operator_reads
 from . import reasons as r
-from .durations import parse_seconds
+from .durations import parse_count, parse_seconds
 from .ledger import Ledger
 from .metrics_command import DEFAULT_LISTEN, check_metrics_options, run_metrics
 from .model import (
@@ -97,10 +97,7 @@ def _seconds(value: str | None, env: str, default: float, what: str) -> float:
 def _positive_int(text: str | None, what: str) -> int | None:
     if text is None:
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidInput(f"{what} must be an integer") from None
+    value = parse_count(text, what)
     if value < 1 or value > 10**9:
         raise InvalidInput(f"{what} is out of range")
     return value
@@ -279,8 +276,8 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     command = args.command
     values: dict[str, Any] = {}
     if command == "create":
-        values["timeout"] = None if args.timeout_seconds is None else _seconds(
-            args.timeout_seconds, "", 0.0, "timeout_seconds")
+        values["timeout"] = None if args.timeout_seconds is None else parse_seconds(
+            args.timeout_seconds, "timeout_seconds", maximum=None)  # any finite, as in 0.1.0
         check_name(args.name)
         check_payload_hash(args.payload_sha256)
     elif command in ("close", "delivery"):
