@@ -209,6 +209,11 @@ def _add_progress(cmd: argparse.ArgumentParser) -> None:
 
 
 _READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "doctor"})
+# The commands that create a missing ledger: init; create (a new task needs one); reconcile,
+# whose apply mode the specification keeps on the normal (creating, migrating) open, so that
+# `tsg reconcile && exec worker` works on a fresh volume. Everything else names a task that
+# must already exist, or changes existing history (prune): a mistyped --db is database_missing.
+_CREATING = frozenset({"init", "create", "reconcile"})
 _BY_ID = frozenset({"start", "heartbeat", "close", "delivery", "get", "children"})
 
 
@@ -263,7 +268,9 @@ def _open(args: argparse.Namespace) -> Ledger:
         read_only=read_only,
         # the read commands may use transient sidecars; a dry-run creates nothing at all
         transient_sidecars=args.command in _READ_ONLY,
+        create=args.command in _CREATING,
         _check_schema=args.command != "doctor",
+        _verify_integrity=args.command == "init",
     )
 
 

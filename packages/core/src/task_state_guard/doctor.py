@@ -60,8 +60,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TERMINAL = ",".join(f"'{s}'" for s in sorted(TERMINAL_STATES))
 
 
+#: The largest finite float as an SQL literal: a stored infinity compares above it.
+FLOAT_MAX_SQL = "1.7976931348623157e308"
+
+
 def _fin(column: str) -> str:
-    return f"(typeof({column}) IN ('real','integer') AND {column} BETWEEN 0 AND 1e300)"
+    return (f"(typeof({column}) IN ('real','integer') "
+            f"AND {column} BETWEEN 0 AND {FLOAT_MAX_SQL})")
 
 
 def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
@@ -70,8 +75,7 @@ def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
     _fin = fin
     return f"""coalesce((
     {_fin("created_at")} AND {_fin("updated_at")} AND updated_at >= created_at
-    AND (timeout_seconds IS NULL OR ({_fin("timeout_seconds")} AND timeout_seconds >= 0
-         AND timeout_seconds <= 1e10))
+    AND (timeout_seconds IS NULL OR {_fin("timeout_seconds")})
     AND (started_at IS NULL OR ({_fin("started_at")} AND started_at >= created_at
          AND updated_at >= started_at))
     AND (ended_at IS NULL OR ({_fin("ended_at")}

@@ -80,7 +80,8 @@ HELP: dict[str, tuple[str, str]] = {
         'use a path whose directories belong to you or root',
     ),
     r.DIRECTORY_MISSING: (
-        "the database's directory does not exist (read commands, `--dry-run`, Windows)",
+        "the database's directory does not exist (read commands, `--dry-run`, the commands that "
+        'never create a ledger, Windows)',
         'run `tsg init` first (it creates the directory 0700), or fix the path',
     ),
     r.DIRECTORY_NOT_ACCESSIBLE: (
@@ -112,7 +113,8 @@ HELP: dict[str, tuple[str, str]] = {
         'give this user write permission on the directory',
     ),
     r.DATABASE_MISSING: (
-        "the database does not exist (read commands, `--dry-run`); PostgreSQL: the URL's schema "
+        'the database does not exist (read commands, `--dry-run`, and `start`, `heartbeat`, '
+        "`close`, `delivery`, `prune`, which never create one); PostgreSQL: the URL's schema "
         'holds no ledger',
         'run `tsg init` first, or fix the path',
     ),
@@ -171,6 +173,11 @@ HELP: dict[str, tuple[str, str]] = {
     r.NOT_A_LEDGER: (
         'the file is not an SQLite database, or is damaged',
         'fix the path; restore from a backup',
+    ),
+    r.DATABASE_DAMAGED: (
+        "`tsg init` found the ledger file damaged (SQLite's quick_check failed); nothing was "
+        'changed',
+        'restore from a backup; `tsg doctor` counts what is wrong',
     ),
     r.FOREIGN_SCHEMA: (
         'an SQLite database that is not a ledger, or a tampered one',
@@ -262,8 +269,8 @@ HELP: dict[str, tuple[str, str]] = {
         "grant `CREATE` on the database (first open) or on the ledger's schema",
     ),
     r.SCHEMA_NEWER: (
-        "the PostgreSQL ledger's schema is newer than this release",
-        'upgrade `task-state-guard-postgres`',
+        "the ledger's schema is newer than this release (a later release wrote it)",
+        'upgrade `task-state-guard` (and `task-state-guard-postgres`)',
     ),
 }
 
