@@ -335,8 +335,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     try:
         _check_ids(args)
         values = _check_values(args)
-    except InvalidInput:
-        raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
+    except InvalidInput as exc:  # a specific reason is kept; any other refusal is a value's
+        raise InvalidInput("a value was refused", reason=exc.reason or r.INVALID_VALUE) from None
     if command == "metrics":
         return run_metrics(lambda: _open(args), values, emit=_emit, categorize=error_category)
     ledger = _open(args)

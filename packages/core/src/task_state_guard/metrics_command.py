@@ -66,9 +66,12 @@ def run_metrics(
     bound address is printed, and it serves until SIGTERM or SIGINT.
     """
 
+    ledger_paths: list[str] = []
+
     def render() -> str:
         ledger = open_ledger()
         try:
+            ledger_paths[:] = [ledger.path]
             return format_prometheus(ledger.status(active_grace_seconds=values["grace"]))
         finally:
             ledger.close()
@@ -85,7 +88,7 @@ def run_metrics(
         return "", 0
     if values["textfile"] is None:
         return text, 0
-    size = write_textfile(values["textfile"], text)
+    size = write_textfile(values["textfile"], text, ledger_path=ledger_paths[0])
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     return {"ok": True, "textfile": {"bytes": size, "samples": samples}}, 0
 

@@ -244,6 +244,21 @@ HELP: dict[str, tuple[str, str]] = {
         'a call on a closed `Ledger`',
         'open a new one',
     ),
+    r.TEXTFILE_NAME_INVALID: (
+        "`tsg metrics --textfile`: the name does not end in `.prom` (the node exporter's textfile"
+        ' collector reads only `*.prom`)',
+        "name it `SOMETHING.prom` in the collector's directory",
+    ),
+    r.TEXTFILE_IS_LEDGER: (
+        '`tsg metrics --textfile`: the path is the ledger, one of its sidecars or its owner lock '
+        'directory',
+        "write the metrics to a file of their own in the collector's directory",
+    ),
+    r.TEXTFILE_NOT_OURS: (
+        '`tsg metrics --textfile`: something that is not a previous `tsg metrics` textfile is '
+        "there (another program's file, a link, a directory); it is left as it is",
+        'choose another name; remove that file only if it really is a stale textfile',
+    ),
     r.TEXTFILE_NOT_ACCESSIBLE: (
         '`tsg metrics --textfile`: the existing file cannot be examined',
         'give this user access to it',
