@@ -44,6 +44,7 @@ from .model import (
     is_payload_hash,
     is_valid_name,
 )
+from .placeholders import positional, positional_rows
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
@@ -353,7 +354,7 @@ class Ledger:
         self._db.lock_task(conn, tid)
         now = self._db.now()
         try:
-            rows = conn.execute(sql, (now, tid, *params)).fetchall() if sql else []
+            rows = conn.execute(*positional(sql, (now, tid, *params))).fetchall() if sql else []
             if rows:
                 return rows[0], now, None
             found = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
@@ -513,7 +514,7 @@ class Ledger:
         with self._db.write() as conn:
             now = self._db.now()
             before = conn.total_changes
-            conn.executemany(_HEARTBEAT_MANY, [(now, tid) for tid in ids])
+            conn.executemany(*positional_rows(_HEARTBEAT_MANY, [(now, tid) for tid in ids]))
             return int(conn.total_changes - before)
 
     def close_task(self, task_id: str | uuid.UUID, status: str, *, code: str | None = None) -> Task:
@@ -582,7 +583,7 @@ class Ledger:
                 now = db.now()
                 try:
                     done = conn.execute(
-                        _CLOSE_SETTLED_QUIET, (now, tid, state, reason)
+                        *positional(_CLOSE_SETTLED_QUIET, (now, tid, state, reason))
                     ).fetchone()
                 except sqlite3.Error as exc:
                     raise connections.translate(exc) from None
