@@ -285,8 +285,19 @@ HELP: dict[str, tuple[str, str]] = {
         '`pip install task-state-guard-postgres`',
     ),
     r.SERVER_UNREACHABLE: (
-        'the PostgreSQL server could not be reached, or the connection broke',
+        'the PostgreSQL server could not be reached, or the connection broke (also a refusal '
+        'reported in a language other than English)',
         'check the URL, the server and the network; retry',
+    ),
+    r.AUTHENTICATION_FAILED: (
+        "the PostgreSQL server refused the URL's credentials: a wrong password, an unknown user, "
+        'or a client its `pg_hba.conf` rejects',
+        "check the user and password (`PGPASSWORD`, `~/.pgpass` or the URL) and the server's "
+        '`pg_hba.conf`',
+    ),
+    r.SERVER_DATABASE_MISSING: (
+        "the PostgreSQL server has no database of the URL's name",
+        'fix the database name in the URL, or create the database (`createdb`)',
     ),
     r.PRIVILEGE_MISSING: (
         'the PostgreSQL role lacks a privilege the ledger needs',

@@ -86,6 +86,8 @@ TEXTFILE_NOT_WRITTEN = "textfile_not_written"
 # ----------------------------------------------------------------------------- PostgreSQL
 BACKEND_MISSING = "backend_missing"
 SERVER_UNREACHABLE = "server_unreachable"
+AUTHENTICATION_FAILED = "authentication_failed"
+SERVER_DATABASE_MISSING = "server_database_missing"
 PRIVILEGE_MISSING = "privilege_missing"
 SCHEMA_NEWER = "schema_newer"
 
@@ -117,7 +119,8 @@ STORAGE: frozenset[str] = frozenset(
         LEDGER_CLOSED, TEXTFILE_IS_LEDGER, TEXTFILE_NOT_OURS, TEXTFILE_NOT_ACCESSIBLE,
         TEXTFILE_DIRECTORY_NOT_WRITABLE,
         TEXTFILE_NOT_WRITTEN,
-        BACKEND_MISSING, SERVER_UNREACHABLE, PRIVILEGE_MISSING, SCHEMA_NEWER,
+        BACKEND_MISSING, SERVER_UNREACHABLE, AUTHENTICATION_FAILED, SERVER_DATABASE_MISSING,
+        PRIVILEGE_MISSING, SCHEMA_NEWER,
     }
 )
 #: The whole closed vocabulary.
