@@ -37,6 +37,10 @@ from typing import Any
 
 import dramatiq
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench
+from _bench import session_cpu_seconds
+
 REDIS_URL = "redis://127.0.0.1:6379/12"
 HERE = Path(__file__).resolve().parent
 MODULE = Path(__file__).stem
@@ -58,29 +62,11 @@ if os.environ.get("TSG_BENCH_ROLE") == "worker":  # imported by the dramatiq CLI
         """Does nothing: the measurement is the per-message overhead."""
 
 
-def session_cpu_seconds(sid: int) -> float | None:
-    """CPU seconds (user + system) used so far by the live processes of session ``sid``."""
-    if not os.path.isdir("/proc"):
-        return None
-    ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                data = stat.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:  # field 6: session id; 14 and 15: utime, stime
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def run_round(
     guarded: bool, messages: int, workdir: Path, processes: int, threads: int, db: str
-) -> tuple[float, float | None]:
-    """One round: (messages per second, worker CPU milliseconds per message or None)."""
+) -> tuple[float, float | None, float | None]:
+    """One round: (messages per second, worker CPU milliseconds per message or None, the
+    PostgreSQL server's CPU milliseconds per message for the worker's backends or None)."""
     from dramatiq.brokers.redis import RedisBroker
 
     suffix = uuid.uuid4().hex[:10]
@@ -95,6 +81,10 @@ def run_round(
             "TSG_DB": db,
         }
     )
+    server: _bench.ServerCpu | None = None
+    if guarded and _bench.is_postgres(db):
+        env["PGAPPNAME"] = _bench.app_name()
+        server = _bench.ServerCpu(db, env["PGAPPNAME"])
     log_path = workdir / f"worker-{suffix}.log"
     producer = RedisBroker(  # type: ignore[no-untyped-call]
         url=REDIS_URL, namespace=namespace, middleware=[]
@@ -127,6 +117,8 @@ def run_round(
             time.sleep(0.05)
         client = producer.client
         pending_key = f"{namespace}:{queue}.msgs"
+        if server is not None:
+            server.start()
         cpu_start = session_cpu_seconds(proc.pid)
         start = time.perf_counter()
         for _ in range(messages):
@@ -139,7 +131,10 @@ def run_round(
             time.sleep(0.002)
         elapsed = time.perf_counter() - start
         cpu_end = session_cpu_seconds(proc.pid)
+        server_ms = None if server is None else server.seconds() * 1000 / messages
     finally:
+        if server is not None:
+            server.close()
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(30)
@@ -157,7 +152,23 @@ def run_round(
         if cpu_start is None or cpu_end is None
         else (cpu_end - cpu_start) * 1000 / messages
     )
-    return messages / elapsed, cpu_ms
+    return messages / elapsed, cpu_ms, server_ms
+
+
+def _pair(got: dict[str, tuple[float, float | None, float | None]]) -> dict[str, float]:
+    """One round's guarded / plain figures: ratios, and the ledger's CPU per message (the
+    worker's extra CPU plus, on PostgreSQL, its backends' CPU)."""
+    (g_rate, g_cpu, g_server), (p_rate, p_cpu, _) = got["guarded"], got["plain"]
+    out = {"guarded_per_s": round(g_rate, 1), "plain_per_s": round(p_rate, 1),
+           "ratio": round(g_rate / p_rate, 3)}
+    if g_cpu is not None and p_cpu is not None:
+        ledger = g_cpu - p_cpu + (g_server or 0.0)
+        out.update({"guarded_cpu_ms": round(g_cpu, 3), "plain_cpu_ms": round(p_cpu, 3),
+                    "ledger_cpu_ms": round(ledger, 3),
+                    "cpu_ratio": round(p_cpu / (g_cpu + (g_server or 0.0)), 3)})
+    if g_server is not None:
+        out["ledger_server_cpu_ms"] = round(g_server, 3)
+    return out
 
 
 def main() -> int:
@@ -174,17 +185,22 @@ def main() -> int:
     db = args.db or str(workdir / "ledger" / "tasks.sqlite")
     rates: dict[str, list[float]] = {"plain": [], "guarded": []}
     cpus: dict[str, list[float]] = {"plain": [], "guarded": []}
+    per_round: list[dict[str, float]] = []
+    load_start = _bench.loadavg()
     try:
         for i in range(args.rounds):
             order = [False, True] if i % 2 == 0 else [True, False]
+            got: dict[str, tuple[float, float | None, float | None]] = {}
             for with_guard in order:
                 mode = "guarded" if with_guard else "plain"
-                rate, cpu_ms = run_round(
+                got[mode] = run_round(
                     with_guard, args.messages, workdir, args.processes, args.threads, db
                 )
+                rate, cpu_ms, _server = got[mode]
                 rates[mode].append(rate)
                 if cpu_ms is not None:
                     cpus[mode].append(cpu_ms)
+            per_round.append(_pair(got))
         from task_state_guard import Ledger
 
         ledger = Ledger(db)
@@ -214,6 +230,12 @@ def main() -> int:
         "ledger_healthy": healthy,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "loadavg_1m_at_start": load_start,
+        "loadavg_1m_at_end": _bench.loadavg(),
+        "per_round": per_round,
+        "ledger_cpu_ms_per_message": _bench.median(r.get("ledger_cpu_ms") for r in per_round),
+        "ledger_server_cpu_ms_per_message": _bench.median(
+            r.get("ledger_server_cpu_ms") for r in per_round),
     }
     if cpus["plain"] and cpus["guarded"]:
         plain_cpu = statistics.median(cpus["plain"])
