@@ -3,9 +3,12 @@ and attempt closing in Celery, Dramatiq and LangGraph."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sqlite3
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -208,6 +211,69 @@ def test_mark_delivery_failed_outside_a_job(driver: Any, db: str) -> None:
     fid = driver.run("ok", deliver=True)
     task = guard.mark_delivery_failed(fid)
     assert (task.delivery_status, task.delivery_code) == ("failed", "transport_failed")
+
+
+def _hold_ledger(db: str, backend: str, locked: threading.Event,
+                 release: threading.Event) -> None:
+    """Hold the ledger's write lock (SQLite) / its task table (PostgreSQL) until released,
+    as another process's long transaction would."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        locked.set()
+        release.wait(30)
+        conn.execute("COMMIT")
+        conn.close()
+        return
+    import psycopg
+
+    base, _, query = db.partition("?")
+    schema = query.split("schema=", 1)[1].split("&", 1)[0]
+    with psycopg.connect(base) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute("LOCK TABLE tsg_tasks IN EXCLUSIVE MODE")
+        locked.set()
+        release.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("amark_delivered", ("delivered", "transport_acknowledged")),
+        ("amark_delivery_failed", ("failed", "transport_failed")),
+    ],
+)
+def test_async_marks_never_block_the_event_loop(
+    driver: Any, db: str, backend: str, method: str, expected: tuple[str, str]
+) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    fid = driver.run("ok", deliver=True)
+    locked, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_ledger, args=(db, backend, locked, release))
+    holder.start()
+    try:
+        assert locked.wait(30)
+
+        async def main() -> tuple[int, Any]:
+            mark = asyncio.ensure_future(getattr(guard, method)(fid))
+            ticks = 0
+            while not mark.done():
+                await asyncio.sleep(0.01)
+                ticks += 1
+                if ticks == 20:
+                    release.set()  # the loop ran 20 times while the mark waited for the lock
+            return ticks, await mark
+
+        ticks, task = asyncio.run(main())
+    finally:
+        release.set()
+        holder.join(30)
+    assert ticks >= 20  # the mark waited for the lock, beside a loop that kept running
+    assert (task.delivery_status, task.delivery_code) == expected
+    with pytest.raises(TaskNotFound):
+        asyncio.run(guard.amark_delivered("never-ran"))
+    assert guard.stats()["errors"] == {}
 
 
 @pytest.mark.parametrize(

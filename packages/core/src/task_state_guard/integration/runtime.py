@@ -299,15 +299,18 @@ class AdapterRuntime:
         name: str | None,
         timeout_seconds: float | None = None,
         owner: bool = True,
+        framework_id: str | None = None,
     ) -> None:
         """Create ``task_id`` (idempotent) and start it, in one transaction.
 
         ``StateConflict`` when it exists and is no longer queued (another process claimed it).
+        ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`).
         """
+        fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
         with led.atomic():
             led._create(
-                task_id, parent_id, timeout_seconds, delivery_required, name, None, None,
+                task_id, parent_id, timeout_seconds, delivery_required, name, None, fid,
                 quiet=True,
             )
             led._start_quiet(task_id, owner=owner)
