@@ -130,10 +130,12 @@ class ServerCpu:
         self._start = {pid: pid_cpu_seconds([pid]) for pid in self.pids()}
 
     def seconds(self) -> float:
-        """Server CPU seconds since :meth:`start` (a backend born since then counts whole)."""
+        """Server CPU seconds since :meth:`start` (a backend born since then counts whole; one
+        gone meanwhile is not counted: read this before the client disconnects)."""
         total = 0.0
         for pid in self.pids():
-            total += pid_cpu_seconds([pid]) - self._start.get(pid, 0.0)
+            if _stat_fields(pid) is not None:
+                total += pid_cpu_seconds([pid]) - self._start.get(pid, 0.0)
         return total
 
     def close(self) -> None:
