@@ -1,0 +1,242 @@
+"""Where a real Dramatiq worker's ledger CPU goes: py-spy samples, sorted into categories.
+
+Starts the guarded worker of ``dramatiq_overhead.py`` (the real ``dramatiq`` CLI, Redis, a
+fresh SQLite ledger; ``--processes`` x ``--threads``), keeps it busy with no-op messages, and
+samples every worker process with ``py-spy record --native`` (``--py-spy PATH``; idle threads
+are not sampled) for ``--seconds``. Each sample's stack is put in one category:
+
+- outside the ledger (no frame of a ``task_state_guard`` package): ``framework`` (Dramatiq,
+  Redis client, the rest);
+- inside the ledger, by its innermost frame: ``sqlite_step`` (executing a statement:
+  ``sqlite3VdbeExec`` and the B-tree and pager work below it), ``sqlite_read_pages`` (pages
+  read from the file or the WAL: ``pread``, ``walFindFrame``, a cold page cache after another
+  connection's commit), ``sqlite_commit`` (``sqlite3VdbeHalt``/WAL frames written, the commit's
+  syscalls), ``sqlite_begin`` (the lock and snapshot taken by ``BEGIN``), ``sqlite_prepare``
+  (statement compilation), ``sqlite_other``; ``python_<module>`` for time in the ledger's Python
+  code (the innermost Python frame's module), ``python_stdlib`` for the standard library
+  (threading, contextlib, uuid, time) called from it, ``interpreter`` for CPython's own frames.
+
+Samples of a blocked thread (the ledger's writer lock, SQLite's busy handler, the GIL, a
+socket) are counted as ``wait_*`` apart: py-spy's native mode samples them as running. Prints
+one JSON object with sample counts and the shares of the ledger's CPU samples; the ledger's
+share is over the worker processes' CPU samples (its CPU per message is
+``dramatiq_overhead.py``'s ``ledger_cpu_ms``).
+Not a test.
+
+    .venv/bin/python benchmarks/worker_profile.py --py-spy /path/to/py-spy [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _bench  # noqa: E402
+
+REDIS_URL = "redis://127.0.0.1:6379/12"
+
+_STEP = ("sqlite3VdbeExec", "sqlite3BtreeInsert", "sqlite3BtreeIndexMoveto",
+         "sqlite3BtreeTableMoveto", "sqlite3VdbeRecordCompare", "balance", "sqlite3BtreeNext",
+         "sqlite3BtreeDelete", "moveToChild", "insertCell", "sqlite3CodeRowTrigger")
+_READ = ("pread", "readDbPage", "walFindFrame", "sqlite3WalReadFrame", "getPageNormal",
+         "sqlite3PagerGet", "getPageMMap", "unixRead", "pcache1Fetch", "sqlite3PcacheFetch")
+_COMMIT = ("sqlite3VdbeHalt", "sqlite3BtreeCommitPhase", "sqlite3PagerCommitPhase",
+           "walFrames", "sqlite3WalFrames", "pwrite", "unixWrite", "fdatasync", "fsync",
+           "sqlite3WalEndWriteTransaction", "pagerWalFrames")
+_BEGIN = ("sqlite3BtreeBeginTrans", "sqlite3PagerSharedLock", "walTryBeginRead",
+          "sqlite3WalBeginReadTransaction", "walIndexReadHdr", "sqlite3WalBeginWriteTransaction",
+          "pager_reset", "sqlite3PcacheClear", "unixLock", "fcntl")
+_PREPARE = ("sqlite3Prepare", "sqlite3LockAndPrepare", "sqlite3RunParser", "yy_reduce")
+
+
+def _frame_name(frame: str) -> tuple[str, str]:
+    """(function, file) of one py-spy frame ``name (file:line)``."""
+    name, _, rest = frame.partition(" (")
+    return name.strip(), rest.rsplit(":", 1)[0].rstrip(")")
+
+
+_WAITS = (("sqlite3InvokeBusyHandler", "wait_sqlite_busy"), ("take_gil", "wait_gil"),
+          ("PyThread_acquire_lock", "wait_lock"), ("usleep", "wait_sleep"),
+          ("nanosleep", "wait_sleep"), ("pthread_cond", "wait_lock"), ("sem_", "wait_lock"),
+          ("epoll_wait", "wait_io"), ("poll", "wait_io"), ("select", "wait_io"),
+          ("recv", "wait_io"), ("futex", "wait_lock"))
+
+
+def _wait(stack: list[str]) -> str | None:
+    """The kind of wait a sample is in (a thread blocked, not using the CPU), if any."""
+    for frame in reversed(stack[-8:]):
+        name = _frame_name(frame)[0]
+        if name.endswith((".py", ")")) or " " in name:
+            continue
+        for marker, kind in _WAITS:
+            if marker in name:
+                return kind
+    return None
+
+
+def categorise(stack: list[str]) -> str:
+    """One sample's category (``stack``: outermost first). Waits (a lock, the GIL, SQLite's
+    busy handler, sockets) are ``wait_*``: a blocked thread, not CPU."""
+    files = [_frame_name(f)[1] for f in stack]
+    in_ledger = any("task_state_guard" in f for f in files)
+    wait = _wait(stack)
+    if wait is not None:
+        return f"{wait}{'' if in_ledger else '_outside_ledger'}"
+    if not in_ledger:
+        return "framework"
+    # The innermost frame that is ours or SQLite's decides; native helpers below it count
+    # towards what called them.
+    for frame in reversed(stack):
+        name, path = _frame_name(frame)
+        for names, label in ((_READ, "sqlite_read_pages"), (_COMMIT, "sqlite_commit"),
+                             (_BEGIN, "sqlite_begin"), (_PREPARE, "sqlite_prepare"),
+                             (_STEP, "sqlite_step")):
+            if any(name.startswith(n) for n in names):
+                return label
+        if "libsqlite3" in path or "_sqlite3" in path:
+            continue
+        if path.endswith(".py"):
+            if "task_state_guard" in path:
+                parts = path.split("/")
+                tail = parts[-1][:-3]
+                package = next((p for p in parts if p.startswith("task_state_guard")), "")
+                return f"python_{package}.{tail}" if package else f"python_{tail}"
+            return "python_stdlib"
+    for frame in reversed(stack):
+        if "libsqlite3" in _frame_name(frame)[1]:
+            return "sqlite_other"
+    return "interpreter"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    data = stat.read()
+            except OSError:
+                continue
+            if int(data[data.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--py-spy", required=True, help="the py-spy executable")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=int, default=200, help="samples per second")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    from dramatiq import Message
+    from dramatiq.brokers.redis import RedisBroker
+
+    suffix = uuid.uuid4().hex[:10]
+    namespace, queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
+    work = Path(tempfile.mkdtemp(prefix="tsg-worker-profile-"))
+    env = _bench.python_env({
+        "TSG_BENCH_ROLE": "worker", "TSG_BENCH_GUARD": "1", "TSG_BENCH_NAMESPACE": namespace,
+        "TSG_BENCH_QUEUE": queue, "TSG_DB": str(work / "ledger" / "tasks.sqlite")})
+    log = work / "worker.log"
+    producer = RedisBroker(url=REDIS_URL, namespace=namespace, middleware=[])  # type: ignore[no-untyped-call]
+    producer.declare_queue(queue)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dramatiq", "dramatiq_overhead", "-p", str(args.processes),
+             "-t", str(args.threads), "--path", str(HERE)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    stop = threading.Event()
+    sent = [0]
+
+    def feed() -> None:  # keep a backlog so the worker never idles
+        pending = f"{namespace}:{queue}.msgs"
+        while not stop.is_set():
+            if producer.client.hlen(pending) < 2000:
+                for _ in range(500):
+                    producer.enqueue(Message(queue_name=queue, actor_name="noop", args=(),
+                                             kwargs={}, options={}))
+                sent[0] += 500
+            else:
+                time.sleep(0.05)
+
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text(errors="replace").count("ready for action") < args.processes:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("worker failed to start:\n" + log.read_text())
+            time.sleep(0.05)
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        time.sleep(2.0)  # past start-up
+        workers = _children(proc.pid)
+        samples: Counter[str] = Counter()
+        raw_files = []
+        spies = []
+        for pid in workers:
+            raw = work / f"profile-{pid}.txt"
+            raw_files.append(raw)
+            spies.append(subprocess.Popen(
+                [args.py_spy, "record", "--pid", str(pid), "--native", "--format", "raw",
+                 "--rate", str(args.rate), "--duration", str(int(args.seconds)),
+                 "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for spy in spies:
+            spy.wait(args.seconds + 120)
+        stop.set()
+        feeder.join(10)
+        stacks = 0
+        for raw in raw_files:
+            if not raw.exists():
+                continue
+            for line in raw.read_text(errors="replace").splitlines():
+                text, _, count = line.rpartition(" ")
+                if not text or not count.isdigit():
+                    continue
+                frames = text.split(";")[1:]  # the first element names the thread
+                samples[categorise(frames)] += int(count)
+                stacks += int(count)
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        keys = list(producer.client.scan_iter(match=f"{namespace}*"))
+        if keys:
+            producer.client.delete(*keys)
+        producer.close()
+    ledger = {k: v for k, v in samples.items()
+              if k != "framework" and not k.startswith("wait_")}
+    ledger_total = sum(ledger.values()) or 1
+    busy = sum(v for k, v in samples.items() if not k.startswith("wait_")) or 1
+    report: dict[str, Any] = {
+        "benchmark": "worker_profile", "processes": args.processes, "threads": args.threads,
+        "seconds": args.seconds, "rate": args.rate, "samples": stacks,
+        "ledger_share_of_cpu_samples": round(ledger_total / busy, 3),
+        "wait_samples": {k: v for k, v in samples.items() if k.startswith("wait_")},
+        "ledger_cpu_categories_share": {k: round(v / ledger_total, 3)
+                                    for k, v in sorted(ledger.items(), key=lambda kv: -kv[1])},
+        "counts": dict(samples.most_common()), "profiles_dir": str(work),
+        **_bench.stamp(),
+    }
+    print(json.dumps(report, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
