@@ -259,6 +259,11 @@ def main() -> int:
                     "ledger_cpu_ms_per_request": round(
                         g["server_cpu_ms_per_request"] + g["backend_cpu_ms_per_request"]
                         - p["server_cpu_ms_per_request"] - p["backend_cpu_ms_per_request"], 3),
+                    # plain CPU / guarded CPU (server process + its backends): the throughput
+                    # ratio of a CPU-bound host, the figure to compare on a loaded machine
+                    "cpu_ratio": round(
+                        (p["server_cpu_ms_per_request"] + p["backend_cpu_ms_per_request"])
+                        / (g["server_cpu_ms_per_request"] + g["backend_cpu_ms_per_request"]), 3),
                 })
         finally:
             for server in servers.values():
@@ -267,7 +272,8 @@ def main() -> int:
         f"median_{side}_{key}": _bench.median(r[side][key] for r in rounds)
         for side in ("plain", "guarded") for key in rounds[0]["plain"]
     }
-    for key in ("p50_ratio_guarded_over_plain", "throughput_ratio", "ledger_cpu_ms_per_request"):
+    for key in ("p50_ratio_guarded_over_plain", "throughput_ratio", "ledger_cpu_ms_per_request",
+                "cpu_ratio"):
         summary[f"median_{key}"] = _bench.median(r[key] for r in rounds)
     print(json.dumps({
         "benchmark": "langgraph_server", "requests_per_round": args.requests,
