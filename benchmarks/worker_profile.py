@@ -18,10 +18,11 @@ are not sampled) for ``--seconds``. Each sample's stack is put in one category:
 
 Samples of a blocked thread (the ledger's writer lock, SQLite's busy handler, the GIL, a
 socket) are counted as ``wait_*`` apart: py-spy's native mode samples them as running. Prints
-one JSON object with sample counts and the shares of the ledger's CPU samples; the ledger's
-share is over the worker processes' CPU samples (its CPU per message is
-``dramatiq_overhead.py``'s ``ledger_cpu_ms``).
-Not a test.
+one JSON object with sample counts and the shares of the ledger's CPU samples (the ledger's
+share is over the worker processes' CPU samples; its CPU per message is
+``dramatiq_overhead.py``'s ``ledger_cpu_ms``), and ``per_message_while_sampled``: the worker
+processes' user and system CPU (ms) and context switches per message while sampled (py-spy's
+pauses included). Not a test.
 
     .venv/bin/python benchmarks/worker_profile.py --py-spy /path/to/py-spy [--seconds 20]
 """
@@ -121,6 +122,36 @@ def categorise(stack: list[str]) -> str:
     return "interpreter"
 
 
+def _proc_counters(pids: list[int]) -> dict[str, float]:
+    """User and system CPU seconds and context switches of these processes (all threads)."""
+    out = {"user_s": 0.0, "system_s": 0.0, "voluntary_switches": 0.0,
+           "involuntary_switches": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            out["user_s"] += int(fields[11]) / tick
+            out["system_s"] += int(fields[12]) / tick
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/status") as status:
+                    for line in status:
+                        if line.startswith("voluntary_ctxt_switches"):
+                            out["voluntary_switches"] += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches"):
+                            out["involuntary_switches"] += int(line.split()[1])
+        except OSError:
+            continue
+    return out
+
+
+def _succeeded(db: str) -> int:
+    from task_state_guard import Ledger
+
+    with Ledger(db, read_only=True) as ledger:
+        return int(ledger.status()["tasks"]["succeeded"])
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -184,6 +215,8 @@ def main() -> int:
         feeder.start()
         time.sleep(2.0)  # past start-up
         workers = _children(proc.pid)
+        before = _proc_counters(workers)
+        done_before = _succeeded(env["TSG_DB"])
         samples: Counter[str] = Counter()
         raw_files = []
         spies = []
@@ -196,6 +229,8 @@ def main() -> int:
                  "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         for spy in spies:
             spy.wait(args.seconds + 120)
+        after = _proc_counters(workers)
+        messages = max(1, (_succeeded(env["TSG_DB"]) - done_before) // 2)  # task + attempt
         stop.set()
         feeder.join(10)
         stacks = 0
@@ -232,6 +267,10 @@ def main() -> int:
         "ledger_cpu_categories_share": {k: round(v / ledger_total, 3)
                                     for k, v in sorted(ledger.items(), key=lambda kv: -kv[1])},
         "counts": dict(samples.most_common()), "profiles_dir": str(work),
+        "messages_while_sampled": messages,
+        "per_message_while_sampled": {k: round((after[k] - before[k]) / messages
+                                               * (1000 if k.endswith("_s") else 1), 4)
+                                      for k in after},
         **_bench.stamp(),
     }
     print(json.dumps(report, sort_keys=True))
