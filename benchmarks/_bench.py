@@ -145,6 +145,20 @@ class ServerCpu:
 # ----------------------------------------------------------------------------- subprocesses
 
 
+def stop_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a process started with ``start_new_session=True`` and its group; SIGKILL after
+    30 s."""
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def run_json(cmd: Sequence[str], env: dict[str, str] | None = None,
              timeout: float | None = None) -> dict[str, Any]:
     """Run a benchmark script and return the JSON object on its last line of output."""
@@ -180,5 +194,5 @@ def stamp() -> dict[str, Any]:
 __all__ = [
     "PG_BASE", "ServerCpu", "app_name", "drop_pg_schema", "is_postgres", "loadavg", "median",
     "pg_url", "pid_cpu_seconds", "python_env", "run_json", "session_cpu_seconds", "split_url",
-    "stamp",
+    "stamp", "stop_session",
 ]

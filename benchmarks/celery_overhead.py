@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -130,13 +129,7 @@ class _Worker:
     def stop(self) -> None:
         if self.server is not None:
             self.server.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        _bench.stop_session(self.proc)
 
 
 def _client(queue: str) -> Any:

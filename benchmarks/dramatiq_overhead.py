@@ -62,89 +62,90 @@ if os.environ.get("TSG_BENCH_ROLE") == "worker":  # imported by the dramatiq CLI
         """Does nothing: the measurement is the per-message overhead."""
 
 
+class Worker:
+    """The real ``dramatiq`` CLI (guarded or plain) on a private Redis namespace and queue,
+    with a producer for it; :meth:`stop` ends it and deletes the namespace's keys."""
+
+    def __init__(self, guarded: bool, workdir: Path, processes: int, threads: int, db: str,
+                 env: dict[str, str] | None = None) -> None:
+        from dramatiq.brokers.redis import RedisBroker
+
+        suffix = uuid.uuid4().hex[:10]
+        self.namespace, self.queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
+        self.processes = processes
+        full = dict(os.environ)
+        full.update({"TSG_BENCH_ROLE": "worker", "TSG_BENCH_GUARD": "1" if guarded else "0",
+                     "TSG_BENCH_NAMESPACE": self.namespace, "TSG_BENCH_QUEUE": self.queue,
+                     "TSG_DB": db, **(env or {})})
+        self.log_path = workdir / f"worker-{suffix}.log"
+        self.producer = RedisBroker(  # type: ignore[no-untyped-call]
+            url=REDIS_URL, namespace=self.namespace, middleware=[]
+        )
+        self.producer.declare_queue(self.queue)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dramatiq", MODULE, "-p", str(processes),
+                 "-t", str(threads), "--path", str(HERE)],
+                env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while self.log_path.read_text(errors="replace").count("ready for action") \
+                < self.processes:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker failed to start:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+
+    def enqueue(self, count: int) -> None:
+        for _ in range(count):
+            self.producer.enqueue(dramatiq.Message(
+                queue_name=self.queue, actor_name="noop", args=(), kwargs={}, options={}))
+
+    def pending(self) -> int:
+        """Messages not acked yet."""
+        return int(self.producer.client.hlen(f"{self.namespace}:{self.queue}.msgs"))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        keys = list(self.producer.client.scan_iter(match=f"{self.namespace}*"))
+        if keys:
+            self.producer.client.delete(*keys)
+        self.producer.close()
+
+
 def run_round(
     guarded: bool, messages: int, workdir: Path, processes: int, threads: int, db: str
 ) -> tuple[float, float | None, float | None]:
     """One round: (messages per second, worker CPU milliseconds per message or None, the
     PostgreSQL server's CPU milliseconds per message for the worker's backends or None)."""
-    from dramatiq.brokers.redis import RedisBroker
-
-    suffix = uuid.uuid4().hex[:10]
-    namespace, queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
-    env = dict(os.environ)
-    env.update(
-        {
-            "TSG_BENCH_ROLE": "worker",
-            "TSG_BENCH_GUARD": "1" if guarded else "0",
-            "TSG_BENCH_NAMESPACE": namespace,
-            "TSG_BENCH_QUEUE": queue,
-            "TSG_DB": db,
-        }
-    )
+    env: dict[str, str] = {}
     server: _bench.ServerCpu | None = None
     if guarded and _bench.is_postgres(db):
         env["PGAPPNAME"] = _bench.app_name()
         server = _bench.ServerCpu(db, env["PGAPPNAME"])
-    log_path = workdir / f"worker-{suffix}.log"
-    producer = RedisBroker(  # type: ignore[no-untyped-call]
-        url=REDIS_URL, namespace=namespace, middleware=[]
-    )
-    producer.declare_queue(queue)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dramatiq",
-                MODULE,
-                "-p",
-                str(processes),
-                "-t",
-                str(threads),
-                "--path",
-                str(HERE),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    worker = Worker(guarded, workdir, processes, threads, db, env)
     try:
-        deadline = time.monotonic() + 60
-        while log_path.read_text(errors="replace").count("ready for action") < processes:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"worker failed to start:\n{log_path.read_text()}")
-            time.sleep(0.05)
-        client = producer.client
-        pending_key = f"{namespace}:{queue}.msgs"
+        worker.wait_ready()
         if server is not None:
             server.start()
-        cpu_start = session_cpu_seconds(proc.pid)
+        cpu_start = session_cpu_seconds(worker.proc.pid)
         start = time.perf_counter()
-        for _ in range(messages):
-            producer.enqueue(
-                dramatiq.Message(
-                    queue_name=queue, actor_name="noop", args=(), kwargs={}, options={}
-                )
-            )
-        while client.hlen(pending_key) > 0:
+        worker.enqueue(messages)
+        while worker.pending() > 0:
             time.sleep(0.002)
         elapsed = time.perf_counter() - start
-        cpu_end = session_cpu_seconds(proc.pid)
+        cpu_end = session_cpu_seconds(worker.proc.pid)
         server_ms = None if server is None else server.seconds() * 1000 / messages
     finally:
         if server is not None:
             server.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        keys = list(producer.client.scan_iter(match=f"{namespace}*"))
-        if keys:
-            producer.client.delete(*keys)
-        producer.close()
-    text = log_path.read_text(errors="replace")
+        worker.stop()
+    text = worker.log_path.read_text(errors="replace")
     if "TaskStateGuard ledger error" in text or "Unexpected failure" in text:
         raise SystemExit(f"ledger errors during the benchmark:\n{text}")
     cpu_ms = (

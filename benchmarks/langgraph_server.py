@@ -1,7 +1,7 @@
 """A LangGraph server on PostgreSQL under concurrent requests: latency guarded against plain.
 
-Two real uvicorn servers run side by side (the FastAPI shape of ``examples/fastapi_langgraph``:
-a three-node graph ``plan -> gather -> answer``, no model, no network), each with an
+Two real uvicorn servers run side by side (the FastAPI shape and the graph of
+``examples/fastapi_langgraph``: ``plan -> gather -> answer``, no model, no network), each with an
 ``AsyncPostgresSaver`` on a pool of ``--pool`` connections in a scratch schema of database
 ``test``; the guarded one wraps the graph with ``task_state_guard_langgraph.guard`` and a
 PostgreSQL ledger in another scratch schema. Rounds alternate between the servers; in each,
@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -32,7 +31,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,35 +40,14 @@ import _bench  # noqa: E402
 MODULE = Path(__file__).stem
 
 
-def _append(left: list[str], right: list[str]) -> list[str]:
-    return [*left, *right]
-
-
-class ResearchState(TypedDict, total=False):
-    question: str
-    notes: Annotated[list[str], _append]
-    answer: str
-
-
 def make_app() -> Any:
     """The server (role ``serve``): settings from the environment."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-    from langgraph.graph import END, START, StateGraph
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
-
-    def plan(state: ResearchState) -> dict[str, Any]:
-        return {"notes": [f"topic:{w.strip('?.').lower()}" for w in state["question"].split()]}
-
-    async def gather(state: ResearchState) -> dict[str, Any]:
-        await asyncio.sleep(float(os.environ.get("GATHER_SECONDS", "0")))
-        return {"notes": [n.upper() for n in state.get("notes", [])]}
-
-    def answer(state: ResearchState) -> dict[str, Any]:
-        return {"answer": " ".join(state.get("notes", []))}
 
     guarded = os.environ.get("TSG_BENCH_GUARD") == "1"
 
@@ -83,15 +61,10 @@ def make_app() -> Any:
         await pool.open(wait=True)
         saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
         await saver.setup()
-        builder = StateGraph(ResearchState)
-        builder.add_node("plan", plan)
-        builder.add_node("gather", gather)
-        builder.add_node("answer", answer)
-        builder.add_edge(START, "plan")
-        builder.add_edge("plan", "gather")
-        builder.add_edge("gather", "answer")
-        builder.add_edge("answer", END)
-        graph: Any = builder.compile(checkpointer=saver, name="research")
+        sys.path.insert(0, str(HERE.parent / "examples" / "fastapi_langgraph"))
+        from graph import build  # the example's graph: plan -> gather -> answer
+
+        graph: Any = build(saver)
         if guarded:
             from task_state_guard_langgraph import guard
 
@@ -179,13 +152,7 @@ class Server:
         raise SystemExit("server not ready:\n" + self.log.read_text(errors="replace"))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        _bench.stop_session(self.proc)
         self.server_cpu.close()
         for url in (self.checkpoints, self.ledger):
             if url:
@@ -203,7 +170,7 @@ async def _load(server: Server, requests: int, concurrency: int) -> tuple[list[f
         async with gate:
             start = time.perf_counter()
             reply = await client.post(server.url("/questions"), json={
-                "thread_id": uuid.uuid4().hex, "question": "what is sqlite and celery?"})
+                "thread_id": uuid.uuid4().hex, "question": "What is sqlite and celery?"})
             latencies.append((time.perf_counter() - start) * 1000)
             if reply.status_code != 200:
                 raise SystemExit(f"{server.name}: HTTP {reply.status_code}: {reply.text[:300]}")

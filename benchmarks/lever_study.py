@@ -242,7 +242,7 @@ def _sqlite_fill(path: str, levers: set[str], tasks: int) -> None:
     conn.close()
 
 
-def sqlite_worker(path: str, variant: str, seconds: float, start_at: float,
+def sqlite_worker(path: str, variant: str, seconds: float, start_at: float, done: Any,
                   queue: Any) -> None:
     """Run the variant's jobs until ``seconds`` pass: (jobs, CPU seconds, wall seconds)."""
     levers, mmap, group = SQLITE_VARIANTS[variant]
@@ -263,21 +263,35 @@ def sqlite_worker(path: str, variant: str, seconds: float, start_at: float,
     queue.put(result)
 
 
-def _run_procs(target: Callable[..., None], args_of: Callable[[float], tuple[Any, ...]],
-               procs: int, seconds: float) -> dict[str, float]:
+def _run_procs(target: Callable[..., None], args: tuple[Any, ...], procs: int, seconds: float,
+               server: _bench.ServerCpu | None = None) -> dict[str, float]:
+    """``procs`` forked processes of ``target(*args, start_at, done, queue)`` released at once;
+    jobs/s, client CPU per job and (``server``) the backends' CPU per job."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    start_at = time.time() + 0.5 + 0.1 * procs
-    workers = [ctx.Process(target=target, args=(*args_of(start_at), queue))
+    done = ctx.Event()
+    start_at = time.time() + 1.0 + 0.1 * procs
+    workers = [ctx.Process(target=target, args=(*args, start_at, done, queue))
                for _ in range(procs)]
     for w in workers:
         w.start()
+    if server is not None:
+        while time.time() < start_at - 0.2:  # every backend is up, warm-up done
+            time.sleep(0.05)
+        server.start()
     results = [queue.get(timeout=seconds + 300) for _ in workers]
+    server_s = server.seconds() if server is not None else None
+    done.set()
     for w in workers:
         w.join()
     jobs = sum(r[0] for r in results)
-    return {"jobs_per_s": round(jobs / max(r[2] for r in results), 1),
-            "client_cpu_ms_per_job": round(sum(r[1] for r in results) * 1000 / jobs, 4)}
+    client = sum(r[1] for r in results) * 1000 / jobs
+    out = {"jobs_per_s": round(jobs / max(r[2] for r in results), 1),
+           "client_cpu_ms_per_job": round(client, 4)}
+    if server_s is not None:
+        out.update(server_cpu_ms_per_job=round(server_s * 1000 / jobs, 4),
+                   cpu_ms_per_job=round(client + server_s * 1000 / jobs, 4))
+    return out
 
 
 def study_sqlite(args: argparse.Namespace, root: str) -> dict[str, Any]:
@@ -293,11 +307,10 @@ def study_sqlite(args: argparse.Namespace, root: str) -> dict[str, Any]:
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
             entry = {f"one_{k}": v for k, v in _run_procs(
-                sqlite_worker, lambda at, n=name: (files[n], n, args.seconds, at), 1,
-                args.seconds).items()}
+                sqlite_worker, (files[name], name, args.seconds), 1, args.seconds).items()}
             entry.update({f"multi_{k}": v for k, v in _run_procs(
-                sqlite_worker, lambda at, n=name: (files[n], n, args.seconds, at),
-                args.processes, args.seconds).items()})
+                sqlite_worker, (files[name], name, args.seconds), args.processes,
+                args.seconds).items()})
             rounds[name].append(entry)
     return _medians(rounds, {"processes": args.processes, "fill_tasks": args.fill})
 
@@ -490,30 +503,10 @@ def pg_worker(url: str, variant: str, seconds: float, app: str, start_at: float,
 def _pg_round(url: str, variant: str, procs: int, seconds: float, pg: str) -> dict[str, float]:
     app = _bench.app_name()
     server = _bench.ServerCpu(pg, app)
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    done = ctx.Event()
-    start_at = time.time() + 1.0 + 0.1 * procs
-    workers = [ctx.Process(target=pg_worker,
-                           args=(url, variant, seconds, app, start_at, done, queue))
-               for _ in range(procs)]
-    for w in workers:
-        w.start()
-    while time.time() < start_at - 0.2:  # every backend is up, warm-up done
-        time.sleep(0.05)
-    server.start()
-    results = [queue.get(timeout=seconds + 300) for _ in workers]
-    server_s = server.seconds()
-    done.set()
-    for w in workers:
-        w.join()
-    server.close()
-    jobs = sum(r[0] for r in results)
-    client = sum(r[1] for r in results) * 1000 / jobs
-    return {"jobs_per_s": round(jobs / max(r[2] for r in results), 1),
-            "client_cpu_ms_per_job": round(client, 4),
-            "server_cpu_ms_per_job": round(server_s * 1000 / jobs, 4),
-            "cpu_ms_per_job": round(client + server_s * 1000 / jobs, 4)}
+    try:
+        return _run_procs(pg_worker, (url, variant, seconds, app), procs, seconds, server)
+    finally:
+        server.close()
 
 
 def study_postgres(args: argparse.Namespace) -> dict[str, Any]:

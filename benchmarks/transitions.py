@@ -91,16 +91,24 @@ def _worker(path: str, seconds: float, queue: multiprocessing.Queue) -> None:  #
         queue.put((done, errors, time.perf_counter() - start))
 
 
-def multiprocess(path: str, processes: int, seconds: float) -> dict[str, object]:
-    Ledger(path).close()
+def _spawn(target: object, target_args: tuple[object, ...], processes: int,
+           seconds: float) -> list[tuple[int, int, float]]:
+    """Run ``target(*target_args, queue)`` in N spawned processes; their (done, errors, wall)."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(path, seconds, queue)) for _ in range(processes)]
+    procs = [ctx.Process(target=target, args=(*target_args, queue))  # type: ignore[arg-type]
+             for _ in range(processes)]
     for proc in procs:
         proc.start()
     results = [queue.get(timeout=seconds + 120) for _ in procs]
     for proc in procs:
         proc.join()
+    return results
+
+
+def multiprocess(path: str, processes: int, seconds: float) -> dict[str, object]:
+    Ledger(path).close()
+    results = _spawn(_worker, (path, seconds), processes, seconds)
     total = sum(r[0] for r in results)
     elapsed = max(r[2] for r in results)
     return {
@@ -138,14 +146,7 @@ def _raw_worker(url: str, seconds: float, queue: multiprocessing.Queue) -> None:
 
 def raw_multiprocess(url: str, processes: int, seconds: float) -> dict[str, object]:
     """N processes of :func:`raw_pg_round` at once: total commits/s."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_raw_worker, args=(url, seconds, queue)) for _ in range(processes)]
-    for proc in procs:
-        proc.start()
-    results = [queue.get(timeout=seconds + 120) for _ in procs]
-    for proc in procs:
-        proc.join()
+    results = _spawn(_raw_worker, (url, seconds), processes, seconds)
     total = sum(r[0] for r in results)
     return {"processes": processes, "commits": total,
             "commits_per_s": round(total / max(r[2] for r in results), 1)}

@@ -32,13 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,8 +44,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _bench  # noqa: E402
-
-REDIS_URL = "redis://127.0.0.1:6379/12"
 
 _STEP = ("sqlite3VdbeExec", "sqlite3BtreeInsert", "sqlite3BtreeIndexMoveto",
          "sqlite3BtreeTableMoveto", "sqlite3VdbeRecordCompare", "balance", "sqlite3BtreeNext",
@@ -174,49 +170,30 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    from dramatiq import Message
-    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq_overhead import Worker
 
-    suffix = uuid.uuid4().hex[:10]
-    namespace, queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
     work = Path(tempfile.mkdtemp(prefix="tsg-worker-profile-"))
-    env = _bench.python_env({
-        "TSG_BENCH_ROLE": "worker", "TSG_BENCH_GUARD": "1", "TSG_BENCH_NAMESPACE": namespace,
-        "TSG_BENCH_QUEUE": queue, "TSG_DB": str(work / "ledger" / "tasks.sqlite")})
-    log = work / "worker.log"
-    producer = RedisBroker(url=REDIS_URL, namespace=namespace, middleware=[])  # type: ignore[no-untyped-call]
-    producer.declare_queue(queue)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "dramatiq_overhead", "-p", str(args.processes),
-             "-t", str(args.threads), "--path", str(HERE)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    db = str(work / "ledger" / "tasks.sqlite")
+    worker = Worker(True, work, args.processes, args.threads, db)
     stop = threading.Event()
     sent = [0]
 
     def feed() -> None:  # keep a backlog so the worker never idles
-        pending = f"{namespace}:{queue}.msgs"
         while not stop.is_set():
-            if producer.client.hlen(pending) < 2000:
-                for _ in range(500):
-                    producer.enqueue(Message(queue_name=queue, actor_name="noop", args=(),
-                                             kwargs={}, options={}))
+            if worker.pending() < 2000:
+                worker.enqueue(500)
                 sent[0] += 500
             else:
                 time.sleep(0.05)
 
     try:
-        deadline = time.monotonic() + 60
-        while log.read_text(errors="replace").count("ready for action") < args.processes:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("worker failed to start:\n" + log.read_text())
-            time.sleep(0.05)
+        worker.wait_ready()
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         time.sleep(2.0)  # past start-up
-        workers = _children(proc.pid)
+        workers = _children(worker.proc.pid)
         before = _proc_counters(workers)
-        done_before = _succeeded(env["TSG_DB"])
+        done_before = _succeeded(db)
         samples: Counter[str] = Counter()
         raw_files = []
         spies = []
@@ -230,7 +207,7 @@ def main() -> int:
         for spy in spies:
             spy.wait(args.seconds + 120)
         after = _proc_counters(workers)
-        messages = max(1, (_succeeded(env["TSG_DB"]) - done_before) // 2)  # task + attempt
+        messages = max(1, (_succeeded(db) - done_before) // 2)  # task + attempt
         stop.set()
         feeder.join(10)
         stacks = 0
@@ -246,15 +223,7 @@ def main() -> int:
                 stacks += int(count)
     finally:
         stop.set()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        keys = list(producer.client.scan_iter(match=f"{namespace}*"))
-        if keys:
-            producer.client.delete(*keys)
-        producer.close()
+        worker.stop()
     ledger = {k: v for k, v in samples.items()
               if k != "framework" and not k.startswith("wait_")}
     ledger_total = sum(ledger.values()) or 1
