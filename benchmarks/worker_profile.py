@@ -141,13 +141,6 @@ def _proc_counters(pids: list[int]) -> dict[str, float]:
     return out
 
 
-def _succeeded(db: str) -> int:
-    from task_state_guard import Ledger
-
-    with Ledger(db, read_only=True) as ledger:
-        return int(ledger.status()["tasks"]["succeeded"])
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -169,20 +162,28 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=200, help="samples per second")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--plain", action="store_true",
+                        help="the worker without the middleware (the same counters, no ledger)")
     args = parser.parse_args()
     from dramatiq_overhead import Worker
 
     work = Path(tempfile.mkdtemp(prefix="tsg-worker-profile-"))
     db = str(work / "ledger" / "tasks.sqlite")
-    worker = Worker(True, work, args.processes, args.threads, db)
+    worker = Worker(not args.plain, work, args.processes, args.threads, db)
     stop = threading.Event()
     sent = [0]
+    feeding = threading.Lock()
+
+    def processed() -> int:
+        with feeding:
+            return sent[0] - worker.pending()
 
     def feed() -> None:  # keep a backlog so the worker never idles
         while not stop.is_set():
             if worker.pending() < 2000:
-                worker.enqueue(500)
-                sent[0] += 500
+                with feeding:
+                    worker.enqueue(500)
+                    sent[0] += 500
             else:
                 time.sleep(0.05)
 
@@ -193,7 +194,7 @@ def main() -> int:
         time.sleep(2.0)  # past start-up
         workers = _children(worker.proc.pid)
         before = _proc_counters(workers)
-        done_before = _succeeded(db)
+        done_before = processed()
         samples: Counter[str] = Counter()
         raw_files = []
         spies = []
@@ -207,7 +208,7 @@ def main() -> int:
         for spy in spies:
             spy.wait(args.seconds + 120)
         after = _proc_counters(workers)
-        messages = max(1, (_succeeded(db) - done_before) // 2)  # task + attempt
+        messages = max(1, processed() - done_before)
         stop.set()
         feeder.join(10)
         stacks = 0
@@ -229,7 +230,8 @@ def main() -> int:
     ledger_total = sum(ledger.values()) or 1
     busy = sum(v for k, v in samples.items() if not k.startswith("wait_")) or 1
     report: dict[str, Any] = {
-        "benchmark": "worker_profile", "processes": args.processes, "threads": args.threads,
+        "benchmark": "worker_profile", "guarded": not args.plain,
+        "processes": args.processes, "threads": args.threads,
         "seconds": args.seconds, "rate": args.rate, "samples": stacks,
         "ledger_share_of_cpu_samples": round(ledger_total / busy, 3),
         "wait_samples": {k: v for k, v in samples.items() if k.startswith("wait_")},
