@@ -15,6 +15,9 @@ invocations of a compiled graph. A job ``kind`` is one of:
 ``reconcile_inside``  waits past a tiny active grace, then runs the adapter's ``reconcile`` with
                   an ``on_decision`` collector and records the decisions (its own job is then
                   stale: the pass closes it ``restart_stale``, as if its worker had hung).
+
+``run(kind, job_id=...)`` gives the job a custom framework id (Celery ``task_id``, a Dramatiq
+``message_id``, a LangGraph ``invocation_id``); by default the framework picks one.
 """
 
 from __future__ import annotations
@@ -93,9 +96,9 @@ class CeleryDriver:
 
         ReconcileOnBoot.start(types.SimpleNamespace(), types.SimpleNamespace(app=self.app))
 
-    def run(self, kind: str, *, deliver: bool = False) -> str:
+    def run(self, kind: str, *, deliver: bool = False, job_id: str | None = None) -> str:
         task = self.app.tasks["contract.deliver" if deliver else "contract.job"]
-        result = task.apply(args=(kind,))
+        result = task.apply(args=(kind,), task_id=job_id)
         return str(result.id)
 
     def strict_raised(self, caplog: Any) -> bool:
@@ -155,11 +158,14 @@ class DramatiqDriver:
         self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=50)
         self.worker.start()
 
-    def run(self, kind: str, *, deliver: bool = False) -> str:
+    def run(self, kind: str, *, deliver: bool = False, job_id: str | None = None) -> str:
         if self.worker is None:
             self.boot()
         actor = self.deliver if deliver else self.job
-        message = actor.send(kind)
+        message = actor.message(kind)
+        if job_id is not None:
+            message = message.copy(message_id=job_id)
+        self.broker.enqueue(message)
         self.broker.join(self.queue)
         self.worker.join()
         return str(message.message_id)
@@ -215,8 +221,8 @@ class LangGraphDriver:
     def boot(self) -> None:
         """guard() itself is the boot: it reconciled when it was created."""
 
-    def run(self, kind: str, *, deliver: bool = False) -> str:
-        fid = uuid.uuid4().hex
+    def run(self, kind: str, *, deliver: bool = False, job_id: str | None = None) -> str:
+        fid = uuid.uuid4().hex if job_id is None else job_id
         try:
             self.guard.invoke({"kind": kind, "fid": fid}, invocation_id=fid)
         except Exception as exc:

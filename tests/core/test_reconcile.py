@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from typing import Any
 
 import pytest
 from core_helpers import T0, Clock, check_report, raw_execute, without_counts_flags
@@ -148,7 +149,42 @@ def test_timed_out_task_delivery_in_same_pass(ledger: Ledger, clock: Clock, deli
         assert ledger.get_task(delivering.id).delivery_status == "failed"
         assert ledger.get_task(internal.id).delivery_status == "not_applicable"
     else:
-        assert report["pending_delivery_retained"] == 2
+        # The delivery somebody is owed waits for its grace; the one nobody is owed closes with
+        # the task (an attempt or an internal task has no delivery anyone could confirm).
+        assert report["pending_delivery_retained"] == 1
+        assert report["deliveries_not_applicable"] == 1 and report["deliveries_failed"] == 0
+        assert ledger.get_task(delivering.id).delivery_status == "pending"
+        closed = ledger.get_task(internal.id)
+        assert (closed.delivery_status, closed.delivery_code) == ("not_applicable",
+                                                                  "internal_task")
+        assert ledger.status()["deliveries_awaiting"] == {"owed": 1, "internal": 0}
+    assert ledger.doctor()["healthy"] is True
+
+
+def test_an_attempt_timed_out_by_reconcile_owes_nothing_at_once(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """A crashed worker's attempt: timed out and its delivery settled in the same pass, while the
+    parent that owes a delivery keeps its grace (`tsg status` shows no internal delivery
+    awaiting after the crash)."""
+    parent = ledger.create_task()
+    ledger.start_task(parent.id, owner=False)
+    attempt = ledger.create_task(parent_id=parent.id, delivery_required=False)
+    ledger.start_task(attempt.id, owner=False)
+    clock.advance(10_000)
+    decisions: list[Any] = []
+    policy = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=600)
+    report = ledger.reconcile(policy, on_decision=decisions.append)
+    assert (report["tasks_timed_out"], report["deliveries_not_applicable"],
+            report["pending_delivery_retained"]) == (2, 1, 1)
+    assert [(d.kind, d.task_id, d.status) for d in decisions] == [
+        ("task", attempt.id, "timed_out"), ("delivery", attempt.id, "not_applicable"),
+        ("task", parent.id, "timed_out")]
+    assert [e.kind for e in ledger.events_of(attempt.id)] == [
+        "created", "started", "closed", "delivery"]
+    assert ledger.status()["deliveries_awaiting"] == {"owed": 1, "internal": 0}
+    again = ledger.reconcile(policy)
+    assert again["deliveries_not_applicable"] == 0 and again["pending_delivery_examined"] == 1
     assert ledger.doctor()["healthy"] is True
 
 

@@ -184,3 +184,26 @@ def test_bound_handler_records_every_call(db: str) -> None:
         for root in roots:
             assert shape(tree(ledger, logical_task_id(str(root.id)))) == RECORDED
         assert_healthy(ledger)
+
+
+def test_the_readme_names_what_is_wrapped_and_what_is_not() -> None:
+    """The package README lists the wrapped entry points and the compiled graph's others, which
+    pass through unrecorded; both lists match the class."""
+    from pathlib import Path
+
+    from task_state_guard_langgraph import GuardedGraph
+
+    readme = (Path(__file__).resolve().parents[2] / "packages" / "adapter-langgraph"
+              / "README.md").read_text()
+    wrapped = ("invoke", "ainvoke", "stream", "astream", "astream_events", "batch", "abatch",
+               "with_config")
+    passed_through = ("stream_events", "astream_log", "batch_as_completed",
+                      "abatch_as_completed", "transform", "atransform")
+    for name in wrapped:
+        assert any(name in vars(b) for b in GuardedGraph.__mro__)
+        assert f"`{name}`" in readme
+    compiled = _builder().compile()
+    for name in passed_through:
+        assert hasattr(compiled, name) and not any(name in vars(b) for b in GuardedGraph.__mro__)
+        assert f"`{name}`" in readme
+    assert "are not wrapped; call them on `app.graph`" not in readme

@@ -242,7 +242,8 @@ class RefModel:
                 continue
             counts["pending_delivery_examined"] += 1
             assert t.ended_at is not None
-            if t.ended_at > now - delivery_grace:
+            owed_later = t.delivery_required or tid not in timed_out
+            if owed_later and t.ended_at > now - delivery_grace:
                 counts["pending_delivery_retained"] += 1
                 continue
             if t.delivery_required:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import uuid
 
-from task_state_guard.integration import IdScheme, name_label
+from task_state_guard.integration import name_label
+from task_state_guard.integration.ids import CELERY
 
-#: Namespace of every id this adapter derives (uuid5). Never change it: existing
-#: ledgers would no longer find their logical tasks.
-NAMESPACE = uuid.UUID("5b0c0e52-7c8f-5d0e-9a51-0c3e1a7a4c11")
-
-IDS = IdScheme(NAMESPACE, "celery-task:")
+#: The core's id scheme of Celery jobs (defined once in ``task_state_guard.integration.ids``,
+#: where ``tsg get --celery ID`` finds it too).
+IDS = CELERY
+#: Namespace of every id this adapter derives (uuid5). Never changes: existing ledgers would
+#: no longer find their logical tasks.
+NAMESPACE = IDS.namespace
 
 
 def logical_task_id(celery_task_id: str) -> str:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-
-from task_state_guard.integration import IdScheme, name_label
+from task_state_guard.integration import name_label
+from task_state_guard.integration.ids import DRAMATIQ, DRAMATIQ_ATTEMPTS
 
 __all__ = [
     "ATTEMPT_NAMESPACE",
@@ -14,14 +13,15 @@ __all__ = [
     "name_label",
 ]
 
-#: Namespace of the logical task (parent) ids: ``uuid5(MESSAGE_NAMESPACE, message_id)``.
-MESSAGE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:message")
-#: Namespace of the expected attempt ids: ``uuid5(ATTEMPT_NAMESPACE, f"{message_id}/{retries}")``.
-ATTEMPT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:attempt")
-
-MESSAGES = IdScheme(MESSAGE_NAMESPACE)
+# The schemes are the core's (defined once in ``task_state_guard.integration.ids``, where
+# ``tsg get --dramatiq ID`` finds them too).
+MESSAGES = DRAMATIQ
 _MESSAGES = MESSAGES
-_ATTEMPTS = IdScheme(ATTEMPT_NAMESPACE)
+_ATTEMPTS = DRAMATIQ_ATTEMPTS
+#: Namespace of the logical task (parent) ids: ``uuid5(MESSAGE_NAMESPACE, message_id)``.
+MESSAGE_NAMESPACE = MESSAGES.namespace
+#: Namespace of the expected attempt ids: ``uuid5(ATTEMPT_NAMESPACE, f"{message_id}/{retries}")``.
+ATTEMPT_NAMESPACE = _ATTEMPTS.namespace
 
 
 def logical_task_id(message_id: str) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from task_state_guard.integration import IdScheme
+from task_state_guard.integration.ids import LANGGRAPH
 
+#: The core's id scheme of invocations (defined once in ``task_state_guard.integration.ids``,
+#: where ``tsg get --langgraph ID`` finds it too).
+INVOCATIONS = LANGGRAPH
 #: Namespace of every ledger id this adapter derives (``uuid5(NAMESPACE, ...)``).
-NAMESPACE = uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42")
-
-INVOCATIONS = IdScheme(NAMESPACE)
+NAMESPACE = INVOCATIONS.namespace
 _INVOCATIONS = INVOCATIONS
 
 

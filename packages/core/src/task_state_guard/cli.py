@@ -138,8 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_format(reconcile)
     _add_format(sub.add_parser("doctor", help="counts-only health check (exit 1 when unhealthy)"))
     for name in ("get", "children"):
-        cmd = sub.add_parser(name, help=f"{name} by task id")
-        cmd.add_argument("task_id")
+        cmd = sub.add_parser(name, help=f"{name} by task id, or by a framework's job id")
+        cmd.add_argument("task_id", nargs="?", help="the ledger id (or name the job below)")
+        _add_job(cmd)
         cmd.add_argument("--extras", action="store_true",
                          help="add name, heartbeat_at, has_owner and framework_id to each task")
         if name == "get":
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--details", action="store_true",
                        help="one row per task instead of ids (implied by --format text)")
     tasks.add_argument("--limit", help="at most this many (rows: default 100)")
+    _add_job(tasks, " (ids: it and its children; rows: it, or its --attempts; any state)")
     _add_format(tasks)
     status = sub.add_parser("status", help="counts by state, delivery state and name")
     status.add_argument("--format", choices=("json", "text"), default="json")
@@ -174,6 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 _DURATION = "seconds, or a duration: 90s, 15m, 2h, 1d"
 
+#: ``--celery ID``, ``--dramatiq ID``, ``--langgraph ID``: a job by the id its framework gave
+#: it (the framework names of ``task_state_guard.integration.ids.FRAMEWORKS``, imported only
+#: when one is used).
+JOB_OPTIONS = {
+    "celery": "TASK_ID",
+    "dramatiq": "MESSAGE_ID",
+    "langgraph": "INVOCATION_ID",
+}
+
+
+def _add_job(cmd: argparse.ArgumentParser, scope: str = "") -> None:
+    group = cmd.add_mutually_exclusive_group()
+    for framework, metavar in JOB_OPTIONS.items():
+        group.add_argument(f"--{framework}", metavar=metavar,
+                           help=f"the job with this {framework} id{scope}")
+
 
 def _add_format(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--format", choices=("json", "text"), default="json",
@@ -189,8 +207,33 @@ _READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "doctor
 _BY_ID = frozenset({"start", "heartbeat", "close", "delivery", "get", "children"})
 
 
+def _named_job(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The ``(framework, id)`` a ``--celery``/``--dramatiq``/``--langgraph`` option named."""
+    named = [(f, getattr(args, f, None)) for f in JOB_OPTIONS]
+    found = [(f, value) for f, value in named if value is not None]
+    return found[0] if found else None
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """``get``/``children`` take a ledger id or a framework's job id: exactly one."""
+    if args.command in ("get", "children"):
+        named = _named_job(args) is not None
+        if args.task_id is None and not named:
+            raise _UsageError("name a task", reason=r.MISSING_ARGUMENT)
+        if args.task_id is not None and named:
+            raise _UsageError("a task id or a job id, not both", reason=r.UNEXPECTED_ARGUMENT)
+
+
 def _check_ids(args: argparse.Namespace) -> None:
-    """Reject malformed ids before the database is opened (whatever state it is in)."""
+    """Reject malformed ids before the database is opened (whatever state it is in); turn a
+    framework's job id into its ledger id (computed, so the typed id is never printed)."""
+    job = _named_job(args) if args.command in ("get", "children", "tasks") else None
+    if job is not None:
+        from .integration.ids import job_task_id
+
+        args.task_id = job_task_id(*job)
+    elif args.command == "tasks":
+        args.task_id = None
     if args.command in _BY_ID:
         canonical_id(args.task_id)
     elif args.command == "create":
@@ -276,6 +319,7 @@ def _progress(args: argparse.Namespace, what: str) -> Callable[[int, int], None]
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     command = args.command
+    _check_target(args)
     try:
         _check_ids(args)
         values = _check_values(args)

@@ -68,21 +68,21 @@ def _dash(value: str | None) -> str:
 
 def listing(result: TaskListing, *, attempts: bool) -> str:
     """The ``tsg tasks --format text`` table."""
-    headers = ["ID", "PARENT" if attempts else "FRAMEWORK_ID", "NAME", "STATE", "CODE",
+    headers = ["ID", "KIND", "PARENT" if attempts else "FRAMEWORK_ID", "NAME", "STATE", "CODE",
                "DELIVERY", "AGE", "IDLE"]
     if not attempts:
         headers.append("ATTEMPTS")
     rows = []
     for item in result.tasks:
         task = item.task
-        row = [task.id, _dash(task.parent_id if attempts else task.framework_id),
+        row = [task.id, item.kind, _dash(task.parent_id if attempts else task.framework_id),
                _dash(task.name), task.status.value, _dash(task.terminal_code),
                task.delivery_status.value, humanize(item.age_seconds),
                humanize(item.idle_seconds)]
         if not attempts:
             row.append(str(item.attempts))
         rows.append(row)
-    right = frozenset({6, 7, 8})
+    right = frozenset({7, 8, 9})
     lines = table(headers, rows, right)
     if not rows:
         lines.append("(no tasks match)")

@@ -624,10 +624,12 @@ class Ledger:
     def find_task_ids(
         self, status: str, *, stale_seconds: float | None = None, limit: int | None = None,
         name: str | None = None, older_than_seconds: float | None = None,
+        task_id: str | uuid.UUID | None = None,
     ) -> list[str]:
         """Return ids of tasks in ``status`` (attempts included), oldest first; with
         ``stale_seconds`` only those idle that long, with ``name`` only that label, with
-        ``older_than_seconds`` only those created that long ago.
+        ``older_than_seconds`` only those created that long ago, with ``task_id`` only that
+        task and its direct children.
 
         Idle time counts from the last heartbeat or start (running), creation (queued) or the
         last change (terminal).
@@ -640,6 +642,7 @@ class Ledger:
             older_than_seconds, "older_than_seconds", allow_zero=True
         )
         label = check_name(name)
+        job = None if task_id is None else canonical_id(task_id)
         if limit is not None and (
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
@@ -663,6 +666,9 @@ class Ledger:
             if older is not None:
                 sql += " AND created_at <= ?"
                 params.append(now - older)
+            if job is not None:
+                sql += " AND (id = ? OR parent_id = ?)"
+                params += [job, job]
             sql += " ORDER BY seq"
             if limit is not None:
                 sql += " LIMIT ?"
@@ -679,19 +685,25 @@ class Ledger:
         stale_seconds: float | None = None,
         older_than_seconds: float | None = None,
         limit: int = task_list.DEFAULT_LIMIT,
+        task_id: str | uuid.UUID | None = None,
     ) -> task_list.TaskListing:
         """List tasks for operators, oldest first (ids on purpose: protect the output).
 
-        Logical tasks (no parent) by default, their attempts (children) with
-        ``attempts=True``. ``status`` defaults to every active task (queued or running);
-        ``name`` matches the label exactly; ``stale_seconds`` keeps tasks idle that long (no
-        heartbeat or start while running, since creation while queued, since the close once
-        terminal); ``older_than_seconds`` keeps tasks created that long ago. At most ``limit``
-        rows (default 100); ``more`` says whether others matched.
+        Tasks by default: the jobs (roots, and children that owe their own delivery, such as
+        a LangGraph resume or recovery run); with ``attempts=True`` the attempts (children
+        that owe nobody a delivery). ``status`` defaults to every active task (queued or
+        running); ``name`` matches the label exactly; ``stale_seconds`` keeps tasks idle that
+        long (no heartbeat or start while running, since creation while queued, since the
+        close once terminal); ``older_than_seconds`` keeps tasks created that long ago;
+        ``task_id`` keeps only that task (with ``attempts=True``: its attempts), in any state
+        unless ``status`` is given (the id of a framework job:
+        :func:`task_state_guard.integration.job_task_id`). At most ``limit`` rows (default
+        100); ``more`` says whether others matched.
         """
         return task_list.list_tasks(
             self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
             stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
+            task_id=None if task_id is None else canonical_id(task_id),
         )
 
     def events_of(self, task_id: str | uuid.UUID) -> list[_events.TaskEvent]:

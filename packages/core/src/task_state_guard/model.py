@@ -39,6 +39,19 @@ TASK_STATES = ACTIVE_STATES | TERMINAL_STATES
 DELIVERY_CLOSED = frozenset({"delivered", "failed", "not_applicable"})
 DELIVERY_STATES = DELIVERY_CLOSED | {"pending"}
 
+#: What a person calls a task: a ``"task"`` is a job somebody asked for (a root, or a child
+#: that owes its own delivery, such as a LangGraph resume or recovery run); an ``"attempt"``
+#: is one execution of a job (a child that owes nobody a delivery).
+TASK_KINDS = ("task", "attempt")
+#: The SQL test for an attempt, on a row of ``tsg_tasks``.
+ATTEMPT_SQL = "(parent_id IS NOT NULL AND delivery_required = 0)"
+
+
+def task_kind(is_root: object, owes_delivery: object) -> str:
+    """``"task"`` or ``"attempt"`` (see :data:`TASK_KINDS`) from a row's two facts."""
+    return "task" if is_root or owes_delivery else "attempt"
+
+
 #: Reason codes accepted for each terminal task state.
 TASK_CODES: dict[str, frozenset[str]] = {
     "succeeded": frozenset({"completed", "worker_completed"}),

@@ -3,6 +3,9 @@
 JSON (the default) keeps the earlier outputs byte for byte: ``get`` adds ``events`` only with
 ``--events``, ``tasks`` prints ``task_ids`` unless rows are asked for (``--details``, or
 ``--format text``, which renders the same rows as a table). These outputs carry ids on purpose.
+``--celery``/``--dramatiq``/``--langgraph ID`` name a job by its framework id instead of a
+ledger id; the CLI has already turned it into the ledger id (``args.task_id``), and prints
+only what the ledger holds (a framework id only where one is stored), never the typed id.
 """
 
 from __future__ import annotations
@@ -36,13 +39,13 @@ def run(ledger: Ledger, args: argparse.Namespace, values: dict[str, Any]) -> dic
     if not values["rows"]:
         ids = ledger.find_task_ids(
             args.status, stale_seconds=values["stale"], limit=values["limit"],
-            name=args.name, older_than_seconds=values["older"],
+            name=args.name, older_than_seconds=values["older"], task_id=args.task_id,
         )
         return {"ok": True, "task_ids": ids}
     listing = ledger.list_tasks(
         status=args.status, name=args.name, attempts=bool(args.attempts),
         stale_seconds=values["stale"], older_than_seconds=values["older"],
-        limit=values["limit"] or DEFAULT_LIMIT,
+        limit=values["limit"] or DEFAULT_LIMIT, task_id=args.task_id,
     )
     if text:
         return cli_text.listing(listing, attempts=bool(args.attempts))

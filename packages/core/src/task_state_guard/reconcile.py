@@ -1,9 +1,12 @@
 """Restart reconciliation: one atomic pass over active tasks and pending deliveries.
 
 Dry-run and apply share every decision; dry-run runs in a query-only read transaction and only
-counts. Candidates are read through partial indexes in bounded batches, so memory stays flat
-whatever the ledger size. A row that fails validation is skipped (doctor reports it) so one
-corrupt row never blocks the others.
+counts. A task the pass times out that owes nobody a delivery (an attempt, an internal task)
+has its delivery closed ``not_applicable`` in the same pass, as the adapters' own closes do:
+the delivery grace is for deliveries somebody may still confirm, or records a dead process
+left terminal with their delivery open. Candidates are read through partial indexes in bounded
+batches, so memory stays flat whatever the ledger size. A row that fails validation is skipped
+(doctor reports it) so one corrupt row never blocks the others.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ class _Pass:
             deliveries: list[tuple[str, str, float, int]] = []
             for row in rows:
                 seq, status, required, closed = row[0], row[1], row[8], row[10]
+                owed_later = True  # a delivery somebody may still confirm gets its grace
                 if status in ("queued", "running"):
                     counts["active_examined"] += 1
                     code = verdicts.get(seq)
@@ -215,9 +219,10 @@ class _Pass:
                     self.timed_out.add(seq)
                     timeouts.append((code, now, now, seq))
                     self.decide("task", row, "timed_out", code)
-                    closed = now  # its delivery is judged in this same pass
+                    closed = now  # its delivery is judged in this same pass:
+                    owed_later = bool(required)  # owing nobody, it closes with the task
                 counts["pending_delivery_examined"] += 1
-                if closed > self.delivery_cutoff:
+                if owed_later and closed > self.delivery_cutoff:
                     counts["pending_delivery_retained"] += 1
                 elif required:
                     counts["deliveries_failed"] += 1

@@ -1,9 +1,11 @@
 """The operator's task listing: which tasks are stuck, with what they need to be traced.
 
-One query per listing, oldest task first: logical tasks (no parent) by default, or the
-attempts (children) when asked, filtered by state, name label, idle time and age. Each row
-carries its number of attempts (direct children). The caller hands in the task columns and
-the row validator, so a tampered row is never returned.
+One query per listing, oldest task first: tasks (jobs: roots, and children that owe their
+own delivery, such as a LangGraph resume or recovery run) by default, or the attempts
+(children that owe nobody a delivery) when asked, filtered by state, name label, idle time,
+age and one job. Each row carries its kind and its number of attempts (direct children that
+are attempts). The caller hands in the task columns and the row validator, so a tampered row
+is never returned.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from .model import (
     ACTIVE_STATES,
+    ATTEMPT_SQL,
     TASK_STATES,
     InvalidInput,
     Task,
+    canonical_id,
     check_name,
     check_seconds,
     check_state,
+    task_kind,
 )
 
 if TYPE_CHECKING:
@@ -34,7 +39,10 @@ _ACTIVITY = (
     "CASE status WHEN 'running' THEN coalesce(heartbeat_at, started_at, updated_at) "
     "WHEN 'queued' THEN created_at ELSE updated_at END"
 )
-_ATTEMPTS = "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id)"
+_ATTEMPTS = (
+    "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id "
+    "AND a.delivery_required = 0)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +54,17 @@ class ListedTask:
     age_seconds: float
     idle_seconds: float
 
+    @property
+    def kind(self) -> str:
+        """``"task"`` (a job) or ``"attempt"`` (one execution of a job)."""
+        return task_kind(self.task.parent_id is None, self.task.delivery_required)
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready row: ids, name, states, code, ages and the attempt count."""
+        """A JSON-ready row: ids, kind, name, states, code, ages and the attempt count."""
         task = self.task
         return {
             "id": task.id,
+            "kind": self.kind,
             "parent_id": task.parent_id,
             "framework_id": task.framework_id,
             "name": task.name,
@@ -75,17 +89,20 @@ class TaskListing:
 
 def _where(
     status: str | None, name: str | None, attempts: bool, stale: float | None,
-    older: float | None, now: float,
+    older: float | None, now: float, job: str | None,
 ) -> tuple[str, list[Any]]:
-    clauses = ["parent_id IS NOT NULL" if attempts else "parent_id IS NULL"]
+    clauses = [ATTEMPT_SQL if attempts else f"NOT {ATTEMPT_SQL}"]
     params: list[Any] = []
-    if status is None or status in ACTIVE_STATES:
+    if job is not None:  # one job: the task itself, or its attempts
+        clauses.append("parent_id = ?" if attempts else "id = ?")
+        params.append(job)
+    if (status is None and job is None) or status in ACTIVE_STATES:
         clauses.append("delivery_status = 'pending'")  # the open-work index
-    if status is None:
-        clauses.append("status IN ('queued','running')")
-    else:
+    if status is not None:
         clauses.append("status = ?")
         params.append(status)
+    elif job is None:  # by default the active work; a named job in any state
+        clauses.append("status IN ('queued','running')")
     if name is not None:
         clauses.append("name = ?")
         params.append(name)
@@ -109,9 +126,11 @@ def list_tasks(
     stale_seconds: float | None = None,
     older_than_seconds: float | None = None,
     limit: int = DEFAULT_LIMIT,
+    task_id: str | None = None,
 ) -> TaskListing:
     """List tasks, oldest first (see :meth:`task_state_guard.Ledger.list_tasks`)."""
     state = None if status is None else check_state(status, TASK_STATES, "task status")
+    job = None if task_id is None else canonical_id(task_id)
     label = check_name(name)
     stale = None if stale_seconds is None else check_seconds(
         stale_seconds, "stale_seconds", allow_zero=True)
@@ -123,7 +142,7 @@ def list_tasks(
         raise InvalidInput("limit must be a positive integer")
     with db.read() as conn:
         now = db.now()
-        where, params = _where(state, label, attempts, stale, older, now)
+        where, params = _where(state, label, attempts, stale, older, now, job)
         sql = (
             f"SELECT {columns}, {_ATTEMPTS}, {_ACTIVITY} FROM tsg_tasks WHERE {where} "
             "ORDER BY seq LIMIT ?"

@@ -3,20 +3,24 @@
 An adapter translates its framework's signals, middleware hooks or callbacks into calls on an
 :class:`AdapterRuntime`; the runtime owns the ledger handle per process, heartbeats, attempts,
 the error policy, delivery marks and counters. :func:`resolve_settings` gives every adapter the
-same settings, :class:`IdScheme` and :func:`name_label` the same id and label rules, and
+same settings, :class:`IdScheme` and :func:`name_label` the same id and label rules (each
+shipped adapter's namespace is defined once, in :mod:`~task_state_guard.integration.ids`;
+:func:`find_job` finds a job by its framework id), and
 :mod:`~task_state_guard.integration.codes` names the states and reason codes. See
 ``docs/architecture.md`` ("Writing an adapter").
 """
 
 from . import codes
 from .errors import ErrorPolicy
-from .ids import IdScheme, name_label
+from .ids import FRAMEWORKS, IdScheme, job_task_id, name_label
+from .lookup import find_job
 from .metrics import format_adapter_metrics
 from .runtime import AdapterRuntime, Closing, LostHook, LostTask
 from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
 from .surface import AdapterSurface
 
 __all__ = [
+    "FRAMEWORKS",
     "AdapterRuntime",
     "AdapterSurface",
     "Closing",
@@ -29,7 +33,9 @@ __all__ = [
     "Settings",
     "codes",
     "env_name",
+    "find_job",
     "format_adapter_metrics",
+    "job_task_id",
     "name_label",
     "resolve_settings",
 ]

@@ -4,6 +4,10 @@
   logical task with ``uuid5(namespace, prefix + framework id)``: deterministic, so any process
   (a producer, a web handler, an operator) finds the same ledger task. Each adapter owns one
   namespace and never changes it, or existing ledgers would no longer find their tasks.
+* The namespaces and prefixes of the shipped adapters are defined here, once
+  (:data:`CELERY`, :data:`DRAMATIQ`, :data:`LANGGRAPH`, in :data:`FRAMEWORKS`): the adapters
+  derive their ids from these objects, and :func:`job_task_id` lets an operator's tool (the
+  CLI's ``--celery``/``--dramatiq``/``--langgraph``) find a job by the id the operator has.
 * A framework name (task, actor, graph or node name) becomes a ledger name label: characters
   outside ``[A-Za-z0-9_.:/<>-]`` become ``_``, a first character outside ``[A-Za-z0-9_<]`` gets a
   ``_`` prefix, and the label is cut to 200 characters. A name with nothing left has no label.
@@ -13,7 +17,9 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 from ..model import InvalidInput
 
@@ -35,11 +41,46 @@ class IdScheme:
         """The ledger id of the logical task of ``framework_id`` (a non-empty string)."""
         if not isinstance(framework_id, str) or not framework_id:
             raise InvalidInput("the framework id must be a non-empty string")
-        return str(uuid.uuid5(self.namespace, self.prefix + framework_id))
+        try:
+            return str(uuid.uuid5(self.namespace, self.prefix + framework_id))
+        except UnicodeEncodeError:  # a lone surrogate: no framework can have sent that id
+            raise InvalidInput("the framework id is not valid text") from None
 
     def derived_id(self, text: str) -> str:
         """A further deterministic id in this namespace (attempt placeholders and the like)."""
         return str(uuid.uuid5(self.namespace, text))
+
+
+#: Celery: ``uuid5(CELERY.namespace, "celery-task:" + task id)``.
+CELERY = IdScheme(uuid.UUID("5b0c0e52-7c8f-5d0e-9a51-0c3e1a7a4c11"), "celery-task:")
+#: Dramatiq: ``uuid5(DRAMATIQ.namespace, message id)``.
+DRAMATIQ = IdScheme(uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:message"))
+#: Dramatiq's expected attempt ids: ``uuid5(DRAMATIQ_ATTEMPTS.namespace, "<message id>/<n>")``.
+DRAMATIQ_ATTEMPTS = IdScheme(
+    uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:attempt"))
+#: LangGraph: ``uuid5(LANGGRAPH.namespace, invocation id)`` (its node attempts and recovery
+#: invocation ids are derived in the same namespace).
+LANGGRAPH = IdScheme(uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42"))
+
+#: The job id scheme of each shipped adapter, by framework name. Never change one: existing
+#: ledgers would no longer find their jobs.
+FRAMEWORKS: Mapping[str, IdScheme] = MappingProxyType(
+    {"celery": CELERY, "dramatiq": DRAMATIQ, "langgraph": LANGGRAPH})
+
+
+def job_task_id(framework: str, framework_id: str) -> str:
+    """The ledger id of the job (logical task) a framework knows as ``framework_id``.
+
+    ``framework`` is ``"celery"`` (a task id), ``"dramatiq"`` (a message id) or
+    ``"langgraph"`` (an invocation id; a recovery run's is ``"recover-..."``). Any id works,
+    custom ones included: the ledger id is computed, nothing is looked up or stored. An unknown
+    framework or an empty id is an :class:`~task_state_guard.InvalidInput` that does not
+    repeat the value.
+    """
+    scheme = FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+    if scheme is None:
+        raise InvalidInput("unknown framework: use one of " + ", ".join(FRAMEWORKS))
+    return scheme.logical_task_id(framework_id)
 
 
 def _label(name: str) -> str | None:
@@ -59,4 +100,13 @@ def name_label(name: object) -> str | None:
     return _cached_label(name)
 
 
-__all__ = ["IdScheme", "name_label"]
+__all__ = [
+    "CELERY",
+    "DRAMATIQ",
+    "DRAMATIQ_ATTEMPTS",
+    "FRAMEWORKS",
+    "LANGGRAPH",
+    "IdScheme",
+    "job_task_id",
+    "name_label",
+]

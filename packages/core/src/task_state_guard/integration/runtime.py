@@ -49,6 +49,8 @@ from .settings import Settings
 Closing = tuple[str, str, "str | None", bool]
 
 _BOOT_RECONCILE_TRIES = 5
+# The report keys that count changes a pass made (the others count what it examined or kept).
+_CHANGES = ("tasks_timed_out", "deliveries_failed", "deliveries_not_applicable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,7 +585,7 @@ class AdapterRuntime:
 
     def _reconcile_loop(self, stop: threading.Event, interval: float, where: str) -> None:
         while not stop.wait(interval):
-            self.guarded_reconcile(where)
+            self.guarded_reconcile(where, quiet_when_unchanged=True)
 
     def boot_reconcile(self, where: str = "boot_reconcile") -> dict[str, Any] | None:
         """Reconcile when a worker boots, if ``reconcile_on_boot``; guarded by the error policy.
@@ -595,8 +597,12 @@ class AdapterRuntime:
             return None
         return self.guarded_reconcile(where)
 
-    def guarded_reconcile(self, where: str = "reconcile") -> dict[str, Any] | None:
-        """:meth:`reconcile` under the error policy (``None`` on error)."""
+    def guarded_reconcile(
+        self, where: str = "reconcile", *, quiet_when_unchanged: bool = False
+    ) -> dict[str, Any] | None:
+        """:meth:`reconcile` under the error policy (``None`` on error); logs the counts-only
+        report at info level, or at debug level when ``quiet_when_unchanged`` and the pass
+        changed nothing (a periodic pass: a quiet fleet logs nothing at info level)."""
         with self.guarded(where):
             for attempt in range(_BOOT_RECONCILE_TRIES):
                 try:
@@ -605,7 +611,9 @@ class AdapterRuntime:
                     if attempt == _BOOT_RECONCILE_TRIES - 1:
                         raise
                     continue
-                self.logger.info(
+                changed = any(report[key] for key in _CHANGES)
+                self.logger.log(
+                    logging.DEBUG if quiet_when_unchanged and not changed else logging.INFO,
                     "task-state-guard: reconcile (%s) %s",
                     where,
                     json.dumps(report, sort_keys=True, separators=(",", ":")),

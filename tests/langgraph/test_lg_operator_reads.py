@@ -1,0 +1,75 @@
+"""What an operator sees of a LangGraph recovery while it runs: the recovery run is a task of
+its own (listed by default `tsg tasks`, kind ``task``, under the invocation it recovers), found
+with `tsg get --langgraph ID`, and its node attempts are listed as attempts. A real child
+process is SIGKILLed mid-node, then recovered here with the resumed node held open."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, StateGraph
+from lg_helpers import State
+from task_state_guard import Ledger
+from task_state_guard_langgraph import guard, logical_task_id, recovery_invocation_id
+from test_lg_crash_recovery import _kill_mid_node
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from core_helpers import assert_json_line, run_cli
+
+
+def _held_graph(checkpoints: str, entered: threading.Event, release: threading.Event) -> Any:
+    """The crash graph's shape (prepare -> slow -> finish) whose `slow` waits to be released."""
+
+    def slow(state: State) -> dict[str, Any]:
+        entered.set()
+        assert release.wait(60)
+        return {"log": ["slow"]}
+
+    graph = StateGraph(State)
+    graph.add_node("prepare", lambda state: {"log": ["prepare"]})
+    graph.add_node("slow", slow)
+    graph.add_node("finish", lambda state: {"log": ["finish"]})
+    graph.add_edge(START, "prepare")
+    graph.add_edge("prepare", "slow")
+    graph.add_edge("slow", "finish")
+    conn = sqlite3.connect(checkpoints, check_same_thread=False)
+    return graph.compile(checkpointer=SqliteSaver(conn), name="crashy")
+
+
+def test_a_running_recovery_run_is_listed_as_a_task(work: Path, db: str, apps: list[Any]) -> None:
+    _kill_mid_node(work, db, "listed-thread", "listed-1")
+    entered, release = threading.Event(), threading.Event()
+    app = guard(_held_graph(str(work / "checkpoints.sqlite"), entered, release), db=db)
+    apps.append(app)
+    reports: list[Any] = []
+    recovering = threading.Thread(target=lambda: reports.append(app.recover(durability="sync")))
+    recovering.start()
+    try:
+        assert entered.wait(60), "the recovery never reached the resumed node"
+        recovery = recovery_invocation_id("listed-1")
+        run_id, lost_id = logical_task_id(recovery), logical_task_id("listed-1")
+
+        rows = assert_json_line(run_cli("--db", db, "tasks", "--details"))["tasks"]
+        assert [(r["id"], r["kind"], r["parent_id"], r["name"], r["status"]) for r in rows] == [
+            (run_id, "task", lost_id, "crashy", "running")]
+        text = run_cli("--db", db, "tasks", "--format", "text").stdout.splitlines()
+        assert text[0].split()[:2] == ["ID", "KIND"]
+        assert [line.split()[:2] for line in text[1:]] == [[run_id, "task"]]
+        attempts = assert_json_line(
+            run_cli("--db", db, "tasks", "--langgraph", recovery, "--attempts", "--details"))
+        assert [(r["name"], r["kind"], r["status"]) for r in attempts["tasks"]] == [
+            ("slow", "attempt", "running")]
+        found = assert_json_line(run_cli("--db", db, "get", "--langgraph", recovery))["task"]
+        assert (found["id"], found["parent_id"], found["status"]) == (run_id, lost_id, "running")
+        assert recovery not in run_cli("--db", db, "get", "--langgraph", recovery).stdout
+    finally:
+        release.set()
+        recovering.join(60)
+    assert reports and reports[0].resumed == ["listed-thread"]
+    with Ledger(db, read_only=True) as ledger:
+        assert str(ledger.get_task(logical_task_id(recovery)).status) == "succeeded"
