@@ -26,7 +26,10 @@ What it does, all inside one temporary folder (removed at the end unless ``--kee
      stored ``SUCCESS`` or ``FAILURE`` for its id (its replacement ran);
    * every replaced task's outcome against Celery's state for its id: ``succeeded`` with
      ``SUCCESS``, ``failed`` with ``FAILURE``, ``cancelled/revoked`` with ``REVOKED`` agree;
-   * counts of logical tasks and of attempts by outcome, and of work left open.
+   * counts of logical tasks and of attempts by outcome (work left open included), and the
+     adapter's counters (``stats()``: ledger errors, refused closes) summed over every process:
+     the plugin has each pool child write its own when it exits, and the pytest process (the
+     worker's main process) at the end.
 
 Prints one JSON object (counts and pytest summaries; no task ids); exits 1 when a check fails.
 It takes about a quarter of an hour and needs the package index, ``uv`` and ``redis-server``;
@@ -61,11 +64,19 @@ AGREE = {
 }
 
 PLUGIN = '''\
-"""Installs task_state_guard_celery on the app of Celery's session worker (written by
-scripts/celery_upstream_suite.py)."""
+"""Installs task_state_guard_celery on the app of Celery's session worker and writes each
+process's adapter counters when it ends (written by scripts/celery_upstream_suite.py)."""
+import json
 import os
 
 import pytest
+from celery.signals import worker_process_shutdown
+
+
+def _write_stats(guard):
+    path = os.path.join(os.environ["TSG_UPSTREAM_STATS"], f"{os.getpid()}.json")
+    with open(path, "w") as out:
+        json.dump(guard.stats(), out)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -74,7 +85,13 @@ def _task_state_guard(celery_session_app):
     from task_state_guard_celery import install
 
     guard = install(celery_session_app, db=os.environ["TSG_UPSTREAM_DB"])
+
+    def child_ends(**_):
+        _write_stats(guard)
+
+    worker_process_shutdown.connect(child_ends, weak=False, dispatch_uid="tsg-upstream-stats")
     yield guard
+    _write_stats(guard)
     guard.uninstall()
 '''
 
@@ -173,7 +190,9 @@ def run_suite(python: Path, run_dir: Path, port: int, db: Path | None, log: Path
     cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
            "-p", "celery.contrib.pytest", *MODULES]
     if db is not None:
-        env["TSG_UPSTREAM_DB"] = str(db)
+        stats = db.parent / "stats"
+        stats.mkdir(exist_ok=True)
+        env.update({"TSG_UPSTREAM_DB": str(db), "TSG_UPSTREAM_STATS": str(stats)})
         cmd[3:3] = ["-p", "tsg_upstream_plugin"]
     started = time.monotonic()
     with log.open("w") as out:
@@ -203,6 +222,19 @@ def celery_states(port: int, ids: list[str]) -> dict[str, str]:
         return states
     finally:
         client.close()
+
+
+def counters(stats: Path) -> dict[str, Any]:
+    """The adapter's counters summed over the processes that wrote them (the pytest process
+    with the worker's main process, and each pool child that exited)."""
+    errors: Counter[str] = Counter()
+    conflicts: Counter[str] = Counter()
+    files = sorted(stats.glob("*.json"))
+    for path in files:
+        found = json.loads(path.read_text())
+        errors.update(found["errors"])
+        conflicts.update(found["conflicts"])
+    return {"processes": len(files), "errors": dict(errors), "conflicts": dict(conflicts)}
 
 
 def audit(db: Path, port: int) -> dict[str, Any]:
@@ -296,6 +328,7 @@ def main() -> int:
         db = ledger_dir / "tasks.sqlite"
         report["with_adapter"] = run_suite(python, run_dir, port, db, work / "adapter.log")
         report["ledger"] = audit(db, port)
+        report["adapter_counters"] = counters(ledger_dir / "stats")
     finally:
         if redis_proc is not None:
             redis_proc.terminate()

@@ -9,12 +9,14 @@ share one prefork worker; the SIGKILL row has its own.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery.exceptions import ChordError  # type: ignore[import-untyped]
+from celery.exceptions import ChordError, WorkerLostError  # type: ignore[import-untyped]
 from celery_harness import Scenario, wait_for
 from task_state_guard import Task
 
@@ -117,6 +119,26 @@ def test_failing_group_replacement_fails_the_replaced_task(shared: Scenario) -> 
     assert found[DONE] + found[("cancelled", "skipped")] == 2, found
     assert names(attempts, FAILED) == ["tsgt.boom"]
     assert not [a for a in attempts if str(a.name) == "celery.accumulate"]
+    shared.assert_healthy()
+
+
+def test_pool_child_killed_during_a_stage_fails_the_replaced_task(shared: Scenario) -> None:
+    """SIGKILL of the pool child running a chain replacement's first task: the main process
+    sees the child die (``WorkerLostError``), Celery fails the rest of the chain (the replaced
+    id included), and the main process ends the stage and the replaced task the same way."""
+    result = shared.send("tsgt.replace_with", "chain_sleep", 30, "stage-child")
+    child = shared.marker("stage-child")
+    shared.wait_attempts(result.id, lambda found: any(
+        str(a.status) == "running" and a.name == "tsgt.sleep" for a in found
+    ))
+    os.kill(child, signal.SIGKILL)
+    with pytest.raises(WorkerLostError):
+        result.get(timeout=30)
+    parent = shared.wait_parent(result.id, "failed")
+    assert parent.terminal_code == "worker_lost"
+    assert outcomes(settled(shared, result.id)) == Counter(
+        {IGNORED: 1, ("failed", "worker_lost"): 1}
+    )
     shared.assert_healthy()
 
 
