@@ -8,7 +8,8 @@ Set-up: installs uv into ./.tools (a private virtual environment) when it is not
 dev tools. ``test`` runs ruff, mypy --strict on the core, the adapters and the PostgreSQL
 backend, then the support matrix (real Celery/Dramatiq workers against Redis and RabbitMQ, and
 the PostgreSQL ledger, on 127.0.0.1; a service that cannot be started is an error, never a
-skip):
+skip). It also puts Prometheus (and promtool) from Debian's ``prometheus`` package into
+./.tools/prometheus for the dashboard test, when they are not on PATH. The matrix:
 
 * the conformance suite (tests/core, tests/contract) on the SQLite backend on every other
   CPython >= 3.11 installed on this machine, each in its own ./.venv-py<version> built from
@@ -46,6 +47,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, ".tools")
+#: Prometheus and promtool for the dashboard and alert-rule test (tests/examples).
+PROMETHEUS_DIR = os.path.join(TOOLS, "prometheus")
 
 
 def run(cmd: list[str], **kwargs: Any) -> int:
@@ -375,6 +378,7 @@ def test(extra: list[str]) -> int:
     venv_python = os.path.join(ROOT, ".venv", "bin", "python")
     add_sbin_to_path()
     ensure_services()
+    ensure_prometheus()
     checks = run([os.path.join(ROOT, ".venv", "bin", "ruff"), "check", "."])
     checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src",
                    *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph")),
@@ -438,6 +442,33 @@ def add_sbin_to_path() -> None:
     os.environ["PATH"] = os.pathsep.join(p for p in parts if p)
 
 
+def ensure_prometheus() -> None:
+    """Put ``prometheus`` and ``promtool`` into ./.tools/prometheus unless they are on PATH:
+    the binaries of Debian's ``prometheus`` package (``apt-get download``, then ``dpkg-deb -x``;
+    nothing is installed, configured or started). The dashboard test runs a real Prometheus on
+    127.0.0.1 against ``tsg metrics``; without the binaries it fails in CI."""
+    if shutil.which("prometheus") or os.path.exists(os.path.join(PROMETHEUS_DIR, "prometheus")):
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        def download() -> bool:
+            print("+ apt-get download prometheus", flush=True)
+            return subprocess.call(["apt-get", "download", "prometheus"], cwd=tmp) == 0
+
+        if not download() and not (run(["apt-get", "update"]) == 0 and download()):
+            print("prometheus: could not download Debian's package (the dashboard test will "
+                  "fail)", flush=True)
+            return
+        (deb,) = glob.glob(os.path.join(tmp, "prometheus_*.deb"))
+        tree = os.path.join(tmp, "tree")
+        if run(["dpkg-deb", "-x", deb, tree]) != 0:
+            return
+        os.makedirs(PROMETHEUS_DIR, exist_ok=True)
+        for name in ("prometheus", "promtool"):
+            shutil.copy2(os.path.join(tree, "usr", "bin", name), PROMETHEUS_DIR)
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1.0)
@@ -489,6 +520,7 @@ def main() -> int:
     venv_bin = os.path.join(ROOT, ".venv", "bin")
     python = os.path.join(venv_bin, "python")
     if command == "setup":
+        ensure_prometheus()
         return 0
     if command == "demo":
         ensure_services(("redis",))  # the demo keeps Celery's task results in Redis

@@ -11,10 +11,13 @@
 #                the pass that writes FAILURE into the result backend and calls on_lost for each
 #                lost task it closes; a pass applied here would close them silently first.
 # TSG_ACTIVE_GRACE_SECONDS, TSG_DELIVERY_GRACE_SECONDS, TSG_BUSY_TIMEOUT_MS: as for tsg.
+# TSG_EXPLAIN    "1" (the default here): tsg's error lines carry the reason (the README's
+#                "Error reasons" table says what to do); "0" prints the bare 0.1.0 error line.
 #
 # Any failure (unsafe volume permissions, a ledger locked past the busy timeout, a damaged
 # database) stops the container before the worker starts: the orchestrator restarts it and the
-# logs show tsg's one-line JSON error. Every line tsg prints is counts only, never task ids.
+# logs show tsg's one-line JSON error with its reason. Every line tsg prints is counts only,
+# never task ids.
 set -eu
 
 if [ "$#" -eq 0 ]; then
@@ -25,6 +28,7 @@ if [ -z "${TSG_DB:-}" ]; then
     echo "entrypoint: set TSG_DB to the ledger path, e.g. /data/tsg/tasks.sqlite" >&2
     exit 64
 fi
+export TSG_EXPLAIN="${TSG_EXPLAIN:-1}"
 mode="${TSG_RECONCILE:-apply}"
 case "$mode" in
     apply | preview) ;;

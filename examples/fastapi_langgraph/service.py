@@ -4,8 +4,11 @@
         uvicorn service:app --host 0.0.0.0 --port 8000
 
 At start-up (``lifespan``) the graph is guarded: the guard reconciles the ledger (the tasks of
-a killed process become ``timed_out/owner_lost``) and ``arecover()`` resumes the threads those
-runs left unfinished, before the first request is served.
+a killed process become ``timed_out/owner_lost``) and ``start_recovery()`` resumes, in the
+background, the threads those runs (or a drain) left unfinished: the server answers at once.
+A resumed run's answer is owed to whoever asked the lost run: the service keeps it with the
+thread (``GET /threads/<id>`` shows it with the invocation to acknowledge) until the client
+acknowledges it (``POST /invocations/<id>/delivered``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from graph import build
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from pydantic import BaseModel
 from task_state_guard import StateConflict, TaskNotFound
-from task_state_guard_langgraph import GuardedGraph, LostTask, RecoveryReport, guard
+from task_state_guard_langgraph import (
+    GuardedGraph,
+    LostTask,
+    Recovery,
+    RecoveryReport,
+    RecoveryRunner,
+    guard,
+)
 
 log = logging.getLogger("research")
 
@@ -33,8 +43,18 @@ class Question(BaseModel):
     question: str
 
 
+#: thread id -> invocation id of a resumed run whose answer the client has not acknowledged.
+owed: dict[str, str] = {}
+
+
 def on_lost(lost: LostTask) -> None:
     log.warning("run lost (%s): resuming thread %s", lost.code, lost.thread_id)
+
+
+def on_recovered(recovery: Recovery) -> None:
+    """A resumed run ended: its answer waits with the thread for the client to fetch."""
+    owed[recovery.thread_id] = recovery.invocation_id
+    log.info("resumed run %s: thread %s", recovery.outcome, recovery.thread_id)
 
 
 @asynccontextmanager
@@ -43,13 +63,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     checkpoints.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     async with AsyncSqliteSaver.from_conn_string(str(checkpoints)) as saver:
         # db: TSG_DB from the environment. Creating the guard reconciles the ledger.
-        graph = guard(build(saver), on_lost=on_lost)
+        graph = guard(build(saver), on_lost=on_lost, on_recovered=on_recovered)
         app.state.graph = graph
-        app.state.recovery = await graph.arecover()
+        # Recovery runs beside serving (and again every TSG_RECONCILE_INTERVAL_SECONDS).
+        app.state.recovery = graph.start_recovery()
         try:
             yield
         finally:
-            graph.close()
+            # Resumed runs still going drain at their next step (the next start resumes them).
+            await graph.aclose(timeout=20)
 
 
 app = FastAPI(lifespan=lifespan)
@@ -74,25 +96,34 @@ async def ask(body: Question) -> dict[str, Any]:
 async def delivered(invocation_id: str) -> dict[str, Any]:
     """The client confirms it showed the answer: the invocation's delivery is closed."""
     try:
-        task = _graph().mark_delivered(invocation_id)
+        task = await _graph().amark_delivered(invocation_id)
     except (TaskNotFound, StateConflict) as exc:
         raise HTTPException(status_code=409, detail=type(exc).__name__) from None
+    for thread_id, owed_id in list(owed.items()):
+        if owed_id == invocation_id:
+            del owed[thread_id]
     return {"delivery": None if task is None else task.delivery_status.value}
 
 
 @app.get("/threads/{thread_id}")
 async def thread(thread_id: str) -> dict[str, Any]:
+    """The thread's answer; ``owed``: the resumed run whose answer this is, to acknowledge."""
     state = await _graph().graph.aget_state({"configurable": {"thread_id": thread_id}})
-    return {"answer": state.values.get("answer"), "next": list(state.next)}
+    return {"answer": state.values.get("answer"), "next": list(state.next),
+            "owed": owed.get(thread_id)}
 
 
 @app.get("/recovery")
 async def recovery() -> dict[str, Any]:
-    """What the start-up recovery found and did."""
-    report: RecoveryReport = app.state.recovery
+    """Background recovery: whether a pass runs now, and what the last finished one did."""
+    runner: RecoveryRunner = app.state.recovery
+    report = runner.report or RecoveryReport()  # none before the first pass ends
     return {
-        "lost": list(report.lost),
-        "resumed": list(report.resumed),
+        "running": runner.running,
+        "passes": runner.passes,
+        "lost": report.lost,
+        "resumed": report.resumed,
+        "cancelled": report.cancelled,
         "runs": [
             {
                 "thread_id": r.thread_id,

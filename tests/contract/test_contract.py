@@ -3,9 +3,12 @@ and attempt closing in Celery, Dramatiq and LangGraph."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sqlite3
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, 
 from task_state_guard.integration import ConfigurationError, LostTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from core_helpers import run_cli
 from prom_text import parse
 
 STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating"}
@@ -41,7 +45,7 @@ def test_defaults_are_the_same(driver: Any, db: str) -> None:
     assert settings.heartbeat_seconds == 30.0  # min(30, active grace / 4)
     assert settings.reconcile_on_boot is True and settings.strict is False
     assert settings.busy_timeout_ms == 5000 and settings.reconcile_interval_seconds == 0
-    assert settings.fail_lost_results is True
+    assert settings.fail_lost_results is True and settings.metrics_dir is None
 
 
 def test_precedence_argument_then_framework_then_environment(
@@ -170,6 +174,37 @@ def test_ledger_errors_are_scrapeable_as_prometheus_text(driver: Any, broken_db:
     assert broken_db not in guard.metrics_text()
 
 
+def test_with_a_metrics_directory_tsg_metrics_shows_the_same_counters(
+    driver: Any, broken_db: str, db: str, tmp_path: Any
+) -> None:
+    """Every increment also reaches the metrics directory, where `tsg metrics` reads the sums
+    of every process (here one): the same errors, conflicts at zero, the same reconciles."""
+    from task_state_guard import Ledger
+    from task_state_guard.adapter_counters import format_directory
+
+    metrics_dir = tmp_path / "metrics"
+    guard = driver.install(broken_db, metrics_dir=str(metrics_dir))
+    driver.boot()
+    for _ in range(2):
+        driver.run("ok")
+    stats = guard.stats()
+    assert stats["errors"] and (metrics_dir / "tsg-adapter-counters.json").is_file()
+    Ledger(db).close()  # a healthy ledger for the scrape itself
+    scrape = run_cli("--db", db, "metrics", "--metrics-dir", str(metrics_dir))
+    assert scrape.code == 0
+    families = parse(scrape.stdout)
+    assert scrape.stdout.endswith(format_directory(str(metrics_dir)))
+    errors = {(lab["hook"], lab["error"]): value
+              for lab, value in families["tsg_adapter_ledger_errors_total"].samples
+              if lab["adapter"] == driver.name}
+    assert errors == {tuple(kind.rsplit(":", 1)): n for kind, n in stats["errors"].items()}
+    assert families["tsg_adapter_conflicts_total"].value(
+        adapter=driver.name, kind="attempt_close") == 0
+    assert families["tsg_adapter_reconciles_total"].value(adapter=driver.name) == stats[
+        "reconciles"]
+    assert broken_db not in scrape.stdout
+
+
 # ---------------------------------------------------------------------------- public surface
 
 
@@ -208,6 +243,69 @@ def test_mark_delivery_failed_outside_a_job(driver: Any, db: str) -> None:
     fid = driver.run("ok", deliver=True)
     task = guard.mark_delivery_failed(fid)
     assert (task.delivery_status, task.delivery_code) == ("failed", "transport_failed")
+
+
+def _hold_ledger(db: str, backend: str, locked: threading.Event,
+                 release: threading.Event) -> None:
+    """Hold the ledger's write lock (SQLite) / its task table (PostgreSQL) until released,
+    as another process's long transaction would."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        locked.set()
+        release.wait(30)
+        conn.execute("COMMIT")
+        conn.close()
+        return
+    import psycopg
+
+    base, _, query = db.partition("?")
+    schema = query.split("schema=", 1)[1].split("&", 1)[0]
+    with psycopg.connect(base) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute("LOCK TABLE tsg_tasks IN EXCLUSIVE MODE")
+        locked.set()
+        release.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("amark_delivered", ("delivered", "transport_acknowledged")),
+        ("amark_delivery_failed", ("failed", "transport_failed")),
+    ],
+)
+def test_async_marks_never_block_the_event_loop(
+    driver: Any, db: str, backend: str, method: str, expected: tuple[str, str]
+) -> None:
+    guard = driver.install(db)
+    driver.boot()
+    fid = driver.run("ok", deliver=True)
+    locked, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_ledger, args=(db, backend, locked, release))
+    holder.start()
+    try:
+        assert locked.wait(30)
+
+        async def main() -> tuple[int, Any]:
+            mark = asyncio.ensure_future(getattr(guard, method)(fid))
+            ticks = 0
+            while not mark.done():
+                await asyncio.sleep(0.01)
+                ticks += 1
+                if ticks == 20:
+                    release.set()  # the loop ran 20 times while the mark waited for the lock
+            return ticks, await mark
+
+        ticks, task = asyncio.run(main())
+    finally:
+        release.set()
+        holder.join(30)
+    assert ticks >= 20  # the mark waited for the lock, beside a loop that kept running
+    assert (task.delivery_status, task.delivery_code) == expected
+    with pytest.raises(TaskNotFound):
+        asyncio.run(guard.amark_delivered("never-ran"))
+    assert guard.stats()["errors"] == {}
 
 
 @pytest.mark.parametrize(

@@ -106,9 +106,9 @@ def test_an_unknown_or_malformed_job_id_is_refused_without_repeating_it(
 def test_a_job_is_named_once(db: str) -> None:
     with Ledger(db) as ledger:
         task = ledger.create_task()
-    id_too = _tsg(db, "get", task.id, "--celery", "abc")
+    id_too = _tsg(db, "--explain", "get", task.id, "--celery", "abc")
     assert_cli_error(id_too, "InvalidInput", reason="unexpected_argument")
-    assert_cli_error(_tsg(db, "get"), "InvalidInput", reason="missing_argument")
+    assert_cli_error(_tsg(db, "--explain", "get"), "InvalidInput", reason="missing_argument")
     two = _tsg(db, "get", "--celery", "abc", "--dramatiq", "abc")
     assert_cli_error(two, "InvalidInput")
     assert "abc" not in two.stdout

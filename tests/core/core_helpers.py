@@ -145,15 +145,37 @@ def assert_json_line(result: CliResult) -> Any:
 def assert_cli_error(
     result: CliResult, error: str, code: int = 2, reason: str | None = None
 ) -> None:
-    """One error line: 0.1.0's category ``error`` (pinned), plus a reason from the closed
-    vocabulary when the error has one (``reason`` given: exactly that one)."""
+    """One error line. Without ``reason``: exactly the specification's line,
+    ``{"error":"<category>","ok":false}``. With ``reason`` (the command ran with ``--explain``):
+    that line plus exactly that reason. A ``--format text`` command prints the error as text
+    instead: its category, then (for an error with a reason) the reason and its fix."""
+    if not result.stdout.startswith("{"):
+        assert_cli_text_error(result, error, code, reason)
+        return
     payload = assert_json_line(result)
-    assert result.code == code
-    assert {k: v for k, v in payload.items() if k != "reason"} == {"error": error, "ok": False}
-    if "reason" in payload:
-        assert payload["reason"] in reasons.ALL, payload
+    assert result.code == code, (result.code, payload)
+    expected: dict[str, Any] = {"error": error, "ok": False}
     if reason is not None:
-        assert payload.get("reason") == reason, payload
+        assert reason in reasons.ALL
+        expected["reason"] = reason
+    assert payload == expected, payload
+
+
+def assert_cli_text_error(
+    result: CliResult, error: str, code: int = 2, reason: str | None = None
+) -> None:
+    """A ``--format text`` error: ``error: <category>``; with a reason, ``reason: <name>: <what
+    failed>`` and ``fix: <fix>`` from the vocabulary's help (nothing else, nothing on stderr)."""
+    from task_state_guard.reason_help import describe
+
+    assert result.stderr == "" and result.code == code, result
+    lines = result.stdout.splitlines()
+    assert result.stdout.endswith("\n") and lines[0] == f"error: {error}", result.stdout
+    if reason is not None:
+        what, fix = describe(reason)
+        assert lines[1:] == [f"reason: {reason}: {what}", f"fix: {fix}"], result.stdout
+    else:
+        assert len(lines) in (1, 3), result.stdout
 
 
 # ----------------------------------------------------------------------------- files

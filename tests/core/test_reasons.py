@@ -131,17 +131,21 @@ SECRET = "s3cret-value"
 )
 def test_usage_errors_name_their_reason(tmp_path: Path, argv: list[str], reason: str) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
-    result = run_cli(*[a.replace("{db}", db) for a in argv])
-    assert_cli_error(result, "InvalidInput", reason=reason)
+    argv = [a.replace("{db}", db) for a in argv]
+    # the specification's line by default; the reason with --explain or TSG_EXPLAIN=1
+    assert_cli_error(run_cli(*argv), "InvalidInput")
+    for result in (run_cli("--explain", *argv),
+                   run_cli(*argv, env=cli_env({"TSG_EXPLAIN": "1"}))):
+        assert_cli_error(result, "InvalidInput", reason=reason)
+        assert SECRET not in result.stdout and str(tmp_path) not in result.stdout
     assert reason in reasons.USAGE
-    assert SECRET not in result.stdout and str(tmp_path) not in result.stdout
     assert not os.path.exists(tmp_path / "d")  # nothing was created
 
 
 def test_a_bad_environment_value_is_an_invalid_value(tmp_path: Path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     env = cli_env({"TSG_ACTIVE_GRACE_SECONDS": SECRET})
-    result = run_cli("--db", db, "reconcile", env=env)
+    result = run_cli("--explain", "--db", db, "reconcile", env=env)
     assert_cli_error(result, "InvalidInput", reason="invalid_value")
     assert SECRET not in result.stdout
 
@@ -173,7 +177,7 @@ def test_group_shared_volume_takes_the_database_in_a_private_subdirectory(
 ) -> None:
     volume = _volume(tmp_path, 0o2775)
     # straight into the shared directory: refused, with the reason that says so
-    result = run_cli("--db", str(volume / "tasks.sqlite"), "init")
+    result = run_cli("--explain", "--db", str(volume / "tasks.sqlite"), "init")
     assert_cli_error(result, "InvalidInput", reason="directory_writable_by_others")
     assert str(volume) not in result.stdout
     assert os.listdir(volume) == []
@@ -198,7 +202,7 @@ def test_group_shared_volume_takes_the_database_in_a_private_subdirectory(
     os.chmod(db, 0o660)
     before = snapshot_tree(str(volume))
     for argv in (["reconcile", "--dry-run"], ["status"], ["init"]):
-        assert_cli_error(run_cli("--db", str(db), *argv), "InvalidInput",
+        assert_cli_error(run_cli("--explain", "--db", str(db), *argv), "InvalidInput",
                          reason="directory_writable_by_others")
     assert snapshot_tree(str(volume)) == before
     os.chmod(volume / "tsg", 0o700)
@@ -224,7 +228,7 @@ def test_group_shared_volume_takes_the_database_in_a_private_subdirectory(
 def test_ancestor_modes(tmp_path: Path, volume_mode: int, reason: str | None) -> None:
     volume = _volume(tmp_path, volume_mode)
     db = volume / "private" / "tasks.sqlite"
-    result = run_cli("--db", str(db), "init")
+    result = run_cli("--explain", "--db", str(db), "init")
     if reason is None:
         assert assert_json_line(result)["ok"] is True
         assert mode(volume / "private") == 0o700
@@ -243,8 +247,8 @@ def test_a_setgid_leaf_is_still_refused_when_group_writable(tmp_path: Path) -> N
     leaf = tmp_path / "leaf"
     leaf.mkdir()
     os.chmod(leaf, 0o2770)
-    assert_cli_error(run_cli("--db", str(leaf / "tasks.sqlite"), "init"), "InvalidInput",
-                     reason="directory_writable_by_others")
+    assert_cli_error(run_cli("--explain", "--db", str(leaf / "tasks.sqlite"), "init"),
+                     "InvalidInput", reason="directory_writable_by_others")
     os.chmod(leaf, 0o2700)  # setgid alone opens nothing
     assert assert_json_line(run_cli("--db", str(leaf / "tasks.sqlite"), "init"))["ok"] is True
 
@@ -315,7 +319,7 @@ def test_storage_rules_through_the_cli(tmp_path: Path) -> None:
     before = snapshot_tree(str(tmp_path))
     seen = set()
     for argv, error, reason in cases:
-        result = run_cli(*argv)
+        result = run_cli("--explain", *argv)
         assert_cli_error(result, error, reason=reason)
         assert str(tmp_path) not in result.stdout
         seen.add(reason)
@@ -356,7 +360,7 @@ Step = list[str] | Callable[[], str]
 def _as_user(uid: int, steps: list[Step]) -> list[object]:
     """Run steps in a forked child that has become ``uid`` with the supplementary group
     ``FS_GROUP``, like a pod's container; return what each gave. A step is a CLI argv (its exit
-    code and JSON line) or a function (its result).
+    code and JSON line, run with ``--explain``) or a function (its result).
 
     The child only calls code already imported here, so it needs no access to the interpreter's
     or the repository's files.
@@ -376,7 +380,7 @@ def _as_user(uid: int, steps: list[Step]) -> list[object]:
                     continue
                 buffer = io.StringIO()
                 with contextlib.redirect_stdout(buffer):
-                    code = cli.main(step)
+                    code = cli.main(["--explain", *step])
                 out.append([code, json.loads(buffer.getvalue())])
         except BaseException as exc:
             out.append("crash:" + type(exc).__name__)

@@ -607,9 +607,9 @@ def test_lock_wait_past_busy_timeout_is_ledger_busy(tmp_path) -> None:
         with pytest.raises(LedgerBusy):
             led.close_task(ids[1], "cancelled")
         assert led.get_task(ids[1]).status == "queued"  # reads still work under WAL
-        result = run_cli("--db", db, "--busy-timeout-ms", "100", "create")
+        result = run_cli("--explain", "--db", db, "--busy-timeout-ms", "100", "create")
         assert_cli_error(result, "StateConflict", reason="database_busy")
-        result = run_cli("--db", db, "--busy-timeout-ms", "100", "close", ids[1],
+        result = run_cli("--explain", "--db", db, "--busy-timeout-ms", "100", "close", ids[1],
                          "--status", "cancelled")
         assert_cli_error(result, "StateConflict", reason="database_busy")
     finally:
@@ -636,7 +636,8 @@ def test_read_only_fails_closed_on_journal_and_incomplete_wal_pair(tmp_path) -> 
         with pytest.raises(StorageError) as info:
             Ledger(db, read_only=True, busy_timeout_ms=300)
         assert info.value.reason == reason
-        result = run_cli("--db", db, "--busy-timeout-ms", "300", "reconcile", "--dry-run")
+        result = run_cli("--explain", "--db", db, "--busy-timeout-ms", "300", "reconcile",
+                         "--dry-run")
         assert_cli_error(result, "StateConflict", reason=reason)
         assert snapshot_tree(directory) == before
         for suffix in present:
@@ -654,8 +655,8 @@ def test_read_only_requires_wal_mode(tmp_path) -> None:
     with pytest.raises(StorageError) as info:
         Ledger(db, read_only=True)
     assert info.value.reason == "wal_mode_required"
-    assert_cli_error(run_cli("--db", db, "reconcile", "--dry-run"), "StateConflict",
-                     reason="wal_mode_required")
+    assert_cli_error(run_cli("--explain", "--db", db, "reconcile", "--dry-run"),
+                     "StateConflict", reason="wal_mode_required")
     assert snapshot_tree(directory) == before
     with Ledger(db, clock=Clock(T0 + 5)) as led:  # a writer switches it back to WAL
         led.create_task()
@@ -685,5 +686,5 @@ def test_paths_owned_by_another_user_rejected(tmp_path) -> None:
         with pytest.raises(UnsafeLocation) as info:
             Ledger(db, read_only=ro)
         assert info.value.reason == "file_owned_by_other_user"
-    assert_cli_error(run_cli("--db", db, "init"), "InvalidInput",
+    assert_cli_error(run_cli("--explain", "--db", db, "init"), "InvalidInput",
                      reason="file_owned_by_other_user")

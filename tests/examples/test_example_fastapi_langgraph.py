@@ -1,7 +1,8 @@
 """examples/fastapi_langgraph for real: uvicorn started through the shipped entrypoint, HTTP
 requests with urllib, a LangGraph graph with an on-disk checkpointer recorded in the ledger;
-then the server is SIGKILLed mid-run and the restarted one's reconcile and recover() close the
-lost run and finish its thread."""
+then the server is SIGKILLed mid-run; the restarted one's reconcile closes the lost run and its
+background recovery resumes the thread while the server answers; killed during that recovery,
+the next start takes the thread over from the dead claim and finishes it."""
 
 from __future__ import annotations
 
@@ -89,9 +90,8 @@ def test_question_answered_recorded_and_delivered(
     assert api.call("GET", "/healthz") == (200, {"ok": True, "ledger_errors": 0})
 
 
-def test_killed_server_run_is_closed_and_its_thread_recovered(
-    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
-) -> None:
+def _kill_mid_gather(ledgers: Ledgers, tmp_path: Path, servers: list[Api]) -> str:
+    """A server whose tools hang, SIGKILLed while `gather` runs; returns the lost invocation."""
     slow = Api(ledgers, tmp_path / "slow.log", gather_seconds=300)  # the tools hang
     servers.append(slow)
     answers: list[Any] = []
@@ -107,37 +107,63 @@ def test_killed_server_run_is_closed_and_its_thread_recovered(
     asker.start()
     running = wait(lambda: tsg(ledgers.db, "tasks", "--status", "running")["task_ids"],
                    what="the run and its node attempt to be running")
-    invocation = next(i for i in running if tsg(ledgers.db, "get", i)["task"]["parent_id"]
-                      is None)
+    invocation: str = next(i for i in running
+                           if tsg(ledgers.db, "get", i)["task"]["parent_id"] is None)
     wait(lambda: [(c["name"], c["status"]) for c in tsg(
         ledgers.db, "children", invocation, "--extras")["children"]]
         == [("plan", "succeeded"), ("gather", "running")], what="gather to run")
     slow.service.kill()  # SIGKILL mid-run
     asker.join(60)
     assert answers and isinstance(answers[0], OSError)
+    return invocation
 
-    api = Api(ledgers, tmp_path / "api.log", gather_seconds=0)  # restarted; tools answer again
-    servers.append(api)
-    preview, applied = json_lines(api.service.log())  # the entrypoint's reconcile
+
+def test_killed_server_run_is_closed_and_its_thread_recovered(
+    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
+) -> None:
+    invocation = _kill_mid_gather(ledgers, tmp_path, servers)
+
+    # Restarted while the tools still hang: recovery resumes the thread in the background and
+    # the server answers meanwhile.
+    busy = Api(ledgers, tmp_path / "busy.log", gather_seconds=300)
+    servers.append(busy)
+    preview, applied = json_lines(busy.service.log())  # the entrypoint's reconcile
     assert preview["reconcile"]["tasks_timed_out"] == 2 and applied["reconcile"]["applied"]
     lost = tsg(ledgers.db, "get", invocation)["task"]
     assert (lost["status"], lost["terminal_code"]) == ("timed_out", "owner_lost")
-    status, recovery = api.call("GET", "/recovery")
-    assert status == 200
+    first_recovery = wait(
+        lambda: [t for t in tsg(ledgers.db, "tasks", "--status", "running")["task_ids"]
+                 if tsg(ledgers.db, "get", t)["task"]["parent_id"] == invocation],
+        what="the recovery run to start")[0]
+    assert busy.call("GET", "/recovery")[1]["running"] is True
+    assert busy.call("GET", "/healthz", timeout=10) == (200, {"ok": True, "ledger_errors": 0})
+    assert busy.call("GET", "/recovery")[1]["running"] is True  # still resuming meanwhile
+    assert "run lost (owner_lost): resuming thread chat-7" in busy.service.log()
+    busy.service.kill()  # killed during recovery
+
+    api = Api(ledgers, tmp_path / "api.log", gather_seconds=0)  # restarted; tools answer again
+    servers.append(api)
+    recovery = wait(lambda: (lambda r: r if r["passes"] and r["resumed"] else None)(
+        api.call("GET", "/recovery")[1]), what="the background recovery to resume the thread")
     assert recovery["lost"] == ["chat-7"] and recovery["resumed"] == ["chat-7"]
     (run,) = recovery["runs"]
     assert run["outcome"] == "succeeded"
-    assert "run lost (owner_lost): resuming thread chat-7" in api.service.log()
+    assert logical_task_id(run["recovers"]) == first_recovery  # the dead claim, taken over
 
-    # The recovery run is a child of the lost one in the ledger and finished the thread.
+    # The recovery run finished the thread; the lineage runs from the lost run through the
+    # dead recovery claim.
     resumed = tsg(ledgers.db, "get", logical_task_id(run["invocation_id"]), "--extras")["task"]
-    assert resumed["parent_id"] == invocation
+    assert resumed["parent_id"] == first_recovery
+    assert tsg(ledgers.db, "get", first_recovery)["task"]["parent_id"] == invocation
     assert (resumed["status"], resumed["terminal_code"]) == ("succeeded", "completed")
-    assert logical_task_id(run["recovers"]) == invocation
     assert run["invocation_id"] == recovery_invocation_id(run["recovers"])
-    assert api.call("GET", "/threads/chat-7") == (200, {
+    # Its answer waits with the thread until the client acknowledges it.
+    status, thread = api.call("GET", "/threads/chat-7")
+    assert status == 200 and thread == {
         "answer": "Celery runs tasks in worker processes that take messages from a broker.",
-        "next": []})
+        "next": [], "owed": run["invocation_id"]}
+    assert resumed["delivery_status"] == "pending"
     assert api.call("POST", f"/invocations/{run['invocation_id']}/delivered") == (
         200, {"delivery": "delivered"})
+    assert api.call("GET", "/threads/chat-7")[1]["owed"] is None
     assert tsg(ledgers.db, "doctor")["ok"] is True

@@ -49,8 +49,8 @@ def test_a_killed_service_is_recovered_by_another_from_postgresql(
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(HERE.parent / "langgraph"), os.environ.get("PYTHONPATH", "")]))
     service = subprocess.Popen(
-        [sys.executable, str(HERE / "lg_service.py"), ledger_url, database, str(marker),
-         "fleet-thread", "fleet-1"],
+        [sys.executable, str(HERE.parent / "langgraph" / "lg_crash_graph.py"), ledger_url,
+         database, str(marker), "fleet-thread", "fleet-1"],
         cwd=str(HERE), env=env, start_new_session=True,
     )
     try:

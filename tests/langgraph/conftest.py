@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
+from lg_procs import Stores, checkpoint_database
+from pg_fixtures import fresh_pg_url
 
 
 @pytest.fixture
@@ -22,6 +24,17 @@ def work(tmp_path: Path) -> Path:
 @pytest.fixture
 def db(work: Path) -> str:
     return str(work / "tasks.sqlite")
+
+
+@pytest.fixture
+def stores(backend: str, work: Path) -> Iterator[Stores]:
+    """A ledger and a checkpointer for real processes: SQLite files, or a PostgreSQL ledger
+    (a schema of its own) and a PostgreSQL checkpoint database."""
+    if backend == "sqlite":
+        yield Stores(str(work / "tasks.sqlite"), str(work / "checkpoints.sqlite"), work)
+        return
+    with fresh_pg_url() as url, checkpoint_database() as checkpoints:
+        yield Stores(url, checkpoints, work)
 
 
 @pytest.fixture

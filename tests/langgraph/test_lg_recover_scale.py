@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, StateGraph
 from lg_helpers import State
+from lg_procs import checkpoint_database
 from task_state_guard import Ledger
 from task_state_guard_langgraph import guard
-
-PG = "postgresql://postgres@127.0.0.1:5432/"
 
 
 @contextmanager
@@ -37,16 +34,8 @@ def _sqlite(work: Path, label: str) -> Iterator[Any]:
 
 @contextmanager
 def _postgres(work: Path, label: str) -> Iterator[Any]:
-    name = f"tsg_lg_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG + "test", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        with PostgresSaver.from_conn_string(PG + name) as saver:
-            saver.setup()
-            yield saver
-    finally:
-        with psycopg.connect(PG + "test", autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with checkpoint_database() as url, PostgresSaver.from_conn_string(url) as saver:
+        yield saver
 
 
 @contextmanager

@@ -169,8 +169,8 @@ def test_read_only_filesystem(tmp_path: Path) -> None:
             exc = ledger_error(lambda: Ledger(db).create_task())
             assert isinstance(exc, StorageError) and exc.reason == "database_not_writable"
             for args in (["create"], ["init"], ["reconcile"], ["prune", "--older-than", "0"]):
-                assert_cli_error(*run_cli("--db", str(db), *args), expected=("StateConflict",),
-                                 reason="database_not_writable")
+                assert_cli_error(*run_cli("--explain", "--db", str(db), *args),
+                                 expected=("StateConflict",), reason="database_not_writable")
             # Read-only commands still work on a read-only medium.
             code, report = doctor_cli(db)
             assert code == 0 and report is not None and report["task_count"] == len(ids)
@@ -291,9 +291,9 @@ def test_read_only_directory_through_the_cli(tmp_path: Path) -> None:
     os.chmod(db.parent, 0o500)
     try:
         env = cli_env()
-        proc = subprocess.run([*UNPRIVILEGED, sys.executable, "-m", "task_state_guard", "--db",
-                               str(db), "create"], capture_output=True, text=True, env=env,
-                              timeout=60, check=False)
+        proc = subprocess.run([*UNPRIVILEGED, sys.executable, "-m", "task_state_guard",
+                               "--explain", "--db", str(db), "create"],
+                              capture_output=True, text=True, env=env, timeout=60, check=False)
         assert_cli_error(proc.returncode, proc.stdout, proc.stderr, expected=("StateConflict",),
                          reason="directory_not_writable")
     finally:

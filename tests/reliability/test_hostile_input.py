@@ -121,6 +121,10 @@ def check_cli_contract(argv: list[str], code: int | str, out: str, err: str) -> 
     text_formats = ("metrics" in argv or "text" in argv)
     if text_formats and code == 0 and not out.startswith("{"):
         return  # Prometheus exposition or the status table
+    if "text" in argv and code == 2 and not out.startswith("{"):  # a --format text error
+        category = out.splitlines()[0].removeprefix("error: ")
+        assert category in ("InvalidInput", "TaskNotFound", "StateConflict"), out
+        return
     parsed = one_json_line(out)
     if code == 2:
         assert set(parsed) - {"reason"} == {"error", "ok"} and parsed["ok"] is False

@@ -61,7 +61,8 @@ class CeleryGuard(AdapterSurface):
     def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
         self.app = app
         self.runtime = AdapterRuntime(
-            settings, logger=log, subject="task", ids=IDS, on_lost=on_lost
+            settings, logger=log, subject="task", ids=IDS, on_lost=on_lost,
+            adapter=self.adapter_name,
         )
         self.runtime.fail_lost = self._fail_lost_result
         links = ReplaceLinks(self.runtime, app)

@@ -6,7 +6,14 @@ every node attempt as an internal child task in a TaskStateGuard ledger. See REA
 
 from task_state_guard.integration import LostTask
 
-from ._guard import METADATA_KEY, GuardedGraph, Recovery, RecoveryReport, guard
+from ._guard import (
+    METADATA_KEY,
+    GuardedGraph,
+    Recovery,
+    RecoveryReport,
+    RecoveryRunner,
+    guard,
+)
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
 from .heartbeat import heartbeat
@@ -20,6 +27,7 @@ __all__ = [
     "LostTask",
     "Recovery",
     "RecoveryReport",
+    "RecoveryRunner",
     "attempt_task_id",
     "guard",
     "heartbeat",

@@ -8,11 +8,11 @@ import os
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Generator
-from concurrent.futures import Future
 from typing import Any, Unpack, cast
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
+from langgraph.errors import GraphDrained
 from langgraph.types import Command
 from task_state_guard import Ledger
 from task_state_guard.integration import (
@@ -24,17 +24,27 @@ from task_state_guard.integration import (
 )
 
 from ._batch import BatchMixin
+from ._edits import EditsMixin
 from ._ids import INVOCATIONS, logical_task_id
-from ._invocation import METADATA_KEY, Invocation, thread_config, with_handler
-from ._recorder import Recorder
-from ._recovery import Recovery, RecoveryMixin, RecoveryReport
+from ._invocation import Invocation, finish_unstarted, with_handler
+from ._lineage import METADATA_KEY
+from ._recorder import Lane, Recorder
+from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
 from ._retries import RetryOracle
+from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
-__all__ = ["METADATA_KEY", "GuardedGraph", "Recovery", "RecoveryReport", "guard"]
+__all__ = [
+    "METADATA_KEY",
+    "GuardedGraph",
+    "Recovery",
+    "RecoveryReport",
+    "RecoveryRunner",
+    "guard",
+]
 
 
-class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
+class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -64,6 +74,13 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
         self._oracle = RetryOracle(graph)
         self._local = threading.local()
         self._defaults: dict[str, Any] = {}
+        # Shared with every with_config() copy: per process, not per view.
+        self._drained_here: set[str] = set()
+        self._seen_cancelled: set[str] = set()
+        self._seen_lost: set[str] = set()
+        self._recovery_controls: set[Any] = set()
+        self._runners: list[RecoveryRunner] = []
+        self.on_recovered: RecoveredHook | None = None
 
     def _merged(self, config: dict[str, Any] | None) -> dict[str, Any] | None:
         if not self._defaults:
@@ -123,10 +140,20 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
         ``interrupted``, ``failed`` or ``cancelled``."""
         return getattr(self._local, "outcome", None)
 
-    def close(self) -> None:
-        """Finish queued writes, stop the heartbeat and writer threads; close the ledger if
-        :func:`guard` opened it."""
+    def close(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery (its resumed runs are drained: the next start resumes
+        them; a thread runner is waited for up to ``timeout``), finish queued writes, stop the
+        heartbeat and writer threads; close the ledger if :func:`guard` opened it. In an
+        async app use ``await app.aclose()``."""
+        self.stop_recovery(timeout)
         self._rec.shutdown()
+
+    async def aclose(self, timeout: float = STOP_SECONDS) -> None:
+        """:meth:`close` for async apps: waits (up to ``timeout``) for background recovery's
+        resumed runs to drain at their next step boundary, then cancels the rest (closed
+        ``cancelled/interrupted``: resumed again at the next start), never blocking the loop."""
+        await self.astop_recovery(timeout)
+        await asyncio.to_thread(self._rec.shutdown)
 
     uninstall = close
 
@@ -139,33 +166,30 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     # -- invocation lifecycle ---------------------------------------------------------------
 
     def _begin(
-        self,
-        input: Any,
-        config: dict[str, Any] | None,
-        invocation_id: str | None,
-        previous: str | None,
-        *,
-        claim: bool = False,
-    ) -> Invocation | None:
-        inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
+        self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
+    ) -> Invocation:
+        inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
         self._local.invocation_id = inv
-        return self._open_run(config, inv, previous, claim, GuardCallbackHandler)
+        run = self._open_run(config, inv, parent, False, GuardCallbackHandler)
+        assert run is not None
+        return run
 
     async def _abegin(
-        self, config: dict[str, Any] | None, invocation_id: str | None, previous: str | None
+        self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
     ) -> Invocation:
-        """:meth:`_begin` for async runs: the ledger work runs on the writer thread, and the
-        invocation's running record is committed before this returns."""
-        inv = str(invocation_id) if invocation_id is not None else uuid.uuid4().hex
+        """:meth:`_begin` for async runs: the ledger work runs in the invocation's lane on a
+        writer thread, and the invocation's running record is committed before this returns."""
+        inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
         self._local.invocation_id = inv
-        future = self._rec.submit(
-            self._open_run, config, inv, previous, False, AsyncGuardCallbackHandler
+        lane = self._rec.lane()
+        future = lane.submit(
+            self._open_run, config, inv, parent, False, AsyncGuardCallbackHandler, lane
         )
         try:
             run = await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             # The caller gave up while the start was being written: close it once it is.
-            future.add_done_callback(_cancel_started)
+            future.add_done_callback(finish_unstarted)
             raise
         assert run is not None
         return run
@@ -174,73 +198,80 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
         self,
         config: dict[str, Any] | None,
         inv: str,
-        previous: str | None,
+        parent: str | None,
         claim: bool,
         handler_cls: type[GuardCallbackHandler],
+        lane: Lane | None = None,
+        *,
+        recovery: bool = False,
     ) -> Invocation | None:
+        """Start the invocation ``inv`` (a child of ledger task ``parent``, if the ledger has
+        it). ``claim``: None when it exists already (recovery lost the race)."""
         own = logical_task_id(inv)
-        parent: str | None = None
-        if previous is not None:
-            candidate = logical_task_id(previous)
-            if candidate != own and self._rec.get(candidate) is not None:
-                parent = candidate
+        if parent == own or (parent is not None and self._rec.get(parent) is None):
+            parent = None
         opened = self._rec.open(
             own,
             parent_id=parent,
             delivery_required=True,
             name=self._name,
             claim_errors=not claim,
+            framework_id=inv,
         )
         if not opened and claim:
             return None
+        lane = lane if lane is not None else self._rec.lane()
         # Not opened: run unrecorded (ledger down, or invocation id reused); no handler.
         task_id = own if opened else None
         handler: GuardCallbackHandler | None = None
         if opened and self._record_nodes:
-            handler = handler_cls._bound(self._rec, inv, own, self._oracle)
-        return Invocation(inv, task_id, handler, with_handler(config, handler, inv), self._rec)
+            handler = handler_cls._bound(self._rec, inv, own, self._oracle, lane)
+        cfg = with_handler(config, handler, inv)
+        return Invocation(inv, task_id, handler, cfg, self._rec, lane, recovery=recovery)
 
-    def _end(self, run: Invocation, exc: BaseException | None, output: Any = None) -> None:
-        self._local.outcome = run.finish(exc, output)
+    def _end(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
+        outcome = run.finish(exc, output)
+        self._finished(run, exc, outcome)
+        return outcome
 
-    async def _aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> None:
-        """:meth:`_end` with the closing write on the writer thread (it completes even when
+    async def _aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
+        """:meth:`_end` with the closing write in the invocation's lane (it completes even when
         the caller is cancelled meanwhile)."""
-        future = self._rec.submit(run.finish, exc, output)
-        self._local.outcome = await asyncio.shield(asyncio.wrap_future(future))
+        lane = run.lane if run.lane is not None else self._rec.lane()
+        future = lane.submit(run.finish, exc, output)
+        outcome = await asyncio.shield(asyncio.wrap_future(future))
+        self._finished(run, exc, outcome)
+        return outcome
 
-    def _previous(self, input: Any, config: dict[str, Any] | None) -> str | None:
-        if not (input is None or isinstance(input, Command)):
-            return None
-        saver = getattr(self._graph, "checkpointer", None)
-        lookup = thread_config(config)
-        if lookup is None or saver is None or isinstance(saver, bool):
-            return None
+    def _finished(self, run: Invocation, exc: BaseException | None, outcome: str) -> None:
+        self._local.outcome = outcome
+        if isinstance(exc, GraphDrained) and run.task_id is not None:
+            # Drained by this live process: its recovery passes leave it to the next start
+            # (or to another process).
+            self._drained_here.add(run.task_id)
 
-        def _get() -> str | None:
-            tup = saver.get_tuple(lookup)
-            value = (tup.metadata or {}).get(METADATA_KEY) if tup is not None else None
-            return str(value) if value is not None else None
+    def _continues(self, input: Any, kwargs: dict[str, Any]) -> bool:
+        """Whether a run continues its thread's lineage: input ``None`` or a ``Command``
+        (resume, goto), or ``durability="exit"`` (it writes no checkpoint before it ends, so
+        the ledger link is the only way recovery finds its thread)."""
+        return input is None or isinstance(input, Command) or kwargs.get("durability") == "exit"
 
-        return self._rec.rt.policy.call("link", _get)
+    def _previous(
+        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
+    ) -> str | None:
+        """Ledger id of the invocation a continuing run follows (see :meth:`_continues`)."""
+        if not self._continues(input, kwargs):
+            return None
+        named = self._thread_invocation(config)
+        return None if named is None else logical_task_id(named)
 
-    async def _aprevious(self, input: Any, config: dict[str, Any] | None) -> str | None:
-        if not (input is None or isinstance(input, Command)):
+    async def _aprevious(
+        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
+    ) -> str | None:
+        if not self._continues(input, kwargs):
             return None
-        saver = getattr(self._graph, "checkpointer", None)
-        lookup = thread_config(config)
-        if lookup is None or saver is None or isinstance(saver, bool):
-            return None
-        try:
-            try:
-                tup = await saver.aget_tuple(lookup)
-            except NotImplementedError:
-                tup = await asyncio.to_thread(saver.get_tuple, lookup)
-        except Exception as exc:
-            self._rec.rt.policy.error("link", exc)
-            return None
-        value = (tup.metadata or {}).get(METADATA_KEY) if tup is not None else None
-        return str(value) if value is not None else None
+        named = await self._athread_invocation(config)
+        return None if named is None else logical_task_id(named)
 
     # -- the four entry points --------------------------------------------------------------
 
@@ -254,8 +285,7 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     ) -> Any:
         """``graph.invoke`` recorded as one invocation (see the package README)."""
         config = self._merged(config)
-        run = self._begin(input, config, invocation_id, self._previous(input, config))
-        assert run is not None
+        run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
         try:
             out = self._graph.invoke(input, run.config, **kwargs)
         except BaseException as exc:
@@ -274,7 +304,7 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     ) -> Any:
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config)
+        previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
             out = await self._graph.ainvoke(input, run.config, **kwargs)
@@ -298,8 +328,7 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
         ``cancelled/caller_cancelled``.
         """
         config = self._merged(config)
-        run = self._begin(input, config, invocation_id, self._previous(input, config))
-        assert run is not None
+        run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
         try:
             yield from self._graph.stream(input, run.config, **kwargs)
         except BaseException as exc:
@@ -317,7 +346,7 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config)
+        previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
             async for chunk in self._graph.astream(input, run.config, **kwargs):
@@ -338,7 +367,7 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config)
+        previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
             async for event in self._graph.astream_events(
@@ -351,13 +380,6 @@ class GuardedGraph(BatchMixin, RecoveryMixin, AdapterSurface):
         await self._aend(run, None)
 
 
-def _cancel_started(future: Future[Invocation | None]) -> None:
-    # Runs on the writer thread once a start whose caller was cancelled is written.
-    run = None if future.cancelled() or future.exception() else future.result()
-    if run is not None:
-        run.finish(asyncio.CancelledError())
-
-
 def guard(
     graph: Any,
     db: str | os.PathLike[str] | None = None,
@@ -367,6 +389,7 @@ def guard(
     name: str | None = None,
     record_nodes: bool = True,
     on_lost: LostHook | None = None,
+    on_recovered: RecoveredHook | None = None,
     **settings: Unpack[SettingArgs],
 ) -> GuardedGraph:
     """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
@@ -380,13 +403,23 @@ def guard(
     handler, far less overhead). ``name`` overrides the graph name used as the invocation's
     label. Ledger errors are logged once per kind and counted (:meth:`GuardedGraph.stats`);
     ``strict=True`` raises them. ``on_lost`` is called with a
-    :class:`~task_state_guard.integration.LostTask` for each lost thread
-    :meth:`GuardedGraph.recover` finds.
+    :class:`~task_state_guard.integration.LostTask` for each lost thread a recovery pass
+    reports; ``on_recovered`` with the :class:`Recovery` of each run it resumed, once that run
+    ended (its ``output`` is the result the run owes: deliver it and mark it).
+
+    ``reconcile_interval_seconds`` > 0 reconciles the ledger that often in a daemon thread of
+    this process; :meth:`GuardedGraph.start_recovery` then runs a whole recovery pass (reconcile,
+    report, resume) at that interval instead.
     """
+    if on_recovered is not None and not callable(on_recovered):
+        raise TypeError("on_recovered must be callable")
     resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
     runtime = AdapterRuntime(
-        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost
+        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost,
+        adapter=GuardedGraph.adapter_name,
     )
     app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
+    app.on_recovered = on_recovered
     runtime.boot_reconcile("reconcile")
+    runtime.start_periodic_reconcile("periodic_reconcile")
     return app

@@ -56,4 +56,11 @@ class AttemptIds:
 def recovery_invocation_id(lost_invocation_id: str) -> str:
     """Invocation id of the run that recovers ``lost_invocation_id`` (deterministic, so two
     processes recovering at once race on one ledger task and only one wins the claim)."""
-    return "recover-" + uuid.uuid5(NAMESPACE, f"recover|{lost_invocation_id}").hex
+    return recovery_id_for_task(logical_task_id(lost_invocation_id))
+
+
+def recovery_id_for_task(lost_task_id: str) -> str:
+    """:func:`recovery_invocation_id` from the lost invocation's ledger id: recovery can
+    compute it for an invocation whose own id it never saw (one that died before writing its
+    first checkpoint is known only by its ledger record)."""
+    return "recover-" + uuid.uuid5(NAMESPACE, f"recover|{lost_task_id}").hex

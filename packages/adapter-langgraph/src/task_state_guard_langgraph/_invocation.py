@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import Future
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
 from task_state_guard.integration import Closing
 from task_state_guard.integration import codes as c
 
-from ._recorder import Recorder
+from ._lineage import METADATA_KEY
+from ._recorder import Lane, Recorder
 from ._retries import classify_error
 from .callbacks import GuardCallbackHandler
 
-#: Key under ``config["metadata"]`` (and so in every checkpoint's metadata) that holds the
-#: invocation id. Deliberately not ``run_id``: LangGraph treats a repeated metadata
-#: ``run_id`` as re-entry and ignores new input.
-METADATA_KEY = "tsg_invocation_id"
-
 
 class Invocation:
-    """Book-keeping for one running invocation."""
+    """Book-keeping for one running invocation.
+
+    ``lane``: where the ledger writes of an async run go, in order (see :class:`Lane`).
+    ``recovery``: a run started by recovery; it has no caller, so a cancellation is the
+    process stopping it: it closes ``cancelled/interrupted`` like a drained run and the next
+    recovery resumes the thread again.
+    """
 
     def __init__(
         self,
@@ -28,11 +32,16 @@ class Invocation:
         handler: GuardCallbackHandler | None,
         config: dict[str, Any],
         recorder: Recorder,
+        lane: Lane | None = None,
+        *,
+        recovery: bool = False,
     ) -> None:
         self.invocation_id = invocation_id
         self.task_id = task_id
         self.handler = handler
         self.config = config
+        self.lane = lane
+        self.recovery = recovery
         self._rec = recorder
         self._done = False
 
@@ -56,6 +65,8 @@ class Invocation:
             status, code = classify_error(exc)
             if status == c.SUCCEEDED:  # a stray ParentCommand at the top is a failure
                 status, code = c.FAILED, c.WORKER_FAILED
+            elif code == c.CALLER_CANCELLED and self.recovery:
+                code = c.INTERRUPTED  # stopped with its process: resumable, like a drain
             outcome = status
             leftover = (c.CANCELLED, c.CALLER_CANCELLED if status == c.CANCELLED else None)
         closings: list[Closing] = []
@@ -100,3 +111,11 @@ def thread_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
     if configurable.get("checkpoint_id"):
         inner["checkpoint_id"] = configurable["checkpoint_id"]
     return {"configurable": inner}
+
+
+def finish_unstarted(future: Future[Any]) -> None:
+    """Done-callback of a start (or a recovery claim) whose caller stopped waiting: once it is
+    written, close it as cancelled (a recovery run: ``cancelled/interrupted``, resumable)."""
+    run = None if future.cancelled() or future.exception() else future.result()
+    if isinstance(run, Invocation):
+        run.finish(asyncio.CancelledError())

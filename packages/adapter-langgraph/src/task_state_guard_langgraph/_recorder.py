@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -22,6 +23,58 @@ from task_state_guard import StateConflict
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
 
 T = TypeVar("T")
+
+#: Threads that run the ledger writes of async runs (per guarded graph and process).
+WRITER_THREADS = 4
+
+
+class Lane:
+    """Ledger calls of one async invocation: run in submission order, one at a time, on the
+    recorder's writer threads. Different invocations' lanes run side by side, so one slow
+    write (a ledger locked by another process) holds up its own invocation only."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._rec = recorder
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = deque()
+        self._busy = False
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` after every call submitted to this lane before it."""
+        future: Future[T] = Future()
+        with self._lock:
+            self._queue.append((fn, args, future))
+            if self._busy:
+                return future
+            self._busy = True
+        try:
+            self._rec.pool().submit(self._drain)
+        except BaseException:
+            with self._lock:
+                self._busy = False
+            raise
+        return future
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Await ``fn(*args)`` run in this lane. A cancelled caller stops waiting; the call
+        itself still completes."""
+        return await asyncio.wrap_future(self.submit(fn, *args))
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._busy = False
+                    return
+                fn, args, future = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
 
 class Recorder:
@@ -38,27 +91,31 @@ class Recorder:
         self._writer_pid = 0
         self._writer_lock = threading.Lock()
 
-    # -- the writer thread of async runs ----------------------------------------------------
+    # -- the writer threads of async runs ---------------------------------------------------
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Run ``fn(*args)`` on this recorder's writer thread (one per process, started on
-        first use): async entry points never touch SQLite on the event loop. One thread runs
-        the calls in submission order."""
+    def pool(self) -> ThreadPoolExecutor:
+        """The writer threads of this process (started on first use): async entry points
+        never touch the ledger on the event loop."""
         with self._writer_lock:
             if self._writer is None or self._writer_pid != os.getpid():
-                # A forked child never uses the parent's (dead) thread.
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="tsg-ledger-writer")
+                # A forked child never uses the parent's (dead) threads.
+                self._writer = ThreadPoolExecutor(
+                    WRITER_THREADS, thread_name_prefix="tsg-ledger-writer"
+                )
                 self._writer_pid = os.getpid()
-            writer = self._writer
-        return writer.submit(fn, *args)
+            return self._writer
+
+    def lane(self) -> Lane:
+        """A new lane (one per async invocation)."""
+        return Lane(self)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Await ``fn(*args)`` run on the writer thread (see :meth:`submit`). A cancelled
-        caller stops waiting; the call itself still completes."""
-        return await asyncio.wrap_future(self.submit(fn, *args))
+        """Await ``fn(*args)`` on a writer thread, unordered with any other call (reads, and
+        writes that need no order)."""
+        return await asyncio.wrap_future(self.pool().submit(fn, *args))
 
     def shutdown(self) -> None:
-        """Finish queued writes, stop the writer thread, then close the runtime."""
+        """Finish queued writes, stop the writer threads, then close the runtime."""
         with self._writer_lock:
             writer, self._writer = self._writer, None
             mine = self._writer_pid == os.getpid()
@@ -83,6 +140,10 @@ class Recorder:
         """The task, or None when it is missing or the ledger fails (counted)."""
         return self.rt.policy.call("lookup", lambda: self.rt.get(task_id))
 
+    def children(self, task_id: str) -> list[Any]:
+        """The direct children of ``task_id``, oldest first (raises ledger errors)."""
+        return self.rt.ledger.children_of(task_id)
+
     def open(
         self,
         task_id: str,
@@ -92,10 +153,12 @@ class Recorder:
         name: object,
         claim_errors: bool = True,
         closings: Sequence[Closing] = (),
+        framework_id: str | None = None,
     ) -> bool:
         """Create ``task_id`` (idempotent) and start it, in one transaction; True when this
         call started it (it is then heartbeaten until closed). ``closings`` (see
         :meth:`close_many`) are committed in the same transaction, before the start.
+        ``framework_id`` (an invocation id) is stored only when it is a canonical UUID.
 
         A task that exists but is no longer ``queued`` cannot be started again: counted as
         ``open:StateConflict`` unless ``claim_errors`` is False (used by ``recover()``, where
@@ -105,7 +168,7 @@ class Recorder:
             if closings:
                 self._close_and_start(closings, task_id, parent_id, delivery_required, name)
             else:
-                self._start(task_id, parent_id, delivery_required, name)
+                self._start(task_id, parent_id, delivery_required, name, framework_id)
         except StateConflict as exc:
             if claim_errors:
                 self.rt.policy.error("open", exc)
@@ -117,7 +180,12 @@ class Recorder:
         return True
 
     def _start(
-        self, task_id: str, parent_id: str | None, delivery_required: bool, name: object
+        self,
+        task_id: str,
+        parent_id: str | None,
+        delivery_required: bool,
+        name: object,
+        framework_id: str | None = None,
     ) -> None:
         self.rt.start_task(
             task_id,
@@ -125,6 +193,7 @@ class Recorder:
             delivery_required=delivery_required,
             name=name_label(name),
             owner=self.owner,
+            framework_id=framework_id,
         )
 
     def _close_and_start(

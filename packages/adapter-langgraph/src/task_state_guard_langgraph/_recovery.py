@@ -1,60 +1,157 @@
-"""Crash recovery: resume the checkpointer threads whose last invocation was lost."""
+"""Recovery: resume the threads whose last invocation was lost or drained, report the others.
+
+One pass: reconcile the ledger (a dead process's invocations become ``timed_out``), list the
+checkpointer's threads, find each thread's head (:mod:`._lineage`) and classify it:
+
+- ``timed_out`` (**lost**: its process died, or it went stale): reported (``on_lost``) and,
+  when the thread still has work, resumed;
+- ``cancelled/interrupted`` (**drained**: ``RunControl.request_drain()``, or a resumed run
+  stopped with its process): resumed, not reported as lost;
+- ``cancelled/caller_cancelled`` (the caller gave up, e.g. a client disconnected mid-stream)
+  with work left: reported in :attr:`RecoveryReport.cancelled`, never resumed (a cancel is
+  the caller's decision).
+
+Resuming is ``invoke(None)`` as a new invocation, a child of the head, whose id is derived from
+the head's ledger id: starting it is the claim (exactly one process wins it). A claim that
+died with its process is itself a lost head, and the next pass takes the thread over from it.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from langgraph.runtime import RunControl
 from task_state_guard.integration import LostTask
 from task_state_guard.integration import codes as c
 
-from ._ids import logical_task_id, recovery_invocation_id
-from ._invocation import METADATA_KEY, Invocation
+from ._ids import recovery_id_for_task
+from ._invocation import Invocation, finish_unstarted
+from ._lineage import (
+    Head,
+    acheckpoint_invocation,
+    aget_tuple,
+    checkpoint_invocation,
+    resume_pending,
+    thread_head,
+)
 from ._threads import athread_ids, thread_ids
-from .callbacks import logger
+from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
 if TYPE_CHECKING:
     from ._recorder import Recorder
 
+LOST = "lost"
+DRAINED = "drained"
+CANCELLED = "cancelled"
+
+#: Resumed runs of one recovery pass that run at the same time, unless told otherwise.
+DEFAULT_CONCURRENCY = 4
+
+RecoveredHook = Callable[["Recovery"], object]
+
 
 @dataclass(frozen=True)
 class Recovery:
-    """One thread handled by :meth:`GuardedGraph.recover`."""
+    """One thread resumed by a recovery pass."""
 
     thread_id: str
-    #: Invocation id of the new (recovering) invocation.
+    #: Invocation id of the new (recovering) invocation: it carries the delivery obligation.
     invocation_id: str
-    #: Invocation id of the lost invocation it recovers (its ledger parent).
-    recovers: str
+    #: Invocation id of the invocation it recovers (its ledger parent), when known: ``None``
+    #: for a continuation that died before writing a checkpoint under an id that is not a
+    #: canonical UUID (only its ledger id, :attr:`recovers_task_id`, is known).
+    recovers: str | None
     #: ``"succeeded"``, ``"interrupted"``, ``"failed"`` or ``"cancelled"``.
     outcome: str
     #: Exception class name when the resumed run raised (the run's error is not re-raised).
     error: str | None = None
+    #: Why the thread was resumed: ``"lost"`` or ``"drained"``.
+    cause: str = LOST
+    #: Ledger id of the recovered invocation.
+    recovers_task_id: str = field(default="", compare=False)
+    #: What the resumed run returned (in memory only, never stored): the result it owes.
+    output: Any = field(default=None, compare=False, repr=False)
 
 
 class RecoveryReport(list[Recovery]):
-    """What :meth:`GuardedGraph.recover` did: a list of the :class:`Recovery` of each thread it
-    resumed (as before), plus :attr:`lost` and :attr:`resumed`.
+    """What one recovery pass did: a list of the :class:`Recovery` of each thread it resumed,
+    plus :attr:`lost`, :attr:`cancelled`, :attr:`claimed_elsewhere` and :attr:`resumed`.
 
-    ``lost``: every thread whose last invocation the ledger shows lost (``timed_out``), in the
-    order examined, whether or not it could be resumed (a thread waiting at an interrupt or
-    whose task failed is lost but not resumed; so is one another process claimed first).
-    ``resumed``: the threads this call resumed.
+    ``lost``: the threads whose loss this pass reported (``on_lost`` called here), in the order
+    examined, whether or not they could be resumed (a thread waiting at an interrupt or whose
+    task failed is lost but not resumed). A thread another process claimed first is that
+    process's to report. ``cancelled``: threads whose last run was cancelled by its caller
+    with work left (never resumed). ``claimed_elsewhere``: threads another process was
+    resuming first.
     """
 
     lost: list[str]
+    cancelled: list[str]
+    claimed_elsewhere: int
 
     def __init__(self) -> None:
         super().__init__()
         self.lost = []
+        self.cancelled = []
+        self.claimed_elsewhere = 0
 
     @property
     def resumed(self) -> list[str]:
-        """The thread ids this call resumed, in order."""
+        """The thread ids this pass resumed, in order."""
         return [r.thread_id for r in self]
+
+
+@dataclass(frozen=True)
+class PassArgs:
+    """What a recovery pass runs with (the arguments of :meth:`RecoveryMixin.recover`)."""
+
+    config: dict[str, Any] | None
+    thread_ids: list[str] | None
+    max_concurrency: int | None
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Finding:
+    thread_id: str
+    head: Head
+    kind: str
+    #: ``invoke(None)`` would run something: work left, no failed task, no interrupt waiting
+    #: for a human (unless its answer is saved).
+    resumable: bool
+    #: The thread has work left at all.
+    work_left: bool
+
+
+@dataclass(frozen=True)
+class _Claim:
+    finding: _Finding
+    run: Invocation
+
+
+def _kind(head: Head) -> str | None:
+    task = head.task
+    if task.status == c.TIMED_OUT:
+        return LOST
+    if task.status == c.CANCELLED and task.terminal_code == c.INTERRUPTED:
+        return DRAINED
+    if task.status == c.CANCELLED and task.terminal_code == c.CALLER_CANCELLED:
+        return CANCELLED
+    return None
+
+
+def _finding(thread_id: str, head: Head, kind: str, state: Any, tup: Any) -> _Finding:
+    work_left = bool(state.next)
+    failed = any(t.error is not None for t in state.tasks)
+    waiting = any(t.interrupts for t in state.tasks) and not resume_pending(tup)
+    return _Finding(thread_id, head, kind, work_left and not failed and not waiting, work_left)
 
 
 class RecoveryMixin:
@@ -62,207 +159,375 @@ class RecoveryMixin:
 
     _graph: Any
     _rec: Recorder
+    _drained_here: set[str]
+    _recovery_controls: set[RunControl]
+    _seen_cancelled: set[str]
+    _seen_lost: set[str]
+    on_recovered: RecoveredHook | None
 
     if TYPE_CHECKING:  # provided by GuardedGraph
-        _begin: Callable[..., Invocation | None]
-        _end: Callable[..., None]
+        _open_run: Callable[..., Invocation | None]
+        _end: Callable[..., str]
+        _aend: Callable[..., Awaitable[str]]
 
         @property
         def ledger(self) -> Any: ...
 
-        @property
-        def last_outcome(self) -> str | None: ...
+    # -- examining a thread -----------------------------------------------------------------
 
-    def _thread_ids(self, saver: Any) -> list[str]:
-        if self._nothing_lost():
-            return []
-        return thread_ids(saver)
-
-    def _nothing_lost(self) -> bool:
-        """True when the ledger holds no ``timed_out`` task at all: no invocation can be lost,
-        so the checkpointer is not read."""
+    def _nothing_to_recover(self) -> bool:
+        """True when the ledger holds no ``timed_out`` and no ``cancelled`` task at all: no
+        invocation can be lost, drained or abandoned, so the checkpointer is not read."""
         ledger = self.ledger
-        return ledger is not None and not ledger.find_task_ids(c.TIMED_OUT, limit=1)
-
-    def _lost_from_checkpoint(self, tup: Any) -> str | None:
-        """The lost invocation id recorded in a thread's latest checkpoint, if it is lost."""
-        found = self._lost_task(tup)
-        return None if found is None else found[0]
-
-    def _lost_task(self, tup: Any) -> tuple[str, Any] | None:
-        """``(invocation id, logical task)`` of a thread's latest checkpoint, if it is lost."""
-        if tup is None:
-            return None
-        lost = (tup.metadata or {}).get(METADATA_KEY)
-        if lost is None:
-            return None  # never ran under the guard: no proof it is not running elsewhere
-        task = self._rec.get(logical_task_id(str(lost)))
-        if task is None or task.status != c.TIMED_OUT:
-            return None  # unknown, or still running / closed by its own process
-        return str(lost), task
-
-    def _found_lost(self, report: RecoveryReport, thread_id: str, found: tuple[str, Any]) -> None:
-        """Note a lost thread in the report and fire the ``on_lost`` hook for it."""
-        invocation, task = found
-        report.lost.append(thread_id)
-        self._rec.rt.notify_lost(
-            LostTask(invocation, task.id, task.name, str(task.terminal_code), thread_id)
+        return ledger is not None and not any(
+            ledger.find_task_ids(status, limit=1) for status in (c.TIMED_OUT, c.CANCELLED)
         )
 
-    @staticmethod
-    def _resumable(state: Any) -> bool:
-        if not state.next:
-            return False  # the thread finished
-        # A pending interrupt waits for a human; a failed task is not a crash.
-        return not any(t.interrupts or t.error is not None for t in state.tasks)
+    def _head(self, named: str) -> tuple[Head, str] | None:
+        rt = self._rec.rt
+        head = thread_head(rt.get, self._rec.children, named)
+        if head is None:
+            return None  # unknown to the ledger: no proof it is not running elsewhere
+        kind = _kind(head)
+        if kind is None or (kind == DRAINED and head.task.id in self._drained_here):
+            return None  # a drain by this live process is left to the next start
+        return head, kind
 
-    def _lost_invocation(
-        self, saver: Any, thread_id: str, report: RecoveryReport
-    ) -> str | None:
-        """Invocation id of the thread's last invocation when it is lost and resumable."""
-        lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-        found = self._lost_task(saver.get_tuple(lookup))
+    def _examine(self, saver: Any, thread_id: str) -> _Finding | None:
+        tup = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+        named = checkpoint_invocation(saver, tup)
+        found = None if named is None else self._head(named)
         if found is None:
             return None
-        self._found_lost(report, thread_id, found)
         state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
-        return found[0] if self._resumable(state) else None
+        return _finding(thread_id, *found, state, tup)
 
-    async def _alost_invocation(
-        self, saver: Any, thread_id: str, report: RecoveryReport
-    ) -> str | None:
-        lookup = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-        try:
-            tup = await saver.aget_tuple(lookup)
-        except NotImplementedError:
-            tup = saver.get_tuple(lookup)
-        found = self._lost_task(tup)
+    async def _aexamine(self, saver: Any, thread_id: str) -> _Finding | None:
+        tup = await aget_tuple(
+            saver, {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+        )
+        named = await acheckpoint_invocation(saver, tup)
+        found = None if named is None else await self._rec.call(self._head, named)
         if found is None:
             return None
-        self._found_lost(report, thread_id, found)
         state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
-        return found[0] if self._resumable(state) else None
+        return _finding(thread_id, *found, state, tup)
 
-    async def _athread_ids(self, saver: Any) -> list[str]:
-        if await asyncio.to_thread(self._nothing_lost):
-            return []
-        return await athread_ids(saver)
+    # -- settling a finding: claim, report ----------------------------------------------------
+
+    def _settle(
+        self,
+        finding: _Finding,
+        config: dict[str, Any] | None,
+        report: RecoveryReport,
+        handler_cls: type[GuardCallbackHandler],
+    ) -> Invocation | None:
+        """Claim the thread's resumption when it can be resumed and report what needs it
+        (ledger writes: off the event loop in async passes). Returns the claimed run."""
+        if finding.kind == CANCELLED:
+            if finding.work_left:
+                report.cancelled.append(finding.thread_id)
+                if finding.head.task.id not in self._seen_cancelled:
+                    self._seen_cancelled.add(finding.head.task.id)
+                    logger.info(
+                        "recovery: a thread's last run was cancelled by its caller with work "
+                        "left; it is reported, not resumed"
+                    )
+            return None
+        run: Invocation | None = None
+        if finding.resumable:
+            run = self._claim(finding, config, handler_cls)
+            if run is None:
+                report.claimed_elsewhere += 1
+                logger.info("recovery: another process is resuming a thread; left to it")
+                return None
+        task = finding.head.task
+        if finding.kind == LOST and (run is not None or task.id not in self._seen_lost):
+            # Reported by the process that resumes it; one that cannot be resumed, once per
+            # process.
+            self._seen_lost.add(task.id)
+            report.lost.append(finding.thread_id)
+            framework_id = finding.head.invocation_id or task.id
+            self._rec.rt.notify_lost(
+                LostTask(framework_id, task.id, task.name, str(task.terminal_code),
+                         finding.thread_id)
+            )
+        return run
 
     def _claim(
-        self, config: dict[str, Any] | None, thread_id: str, lost: str
-    ) -> tuple[Invocation, str] | None:
-        """Start the recovering invocation of ``lost`` (None: another process claimed it)."""
-        base = dict(config or {})
-        base["configurable"] = {**(base.get("configurable") or {}), "thread_id": thread_id}
-        new_id = recovery_invocation_id(lost)
-        run = self._begin(None, base, new_id, lost, claim=True)
-        return None if run is None else (run, new_id)
-
-    def _resumed(
         self,
-        run: Invocation,
-        thread_id: str,
-        new_id: str,
-        lost: str,
-        exc: Exception | None,
-        out: Any,
+        finding: _Finding,
+        config: dict[str, Any] | None,
+        handler_cls: type[GuardCallbackHandler],
+    ) -> Invocation | None:
+        """Start the recovering invocation (None: another process started it first)."""
+        base = dict(config or {})
+        base["configurable"] = {
+            **(base.get("configurable") or {}), "thread_id": finding.thread_id
+        }
+        head = finding.head.task
+        return self._open_run(
+            base, recovery_id_for_task(head.id), head.id, True, handler_cls, recovery=True
+        )
+
+    # -- resuming -----------------------------------------------------------------------------
+
+    def _control(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], RunControl | None]:
+        """The resumed run's kwargs with a drain control of its own (the caller's, if given):
+        stopping the recovery drains it, so the next start resumes it again."""
+        if kwargs.get("control") is not None:
+            return kwargs, None
+        control = RunControl()
+        with _CONTROLS_LOCK:
+            self._recovery_controls.add(control)
+        return {**kwargs, "control": control}, control
+
+    def _release(self, control: RunControl | None) -> None:
+        if control is not None:
+            with _CONTROLS_LOCK:
+                self._recovery_controls.discard(control)
+
+    def drain_recoveries(self, reason: str = "shutdown") -> int:
+        """Ask every resumed run of this process to stop at its next step boundary (it closes
+        ``cancelled/interrupted`` and the next recovery resumes it); returns how many."""
+        with _CONTROLS_LOCK:
+            controls = list(self._recovery_controls)
+        for control in controls:
+            control.request_drain(reason)
+        return len(controls)
+
+    def _recovery(
+        self, claim: _Claim, outcome: str, exc: BaseException | None, out: Any
     ) -> Recovery:
-        """Close the recovering invocation; its error is reported, not raised."""
-        self._end(run, exc, out)
         error = None if exc is None else type(exc).__name__
         if error is not None:
             logger.warning("recovery: the resumed run raised %s", error)
-        return Recovery(thread_id, new_id, lost, str(self.last_outcome), error)
+        finding = claim.finding
+        return Recovery(
+            finding.thread_id,
+            claim.run.invocation_id,
+            finding.head.invocation_id,
+            outcome,
+            error,
+            finding.kind,
+            finding.head.task.id,
+            out,
+        )
+
+    def _resume(self, claim: _Claim, kwargs: dict[str, Any]) -> Recovery:
+        run_kwargs, control = self._control(kwargs)
+        try:
+            try:
+                out = self._graph.invoke(None, claim.run.config, **run_kwargs)
+            except Exception as exc:
+                recovery = self._recovery(claim, self._end(claim.run, exc), exc, None)
+            except BaseException as exc:
+                self._end(claim.run, exc)
+                raise
+            else:
+                recovery = self._recovery(claim, self._end(claim.run, None, out), None, out)
+        finally:
+            self._release(control)
+        self._delivered_to_hook(recovery)
+        return recovery
+
+    async def _aresume(self, claim: _Claim, kwargs: dict[str, Any]) -> Recovery:
+        run_kwargs, control = self._control(kwargs)
+        try:
+            try:
+                out = await self._graph.ainvoke(None, claim.run.config, **run_kwargs)
+            except Exception as exc:
+                outcome = await self._aend(claim.run, exc)
+                recovery = self._recovery(claim, outcome, exc, None)
+            except BaseException as exc:
+                await self._aend(claim.run, exc)
+                raise
+            else:
+                outcome = await self._aend(claim.run, None, out)
+                recovery = self._recovery(claim, outcome, None, out)
+        finally:
+            self._release(control)
+        result = self._delivered_to_hook(recovery)
+        if result is not None:
+            try:
+                await result
+            except Exception as exc:
+                self._rec.rt.policy.record("on_recovered", exc)
+        return recovery
+
+    def _delivered_to_hook(self, recovery: Recovery) -> Awaitable[Any] | None:
+        """Hand a resumed run's result to ``on_recovered`` (its awaitable, if it returned one,
+        is for the caller to await); a failing hook is counted, never raised."""
+        hook = self.on_recovered
+        if hook is None:
+            _warn_no_hook()
+            return None
+        try:
+            result = hook(recovery)
+        except Exception as exc:
+            self._rec.rt.policy.record("on_recovered", exc)
+            return None
+        return result if inspect.isawaitable(result) else None
+
+    # -- the passes ---------------------------------------------------------------------------
 
     def recover(
         self,
         config: dict[str, Any] | None = None,
         *,
         thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
         **kwargs: Any,
     ) -> RecoveryReport:
-        """Resume the threads whose last invocation was lost in a crash.
+        """One recovery pass in the calling thread (see the module docstring and the README).
 
-        Reconciles the ledger first (a dead owner's invocation becomes
-        ``timed_out/owner_lost``), then, for every checkpointer thread whose last checkpoint
-        was written by an invocation the ledger shows ``timed_out`` and that still has work
-        (not finished, not waiting at an interrupt, not failed), runs ``invoke(None, ...)`` as
-        a new invocation with id :func:`recovery_invocation_id` (lost id), recorded as a child
-        of the lost invocation. Two processes recovering at once: only one wins each thread.
-        ``config`` (callbacks, tags...) and ``kwargs`` (e.g. ``durability``) are passed to
-        every resumed run. Errors of a resumed run are reported in the result, not raised.
-
-        Returns a :class:`RecoveryReport`: the list of resumed threads' :class:`Recovery`, with
-        ``.lost`` (every thread found lost) and ``.resumed`` (the thread ids resumed). The
-        ``on_lost`` hook fires once per lost thread found, before it is resumed, with a
-        :class:`~task_state_guard.integration.LostTask` (lost invocation id, ledger id, graph
-        name, code, thread id).
+        Reconciles the ledger, then examines every checkpointer thread (or ``thread_ids``):
+        a thread whose last invocation was lost is reported (``on_lost``) and, when it still
+        has work, resumed; a drained one is resumed; one cancelled by its caller is reported
+        in ``.cancelled``. Each resumption is ``invoke(None, ...)`` as a new invocation
+        :func:`~task_state_guard_langgraph.recovery_invocation_id`, a child of the one it
+        recovers; at most ``max_concurrency`` (default 4) run at once, in threads. ``config``
+        and ``kwargs`` (e.g. ``durability``) go to every resumed run; its error is reported,
+        not raised, and its result handed to ``on_recovered``. Returns a
+        :class:`RecoveryReport`.
         """
-        results = RecoveryReport()
+        return self._recover_pass(PassArgs(config, thread_ids, max_concurrency, kwargs))
+
+    def _recover_pass(self, args: PassArgs) -> RecoveryReport:
+        report = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or self.ledger is None:
-            return results
-        self._rec.rt.guarded_reconcile("reconcile")
-        ids = thread_ids
+            return report
+        policy = self._rec.rt.policy
+        # guard()'s own pass logs at INFO; a recovery pass that changed nothing, at DEBUG.
+        self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=True)
+        config, kwargs = args.config, args.kwargs
+        ids = args.thread_ids
         if ids is None:
-            ids = self._rec.rt.policy.call("recover", lambda: self._thread_ids(saver)) or []
-        for thread_id in ids:
-            lost = self._rec.rt.policy.call(
-                "recover", partial(self._lost_invocation, saver, thread_id, results)
-            )
-            if lost is None:
-                continue
-            claimed = self._claim(config, thread_id, lost)
-            if claimed is None:
-                continue  # another process claimed this recovery
-            run, new_id = claimed
-            try:
-                out = self._graph.invoke(None, run.config, **kwargs)
-            except Exception as exc:
-                results.append(self._resumed(run, thread_id, new_id, lost, exc, None))
-            else:
-                results.append(self._resumed(run, thread_id, new_id, lost, None, out))
-        return results
+            ids = policy.call("recover", partial(self._thread_ids, saver)) or []
+        limit = max(1, args.max_concurrency or DEFAULT_CONCURRENCY)
+        with ThreadPoolExecutor(limit, thread_name_prefix="tsg-recovery") as pool:
+            futures = []
+            for thread_id in ids:
+                finding = policy.call("recover", partial(self._examine, saver, thread_id))
+                if finding is None:
+                    continue
+                run = policy.call(
+                    "recover",
+                    partial(self._settle, finding, config, report, GuardCallbackHandler),
+                )
+                if run is not None:
+                    claim = _Claim(finding, run)
+                    futures.append(pool.submit(self._resume, claim, kwargs))
+            report.extend(f.result() for f in futures)
+        return report
+
+    def _thread_ids(self, saver: Any) -> list[str]:
+        return [] if self._nothing_to_recover() else thread_ids(saver)
+
+    async def _athread_ids(self, saver: Any) -> list[str]:
+        if await self._rec.call(self._nothing_to_recover):
+            return []
+        return await athread_ids(saver)
 
     async def arecover(
         self,
         config: dict[str, Any] | None = None,
         *,
         thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
         **kwargs: Any,
     ) -> RecoveryReport:
-        """Async :meth:`recover` (for async checkpointers such as ``AsyncSqliteSaver``):
-        same selection, claims, report and hook, each thread resumed with
-        ``ainvoke(None, ...)``."""
-        results = RecoveryReport()
+        """:meth:`recover` for async checkpointers (``AsyncSqliteSaver``, ``AsyncPostgresSaver``):
+        the same pass, every ledger call on a worker thread (the event loop keeps serving),
+        each thread resumed with ``ainvoke(None, ...)``, at most ``max_concurrency`` at once."""
+        return await self._arecover_pass(PassArgs(config, thread_ids, max_concurrency, kwargs))
+
+    async def _arecover_pass(self, args: PassArgs) -> RecoveryReport:
+        report = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
-        if saver is None or isinstance(saver, bool) or self.ledger is None:
-            return results
-        self._rec.rt.guarded_reconcile("reconcile")
+        if saver is None or isinstance(saver, bool) or await self._rec.call(self._no_ledger):
+            return report
         errors = self._rec.rt.policy
-        ids = thread_ids
+        await self._rec.call(
+            partial(self._rec.rt.guarded_reconcile, "reconcile", quiet_when_unchanged=True))
+        config, kwargs = args.config, args.kwargs
+        ids = args.thread_ids
         if ids is None:
             try:
                 ids = await self._athread_ids(saver)
             except Exception as exc:
                 errors.error("recover", exc)
                 ids = []
-        for thread_id in ids:
+        gate = asyncio.Semaphore(max(1, args.max_concurrency or DEFAULT_CONCURRENCY))
+        resumes: list[asyncio.Task[Recovery]] = []
+
+        async def resume(claim: _Claim) -> Recovery:
             try:
-                lost = await self._alost_invocation(saver, thread_id, results)
-            except Exception as exc:
-                errors.error("recover", exc)
-                continue
-            if lost is None:
-                continue
-            claimed = self._claim(config, thread_id, lost)
-            if claimed is None:
-                continue
-            run, new_id = claimed
-            try:
-                out = await self._graph.ainvoke(None, run.config, **kwargs)
-            except Exception as exc:
-                results.append(self._resumed(run, thread_id, new_id, lost, exc, None))
-            else:
-                results.append(self._resumed(run, thread_id, new_id, lost, None, out))
-        return results
+                return await self._aresume(claim, kwargs)
+            finally:
+                gate.release()
+
+        try:
+            for thread_id in ids:
+                try:
+                    finding = await self._aexamine(saver, thread_id)
+                except Exception as exc:
+                    errors.error("recover", exc)
+                    continue
+                if finding is None:
+                    continue
+                # A slot first: a claimed run always starts (never held by a full gate).
+                await gate.acquire()
+                settling = self._rec.pool().submit(
+                    self._settle, finding, config, report, AsyncGuardCallbackHandler
+                )
+                try:
+                    run = await asyncio.shield(asyncio.wrap_future(settling))
+                except asyncio.CancelledError:
+                    settling.add_done_callback(finish_unstarted)  # a claim made meanwhile
+                    raise
+                except Exception as exc:
+                    errors.error("recover", exc)
+                    run = None
+                if run is None:
+                    gate.release()
+                    continue
+                resumes.append(asyncio.ensure_future(resume(_Claim(finding, run))))
+            report.extend(await asyncio.gather(*resumes))
+        except BaseException:
+            for task in resumes:
+                task.cancel()  # a resumed run stopped with its pass closes resumable
+            await asyncio.gather(*resumes, return_exceptions=True)
+            raise
+        return report
+
+    def _no_ledger(self) -> bool:
+        return self.ledger is None
+
+
+_CONTROLS_LOCK = threading.Lock()
+_warned = threading.Event()
+
+
+def _warn_no_hook() -> None:
+    if not _warned.is_set():
+        _warned.set()
+        logger.warning(
+            "recovery: a resumed run's result is owed to the user of the run it recovers and "
+            "no on_recovered hook is set; deliver it from the RecoveryReport and mark it, or "
+            "reconcile fails its delivery after the delivery grace"
+        )
+
+
+__all__ = [
+    "CANCELLED",
+    "DEFAULT_CONCURRENCY",
+    "DRAINED",
+    "LOST",
+    "PassArgs",
+    "RecoveredHook",
+    "Recovery",
+    "RecoveryMixin",
+    "RecoveryReport",
+]

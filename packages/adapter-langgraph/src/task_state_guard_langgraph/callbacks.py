@@ -19,7 +19,7 @@ from task_state_guard.integration import AdapterRuntime, Closing, resolve_settin
 from task_state_guard.integration import codes as c
 
 from ._ids import AttemptIds, logical_task_id
-from ._recorder import Recorder
+from ._recorder import Lane, Recorder
 from ._retries import RetryOracle, classify_error
 
 logger = logging.getLogger("task_state_guard_langgraph")
@@ -86,7 +86,8 @@ class GuardCallbackHandler(GraphCallbackHandler):
         settings = resolve_settings(
             db_required=False, strict=strict, heartbeat_seconds=heartbeat_seconds
         )
-        runtime = AdapterRuntime(settings, logger=logger, subject="graph", ledger=ledger)
+        runtime = AdapterRuntime(settings, logger=logger, subject="graph", ledger=ledger,
+                                 adapter="langgraph")
         self._init(
             Recorder(runtime, owner=owner),
             invocation_id=invocation_id,
@@ -103,8 +104,11 @@ class GuardCallbackHandler(GraphCallbackHandler):
         invocation_task: str | None,
         oracle: RetryOracle | None,
         owns_root: bool,
+        lane: Lane | None = None,
     ) -> None:
         self._rec = recorder
+        # Where the async variant's writes go, in event order (one lane per invocation).
+        self._lane = lane if lane is not None else recorder.lane()
         self.raise_error = recorder.strict
         self._invocation_id = invocation_id
         self._invocation_task = invocation_task
@@ -126,6 +130,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
         invocation_id: str,
         invocation_task: str | None,
         oracle: RetryOracle | None,
+        lane: Lane | None = None,
     ) -> GuardCallbackHandler:
         """Handler for one wrapper invocation (the wrapper records the invocation itself)."""
         self = cls.__new__(cls)
@@ -136,6 +141,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
             invocation_task=invocation_task,
             oracle=oracle,
             owns_root=False,
+            lane=lane,
         )
         return self
 
@@ -322,9 +328,10 @@ class GuardCallbackHandler(GraphCallbackHandler):
 
 class AsyncGuardCallbackHandler(GuardCallbackHandler):
     """:class:`GuardCallbackHandler` for async runs (``ainvoke``, ``astream``,
-    ``astream_events``): every ledger write runs on the recorder's writer thread and is awaited,
-    so the event loop never waits for SQLite (not even while another process holds the ledger
-    locked), events keep their order, and a node starts only once its attempt is committed.
+    ``astream_events``): every ledger write runs on one of the recorder's writer threads, in the
+    invocation's own lane, and is awaited, so the event loop never waits for the ledger (not
+    even while another process holds it locked), events keep their order, and a node starts
+    only once its attempt is committed.
     Events that write nothing (ends of node attempts, whose closes ride with the next write,
     routing functions) are handled inline.
     """
@@ -359,7 +366,7 @@ class AsyncGuardCallbackHandler(GuardCallbackHandler):
         with self._lock:
             tracked = parent_run_id is not None and parent_run_id in self._runs
         if _is_node_run(tags, metadata) or not tracked:
-            await self._rec.call(start)  # may write: a node attempt, or a stand-alone root
+            await self._lane.call(start)  # may write: a node attempt, or a stand-alone root
         else:
             start()
 
@@ -368,7 +375,7 @@ class AsyncGuardCallbackHandler(GuardCallbackHandler):
     ) -> None:
         end = partial(GuardCallbackHandler.on_chain_end, self, outputs, run_id=run_id, **kwargs)
         if self._writes_on_end(run_id):
-            await self._rec.call(end)
+            await self._lane.call(end)
         else:
             end()
 
@@ -377,6 +384,6 @@ class AsyncGuardCallbackHandler(GuardCallbackHandler):
     ) -> None:
         fail = partial(GuardCallbackHandler.on_chain_error, self, error, run_id=run_id, **kwargs)
         if self._writes_on_end(run_id):
-            await self._rec.call(fail)
+            await self._lane.call(fail)
         else:
             fail()

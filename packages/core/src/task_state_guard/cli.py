@@ -5,16 +5,21 @@ Except for ``--help``, ``--version``, ``metrics`` and ``--format text`` (their t
 key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress lines on
 stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
 Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
-unexpected internal error. Rejected values, paths and exception texts are never echoed: errors
-name their category, one of 0.1.0's ``InvalidInput``, ``TaskNotFound`` and ``StateConflict``
-(a storage or identity problem, ``LedgerBusy`` included, is a ``StateConflict``; an unsafe
-location an ``InvalidInput``), or ``InternalError``; a usage or storage error adds
-``"reason"``, the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`.
+unexpected internal error (also when the output cannot be written: a closed or full stdout).
+Rejected values, paths and exception texts are never echoed: an error line is exactly the
+specification's ``{"error":"<category>","ok":false}``, the category one of 0.1.0's
+``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
+``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
+``InternalError``. ``--explain`` (or ``TSG_EXPLAIN=1``) adds ``"reason"`` to a usage or storage
+error: the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`;
+``--format text`` prints the category, the reason, what failed and its fix as text.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -40,6 +45,7 @@ from .model import (
     check_payload_hash,
     check_state,
 )
+from .reason_help import describe
 from .reconcile import ReconcilePolicy
 from .status import format_text
 
@@ -112,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-external-acl", action="store_true",
                         help="non-POSIX hosts: acknowledge an externally managed private ACL")
     parser.add_argument("--busy-timeout-ms", help="lock wait before LedgerBusy (default 5000)")
+    parser.add_argument("--explain", action="store_true",
+                        help="add the reason to an error line (also TSG_EXPLAIN=1)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sub.add_parser("init", help="create (or migrate) the ledger")
@@ -166,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
     metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
     metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
+    metrics.add_argument("--metrics-dir",
+                         help="add the adapters' counters summed over every process that counts "
+                              "into this directory (default: $TSG_METRICS_DIR)")
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
@@ -304,7 +315,9 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
     if command == "metrics":
-        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
+        metrics_dir = args.metrics_dir if args.metrics_dir is not None else (
+            os.environ.get("TSG_METRICS_DIR") or None)
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen, metrics_dir))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
@@ -385,35 +398,134 @@ def error_category(exc: LedgerError) -> str:
     return "StateConflict"
 
 
-def error_payload(exc: LedgerError) -> dict[str, Any]:
-    """The CLI's error line for ``exc``: its 0.1.0 category and, when it has one, its reason."""
+def error_payload(exc: LedgerError, *, explain: bool = False) -> dict[str, Any]:
+    """The CLI's error line for ``exc``: exactly 0.1.0's ``{"error":..., "ok":false}``; with
+    ``explain``, plus the reason when the error has one."""
     payload: dict[str, Any] = {"error": error_category(exc), "ok": False}
-    if exc.reason is not None:
+    if explain and exc.reason is not None:
         payload["reason"] = exc.reason
     return payload
 
 
-def _emit(payload: dict[str, Any] | str) -> None:
+def error_text(category: str, reason: str | None) -> str:
+    """The ``--format text`` rendering of an error: its category, reason, what failed, fix."""
+    lines = [f"error: {category}"]
+    if reason is not None:
+        what, fix = describe(reason)
+        lines += [f"reason: {reason}: {what}", f"fix: {fix}"]
+    return "\n".join(lines) + "\n"
+
+
+_FLAG_TRUE = frozenset({"1", "true", "yes", "on"})
+_FLAG_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def _explain_from_environment() -> bool:
+    """``TSG_EXPLAIN``: 1/true/yes/on adds reasons; unset, empty or 0/false/no/off does not."""
+    value = os.environ.get("TSG_EXPLAIN", "").strip().lower()
+    if value in _FLAG_TRUE:
+        return True
+    if value in _FLAG_FALSE:
+        return False
+    raise InvalidInput("TSG_EXPLAIN must be a boolean", reason=r.INVALID_VALUE)
+
+
+def _requested_output(argv: Sequence[str]) -> tuple[bool, bool]:
+    """``(--explain, --format text)`` as written, for a command line the parser refuses."""
+    explain = text = False
+    for index, token in enumerate(argv):
+        if token == "--":
+            break
+        explain = explain or token == "--explain"
+        text = text or token == "--format=text" or (
+            token == "--format" and argv[index + 1 : index + 2] == ["text"])
+    return explain, text
+
+
+def _write(text: str) -> bool:
+    """Write ``text`` to stdout; False when it cannot be written (closed, full, broken pipe)."""
+    out = sys.stdout
+    try:
+        if out is None:
+            return False
+        out.write(text)
+        out.flush()
+        return True
+    except (OSError, ValueError):
+        _discard_stdout()
+        return False
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at the null device, so that what is still buffered is dropped
+    quietly at exit instead of failing again (and printing a traceback)."""
+    with contextlib.suppress(Exception):
+        descriptor = sys.stdout.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, descriptor)
+        finally:
+            os.close(null)
+
+
+def _stdout_closed() -> bool:
+    """True when the process was started with stdout closed (nothing could be reported)."""
+    out = sys.stdout
+    if out is None:
+        return True
+    try:
+        os.fstat(out.fileno())
+    except (io.UnsupportedOperation, AttributeError):
+        return False  # replaced by an in-memory stream: usable
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def _render(payload: dict[str, Any] | str) -> str:
     if isinstance(payload, str):
-        sys.stdout.write(payload)
+        return payload
+    return json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def _emit(payload: dict[str, Any] | str) -> None:
+    """Print ``payload``; raise ``OSError`` when stdout cannot take it."""
+    if not _write(_render(payload)):
+        raise OSError("stdout cannot be written")
+
+
+def _report(category: str, reason: str | None, *, explain: bool, text: bool, code: int) -> int:
+    if text:
+        written = _write(error_text(category, reason))
     else:
-        sys.stdout.write(json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+        payload: dict[str, Any] = {"error": category, "ok": False}
+        if explain and reason is not None:
+            payload["reason"] = reason
+        written = _write(_render(payload))
+    return code if written else 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    explain, text = _requested_output(tokens)
+    if _stdout_closed():
+        return 3  # nothing could be reported: do nothing at all
+    try:
+        explain = _explain_from_environment() or explain
+    except InvalidInput as exc:
+        return _report("InvalidInput", exc.reason, explain=True, text=text, code=2)
     parser = build_parser()
     try:
-        payload, code = _run(_parse(parser, argv))
+        args = _parse(parser, tokens)
+        explain = explain or bool(args.explain)
+        text = getattr(args, "format", "json") == "text"
+        payload, code = _run(args)
     except LedgerError as exc:
-        _emit(error_payload(exc))
-        return 2
+        return _report(error_category(exc), exc.reason, explain=explain, text=text, code=2)
     except Exception:
-        _emit({"error": "InternalError", "ok": False})
-        return 3
-    _emit(payload)
-    return code
+        return _report("InternalError", None, explain=explain, text=text, code=3)
+    return code if _write(_render(payload)) else 3
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,6 +10,7 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
+from . import adapter_counters
 from .ledger import Ledger
 from .metrics import check_textfile, format_prometheus, write_textfile
 from .model import InvalidInput, LedgerError
@@ -38,16 +39,35 @@ def parse_listen(value: object) -> tuple[str, int]:
     return str(address), int(port_text)
 
 
-def check_metrics_options(textfile: str | None, serve: bool, listen: str | None) -> dict[str, Any]:
-    """Check the options before any database is opened; errors never echo a value."""
+def check_metrics_options(
+    textfile: str | None, serve: bool, listen: str | None, metrics_dir: str | None = None
+) -> dict[str, Any]:
+    """Check the options before any database is opened; errors never echo a value.
+
+    ``metrics_dir`` (``--metrics-dir``, else ``$TSG_METRICS_DIR``): the adapters' metrics
+    directory, whose summed counters are added to the exposition."""
     if serve and textfile is not None:
         raise InvalidInput("--serve and --textfile exclude each other")
     if listen is not None and not serve:
         raise InvalidInput("--listen needs --serve")
+    if metrics_dir is not None and (not metrics_dir or "\0" in metrics_dir):
+        raise InvalidInput("the metrics directory must be a path")
     return {
         "textfile": None if textfile is None else check_textfile(textfile),
         "listen": parse_listen(DEFAULT_LISTEN if listen is None else listen) if serve else None,
+        "metrics_dir": metrics_dir,
     }
+
+
+def metrics_text(
+    ledger: Ledger, *, active_grace_seconds: float | None = None, metrics_dir: str | None = None
+) -> str:
+    """What ``tsg metrics`` prints: the ledger's families (``Ledger.status()``) and, with a
+    metrics directory, the adapters' counters summed over every process that counted into it."""
+    text = format_prometheus(ledger.status(active_grace_seconds=active_grace_seconds))
+    if metrics_dir is not None:
+        text += adapter_counters.format_directory(metrics_dir)
+    return text
 
 
 def run_metrics(
@@ -69,7 +89,8 @@ def run_metrics(
     def render() -> str:
         ledger = open_ledger()
         try:
-            return format_prometheus(ledger.status(active_grace_seconds=values["grace"]))
+            return metrics_text(ledger, active_grace_seconds=values["grace"],
+                                metrics_dir=values.get("metrics_dir"))
         finally:
             ledger.close()
 
@@ -90,4 +111,5 @@ def run_metrics(
     return {"ok": True, "textfile": {"bytes": size, "samples": samples}}, 0
 
 
-__all__ = ["DEFAULT_LISTEN", "check_metrics_options", "parse_listen", "run_metrics"]
+__all__ = ["DEFAULT_LISTEN", "check_metrics_options", "metrics_text", "parse_listen",
+           "run_metrics"]

@@ -13,7 +13,8 @@ from .settings import Settings
 
 
 class AdapterSurface:
-    """``mark_delivered``, ``mark_delivery_failed``, ``reconcile``, ``stats`` and ``settings``.
+    """``mark_delivered``, ``mark_delivery_failed`` (and their async ``amark_*``), ``reconcile``,
+    ``stats`` and ``settings``.
 
     An adapter class sets ``runtime`` and ``id_scheme`` (its id rule, fixed per framework).
     """
@@ -49,6 +50,20 @@ class AdapterSurface:
         """Record that delivering the job's result failed (``transport_failed``); the same rules
         as :meth:`mark_delivered`."""
         return self.runtime.mark_delivery_failed(self.logical_task_id(framework_id))
+
+    async def amark_delivered(self, framework_id: str) -> Task | None:
+        """:meth:`mark_delivered` for async code: the ledger write runs in a worker thread, so
+        the event loop never waits for it (not even while another process holds the ledger
+        locked). A cancelled caller stops waiting; the write still completes."""
+        import asyncio  # only async callers load it (it imports the network modules)
+
+        return await asyncio.to_thread(self.mark_delivered, framework_id)
+
+    async def amark_delivery_failed(self, framework_id: str) -> Task | None:
+        """:meth:`mark_delivery_failed` for async code (see :meth:`amark_delivered`)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.mark_delivery_failed, framework_id)
 
     def reconcile(
         self, *, dry_run: bool = False, on_decision: DecisionCallback | None = None

@@ -1,0 +1,210 @@
+"""Recovery beside serving: ``start_recovery()`` runs recovery passes in the background.
+
+Started on an event loop, the passes are a task of that loop (``arecover``: every ledger call
+on a worker thread, resumed runs as concurrent ``ainvoke``); started outside one, a daemon
+thread (``recover``: resumed runs in a small thread pool). The first pass starts at once; with
+``reconcile_interval_seconds`` > 0 another follows each interval. Stopping drains the resumed
+runs still going (they stop at their next step boundary, close ``cancelled/interrupted`` and the
+next start resumes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from ._recovery import PassArgs
+from .callbacks import logger
+
+if TYPE_CHECKING:
+    from ._recorder import Recorder
+    from ._recovery import RecoveryReport
+
+#: How long stopping waits for drained resumed runs to reach their step boundary.
+STOP_SECONDS = 30.0
+
+
+class RecoveryRunner:
+    """Handle of the background recovery started by :meth:`GuardedGraph.start_recovery`.
+
+    ``report``: the last finished pass's :class:`RecoveryReport` (``None`` before the first
+    ends); ``passes``: passes finished; ``running``: a pass is in progress. ``wait(timeout)``
+    blocks until the first pass ended; ``await runner`` waits for it on the loop and returns
+    its report.
+    """
+
+    def __init__(self, app: Any, args: PassArgs, interval: float) -> None:
+        self._app = app
+        self._args = args
+        self._interval = interval
+        self._first = threading.Event()
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self.report: RecoveryReport | None = None
+        self.passes = 0
+        self.running = False
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            self._loop, self._wake = loop, asyncio.Event()
+            self._task = loop.create_task(self._run_task(), name="tsg-recovery")
+            return
+        self._thread = threading.Thread(target=self._run_thread, name="tsg-recovery", daemon=True)
+        self._thread.start()
+
+    def _done(self, report: RecoveryReport | None) -> None:
+        if report is not None:
+            self.report = report
+        self.passes += 1
+        self.running = False
+        self._first.set()
+
+    async def _run_task(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.running = True
+                report = None
+                try:
+                    report = await self._app._arecover_pass(self._args)
+                except Exception as exc:
+                    self._rec.rt.policy.error("recover", exc)
+                finally:
+                    self._done(report)
+                if self._interval <= 0:
+                    return
+                assert self._wake is not None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._interval)
+        finally:
+            self.running = False
+            self._first.set()
+
+    def _run_thread(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.running = True
+                report = None
+                try:
+                    report = self._app._recover_pass(self._args)
+                except Exception as exc:
+                    self._rec.rt.policy.error("recover", exc)
+                finally:
+                    self._done(report)
+                if self._interval <= 0 or self._stop.wait(self._interval):
+                    return
+        finally:
+            self.running = False
+            self._first.set()
+
+    @property
+    def _rec(self) -> Recorder:
+        rec: Recorder = self._app._rec
+        return rec
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """True while passes may still run (not stopped, and not finished for good)."""
+        if self._task is not None:
+            return not self._task.done()
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the first pass ended (or the runner stopped); False on timeout."""
+        return self._first.wait(timeout)
+
+    def __await__(self) -> Generator[Any, None, RecoveryReport | None]:
+        return self._first_report().__await__()
+
+    async def _first_report(self) -> RecoveryReport | None:
+        while not self._first.is_set():
+            await asyncio.sleep(0.05)
+        return self.report
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def _request_stop(self) -> None:
+        self._stop.set()
+        if self._loop is not None and self._wake is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)
+        drained = self._app.drain_recoveries("shutdown")
+        if drained:
+            logger.info("recovery: stopping; %d resumed run(s) drained", drained)
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop the passes; the resumed runs still going are drained. A thread runner is
+        joined (up to ``timeout``); a loop runner is cancelled (use :meth:`astop` on the loop
+        to let its runs reach their step boundary first)."""
+        self._request_stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def astop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop the passes and wait (up to ``timeout``) for the drained runs to end."""
+        self._request_stop()
+        if self._task is not None and not self._task.done():
+            done, _ = await asyncio.wait({self._task}, timeout=timeout)
+            if not done:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+        elif self._thread is not None:
+            await asyncio.to_thread(self._thread.join, timeout)
+
+
+class RunnerMixin:
+    """``start_recovery``/``stop_recovery`` of :class:`~task_state_guard_langgraph.GuardedGraph`."""
+
+    _rec: Recorder
+    _runners: list[RecoveryRunner]
+
+    def start_recovery(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryRunner:
+        """Run recovery in the background and return at once (the server answers while it
+        runs): a first pass now, then one every ``reconcile_interval_seconds`` when that is
+        above 0 (it replaces the plain periodic reconcile :func:`guard` started). On an event
+        loop it is a task of that loop (:meth:`arecover`); elsewhere a daemon thread
+        (:meth:`recover`). Arguments as for :meth:`recover`. Calling it again while a runner
+        is alive returns that runner. :meth:`close`/:meth:`aclose` stop it."""
+        alive = [r for r in self._runners if r.alive]
+        if alive:
+            return alive[0]
+        rt = self._rec.rt
+        interval = rt.settings.reconcile_interval_seconds
+        if interval > 0:
+            rt.stop_periodic_reconcile()
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        runner = RecoveryRunner(self, args, interval)
+        self._runners[:] = [runner]
+        runner._start()
+        return runner
+
+    def stop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery (see :meth:`RecoveryRunner.stop`)."""
+        for runner in self._runners:
+            runner.stop(timeout)
+
+    async def astop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery and wait (up to ``timeout``) for its drained runs."""
+        for runner in self._runners:
+            await runner.astop(timeout)

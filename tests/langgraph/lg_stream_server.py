@@ -1,0 +1,58 @@
+"""A Starlette app streaming a guarded graph (run under uvicorn by test_lg_stream_disconnect.py).
+
+``TSG_DB`` is the ledger, ``CHECKPOINTS`` the checkpointer (a SQLite file or a
+``postgresql://`` URL), ``MARKER`` the file the ``slow`` node writes before it waits.
+``GET /stream/{thread}`` streams the run's updates, one JSON line each (invocation id
+``stream-<thread>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lg_crash_graph import asaver_at, builder
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from task_state_guard_langgraph import GuardedGraph, guard
+
+state: dict[str, GuardedGraph] = {}
+
+
+async def stream(request: Request) -> StreamingResponse:
+    thread = request.path_params["thread"]
+
+    async def lines() -> AsyncIterator[str]:
+        async for update in state["graph"].astream(
+            {"log": []}, {"configurable": {"thread_id": thread}},
+            invocation_id=f"stream-{thread}", stream_mode="updates", durability="sync",
+        ):
+            yield json.dumps(update, default=str) + "\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def stats(request: Request) -> JSONResponse:
+    return JSONResponse(state["graph"].stats())
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async with asaver_at(os.environ["CHECKPOINTS"]) as saver:
+        graph: Any = builder(os.environ["MARKER"], use_async=True).compile(
+            checkpointer=saver, name="crashy")
+        state["graph"] = guard(graph, db=os.environ["TSG_DB"], strict=True)
+        try:
+            yield
+        finally:
+            await state["graph"].aclose()
+
+
+app = Starlette(
+    routes=[Route("/stream/{thread}", stream), Route("/stats", stats)], lifespan=lifespan
+)

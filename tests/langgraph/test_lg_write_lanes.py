@@ -1,0 +1,92 @@
+"""Async runs write the ledger in lanes, one per invocation: a write that waits for a lock held
+by another transaction holds up its own invocation only, never an unrelated request (a real
+PostgreSQL ledger; a row lock taken by another connection)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, TypedDict
+
+import psycopg
+import pytest
+from langgraph.graph import START, StateGraph
+from lg_helpers import assert_healthy
+from task_state_guard import Ledger
+from task_state_guard_langgraph import guard, logical_task_id
+
+
+class Gated(TypedDict):
+    gate: str
+
+
+def _hold_row(url: str, task_id: str, pid: list[int], locked: threading.Event,
+              release: threading.Event) -> None:
+    base, _, query = url.partition("?")
+    schema = query.split("schema=", 1)[1].split("&", 1)[0]
+    with psycopg.connect(base) as conn:
+        pid.append(int(conn.execute("SELECT pg_backend_pid()").fetchone()[0]))  # type: ignore[index]
+        conn.execute(f'SELECT 1 FROM "{schema}".tsg_tasks WHERE id = %s FOR UPDATE', (task_id,))
+        locked.set()
+        release.wait(60)
+
+
+def _blocking(url: str, pid: int) -> int:
+    with psycopg.connect(url.partition("?")[0]) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.postgresql_only
+def test_a_blocked_write_holds_up_its_own_invocation_only(backend: str, pg_url: str) -> None:
+    gates: dict[str, asyncio.Event] = {}
+    entered: dict[str, asyncio.Event] = {}
+
+    async def wait(state: Gated) -> dict[str, Any]:
+        entered[state["gate"]].set()
+        await gates[state["gate"]].wait()
+        return {}
+
+    builder = StateGraph(Gated)
+    builder.add_node("wait", wait)
+    builder.add_edge(START, "wait")
+    app = guard(builder.compile(), db=pg_url, strict=True, busy_timeout_ms=60000)
+    locked, release = threading.Event(), threading.Event()
+    pid: list[int] = []
+
+    async def main() -> None:
+        for name in ("a", "b"):
+            gates[name], entered[name] = asyncio.Event(), asyncio.Event()
+        first = asyncio.ensure_future(app.ainvoke({"gate": "a"}, invocation_id="lane-a"))
+        await entered["a"].wait()
+        holder = threading.Thread(target=_hold_row, args=(
+            pg_url, logical_task_id("lane-a"), pid, locked, release))
+        holder.start()
+        try:
+            assert await asyncio.to_thread(locked.wait, 30)
+            gates["a"].set()  # run a ends: its close waits for the row lock
+            while not await asyncio.to_thread(_blocking, pg_url, pid[0]):
+                await asyncio.sleep(0.05)
+            # An unrelated request runs and is recorded meanwhile.
+            gates["b"].set()
+            await asyncio.wait_for(
+                app.ainvoke({"gate": "b"}, invocation_id="lane-b"), timeout=30)
+            assert not first.done()
+            with Ledger(pg_url) as ledger:
+                assert str(ledger.get_task(logical_task_id("lane-b")).status) == "succeeded"
+                assert str(ledger.get_task(logical_task_id("lane-a")).status) == "running"
+        finally:
+            release.set()
+            await asyncio.to_thread(holder.join, 30)
+        await first
+
+    try:
+        asyncio.run(main())
+        with Ledger(pg_url) as ledger:
+            assert str(ledger.get_task(logical_task_id("lane-a")).status) == "succeeded"
+            assert_healthy(ledger)
+        assert app.stats()["errors"] == {}
+    finally:
+        app.close()
