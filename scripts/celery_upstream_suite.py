@@ -27,9 +27,9 @@ What it does, all inside one temporary folder (removed at the end unless ``--kee
    * every replaced task's outcome against Celery's state for its id: ``succeeded`` with
      ``SUCCESS``, ``failed`` with ``FAILURE``, ``cancelled/revoked`` with ``REVOKED`` agree;
    * counts of logical tasks and of attempts by outcome (work left open included), and the
-     adapter's counters (``stats()``: ledger errors, refused closes) summed over every process:
-     the plugin has each pool child write its own when it exits, and the pytest process (the
-     worker's main process) at the end.
+     adapter's counters (ledger errors, refused closes, reconciles) summed over every process,
+     pool children included (the adapter's ``metrics_dir``, as ``tsg metrics --metrics-dir``
+     exposes them).
 
 Prints one JSON object (counts and pytest summaries; no task ids); exits 1 when a check fails.
 It takes about a quarter of an hour and needs the package index, ``uv`` and ``redis-server``;
@@ -64,19 +64,11 @@ AGREE = {
 }
 
 PLUGIN = '''\
-"""Installs task_state_guard_celery on the app of Celery's session worker and writes each
-process's adapter counters when it ends (written by scripts/celery_upstream_suite.py)."""
-import json
+"""Installs task_state_guard_celery on the app of Celery's session worker (written by
+scripts/celery_upstream_suite.py; the settings come from TSG_* variables)."""
 import os
 
 import pytest
-from celery.signals import worker_process_shutdown
-
-
-def _write_stats(guard):
-    path = os.path.join(os.environ["TSG_UPSTREAM_STATS"], f"{os.getpid()}.json")
-    with open(path, "w") as out:
-        json.dump(guard.stats(), out)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -85,13 +77,7 @@ def _task_state_guard(celery_session_app):
     from task_state_guard_celery import install
 
     guard = install(celery_session_app, db=os.environ["TSG_UPSTREAM_DB"])
-
-    def child_ends(**_):
-        _write_stats(guard)
-
-    worker_process_shutdown.connect(child_ends, weak=False, dispatch_uid="tsg-upstream-stats")
     yield guard
-    _write_stats(guard)
     guard.uninstall()
 '''
 
@@ -190,9 +176,9 @@ def run_suite(python: Path, run_dir: Path, port: int, db: Path | None, log: Path
     cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
            "-p", "celery.contrib.pytest", *MODULES]
     if db is not None:
-        stats = db.parent / "stats"
-        stats.mkdir(exist_ok=True)
-        env.update({"TSG_UPSTREAM_DB": str(db), "TSG_UPSTREAM_STATS": str(stats)})
+        metrics = db.parent / "metrics"
+        metrics.mkdir(mode=0o700, exist_ok=True)
+        env.update({"TSG_UPSTREAM_DB": str(db), "TSG_METRICS_DIR": str(metrics)})
         cmd[3:3] = ["-p", "tsg_upstream_plugin"]
     started = time.monotonic()
     with log.open("w") as out:
@@ -224,17 +210,19 @@ def celery_states(port: int, ids: list[str]) -> dict[str, str]:
         client.close()
 
 
-def counters(stats: Path) -> dict[str, Any]:
-    """The adapter's counters summed over the processes that wrote them (the pytest process
-    with the worker's main process, and each pool child that exited)."""
-    errors: Counter[str] = Counter()
-    conflicts: Counter[str] = Counter()
-    files = sorted(stats.glob("*.json"))
-    for path in files:
-        found = json.loads(path.read_text())
-        errors.update(found["errors"])
-        conflicts.update(found["conflicts"])
-    return {"processes": len(files), "errors": dict(errors), "conflicts": dict(conflicts)}
+def counters(metrics: Path) -> dict[str, Any]:
+    """The adapter's counters summed over every process (the metrics directory, as
+    ``tsg metrics --metrics-dir`` exposes them)."""
+    from task_state_guard import adapter_counters
+
+    found = adapter_counters.read(str(metrics))
+    out: dict[str, Any] = {}
+    for family in adapter_counters.FAMILIES:
+        out[family] = {
+            ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "adapter"): value
+            for labels, value in adapter_counters.samples(found, family)
+        }
+    return out
 
 
 def audit(db: Path, port: int) -> dict[str, Any]:
@@ -328,7 +316,7 @@ def main() -> int:
         db = ledger_dir / "tasks.sqlite"
         report["with_adapter"] = run_suite(python, run_dir, port, db, work / "adapter.log")
         report["ledger"] = audit(db, port)
-        report["adapter_counters"] = counters(ledger_dir / "stats")
+        report["adapter_counters"] = counters(ledger_dir / "metrics")
     finally:
         if redis_proc is not None:
             redis_proc.terminate()
