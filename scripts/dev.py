@@ -22,7 +22,9 @@ skip). It also puts Prometheus (and promtool) from Debian's ``prometheus`` packa
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
   versions; here the conformance suite (tests/core, tests/contract) runs on both ledger
   backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), tests/reliability
-  runs (once, here), and tests/fleet runs workers of several "hosts" on one PostgreSQL ledger.
+  runs (once, here), tests/fleet runs workers of several "hosts" on one PostgreSQL ledger, and
+  tests/web loads ``tsg serve``'s pages in headless Chromium (Debian's ``chromium`` package,
+  installed with ``apt-get`` when missing and this runs as root; otherwise the web tests fail).
 
 Before its tests each environment's site-packages and the workspace's sources are compiled to
 bytecode, so the many processes the suites start never compile their imports again.
@@ -253,8 +255,10 @@ def declared_lower_bounds(adapter: str) -> dict[str, str]:
 
 #: Dev-group tools the adapter suites do not import, or whose versions come with the framework
 #: (the framework's own resolution decides those). Django, FastAPI and PyYAML serve only
-#: tests/examples, which runs in the whole-suite leg.
-_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika", "django", "fastapi", "pyyaml"}
+#: tests/examples, websockets (the DevTools client) only tests/web, which run in the
+#: whole-suite leg.
+_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika", "django", "fastapi", "pyyaml",
+                   "websockets"}
 
 
 def _locked_test_tools(unpinned: frozenset[str] = frozenset()) -> list[str]:
@@ -379,6 +383,7 @@ def test(extra: list[str]) -> int:
     add_sbin_to_path()
     ensure_services()
     ensure_prometheus()
+    ensure_browser()
     checks = run([os.path.join(ROOT, ".venv", "bin", "ruff"), "check", "."])
     checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src",
                    *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph")),
@@ -508,6 +513,28 @@ def ensure_services(names: tuple[str, ...] = ("redis", "rabbitmq", "postgresql")
     missing = [name for name, port in services if name in names and not _listening(port)]
     if missing:
         print("services not reachable: " + ", ".join(missing) + " (tests will fail)", flush=True)
+
+
+#: Debian packages of the browser tests/web drives (headless, over the DevTools protocol).
+BROWSER_PACKAGES = ("chromium", "chromium-driver")
+
+
+def ensure_browser() -> None:
+    """Install headless Chromium from the system's packages when it is missing (as root, with
+    apt-get, as on the CI machine); without it tests/web fails, never skips."""
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        print("chromium not found and not installable here (needs root and apt-get): "
+              "tests/web will fail", flush=True)
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", *BROWSER_PACKAGES]
+    if run(install, env=env) != 0:  # a fresh machine may have no package lists yet
+        run(["apt-get", "update"], env=env)
+        run(install, env=env)
+    if not shutil.which("chromium"):
+        print("chromium could not be installed: tests/web will fail", flush=True)
 
 
 def main() -> int:
