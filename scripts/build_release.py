@@ -4,7 +4,8 @@
 Each package under packages/ (core and the adapters) is built twice, into two separate
 temporary directories, with the same SOURCE_DATE_EPOCH (default: the commit time of HEAD); every
 artifact must be byte-identical between the two builds. The artifacts are also inspected: no
-bytecode, caches or test files, the wheel holds only its import package and its .dist-info, and
+bytecode, caches or test files, the wheel holds only its import package and its .dist-info (whose
+METADATA carries the project URLs and a README whose links are all absolute), and
 the sdist holds only its pyproject, README and src/, and scripts/privacy_audit.py passes on each
 extracted sdist (what is shipped, not just what is checked in). The first build is copied to
 --out.
@@ -19,9 +20,11 @@ is the backend either way (fetched into an isolated build environment from the p
 from __future__ import annotations
 
 import argparse
+import email
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -135,12 +138,42 @@ def sha256(path: Path) -> str:
 _FORBIDDEN = ("__pycache__", ".pyc", ".pyo", "/tests/", ".DS_Store", ".egg-info/", ".git/")
 
 
+#: The project links every package's index page shows (``Project-URL`` in its metadata).
+PROJECT_URLS = ("Homepage", "Documentation", "Source", "Changelog", "Issues")
+_MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def page_problems(metadata: str) -> list[str]:
+    """Problems of a package's index page: its ``Project-URL`` entries and its README's links
+    (a package index shows the README without the repository around it, so a relative link
+    breaks there)."""
+    message = email.message_from_string(metadata)
+    problems = []
+    labels = [value.split(",", 1)[0].strip() for value in message.get_all("Project-URL") or []]
+    if sorted(labels) != sorted(PROJECT_URLS):
+        problems.append("metadata lacks the project URLs")
+    body = message.get_payload()
+    for target in _MARKDOWN_LINK.findall(body if isinstance(body, str) else ""):
+        if not target.startswith(("https://", "#")):
+            problems.append("README has a relative link")
+    return sorted(set(problems))
+
+
+def wheel_metadata(path: Path) -> str:
+    """The ``METADATA`` file of a wheel."""
+    with zipfile.ZipFile(path) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        return zf.read(name).decode("utf-8")
+
+
 def inspect_artifact(path: Path) -> list[str]:
-    """Return problems found in one artifact's member list."""
+    """Return problems found in one artifact's member list (and a wheel's index page)."""
     problems = []
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
+        if any(n.endswith(".dist-info/METADATA") for n in names):
+            problems += page_problems(wheel_metadata(path))
         dist_info = [n for n in names if ".dist-info/" in n]
         payload = [n for n in names if ".dist-info/" not in n]
         tops = {n.split("/", 1)[0] for n in payload}

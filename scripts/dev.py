@@ -8,7 +8,8 @@ Set-up: installs uv into ./.tools (a private virtual environment) when it is not
 dev tools. ``test`` runs ruff, mypy --strict on the core, the adapters and the PostgreSQL
 backend, then the support matrix (real Celery/Dramatiq workers against Redis and RabbitMQ, and
 the PostgreSQL ledger, on 127.0.0.1; a service that cannot be started is an error, never a
-skip):
+skip). It also puts Prometheus (and promtool) from Debian's ``prometheus`` package into
+./.tools/prometheus for the dashboard test, when they are not on PATH. The matrix:
 
 * the conformance suite (tests/core, tests/contract) on the SQLite backend on every other
   CPython >= 3.11 installed on this machine, each in its own ./.venv-py<version> built from
@@ -21,7 +22,9 @@ skip):
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
   versions; here the conformance suite (tests/core, tests/contract) runs on both ledger
   backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), tests/reliability
-  runs (once, here), and tests/fleet runs workers of several "hosts" on one PostgreSQL ledger.
+  runs (once, here), tests/fleet runs workers of several "hosts" on one PostgreSQL ledger, and
+  tests/web loads ``tsg serve``'s pages in headless Chromium (Debian's ``chromium`` package,
+  installed with ``apt-get`` when missing and this runs as root; otherwise the web tests fail).
 
 Before its tests each environment's site-packages and the workspace's sources are compiled to
 bytecode, so the many processes the suites start never compile their imports again.
@@ -46,6 +49,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, ".tools")
+#: Prometheus and promtool for the dashboard and alert-rule test (tests/examples).
+PROMETHEUS_DIR = os.path.join(TOOLS, "prometheus")
 
 
 def run(cmd: list[str], **kwargs: Any) -> int:
@@ -250,8 +255,10 @@ def declared_lower_bounds(adapter: str) -> dict[str, str]:
 
 #: Dev-group tools the adapter suites do not import, or whose versions come with the framework
 #: (the framework's own resolution decides those). Django, FastAPI and PyYAML serve only
-#: tests/examples, which runs in the whole-suite leg.
-_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika", "django", "fastapi", "pyyaml"}
+#: tests/examples, websockets (the DevTools client) only tests/web, which run in the
+#: whole-suite leg.
+_NOT_TEST_TOOLS = {"ruff", "mypy", "build", "redis", "pika", "django", "fastapi", "pyyaml",
+                   "websockets"}
 
 
 def _locked_test_tools(unpinned: frozenset[str] = frozenset()) -> list[str]:
@@ -375,6 +382,8 @@ def test(extra: list[str]) -> int:
     venv_python = os.path.join(ROOT, ".venv", "bin", "python")
     add_sbin_to_path()
     ensure_services()
+    ensure_prometheus()
+    ensure_browser()
     checks = run([os.path.join(ROOT, ".venv", "bin", "ruff"), "check", "."])
     checks |= run([os.path.join(ROOT, ".venv", "bin", "mypy"), "--strict", "packages/core/src",
                    *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph")),
@@ -438,6 +447,33 @@ def add_sbin_to_path() -> None:
     os.environ["PATH"] = os.pathsep.join(p for p in parts if p)
 
 
+def ensure_prometheus() -> None:
+    """Put ``prometheus`` and ``promtool`` into ./.tools/prometheus unless they are on PATH:
+    the binaries of Debian's ``prometheus`` package (``apt-get download``, then ``dpkg-deb -x``;
+    nothing is installed, configured or started). The dashboard test runs a real Prometheus on
+    127.0.0.1 against ``tsg metrics``; without the binaries it fails in CI."""
+    if shutil.which("prometheus") or os.path.exists(os.path.join(PROMETHEUS_DIR, "prometheus")):
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        def download() -> bool:
+            print("+ apt-get download prometheus", flush=True)
+            return subprocess.call(["apt-get", "download", "prometheus"], cwd=tmp) == 0
+
+        if not download() and not (run(["apt-get", "update"]) == 0 and download()):
+            print("prometheus: could not download Debian's package (the dashboard test will "
+                  "fail)", flush=True)
+            return
+        (deb,) = glob.glob(os.path.join(tmp, "prometheus_*.deb"))
+        tree = os.path.join(tmp, "tree")
+        if run(["dpkg-deb", "-x", deb, tree]) != 0:
+            return
+        os.makedirs(PROMETHEUS_DIR, exist_ok=True)
+        for name in ("prometheus", "promtool"):
+            shutil.copy2(os.path.join(tree, "usr", "bin", name), PROMETHEUS_DIR)
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1.0)
@@ -479,6 +515,28 @@ def ensure_services(names: tuple[str, ...] = ("redis", "rabbitmq", "postgresql")
         print("services not reachable: " + ", ".join(missing) + " (tests will fail)", flush=True)
 
 
+#: Debian packages of the browser tests/web drives (headless, over the DevTools protocol).
+BROWSER_PACKAGES = ("chromium", "chromium-driver")
+
+
+def ensure_browser() -> None:
+    """Install headless Chromium from the system's packages when it is missing (as root, with
+    apt-get, as on the CI machine); without it tests/web fails, never skips."""
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        print("chromium not found and not installable here (needs root and apt-get): "
+              "tests/web will fail", flush=True)
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", *BROWSER_PACKAGES]
+    if run(install, env=env) != 0:  # a fresh machine may have no package lists yet
+        run(["apt-get", "update"], env=env)
+        run(install, env=env)
+    if not shutil.which("chromium"):
+        print("chromium could not be installed: tests/web will fail", flush=True)
+
+
 def main() -> int:
     command = sys.argv[1] if len(sys.argv) > 1 else "help"
     extra = sys.argv[2:]
@@ -489,6 +547,7 @@ def main() -> int:
     venv_bin = os.path.join(ROOT, ".venv", "bin")
     python = os.path.join(venv_bin, "python")
     if command == "setup":
+        ensure_prometheus()
         return 0
     if command == "demo":
         ensure_services(("redis",))  # the demo keeps Celery's task results in Redis

@@ -50,11 +50,12 @@ TELEMETRY_MODULES = frozenset({
     "applicationinsights", "opencensus", "heap", "rudderstack", "launchdarkly", "wandb",
     "langsmith", "langfuse", "helicone", "traceloop", "openlit", "agentops",
 })
-#: The one core module allowed to import a server: the opt-in ``tsg metrics --serve`` endpoint
-#: (loopback by default, read-only, counts without ids), imported only by that command. It may
-#: import these modules and nothing else of NETWORK_MODULES; network calls stay flagged.
-SERVER_MODULE = "task_state_guard/metrics_http.py"
-SERVER_ALLOWED = frozenset({"socket", "http.server"})
+#: The one core module allowed to open a listening socket: the opt-in ``tsg serve`` server
+#: (alias ``tsg metrics --serve``; loopback by default, a token beyond it, read-only), imported
+#: only by that command. It may import these modules (``http`` for its status phrases) and
+#: nothing else of NETWORK_MODULES; network calls stay flagged.
+SERVER_MODULE = "task_state_guard/http_server.py"
+SERVER_ALLOWED = frozenset({"socket", "http"})
 NETWORK_CALLS = frozenset({
     "create_connection", "urlopen", "getaddrinfo", "gethostbyname", "gethostname",
     "open_connection", "start_server", "create_server", "getfqdn",

@@ -18,6 +18,7 @@ from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, 
 from task_state_guard.integration import ConfigurationError, LostTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from core_helpers import run_cli
 from prom_text import parse
 
 STATS_KEYS = {"errors", "conflicts", "reconciles", "heartbeating"}
@@ -44,7 +45,7 @@ def test_defaults_are_the_same(driver: Any, db: str) -> None:
     assert settings.heartbeat_seconds == 30.0  # min(30, active grace / 4)
     assert settings.reconcile_on_boot is True and settings.strict is False
     assert settings.busy_timeout_ms == 5000 and settings.reconcile_interval_seconds == 0
-    assert settings.fail_lost_results is True
+    assert settings.fail_lost_results is True and settings.metrics_dir is None
 
 
 def test_precedence_argument_then_framework_then_environment(
@@ -171,6 +172,37 @@ def test_ledger_errors_are_scrapeable_as_prometheus_text(driver: Any, broken_db:
         "reconciles"]
     assert families["tsg_adapter_heartbeating"].value(adapter=driver.name) == 0
     assert broken_db not in guard.metrics_text()
+
+
+def test_with_a_metrics_directory_tsg_metrics_shows_the_same_counters(
+    driver: Any, broken_db: str, db: str, tmp_path: Any
+) -> None:
+    """Every increment also reaches the metrics directory, where `tsg metrics` reads the sums
+    of every process (here one): the same errors, conflicts at zero, the same reconciles."""
+    from task_state_guard import Ledger
+    from task_state_guard.adapter_counters import format_directory
+
+    metrics_dir = tmp_path / "metrics"
+    guard = driver.install(broken_db, metrics_dir=str(metrics_dir))
+    driver.boot()
+    for _ in range(2):
+        driver.run("ok")
+    stats = guard.stats()
+    assert stats["errors"] and (metrics_dir / "tsg-adapter-counters.json").is_file()
+    Ledger(db).close()  # a healthy ledger for the scrape itself
+    scrape = run_cli("--db", db, "metrics", "--metrics-dir", str(metrics_dir))
+    assert scrape.code == 0
+    families = parse(scrape.stdout)
+    assert scrape.stdout.endswith(format_directory(str(metrics_dir)))
+    errors = {(lab["hook"], lab["error"]): value
+              for lab, value in families["tsg_adapter_ledger_errors_total"].samples
+              if lab["adapter"] == driver.name}
+    assert errors == {tuple(kind.rsplit(":", 1)): n for kind, n in stats["errors"].items()}
+    assert families["tsg_adapter_conflicts_total"].value(
+        adapter=driver.name, kind="attempt_close") == 0
+    assert families["tsg_adapter_reconciles_total"].value(adapter=driver.name) == stats[
+        "reconciles"]
+    assert broken_db not in scrape.stdout
 
 
 # ---------------------------------------------------------------------------- public surface

@@ -1,5 +1,9 @@
 """examples/observability: the Grafana dashboard and the Prometheus rules parse, and every
-metric, label and label value they use is one the real outputs print."""
+metric, label and label value they use is one the real `tsg metrics` output prints (the ledger's
+families, and the adapters' counters from a metrics directory written by a real runtime); every
+reason code they select belongs to the state they select, and the dashboard's lost-work panel
+and the lost-work alert select the same codes. tests/examples/test_observability_prometheus.py
+evaluates them in a real Prometheus."""
 
 from __future__ import annotations
 
@@ -13,13 +17,9 @@ import pytest
 import yaml
 from core_helpers import run_cli
 from prom_text import Family, parse
-from task_state_guard import Ledger, StorageError
-from task_state_guard.integration import (
-    AdapterRuntime,
-    AdapterSurface,
-    format_adapter_metrics,
-    resolve_settings,
-)
+from task_state_guard import Ledger
+from task_state_guard.integration import AdapterRuntime, resolve_settings
+from task_state_guard.model import TASK_CODES
 
 HERE = Path(__file__).resolve().parents[2] / "examples" / "observability"
 SELECTOR = re.compile(r"\b(tsg_[a-z_]+)\b(\{[^}]*\})?")
@@ -28,31 +28,28 @@ EXTERNAL_LABELS = {"instance", "job"}  # added by Prometheus, not by the exposit
 DURATION = re.compile(r"\d+[smhd]\Z")
 
 
-class _Guard(AdapterSurface):
-    adapter_name = "celery"
-
-    def __init__(self, db: str) -> None:
-        self.runtime = AdapterRuntime(resolve_settings(db=db), logger=logging.getLogger("t"))
-
-
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Family]:
-    """Every family `tsg metrics` prints on a ledger with work in it, plus the adapters'."""
-    db = str(tmp_path_factory.mktemp("obs") / "d" / "tasks.sqlite")
+    """Every family one `tsg metrics --metrics-dir` prints: a ledger with work in it, and the
+    counters a real adapter runtime added to the directory (a ledger error, a conflict)."""
+    work = tmp_path_factory.mktemp("obs")
+    db = str(work / "d" / "tasks.sqlite")
     with Ledger(db) as led:
         root = led.create_task(name="app.add")
         led.start_task(root.id, owner=False)
         attempt = led.create_task(parent_id=root.id, delivery_required=False, name="app.add")
         led.close_task_settled(attempt.id, "succeeded", code="worker_completed")
         led.close_task_settled(root.id, "succeeded", code="worker_completed")
-    result = run_cli("--db", db, "metrics")
+    blocker = work / "not-a-directory"
+    blocker.write_text("")
+    runtime = AdapterRuntime(
+        resolve_settings(db=str(blocker / "tasks.sqlite"), metrics_dir=str(work / "m")),
+        logger=logging.getLogger("t"), adapter="celery")
+    assert runtime.guarded_reconcile("reconcile_on_boot") is None
+    runtime.policy.conflict("logical_close")
+    result = run_cli("--db", db, "metrics", "--metrics-dir", str(work / "m"))
     assert result.code == 0
-    found = parse(result.stdout)
-    guard = _Guard(db)
-    guard.runtime.policy.record("task_prerun", StorageError("x"))
-    adapter = parse(format_adapter_metrics(guard))
-    assert not set(found) & set(adapter)
-    return {**found, **adapter}
+    return parse(result.stdout)
 
 
 def _check_expr(expr: str, families: dict[str, Family]) -> set[str]:
@@ -64,7 +61,11 @@ def _check_expr(expr: str, families: dict[str, Family]) -> set[str]:
         for sample_labels, _value in families[name].samples:
             for key, value in sample_labels.items():
                 labels.setdefault(key, set()).add(value)
-        for key, op, value in MATCHER.findall(selector or ""):
+        matchers = MATCHER.findall(selector or "")
+        states = [value for key, op, value in matchers if key == "status" and op == "="]
+        for key, op, value in matchers:
+            if key == "code" and states:  # a code must belong to the state it is selected with
+                assert set(value.split("|")) <= TASK_CODES[states[0]], (name, value)
             if key in EXTERNAL_LABELS:
                 continue
             assert key in labels, f"{name} has no label {key}"
@@ -95,6 +96,23 @@ def test_the_dashboard_parses_and_uses_real_metrics(families: dict[str, Family])
     for name in ("tsg_outcomes_total", "tsg_deliveries_awaiting", "tsg_running_owner_dead",
                  "tsg_adapter_ledger_errors_total"):
         assert name in used
+
+
+def test_lost_work_means_the_same_codes_in_the_dashboard_and_the_alert() -> None:
+    """Lost work is a job a reconcile timed out: its worker died, went stale or passed its
+    deadline; a framework's own time limit stopped a job that ran, and is not lost."""
+    dashboard = json.loads((HERE / "grafana-dashboard.json").read_text())
+    (lost_panel,) = [p for p in dashboard["panels"] if p["title"] == "Lost jobs per hour"]
+    rules: Any = yaml.safe_load((HERE / "prometheus-rules.yml").read_text())
+    (alert,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TsgWorkLost"]
+
+    def codes(expr: str) -> set[str]:
+        (value,) = [v for key, op, v in MATCHER.findall(expr) if key == "code" and op == "=~"]
+        return set(value.split("|"))
+
+    lost = {"owner_lost", "restart_stale", "deadline_exceeded"}
+    assert codes(lost_panel["targets"][0]["expr"]) == codes(alert["expr"]) == lost
+    assert lost < TASK_CODES["timed_out"] and "time_limit_exceeded" in TASK_CODES["timed_out"]
 
 
 def test_the_alert_rules_parse_and_use_real_metrics(families: dict[str, Family]) -> None:

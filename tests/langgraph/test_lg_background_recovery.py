@@ -4,11 +4,14 @@ to it), and stopping it drains its resumed runs so that the next start resumes t
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from lg_crash_graph import builder, saver_at
 from lg_helpers import assert_healthy, shape, tree
 from lg_procs import Stores, kill_in_slow
@@ -26,7 +29,10 @@ def _until(predicate: Any, what: str, timeout: float = 90) -> None:
         time.sleep(0.05)
 
 
-def test_periodic_recovery_takes_over_a_thread_lost_next_to_it(stores: Stores) -> None:
+def test_periodic_recovery_takes_over_a_thread_lost_next_to_it(
+    stores: Stores, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="task_state_guard_langgraph")
     lost: list[LostTask] = []
     recovered: list[Recovery] = []
     with saver_at(stores.checkpoints) as saver:
@@ -55,6 +61,16 @@ def test_periodic_recovery_takes_over_a_thread_lost_next_to_it(stores: Stores) -
         finally:
             app.close()
         assert not runner.alive
+    # After guard()'s boot pass (INFO), a periodic pass logs its reconcile at DEBUG when it
+    # changed nothing, at INFO with its counts when it closed the dead process's work.
+    boot, *passes = [(r.levelno, json.loads(r.getMessage().split(") ", 1)[1]))
+                     for r in caplog.records
+                     if r.getMessage().startswith("task-state-guard: reconcile (reconcile) ")]
+    assert boot[0] == logging.INFO
+    assert {level for level, report in passes if report["tasks_timed_out"]} == {logging.INFO}
+    assert {level for level, report in passes if not report["tasks_timed_out"]
+            and not report["deliveries_failed"] and not report["deliveries_not_applicable"]} == {
+        logging.DEBUG}
     with Ledger(stores.db) as ledger:
         assert_healthy(ledger)
 

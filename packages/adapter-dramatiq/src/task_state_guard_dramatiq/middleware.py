@@ -105,7 +105,8 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     ) -> None:
         resolved = resolve_settings(db=db, **settings)
         self.runtime = AdapterRuntime(
-            resolved, logger=logger, subject="message", ids=MESSAGES, on_lost=on_lost
+            resolved, logger=logger, subject="message", ids=MESSAGES, on_lost=on_lost,
+            adapter=self.adapter_name,
         )
         self.runtime.fail_lost = self._fail_lost_result
         self._local = threading.local()

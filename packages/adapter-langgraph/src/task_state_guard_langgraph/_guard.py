@@ -415,7 +415,8 @@ def guard(
         raise TypeError("on_recovered must be callable")
     resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
     runtime = AdapterRuntime(
-        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost
+        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost,
+        adapter=GuardedGraph.adapter_name,
     )
     app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
     app.on_recovered = on_recovered

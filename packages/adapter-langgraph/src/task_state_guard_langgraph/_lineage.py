@@ -38,12 +38,29 @@ _MAX_CONTINUATIONS = 256
 
 
 @dataclass(frozen=True)
-class Head:
-    """A thread's last invocation: its ledger record, and its invocation id when known (the
-    one the checkpoint names, a recovery's derived id, or a canonical UUID the ledger stored)."""
+class Link:
+    """One invocation of a thread's lineage: its ledger record, and its invocation id when
+    known (the one the checkpoint names, a recovery's derived id, or a canonical UUID the
+    ledger stored)."""
 
     task: Task
     invocation_id: str | None
+
+
+@dataclass(frozen=True)
+class Head:
+    """A thread's lineage from the invocation its latest checkpoint names down to its last
+    invocation (the head: ``task``, ``invocation_id``)."""
+
+    path: tuple[Link, ...]
+
+    @property
+    def task(self) -> Task:
+        return self.path[-1].task
+
+    @property
+    def invocation_id(self) -> str | None:
+        return self.path[-1].invocation_id
 
 
 def _named(tup: Any) -> str | None:
@@ -115,7 +132,7 @@ def thread_head(
     task = get(logical_task_id(named))
     if task is None:
         return None
-    invocation: str | None = named
+    path = [Link(task, named)]
     for _ in range(_MAX_CONTINUATIONS):
         if task.status in c.ACTIVE:
             break  # a live process runs it (a reconcile just kept it)
@@ -124,12 +141,10 @@ def thread_head(
             break
         following = later[-1]
         recovery = recovery_id_for_task(task.id)
-        if logical_task_id(recovery) == following.id:
-            invocation = recovery
-        else:
-            invocation = following.framework_id
+        known = recovery if logical_task_id(recovery) == following.id else following.framework_id
         task = following
-    return Head(task, invocation)
+        path.append(Link(task, known))
+    return Head(tuple(path))
 
 
 def resume_pending(tup: Any) -> bool:
@@ -142,6 +157,7 @@ __all__ = [
     "EDIT_SOURCES",
     "METADATA_KEY",
     "Head",
+    "Link",
     "acheckpoint_invocation",
     "aget_tuple",
     "checkpoint_invocation",

@@ -109,6 +109,16 @@ class RecoveryReport(list[Recovery]):
 
 
 @dataclass(frozen=True)
+class PassArgs:
+    """What a recovery pass runs with (the arguments of :meth:`RecoveryMixin.recover`)."""
+
+    config: dict[str, Any] | None
+    thread_ids: list[str] | None
+    max_concurrency: int | None
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class _Finding:
     thread_id: str
     head: Head
@@ -381,16 +391,21 @@ class RecoveryMixin:
         not raised, and its result handed to ``on_recovered``. Returns a
         :class:`RecoveryReport`.
         """
+        return self._recover_pass(PassArgs(config, thread_ids, max_concurrency, kwargs))
+
+    def _recover_pass(self, args: PassArgs) -> RecoveryReport:
         report = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or self.ledger is None:
             return report
         policy = self._rec.rt.policy
-        self._rec.rt.guarded_reconcile("reconcile")
-        ids = thread_ids
+        # guard()'s own pass logs at INFO; a recovery pass that changed nothing, at DEBUG.
+        self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=True)
+        config, kwargs = args.config, args.kwargs
+        ids = args.thread_ids
         if ids is None:
             ids = policy.call("recover", partial(self._thread_ids, saver)) or []
-        limit = max(1, max_concurrency or DEFAULT_CONCURRENCY)
+        limit = max(1, args.max_concurrency or DEFAULT_CONCURRENCY)
         with ThreadPoolExecutor(limit, thread_name_prefix="tsg-recovery") as pool:
             futures = []
             for thread_id in ids:
@@ -426,20 +441,25 @@ class RecoveryMixin:
         """:meth:`recover` for async checkpointers (``AsyncSqliteSaver``, ``AsyncPostgresSaver``):
         the same pass, every ledger call on a worker thread (the event loop keeps serving),
         each thread resumed with ``ainvoke(None, ...)``, at most ``max_concurrency`` at once."""
+        return await self._arecover_pass(PassArgs(config, thread_ids, max_concurrency, kwargs))
+
+    async def _arecover_pass(self, args: PassArgs) -> RecoveryReport:
         report = RecoveryReport()
         saver = getattr(self._graph, "checkpointer", None)
         if saver is None or isinstance(saver, bool) or await self._rec.call(self._no_ledger):
             return report
         errors = self._rec.rt.policy
-        await self._rec.call(self._rec.rt.guarded_reconcile, "reconcile")
-        ids = thread_ids
+        await self._rec.call(
+            partial(self._rec.rt.guarded_reconcile, "reconcile", quiet_when_unchanged=True))
+        config, kwargs = args.config, args.kwargs
+        ids = args.thread_ids
         if ids is None:
             try:
                 ids = await self._athread_ids(saver)
             except Exception as exc:
                 errors.error("recover", exc)
                 ids = []
-        gate = asyncio.Semaphore(max(1, max_concurrency or DEFAULT_CONCURRENCY))
+        gate = asyncio.Semaphore(max(1, args.max_concurrency or DEFAULT_CONCURRENCY))
         resumes: list[asyncio.Task[Recovery]] = []
 
         async def resume(claim: _Claim) -> Recovery:
@@ -505,6 +525,7 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "DRAINED",
     "LOST",
+    "PassArgs",
     "RecoveredHook",
     "Recovery",
     "RecoveryMixin",

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from ._recovery import PassArgs
 from .callbacks import logger
 
 if TYPE_CHECKING:
@@ -35,10 +36,9 @@ class RecoveryRunner:
     its report.
     """
 
-    def __init__(self, app: Any, config: Any, kwargs: dict[str, Any], interval: float) -> None:
+    def __init__(self, app: Any, args: PassArgs, interval: float) -> None:
         self._app = app
-        self._config = config
-        self._kwargs = kwargs
+        self._args = args
         self._interval = interval
         self._first = threading.Event()
         self._stop = threading.Event()
@@ -77,7 +77,7 @@ class RecoveryRunner:
                 self.running = True
                 report = None
                 try:
-                    report = await self._app.arecover(self._config, **self._kwargs)
+                    report = await self._app._arecover_pass(self._args)
                 except Exception as exc:
                     self._rec.rt.policy.error("recover", exc)
                 finally:
@@ -97,7 +97,7 @@ class RecoveryRunner:
                 self.running = True
                 report = None
                 try:
-                    report = self._app.recover(self._config, **self._kwargs)
+                    report = self._app._recover_pass(self._args)
                 except Exception as exc:
                     self._rec.rt.policy.error("recover", exc)
                 finally:
@@ -193,8 +193,8 @@ class RunnerMixin:
         interval = rt.settings.reconcile_interval_seconds
         if interval > 0:
             rt.stop_periodic_reconcile()
-        args = dict(kwargs, thread_ids=thread_ids, max_concurrency=max_concurrency)
-        runner = RecoveryRunner(self, config, args, interval)
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        runner = RecoveryRunner(self, args, interval)
         self._runners[:] = [runner]
         runner._start()
         return runner

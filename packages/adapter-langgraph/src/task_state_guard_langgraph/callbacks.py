@@ -86,7 +86,8 @@ class GuardCallbackHandler(GraphCallbackHandler):
         settings = resolve_settings(
             db_required=False, strict=strict, heartbeat_seconds=heartbeat_seconds
         )
-        runtime = AdapterRuntime(settings, logger=logger, subject="graph", ledger=ledger)
+        runtime = AdapterRuntime(settings, logger=logger, subject="graph", ledger=ledger,
+                                 adapter="langgraph")
         self._init(
             Recorder(runtime, owner=owner),
             invocation_id=invocation_id,

@@ -30,7 +30,7 @@ from . import __version__, cli_text, operator_reads
 from . import reasons as r
 from .durations import parse_seconds
 from .ledger import Ledger
-from .metrics_command import DEFAULT_LISTEN, check_metrics_options, run_metrics
+from .metrics_command import check_metrics_dir, check_metrics_options, run_metrics
 from .model import (
     DELIVERY_CLOSED,
     TASK_STATES,
@@ -47,6 +47,7 @@ from .model import (
 )
 from .reason_help import describe
 from .reconcile import ReconcilePolicy
+from .serve_command import DEFAULT_LISTEN, check_serve_options, run_serve
 from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0
@@ -172,8 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     metrics = sub.add_parser("metrics", help="Prometheus text exposition of status")
     metrics.add_argument("--active-grace-seconds", help=_DURATION)
     metrics.add_argument("--textfile", help="replace this file atomically (node exporter)")
-    metrics.add_argument("--serve", action="store_true", help="serve GET /metrics (read-only)")
-    metrics.add_argument("--listen", help=f"with --serve: IP:PORT (default {DEFAULT_LISTEN})")
+    metrics.add_argument("--serve", action="store_true", help="the same as tsg serve")
+    _add_serve_options(metrics, "with --serve: ")
+    _add_metrics_dir(metrics)
+    serve = sub.add_parser("serve", help="read-only web view and GET /metrics over HTTP")
+    serve.add_argument("--active-grace-seconds", help=_DURATION)
+    _add_serve_options(serve, "")
+    _add_metrics_dir(serve)
     prune = sub.add_parser("prune", help="delete closed task trees older than a cut-off")
     prune.add_argument("--older-than", required=True, help=_DURATION)
     prune.add_argument("--dry-run", action="store_true")
@@ -201,6 +207,25 @@ def _add_job(cmd: argparse.ArgumentParser, scope: str = "") -> None:
                            help=f"the job with this {framework} id{scope}")
 
 
+def _add_serve_options(cmd: argparse.ArgumentParser, prefix: str) -> None:
+    cmd.add_argument("--listen", help=f"{prefix}IP:PORT (default {DEFAULT_LISTEN})")
+    cmd.add_argument("--token-file", help=f"{prefix}bearer token file (or $TSG_SERVE_TOKEN); "
+                                          "required beyond loopback")
+    cmd.add_argument("--refresh", help=f"{prefix}pages refresh every T (default 30s; 0: off)")
+
+
+def _add_metrics_dir(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--metrics-dir",
+                     help="add the adapters' counters summed over every process that counts "
+                          "into this directory (default: $TSG_METRICS_DIR)")
+
+
+def _metrics_dir(args: argparse.Namespace) -> str | None:
+    """``--metrics-dir``, else ``$TSG_METRICS_DIR`` (unset or empty: none)."""
+    given: str | None = args.metrics_dir
+    return given if given is not None else (os.environ.get("TSG_METRICS_DIR") or None)
+
+
 def _add_format(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--format", choices=("json", "text"), default="json",
                      help="json (default): one JSON line; text: for people")
@@ -211,7 +236,7 @@ def _add_progress(cmd: argparse.ArgumentParser) -> None:
                      help="progress lines (done/total) on stderr while the pass runs")
 
 
-_READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "doctor"})
+_READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "serve", "doctor"})
 _BY_ID = frozenset({"start", "heartbeat", "close", "delivery", "get", "children"})
 
 
@@ -308,11 +333,17 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
                                             "TSG_DELIVERY_GRACE_SECONDS",
                                             DEFAULT_DELIVERY_GRACE, "delivery grace"),
         )
-    elif command in ("status", "metrics"):
+    elif command in ("status", "metrics", "serve"):
         values["grace"] = _seconds(args.active_grace_seconds, "TSG_ACTIVE_GRACE_SECONDS",
                                    DEFAULT_ACTIVE_GRACE, "active grace")
     if command == "metrics":
-        values.update(check_metrics_options(args.textfile, args.serve, args.listen))
+        values["metrics_dir"] = _metrics_dir(args)
+        values.update(check_metrics_options(args.textfile, args.serve, args.listen,
+                                            args.refresh, args.token_file,
+                                            values["metrics_dir"]))
+    elif command == "serve":
+        values["metrics_dir"] = check_metrics_dir(_metrics_dir(args))
+        values.update(check_serve_options(args.listen, args.refresh))
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
@@ -333,8 +364,11 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
         values = _check_values(args)
     except InvalidInput:
         raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
+    if command == "serve" or (command == "metrics" and values["listen"] is not None):
+        return run_serve(lambda: _open(args), values, token_file=args.token_file, emit=_emit,
+                         categorize=error_category)
     if command == "metrics":
-        return run_metrics(lambda: _open(args), values, emit=_emit, categorize=error_category)
+        return run_metrics(lambda: _open(args), values)
     ledger = _open(args)
     try:
         if command == "init":

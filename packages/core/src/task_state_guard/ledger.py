@@ -12,6 +12,7 @@ from typing import Any
 
 from . import backends, connections, database, schema, storage, task_list
 from . import events as _events
+from . import history as _history
 from . import prune as _prune
 from . import reasons as r
 from . import reconcile as _reconcile
@@ -610,15 +611,20 @@ class Ledger:
             raise TaskNotFound("task not found")
         return row_to_task(row)
 
-    def children_of(self, task_id: str | uuid.UUID) -> list[Task]:
-        """Return the direct children of a task, oldest first."""
+    def children_of(self, task_id: str | uuid.UUID, *, limit: int | None = None) -> list[Task]:
+        """Return the direct children of a task, oldest first (the first ``limit`` only, when
+        given)."""
         tid = canonical_id(task_id)
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidInput("limit must be a positive integer")
+        sql = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = ? ORDER BY seq"
+        params: tuple[Any, ...] = (tid,) if limit is None else (tid, limit)
         with self._db.read() as conn:
             if conn.execute("SELECT 1 FROM tsg_tasks WHERE id = ?", (tid,)).fetchone() is None:
                 raise TaskNotFound("task not found")
-            rows = conn.execute(
-                f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = ? ORDER BY seq", (tid,)
-            ).fetchall()
+            rows = conn.execute(sql + ("" if limit is None else " LIMIT ?"), params).fetchall()
         return [row_to_task(r) for r in rows]
 
     def find_task_ids(
@@ -686,6 +692,9 @@ class Ledger:
         older_than_seconds: float | None = None,
         limit: int = task_list.DEFAULT_LIMIT,
         task_id: str | uuid.UUID | None = None,
+        order: str = "created",
+        descending: bool = False,
+        after: str | None = None,
     ) -> task_list.TaskListing:
         """List tasks for operators, oldest first (ids on purpose: protect the output).
 
@@ -699,11 +708,18 @@ class Ledger:
         unless ``status`` is given (the id of a framework job:
         :func:`task_state_guard.integration.job_task_id`). At most ``limit`` rows (default
         100); ``more`` says whether others matched.
+
+        ``order`` sorts by ``created`` (the ledger's creation order, the default),
+        ``activity`` (the last sign of life: longest idle first), ``name`` or ``status``,
+        ties in creation order; ``descending`` reverses the whole order, ties included.
+        ``after`` is a row's ``cursor`` from an earlier listing with the same order: the rows
+        after it (the next page).
         """
         return task_list.list_tasks(
             self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
             stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
             task_id=None if task_id is None else canonical_id(task_id),
+            order=order, descending=descending, after=after,
         )
 
     def events_of(self, task_id: str | uuid.UUID) -> list[_events.TaskEvent]:
@@ -756,6 +772,13 @@ class Ledger:
     def status(self, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
         return _status.collect_status(self._db, active_grace_seconds=active_grace_seconds)
+
+    def outcome_history(
+        self, *, window_seconds: float = 86400.0, buckets: int = 24
+    ) -> _history.OutcomeHistory:
+        """Logical tasks closed over the last ``window_seconds``, per bucket and outcome
+        (``succeeded``, ``failed``, ``lost``, ``timed_out``, ``cancelled``); counts only."""
+        return _history.outcome_history(self._db, window_seconds=window_seconds, buckets=buckets)
 
     def prune(
         self, older_than_seconds: float, *, dry_run: bool = False,

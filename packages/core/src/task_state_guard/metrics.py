@@ -115,6 +115,19 @@ def format_prometheus(report: dict[str, Any]) -> str:
     return out.render()
 
 
+def format_server_counters(counts: dict[str, int]) -> str:
+    """The ``tsg serve`` process's own counter: connections that ended without a normal
+    response, by reason (``reset``, ``timeout``, ``overload``, ``malformed``, ``internal``)."""
+    out = Exposition()
+    out.family(
+        "tsg_serve_connections_dropped_total", "counter",
+        "Connections to this tsg serve process that ended without a normal response, by reason "
+        "(since the process started).",
+        [({"reason": reason}, count) for reason, count in counts.items()],
+    )
+    return out.render()
+
+
 # ----------------------------------------------------------------------------- textfile
 
 
@@ -196,4 +209,4 @@ def _fsync_directory(directory: str) -> None:
 
 
 __all__ = ["CONTENT_TYPE", "Exposition", "check_textfile", "format_prometheus",
-           "write_textfile"]
+           "format_server_counters", "write_textfile"]

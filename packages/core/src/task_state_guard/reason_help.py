@@ -48,6 +48,15 @@ HELP: dict[str, tuple[str, str]] = {
         'any other refused command line',
         'check `tsg COMMAND --help`',
     ),
+    r.SERVE_TOKEN_REQUIRED: (
+        '`tsg serve` was asked to listen beyond loopback without a token',
+        'give `--token-file PATH` or set `TSG_SERVE_TOKEN`, or listen on `127.0.0.1`',
+    ),
+    r.SERVE_TOKEN_INVALID: (
+        'the token file cannot be read, or the token is shorter than 16 characters or has '
+        'spaces or non-ASCII characters',
+        'check the file; use a long random token (`openssl rand -hex 32`)',
+    ),
     r.INVALID_DATABASE_PATH: (
         'the path is empty, a `file:` URI or `:memory:`; or a `postgresql://` URL that does not '
         'parse, or whose `schema` or `owner_reconnect_seconds` is out of range',

@@ -18,6 +18,8 @@ MISSING_VALUE = "missing_value"
 INVALID_VALUE = "invalid_value"
 MISSING_DATABASE_PATH = "missing_database_path"
 USAGE_ERROR = "usage_error"
+SERVE_TOKEN_REQUIRED = "serve_token_required"
+SERVE_TOKEN_INVALID = "serve_token_invalid"
 
 # ----------------------------------------------------------------------------- the path
 INVALID_DATABASE_PATH = "invalid_database_path"
@@ -88,6 +90,7 @@ USAGE: frozenset[str] = frozenset(
     {
         MISSING_COMMAND, UNKNOWN_COMMAND, UNKNOWN_OPTION, UNEXPECTED_ARGUMENT, MISSING_ARGUMENT,
         MISSING_VALUE, INVALID_VALUE, MISSING_DATABASE_PATH, USAGE_ERROR,
+        SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID,
     }
 )
 #: Reasons of storage, location and identity errors (``StorageError``, ``LedgerBusy``,

@@ -1,15 +1,17 @@
 """The operator's task listing: which tasks are stuck, with what they need to be traced.
 
-One query per listing, oldest task first: tasks (jobs: roots, and children that owe their
-own delivery, such as a LangGraph resume or recovery run) by default, or the attempts
-(children that owe nobody a delivery) when asked, filtered by state, name label, idle time,
-age and one job. Each row carries its kind and its number of attempts (direct children that
-are attempts). The caller hands in the task columns and the row validator, so a tampered row
-is never returned.
+One query per listing, oldest task first unless another order is asked for: tasks (jobs:
+roots, and children that owe their own delivery, such as a LangGraph resume or recovery run)
+by default, or the attempts (children that owe nobody a delivery) when asked, filtered by
+state, name label, idle time, age and one job. Each row carries its kind, its number of
+attempts (direct children that are attempts) and its position in the order (a cursor: the
+next page starts after the last row's, so a page costs the same at any depth). The caller
+hands in the task columns and the row validator, so a tampered row is never returned.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,15 @@ _ATTEMPTS = (
     "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id "
     "AND a.delivery_required = 0)"
 )
+#: The sort keys of a listing: creation order (the ledger's own, oldest first), the last sign of
+#: life (longest idle first), the name label, the state. Ties go by creation order.
+ORDERS: dict[str, str] = {
+    "created": "seq",
+    "activity": _ACTIVITY,
+    "name": "coalesce(name, '')",
+    "status": "status",
+}
+_TEXT_ORDERS = frozenset({"name", "status"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,8 @@ class ListedTask:
     attempts: int
     age_seconds: float
     idle_seconds: float
+    #: This row's position in its listing's order: pass it as ``after`` for the rows after it.
+    cursor: str = ""
 
     @property
     def kind(self) -> str:
@@ -115,6 +128,35 @@ def _where(
     return " AND ".join(clauses), params
 
 
+def _cursor(order: str, key: Any, seq: Any) -> str:
+    """An opaque position: the sort key and the creation order of a row."""
+    if order in _TEXT_ORDERS:
+        return f"{str(key).encode('utf-8').hex()}.{int(seq)}"
+    return f"{float(key).hex() if order != 'created' else int(key)}.{int(seq)}"
+
+
+def parse_cursor(order: str, text: object) -> tuple[Any, int]:
+    """The sort key and creation order a cursor of ``order`` holds (``InvalidInput`` when it is
+    not one; the error never repeats it)."""
+    if not isinstance(text, str) or len(text) > 1000:
+        raise InvalidInput("the cursor is malformed")
+    key_text, dot, seq_text = text.rpartition(".")
+    if not dot or not seq_text.isdigit() or len(seq_text) > 19:
+        raise InvalidInput("the cursor is malformed")
+    try:
+        if order in _TEXT_ORDERS:
+            key: Any = bytes.fromhex(key_text).decode("utf-8")
+        elif order == "created":
+            key = int(key_text) if key_text.isdigit() else None
+        else:
+            key = float.fromhex(key_text)
+    except (ValueError, OverflowError):
+        raise InvalidInput("the cursor is malformed") from None
+    if key is None or (isinstance(key, float) and not math.isfinite(key)):
+        raise InvalidInput("the cursor is malformed")
+    return key, int(seq_text)
+
+
 def list_tasks(
     db: Database,
     columns: str,
@@ -127,6 +169,9 @@ def list_tasks(
     older_than_seconds: float | None = None,
     limit: int = DEFAULT_LIMIT,
     task_id: str | None = None,
+    order: str = "created",
+    descending: bool = False,
+    after: str | None = None,
 ) -> TaskListing:
     """List tasks, oldest first (see :meth:`task_state_guard.Ledger.list_tasks`)."""
     state = None if status is None else check_state(status, TASK_STATES, "task status")
@@ -140,16 +185,30 @@ def list_tasks(
         raise InvalidInput("attempts must be a boolean")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput("limit must be a positive integer")
+    key = ORDERS.get(order) if isinstance(order, str) else None
+    if key is None:
+        raise InvalidInput("unknown order")
+    if not isinstance(descending, bool):
+        raise InvalidInput("descending must be a boolean")
+    position = None if after is None else parse_cursor(order, after)
+    direction = "DESC" if descending else "ASC"
     with db.read() as conn:
         now = db.now()
         where, params = _where(state, label, attempts, stale, older, now, job)
+        if position is not None:
+            beyond = "<" if descending else ">"
+            where += f" AND ({key} {beyond} ? OR ({key} = ? AND seq {beyond} ?))"
+            params += [position[0], position[0], position[1]]
+        ordering = f"{key} {direction}, seq {direction}" if order != "created" else (
+            f"seq {direction}")
         sql = (
-            f"SELECT {columns}, {_ATTEMPTS}, {_ACTIVITY} FROM tsg_tasks WHERE {where} "
-            "ORDER BY seq LIMIT ?"
+            f"SELECT {columns}, {_ATTEMPTS}, {_ACTIVITY}, {key}, seq FROM tsg_tasks "
+            f"WHERE {where} ORDER BY {ordering} LIMIT ?"
         )
         rows = conn.execute(sql, [*params, limit + 1]).fetchall()
     listed: list[ListedTask] = []
     for row in rows[:limit]:
-        task = to_task(tuple(row[:-2]))
-        listed.append(ListedTask(task, int(row[-2]), now - task.created_at, now - float(row[-1])))
+        task = to_task(tuple(row[:-4]))
+        listed.append(ListedTask(task, int(row[-4]), now - task.created_at,
+                                 now - float(row[-3]), _cursor(order, row[-2], row[-1])))
     return TaskListing(listed, len(rows) > limit, now)

@@ -12,7 +12,9 @@ A *conflict* is different: the ledger refused to rewrite a terminal record (for 
 completion after a reconcile timed the task out). It is the ledger protecting history, not a
 failure, so it is counted by kind and logged once, and never raised.
 
-Counters belong to one process: a forked child starts with empty counters.
+Counters belong to one process: a forked child starts with empty counters. ``on_count`` (set by
+the runtime when a metrics directory is configured) hears of each increment, so the counts of
+every process can be summed outside it (:mod:`task_state_guard.adapter_counters`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
 from ..model import LedgerError
 
 T = TypeVar("T")
+#: Told of each increment: ``(family, labels)`` of ``task_state_guard.adapter_counters``.
+CountListener = Callable[[str, Mapping[str, str]], None]
 
 
 class ErrorPolicy:
@@ -42,6 +46,8 @@ class ErrorPolicy:
         self._errors: Counter[str] = Counter()
         self._logged: set[tuple[str, str | None]] = set()
         self._conflicts: Counter[str] = Counter()
+        #: Hears of each counted error and conflict (must never raise).
+        self.on_count: CountListener | None = None
 
     def _own(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's counts are not this process's
@@ -64,6 +70,9 @@ class ErrorPolicy:
             self._errors[kind] += 1
             first = (kind, reason) not in self._logged
             self._logged.add((kind, reason))
+        if self.on_count is not None:
+            self.on_count("tsg_adapter_ledger_errors_total",
+                          {"hook": where, "error": type(exc).__name__})
         if first:
             self.logger.warning(
                 "task-state-guard: ledger error (%s%s); the %s runs on. "
@@ -85,6 +94,8 @@ class ErrorPolicy:
         with self._lock:
             self._conflicts[kind] += 1
             first = self._conflicts[kind] == 1
+        if self.on_count is not None:
+            self.on_count("tsg_adapter_conflicts_total", {"kind": kind})
         if first:
             self.logger.warning(
                 "task-state-guard: %s refused: the record is already closed otherwise "
@@ -122,4 +133,4 @@ class ErrorPolicy:
             return dict(self._conflicts)
 
 
-__all__ = ["ErrorPolicy"]
+__all__ = ["CountListener", "ErrorPolicy"]

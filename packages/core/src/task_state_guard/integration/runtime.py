@@ -11,7 +11,8 @@ One :class:`AdapterRuntime` per installed adapter. It owns
 * the error policy (:class:`~task_state_guard.integration.ErrorPolicy`);
 * delivery marks (:meth:`mark_delivered`, :meth:`mark_delivery_failed`), reconcile (at boot,
   periodically in a worker's main process, or on request) and the counters behind every
-  adapter's ``stats()``;
+  adapter's ``stats()`` (with ``metrics_dir`` set, every increment is also added to the
+  directory's counters file, so ``tsg metrics`` shows the sums of every process);
 * lost jobs: after each applied reconcile, every logical task of this adapter that the pass
   timed out (its worker died, it went stale, or it passed its deadline) and whose framework id
   is stored becomes a :class:`LostTask`, handed first to the adapter's result-backend writer
@@ -31,11 +32,12 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
+from .. import adapter_counters
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
 from ..model import LedgerBusy, LedgerError, StateConflict, Task, TaskNotFound, is_canonical
@@ -43,6 +45,7 @@ from ..reconcile import DecisionCallback, ReconcileDecision, ReconcilePolicy
 from . import codes
 from .errors import ErrorPolicy
 from .ids import IdScheme
+from .metrics import CONFLICT_KINDS
 from .settings import Settings
 
 #: One close: ``(task_id, status, code, internal)``; ``internal`` marks an attempt.
@@ -87,6 +90,7 @@ class _Process:
         self.refs: Counter[str] = Counter()
         self.deferred: dict[str, codes.Outcome] = {}
         self.reconciles = 0
+        self.counted = False  # has this process added to the metrics directory yet
         self.reconciler: tuple[threading.Event, threading.Thread] | None = None
 
 
@@ -109,10 +113,16 @@ class AdapterRuntime:
         ledger: Ledger | None = None,
         ids: IdScheme | None = None,
         on_lost: LostHook | None = None,
+        adapter: str = "adapter",
     ) -> None:
         self.settings = settings
         self.logger = logger
+        #: The ``adapter`` label of this runtime's counters (``celery``, ``dramatiq``, ...).
+        self.adapter = adapter
         self.policy = ErrorPolicy(logger, strict=settings.strict, subject=subject)
+        self._counters_failed = False
+        if settings.metrics_dir is not None:
+            self.policy.on_count = self._count_in_directory
         self._external = ledger
         self._proc = _Process()
         self.ids = ids
@@ -124,6 +134,33 @@ class AdapterRuntime:
         self.fail_lost: LostHook | None = None
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ counters
+
+    def _count_in_directory(self, family: str, labels: Mapping[str, str]) -> None:
+        """Add one increment to the metrics directory's counters file; never raises (a failure
+        is logged once per process, and the in-process counters still count)."""
+        directory = self.settings.metrics_dir
+        if directory is None:
+            return
+        increments: list[adapter_counters.Increment] = [
+            (family, {**labels, "adapter": self.adapter}, 1)]
+        proc = self._state()
+        if not proc.counted:  # this process's first: its adapter's counters appear at zero
+            proc.counted = True
+            increments += [("tsg_adapter_conflicts_total", {"adapter": self.adapter, "kind": k}, 0)
+                           for k in CONFLICT_KINDS]
+            increments.append(("tsg_adapter_reconciles_total", {"adapter": self.adapter}, 0))
+        try:
+            adapter_counters.add(directory, increments)
+        except (OSError, ValueError) as exc:
+            if not self._counters_failed:
+                self._counters_failed = True
+                self.logger.warning(
+                    "task-state-guard: the adapter counters cannot be added to the metrics "
+                    "directory (%s); this process's counters stay in stats() only.",
+                    type(exc).__name__,
+                )
 
     # ------------------------------------------------------------------ per process
 
@@ -509,6 +546,8 @@ class AdapterRuntime:
             proc = self._state()
             with proc.lock:
                 proc.reconciles += 1
+            if self.policy.on_count is not None:
+                self.policy.on_count("tsg_adapter_reconciles_total", {})
             self.last_reconcile = report
             self.report_lost(decisions)
         if on_decision is not None:

@@ -18,6 +18,7 @@ setting                         environment variable                  default
 ``strict``                      ``TSG_STRICT``                        false
 ``fail_lost_results``           ``TSG_FAIL_LOST_RESULTS``             true
 ``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
+``metrics_dir``                 ``TSG_METRICS_DIR``                   none (off)
 ==============================  ====================================  ========================
 
 A ``*_seconds`` value given as text (environment, framework configuration) may carry a unit, as
@@ -27,6 +28,9 @@ active grace. ``reconcile_interval_seconds`` is used by adapters with a long-liv
 (Celery and Dramatiq workers: a periodic reconcile in the worker's main process).
 ``fail_lost_results=false`` stops adapters from writing a failure into the framework's result
 backend for a job a reconcile found lost (the ``on_lost`` hook still fires).
+``metrics_dir``: a directory where every process adds its counters (ledger errors, conflicts,
+reconciles) to one shared file, for ``tsg metrics`` to expose summed over all processes
+(:mod:`task_state_guard.adapter_counters`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ _NAMES = (
     "strict",
     "fail_lost_results",
     "busy_timeout_ms",
+    "metrics_dir",
 )
 
 
@@ -71,6 +76,7 @@ class SettingArgs(TypedDict, total=False):
     strict: bool | None
     fail_lost_results: bool | None
     busy_timeout_ms: int | None
+    metrics_dir: str | os.PathLike[str] | None
 
 
 class ConfigurationError(InvalidInput, ValueError):
@@ -90,6 +96,7 @@ class Settings:
     strict: bool
     busy_timeout_ms: int
     fail_lost_results: bool = True
+    metrics_dir: str | None = None
 
     def __repr__(self) -> str:
         """Every setting, the ledger URL without its password."""
@@ -182,6 +189,14 @@ def _milliseconds(value: Any, source: str) -> int:
     return int(number)
 
 
+def _directory(value: Any, source: str) -> str:
+    if isinstance(value, str | os.PathLike):
+        text = os.fspath(value)
+        if isinstance(text, str) and text and "\0" not in text:
+            return text
+    raise ConfigurationError(f"task-state-guard: {source} must be a directory path")
+
+
 def resolve_settings(
     *,
     framework: FrameworkConfig | None = None,
@@ -242,6 +257,8 @@ def resolve_settings(
     fail_lost = True if value is None else _flag(value, source)
     value, source = get("busy_timeout_ms")
     busy = DEFAULT_BUSY_TIMEOUT_MS if value is None else _milliseconds(value, source)
+    value, source = get("metrics_dir")
+    metrics_dir = None if value is None else _directory(value, source)
     return Settings(
         db=str(db),
         active_grace_seconds=active,
@@ -252,6 +269,7 @@ def resolve_settings(
         strict=strict,
         busy_timeout_ms=busy,
         fail_lost_results=fail_lost,
+        metrics_dir=metrics_dir,
     )
 
 

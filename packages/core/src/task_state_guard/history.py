@@ -1,0 +1,93 @@
+"""Outcomes over time: logical tasks closed per time bucket, by outcome. Counts only, no ids.
+
+A job counts once, when its logical task (a root) closed, under one outcome: ``succeeded``,
+``failed``, ``lost`` (timed out because its owner died, a restart found it stale, or its deadline
+passed), ``timed_out`` (a time limit) or ``cancelled``. The counts come from the tasks still in
+the ledger: history that ``tsg prune`` deleted is not in them (the monotonic totals of
+``tsg status`` keep it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .model import InvalidInput, check_seconds
+
+if TYPE_CHECKING:
+    from .database import Database
+
+OUTCOMES = ("succeeded", "failed", "lost", "timed_out", "cancelled")
+#: The ``timed_out`` codes that mean the work was lost rather than cut off by a time limit.
+LOST_CODES = frozenset({"owner_lost", "restart_stale", "deadline_exceeded"})
+MAX_BUCKETS = 500
+
+_ROOT_CLOSES = (
+    "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= ? AND ended_at < ? "
+    "AND status IN ('succeeded','failed','timed_out','cancelled')"
+)
+# SQLite streams the few recent closes and counts them here (its GROUP BY would sort them);
+# a server groups them itself.
+_STREAMED = f"SELECT ended_at, status, terminal_code {_ROOT_CLOSES}"
+_GROUPED = (
+    f"SELECT floor((ended_at - ?) / ?), status, terminal_code, count(*) {_ROOT_CLOSES} "
+    "GROUP BY 1, 2, 3"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeHistory:
+    """Closes per bucket: ``counts[outcome][i]`` jobs closed in
+    ``[start + i * bucket_seconds, start + (i + 1) * bucket_seconds)``."""
+
+    start: float
+    bucket_seconds: float
+    counts: dict[str, list[int]]
+
+    @property
+    def buckets(self) -> int:
+        """The number of buckets."""
+        return len(self.counts[OUTCOMES[0]])
+
+
+def outcome_of(status: Any, code: Any) -> str | None:
+    """The outcome a closed job counts under (None for a state that is not terminal)."""
+    if status == "timed_out":
+        return "lost" if code in LOST_CODES else "timed_out"
+    return status if status in OUTCOMES else None
+
+
+def outcome_history(db: Database, *, window_seconds: float, buckets: int) -> OutcomeHistory:
+    """Logical tasks closed in the last ``window_seconds``, in ``buckets`` equal buckets ending
+    now (the ledger's clock)."""
+    window = check_seconds(window_seconds, "window_seconds", allow_zero=False)
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= MAX_BUCKETS:
+        raise InvalidInput("buckets is out of range")
+    width = window / buckets
+    counts = {outcome: [0] * buckets for outcome in OUTCOMES}
+    with db.read() as conn:
+        now = db.now()
+        start = now - window
+        if db.group_on_server:
+            rows = conn.execute(_GROUPED, (start, width, start, now)).fetchall()
+            for index, status, code, count in rows:
+                _add(counts, index, status, code, int(count))
+        else:
+            cursor = conn.execute(_STREAMED, (start, now))
+            while batch := cursor.fetchmany(4096):
+                for ended, status, code in batch:
+                    if isinstance(ended, int | float) and math.isfinite(ended):
+                        _add(counts, (ended - start) / width, status, code, 1)
+    return OutcomeHistory(start, width, counts)
+
+
+def _add(counts: dict[str, list[int]], index: Any, status: Any, code: Any, count: int) -> None:
+    outcome = outcome_of(status, code)
+    if outcome is None or not isinstance(index, int | float) or not math.isfinite(index):
+        return  # only a tampered row has such values; doctor reports the file
+    slot = min(max(int(index), 0), len(counts[outcome]) - 1)
+    counts[outcome][slot] += count
+
+
+__all__ = ["LOST_CODES", "OUTCOMES", "OutcomeHistory", "outcome_history", "outcome_of"]

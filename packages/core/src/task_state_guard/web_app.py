@@ -1,0 +1,471 @@
+"""The application behind ``tsg serve``: routes, access, security headers and the reads.
+
+Routes (``GET`` and ``HEAD``): ``/`` the overview, ``/stuck`` the stuck-work list, ``/job`` a
+job (by ledger id, or by the id a framework gave it), ``/metrics`` the Prometheus exposition;
+``POST /login`` only when a token is set. Every request opens the ledger read-only, reads,
+and closes it: nothing here writes the ledger. At most two aggregate reads (the overview, a
+scrape) run at once, so a few open browser tabs cannot multiply the memory of a large
+ledger's status pass.
+
+Access: with a token (listening beyond loopback requires one), every route but the sign-in
+wants it, as ``Authorization: Bearer <token>`` (Prometheus' ``authorization`` setting) or as
+the session cookie the sign-in form sets (``HttpOnly``, ``SameSite=Strict``; derived from the
+token, so changing the token ends every session). Without a token, only requests that name a
+loopback host are answered (a web page elsewhere cannot reach the server by DNS rebinding).
+
+Every response carries ``X-Content-Type-Options: nosniff``, ``Cache-Control: no-store``, a
+``Content-Security-Policy`` that allows the page's own nonce'd style and script and nothing
+else (``frame-ancestors 'none'``), ``X-Frame-Options: DENY`` and ``Referrer-Policy:
+no-referrer``. Errors answer a fixed text: the error's category at most, never a trace, a
+path or the value that was refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from . import web_pages as pages
+from .durations import parse_seconds
+from .http_server import Counters, Request, Response
+from .ledger import Ledger
+from .metrics import CONTENT_TYPE, format_server_counters
+from .metrics_command import metrics_text
+from .model import (
+    TASK_STATES,
+    InvalidInput,
+    LedgerError,
+    Task,
+    TaskNotFound,
+    canonical_id,
+    check_name,
+)
+from .task_list import ORDERS, TaskListing, parse_cursor
+from .web_html import View
+
+HTML = "text/html; charset=utf-8"
+SESSION_COOKIE = "tsg_session"
+PER_PAGE = (25, 50, 100, 200)
+ATTEMPTS_SHOWN = 100
+_SAFE_NEXT = re.compile(r"/(?!/)[A-Za-z0-9/_.~%&=+?-]{0,500}")
+#: The kinds of id a job can be found by: (form value, label). ``any`` tries each in turn.
+ID_KINDS: tuple[tuple[str, str], ...] = (
+    ("any", "any kind of id"), ("ledger", "ledger id"), ("celery", "Celery task id"),
+    ("dramatiq", "Dramatiq message id"), ("langgraph", "LangGraph invocation id"),
+)
+MAX_ID_LENGTH = 1000
+
+
+def _common_headers(policy: str) -> list[tuple[str, str]]:
+    return [
+        ("Content-Security-Policy", policy),
+        ("X-Content-Type-Options", "nosniff"),
+        ("X-Frame-Options", "DENY"),
+        ("Referrer-Policy", "no-referrer"),
+        ("Cache-Control", "no-store"),
+        ("Cross-Origin-Opener-Policy", "same-origin"),
+        ("Cross-Origin-Resource-Policy", "same-origin"),
+    ]
+
+
+def _html_policy(nonce: str) -> str:
+    return (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+            "img-src data:; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+
+
+_PLAIN_POLICY = "default-src 'none'; frame-ancestors 'none'"
+
+
+def is_loopback_host(header: str) -> bool:
+    """Whether a ``Host`` header names this machine's loopback (``localhost``, ``127.x``,
+    ``[::1]``), with or without a port."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    else:
+        name, colon, port = host.rpartition(":")
+        if not colon or not port.isdigit():
+            name = host
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class _BadInput(Exception):
+    """A query value the page refuses (its message is fixed text, never the value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How the app answers: the active grace of the at-risk counts, the refresh interval
+    (0: off), the token (None: loopback only, no sign-in) and the adapters' metrics directory
+    whose summed counters ``/metrics`` adds (None: none)."""
+
+    grace: float
+    refresh_seconds: int
+    token: str | None
+    metrics_dir: str | None = None  # the adapters' metrics directory, added to /metrics
+
+
+class WebApp:
+    """The request handler given to :class:`~task_state_guard.http_server.HttpServer`."""
+
+    def __init__(self, open_ledger: Callable[[], Ledger], settings: Settings,
+                 counters: Counters, categorize: Callable[[LedgerError], str]) -> None:
+        self._open = open_ledger
+        self.settings = settings
+        self.counters = counters
+        self._categorize = categorize
+        self._aggregates = threading.BoundedSemaphore(2)
+        self._session = None if settings.token is None else hmac.new(
+            settings.token.encode("utf-8"), b"tsg-serve-session", hashlib.sha256).hexdigest()
+
+    # ------------------------------------------------------------------ dispatch
+    def __call__(self, request: Request) -> Response:
+        nonce = secrets.token_urlsafe(16)
+        try:
+            response = self._dispatch(request, nonce)
+        except Exception:
+            self.counters.add("internal")
+            response = self._page(500, nonce, lambda view: pages.message(
+                view, "Internal error", "The page could not be made (InternalError)."))
+        response.headers[:0] = _common_headers(
+            _html_policy(nonce) if response.content_type == HTML else _PLAIN_POLICY)
+        return response
+
+    _ROUTES = frozenset({"/", "/stuck", "/job", "/metrics", "/login"})
+
+    def _dispatch(self, request: Request, nonce: str) -> Response:
+        if request.method not in ("GET", "HEAD", "POST"):
+            return _text(501, "not implemented")
+        if self.settings.token is None and not is_loopback_host(
+                request.headers.get("host", "localhost")):
+            return _text(421, "this server answers requests for its loopback address only")
+        if request.path not in self._ROUTES:
+            return self._page(404, nonce, lambda view: pages.message(
+                view, "Not found", "There is no such page."))
+        if request.path == "/login":
+            try:
+                return self._login(request, nonce)
+            except _BadInput as exc:
+                return self._refused(nonce, exc)
+        if request.method == "POST":
+            response = _text(405, "method not allowed")
+            response.headers.append(("Allow", "GET, HEAD"))
+            return response
+        if not self._authorized(request):
+            if request.path == "/metrics":
+                response = _text(401, "unauthorized")
+                response.headers.append(("WWW-Authenticate", 'Bearer realm="tsg"'))
+                return response
+            target = request.path + ("?" + request.query if request.query else "")
+            response = self._page(401, nonce, lambda view: pages.login(view, target, False))
+            response.headers.append(("WWW-Authenticate", 'Bearer realm="tsg"'))
+            return response
+        if request.path == "/metrics":
+            return self._metrics()
+        try:
+            params = _params(request.query)
+        except _BadInput as exc:
+            return self._refused(nonce, exc)
+        view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
+        handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[request.path]
+        try:
+            return handler(view, params)
+        except _BadInput as exc:
+            return self._refused(nonce, exc)
+        except LedgerError as exc:  # the page keeps refreshing: it shows once the ledger reads
+            note = ("It is read again on the next refresh." if view.refresh_seconds
+                    and not view.paused else "Reload the page to read it again.")
+            body = pages.message(view, "Ledger unavailable",
+                                 f"The ledger could not be read ({self._categorize(exc)}).",
+                                 note, here=request.path,
+                                 params={k: v for k, v in params.items() if k != "refresh"})
+            return Response(503, body, HTML)
+
+    def _refused(self, nonce: str, exc: _BadInput) -> Response:
+        text = str(exc)
+        return self._page(400, nonce, lambda view: pages.message(view, "Not understood", text))
+
+    def _page(self, status: int, nonce: str, render: Callable[[View], bytes]) -> Response:
+        return Response(status, render(View(nonce, 0, False)), HTML)
+
+    # ------------------------------------------------------------------ access
+    def _authorized(self, request: Request) -> bool:
+        token = self.settings.token
+        if token is None:
+            return True
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+                credentials.strip().encode("utf-8"), token.encode("utf-8")):
+            return True
+        session = _cookie(request.headers.get("cookie", ""), SESSION_COOKIE)
+        return session is not None and self._session is not None and hmac.compare_digest(
+            session.encode("utf-8"), self._session.encode("utf-8"))
+
+    def _login(self, request: Request, nonce: str) -> Response:
+        if self.settings.token is None or self._session is None:
+            return self._page(404, nonce, lambda view: pages.message(
+                view, "Not found", "This server has no token: there is nothing to sign in to."))
+        if request.method != "POST":
+            target = _params(request.query).get("next", "/")
+            safe = target if _SAFE_NEXT.fullmatch(target) else "/"
+            return self._page(200, nonce, lambda view: pages.login(view, safe, False))
+        form = _params(request.body.decode("utf-8", "replace"))
+        target = form.get("next", "/")
+        safe = target if _SAFE_NEXT.fullmatch(target) else "/"
+        given = form.get("token", "")
+        if not hmac.compare_digest(given.encode("utf-8"), self.settings.token.encode("utf-8")):
+            return self._page(401, nonce, lambda view: pages.login(view, safe, True))
+        response = Response(303, b"", "text/plain; charset=utf-8")
+        response.headers += [
+            ("Location", safe),
+            ("Set-Cookie", f"{SESSION_COOKIE}={self._session}; Path=/; HttpOnly; "
+                           "SameSite=Strict"),
+        ]
+        return response
+
+    # ------------------------------------------------------------------ reads
+    @contextmanager
+    def _ledger(self, aggregate: bool = False) -> Iterator[Ledger]:
+        if aggregate:
+            self._aggregates.acquire()
+        try:
+            ledger = self._open()
+            try:
+                yield ledger
+            finally:
+                ledger.close()
+        finally:
+            if aggregate:
+                self._aggregates.release()
+
+    def _metrics(self) -> Response:
+        try:
+            with self._ledger(aggregate=True) as ledger:
+                text = metrics_text(ledger, active_grace_seconds=self.settings.grace,
+                                    metrics_dir=self.settings.metrics_dir)
+        except LedgerError as exc:
+            return _text(503, f"error: {self._categorize(exc)}")
+        text += format_server_counters(self.counters.snapshot())
+        return Response(200, text.encode("utf-8"), CONTENT_TYPE)
+
+    def _overview(self, view: View, params: dict[str, str]) -> Response:
+        window = params.get("window", "24h")
+        if window not in pages.WINDOWS:
+            raise _BadInput("The chart window must be one of 1h, 6h, 24h or 7d.")
+        seconds, buckets = pages.WINDOWS[window]
+        with self._ledger(aggregate=True) as ledger:
+            report = ledger.status(active_grace_seconds=self.settings.grace)
+            history = ledger.outcome_history(window_seconds=seconds, buckets=buckets)
+        now = history.start + seconds
+        body = pages.overview(view, report, history, window, now)
+        return Response(200, body, HTML)
+
+    def _stuck(self, view: View, params: dict[str, str]) -> Response:
+        try:
+            query, cursor, backwards = _stuck_query(params)
+        except _BadInput as exc:
+            fallback = _stuck_query({})[0]
+            body = pages.stuck(view, fallback, TaskListing([], False, time.time()),
+                               has_previous=False, error=str(exc), kinds=ID_KINDS)
+            return Response(400, body, HTML)
+        with self._ledger() as ledger:
+            job = None
+            if query.job:
+                found = _existing(ledger, job_candidates(query.job_kind, query.job))
+                job = found[0][1] if found else None
+            if query.job and job is None:
+                listing = TaskListing([], False, time.time())
+            else:
+                listing = ledger.list_tasks(
+                    status=None if query.status == "active" else query.status,
+                    name=query.name or None, attempts=query.attempts, task_id=job,
+                    stale_seconds=None if not query.idle else parse_seconds(query.idle, "idle"),
+                    older_than_seconds=None if not query.older else parse_seconds(
+                        query.older, "older"),
+                    limit=query.per_page, order=query.order,
+                    descending=query.descending != backwards, after=cursor,
+                )
+        has_previous = cursor is not None
+        if backwards:  # the page before ``cursor``: read backwards, shown forwards
+            has_previous = listing.more
+            listing = TaskListing(listing.tasks[::-1], True, listing.at)
+        body = pages.stuck(view, query, listing, has_previous=has_previous, kinds=ID_KINDS)
+        return Response(200, body, HTML)
+
+    def _job(self, view: View, params: dict[str, str]) -> Response:
+        value = params.get("id", "").strip()
+        kind = params.get("kind", "any")
+        if kind not in dict(ID_KINDS):
+            raise _BadInput("Unknown kind of id.")
+        if not value:
+            return Response(200, pages.job_search(view, ID_KINDS, chosen=kind), HTML)
+        try:
+            candidates = job_candidates(kind, value)
+        except InvalidInput:
+            body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
+                                    error="That is not a valid id of the kind chosen.")
+            return Response(400, body, HTML)
+        with self._ledger() as ledger:
+            found = _existing(ledger, candidates)
+            try:
+                data = _job_view(ledger, found[0][1]) if len(found) == 1 else None
+            except TaskNotFound:  # pruned meanwhile
+                found, data = [], None
+        if data is not None:
+            return Response(200, pages.job(view, data, ID_KINDS, time.time()), HTML)
+        if found:  # the same text is a job id of several frameworks: let the operator pick
+            links = [(view.href("/job", {"id": value, "kind": k}), dict(ID_KINDS)[k])
+                     for k, _task_id in found]
+            body = pages.job_search(view, ID_KINDS, chosen=kind, value=value, choices=links)
+            return Response(200, body, HTML)
+        body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
+                                error="No job with that id is in this ledger.")
+        return Response(404, body, HTML)
+
+
+def _ledger_id(kind: str, value: str) -> str:
+    if kind == "ledger":
+        return canonical_id(value.lower() if len(value) == 36 else value)
+    from .integration.ids import job_task_id
+
+    return job_task_id(kind, value)
+
+
+def job_candidates(kind: str, value: str) -> list[tuple[str, str]]:
+    """The ledger ids an operator's pasted id can stand for, as ``(kind, ledger id)``: one for
+    a given kind (``InvalidInput`` when the text is not an id of that kind), every kind it can
+    be for ``any`` (a framework's job id is computed from it, nothing is looked up)."""
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput("the id is too long")
+    if kind != "any":
+        return [(kind, _ledger_id(kind, value))]
+    found = []
+    for each, _label in ID_KINDS[1:]:
+        try:
+            found.append((each, _ledger_id(each, value)))
+        except InvalidInput:
+            continue
+    if not found:
+        raise InvalidInput("not an id of any kind")
+    return found
+
+
+def _existing(ledger: Ledger, candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The candidates whose task is in the ledger (each ledger id once)."""
+    found: list[tuple[str, str]] = []
+    for kind, task_id in candidates:
+        if any(task_id == seen for _kind, seen in found):
+            continue
+        try:
+            ledger.get_task(task_id)
+        except TaskNotFound:
+            continue
+        found.append((kind, task_id))
+    return found
+
+
+def _job_view(ledger: Ledger, task_id: str) -> pages.JobView:
+    asked = ledger.get_task(task_id)
+    job: Task = asked
+    for _ in range(8):  # an attempt's job is its root (attempts are a level below it)
+        if job.parent_id is None:
+            break
+        job = ledger.get_task(job.parent_id)
+    attempts = ledger.children_of(job.id, limit=ATTEMPTS_SHOWN + 1)
+    shown = attempts[:ATTEMPTS_SHOWN]
+    events = {task.id: ledger.events_of(task.id) for task in [job, *shown]}
+    return pages.JobView(job, shown, len(attempts) > ATTEMPTS_SHOWN, events, asked.id)
+
+
+def _stuck_query(params: dict[str, str]) -> tuple[pages.StuckQuery, str | None, bool]:
+    status = params.get("status") or "active"
+    if status != "active" and status not in TASK_STATES:
+        raise _BadInput("Unknown state.")
+    name = params.get("name", "").strip()
+    try:
+        check_name(name or None)
+    except InvalidInput:
+        raise _BadInput("A name is a task, actor or graph name label.") from None
+    durations = {}
+    for key in ("idle", "older"):
+        text = params.get(key, "").strip()
+        try:
+            if text:
+                parse_seconds(text, key)
+        except InvalidInput:
+            raise _BadInput("Durations are seconds or a number with s, m, h or d (15m).") from None
+        durations[key] = text
+    rows = params.get("rows", "")
+    if rows not in ("", "attempts"):
+        raise _BadInput("Rows are jobs or attempts.")
+    order = params.get("sort") or "created"
+    if order not in ORDERS:
+        raise _BadInput("Unknown sort order.")
+    direction = params.get("dir", "")
+    if direction not in ("", "asc", "desc"):
+        raise _BadInput("Unknown sort direction.")
+    per = params.get("per") or "50"
+    if not per.isdigit() or int(per) not in PER_PAGE:
+        raise _BadInput("Rows per page are 25, 50, 100 or 200.")
+    job = params.get("job", "").strip()
+    job_kind = params.get("job_kind") or "any"
+    if job_kind not in dict(ID_KINDS):
+        raise _BadInput("Unknown kind of id.")
+    if job:
+        try:
+            job_candidates(job_kind, job)
+        except InvalidInput:
+            raise _BadInput("That is not a valid id of the kind chosen.") from None
+    after, before = params.get("after"), params.get("before")
+    if after and before:
+        raise _BadInput("A page starts after one row or ends before one, not both.")
+    query = pages.StuckQuery(status, name, durations["idle"], durations["older"],
+                             rows == "attempts", order, direction == "desc", int(per), job,
+                             job_kind)
+    cursor = after or before or None
+    if cursor is not None:
+        try:
+            parse_cursor(order, cursor)
+        except InvalidInput:
+            raise _BadInput("That page position is not valid; start from the first page.") \
+                from None
+    return query, cursor, bool(before)
+
+
+def _params(query: str) -> dict[str, str]:
+    """The first value of each query (or form) parameter; at most 20 are read."""
+    try:
+        parsed = parse_qs(query, keep_blank_values=True, max_num_fields=20)
+    except ValueError:
+        raise _BadInput("Too many parameters.") from None
+    return {key: values[0] for key, values in parsed.items()}
+
+
+def _cookie(header: str, name: str) -> str | None:
+    """The value of cookie ``name`` in a ``Cookie`` header (the first one), or None."""
+    for part in header.split(";"):
+        key, equals, value = part.strip().partition("=")
+        if equals and key == name:
+            return value.strip().strip('"')
+    return None
+
+
+def _text(status: int, text: str) -> Response:
+    return Response(status, (text + "\n").encode("utf-8"))
+
+
+__all__ = ["ID_KINDS", "Settings", "WebApp", "is_loopback_host", "job_candidates"]

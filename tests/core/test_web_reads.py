@@ -1,0 +1,92 @@
+"""The reads behind `tsg serve`, through the public API on both backends: outcomes over time,
+the task listing's orders and cursors, and a job's attempts up to a limit."""
+
+from __future__ import annotations
+
+import pytest
+from core_helpers import Clock
+from task_state_guard import InvalidInput, Ledger
+
+
+def _close(ledger: Ledger, clock: Clock, state: str, code: str, *, at: float) -> str:
+    clock.set(at - 5)
+    root = ledger.create_task(name="app.job")
+    ledger.start_task(root.id, owner=False)
+    attempt = ledger.create_task(parent_id=root.id, delivery_required=False, name="app.job")
+    ledger.start_task(attempt.id, owner=False)
+    clock.set(at)
+    ledger.close_task_settled(attempt.id, state, code=code)
+    ledger.close_task_settled(root.id, state, code=code)
+    return root.id
+
+
+def test_outcome_history_counts_jobs_per_bucket_and_outcome(ledger: Ledger, clock: Clock) -> None:
+    now = clock.t + 10_000
+    _close(ledger, clock, "succeeded", "worker_completed", at=now - 3500)  # bucket 0
+    _close(ledger, clock, "succeeded", "worker_completed", at=now - 2000)  # bucket 1
+    _close(ledger, clock, "timed_out", "owner_lost", at=now - 1000)  # bucket 2: lost
+    _close(ledger, clock, "timed_out", "time_limit_exceeded", at=now - 1100)  # time limit
+    _close(ledger, clock, "failed", "worker_failed", at=now - 900)  # bucket 3 (its start)
+    _close(ledger, clock, "cancelled", "revoked", at=now - 4000)  # before the window
+    running = ledger.create_task(name="app.job")
+    ledger.start_task(running.id, owner=False)
+    clock.set(now)
+    history = ledger.outcome_history(window_seconds=3600, buckets=4)
+    assert (history.start, history.bucket_seconds, history.buckets) == (now - 3600, 900, 4)
+    assert history.counts == {
+        "succeeded": [1, 1, 0, 0], "failed": [0, 0, 0, 1], "lost": [0, 0, 1, 0],
+        "timed_out": [0, 0, 1, 0], "cancelled": [0, 0, 0, 0],
+    }  # attempts are not counted: a job counts once, when its logical task closed
+    for bad in ({"window_seconds": 0, "buckets": 4}, {"window_seconds": 60, "buckets": 0},
+                {"window_seconds": 60, "buckets": 501}, {"window_seconds": -1, "buckets": 1}):
+        with pytest.raises(InvalidInput):
+            ledger.outcome_history(**bad)  # type: ignore[arg-type]
+
+
+def test_listing_orders_and_cursors_page_through_everything(ledger: Ledger,
+                                                            clock: Clock) -> None:
+    made = []
+    for n in range(12):
+        clock.advance(1)
+        task = ledger.create_task(name=f"app.n{n % 4}")
+        if n % 3 == 0:
+            ledger.start_task(task.id, owner=False)
+        made.append(task.id)
+    clock.advance(100)
+    for order in ("created", "activity", "name", "status"):
+        for descending in (False, True):
+            whole = [t.task.id for t in ledger.list_tasks(
+                order=order, descending=descending, limit=100).tasks]
+            assert sorted(whole) == sorted(made)
+            pages: list[str] = []
+            after = None
+            while True:
+                listing = ledger.list_tasks(order=order, descending=descending, limit=5,
+                                            after=after)
+                pages += [t.task.id for t in listing.tasks]
+                if not listing.more:
+                    break
+                after = listing.tasks[-1].cursor
+            assert pages == whole, (order, descending)
+    by_name = [t.task.name for t in ledger.list_tasks(order="name", limit=100).tasks]
+    assert by_name == sorted(by_name)
+    assert [t.task.id for t in ledger.list_tasks(limit=100).tasks] == made
+    idle = ledger.list_tasks(order="activity", limit=100).tasks
+    assert [t.idle_seconds for t in idle] == sorted((t.idle_seconds for t in idle), reverse=True)
+    with pytest.raises(InvalidInput):
+        ledger.list_tasks(order="payload")
+    cursor = ledger.list_tasks(order="name", limit=1).tasks[0].cursor
+    for bad in ("", "x", "zz.1", "1.", cursor + "x", "nan.1"):
+        with pytest.raises(InvalidInput):
+            ledger.list_tasks(order="activity", after=bad)
+
+
+def test_children_up_to_a_limit(ledger: Ledger) -> None:
+    root = ledger.create_task(name="app.retried")
+    attempts = [ledger.create_task(parent_id=root.id, delivery_required=False).id
+                for _ in range(5)]
+    assert [t.id for t in ledger.children_of(root.id, limit=3)] == attempts[:3]
+    assert [t.id for t in ledger.children_of(root.id)] == attempts
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(InvalidInput):
+            ledger.children_of(root.id, limit=bad)  # type: ignore[arg-type]
