@@ -27,6 +27,7 @@ from ._child import ChildReceivers
 from ._ids import IDS
 from ._lost import fail_in_backend
 from ._main import MainReceivers
+from ._replace import ReplaceLinks
 from ._request import TOKEN_KEY, attempt_of
 
 log = logging.getLogger("task_state_guard_celery")
@@ -64,8 +65,9 @@ class CeleryGuard(AdapterSurface):
             adapter=self.adapter_name,
         )
         self.runtime.fail_lost = self._fail_lost_result
-        self._child = ChildReceivers(self.runtime, self._ours, app)
-        self._main = MainReceivers(self.runtime, self._ours)
+        links = ReplaceLinks(self.runtime, app)
+        self._child = ChildReceivers(self.runtime, self._ours, links)
+        self._main = MainReceivers(self.runtime, self._ours, links)
         self._installed = False
         # Receivers (bound methods, connected with weak=False).
         self._on_task_received = self._main.on_received
