@@ -5,11 +5,11 @@
 #
 # TSG_DB         the ledger (required), e.g. /data/tsg/tasks.sqlite; tsg creates the 0700
 #                directory and the database on a fresh volume.
-# TSG_RECONCILE  "apply" (default): log the preview, then apply the reconcile here.
-#                "preview": log the preview only and leave the applying to the worker's own boot
-#                reconcile. Use it with the Celery and Dramatiq adapters: the boot reconcile is
-#                the pass that writes FAILURE into the result backend and calls on_lost for each
-#                lost task it closes; a pass applied here would close them silently first.
+# TSG_RECONCILE  "apply" (default): log the preview, then apply the reconcile here. Any
+#                reconcile will do: each lost job's verdict is recorded in the ledger, and the
+#                worker publishes it when it starts (Celery FAILURE, Dramatiq Results, on_lost).
+#                "preview": log the preview only and leave the applying to the worker's own
+#                boot reconcile.
 # TSG_ACTIVE_GRACE_SECONDS, TSG_DELIVERY_GRACE_SECONDS, TSG_BUSY_TIMEOUT_MS: as for tsg.
 # TSG_EXPLAIN    "1" (the default here): tsg's error lines carry the reason (the README's
 #                "Error reasons" table says what to do); "0" prints the bare 0.1.0 error line.

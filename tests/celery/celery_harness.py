@@ -9,9 +9,9 @@ Redis DB 5 so that other suites sharing the server never see its keys.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from task_state_guard import Ledger, ReconcilePolicy, Task
 
@@ -33,6 +34,15 @@ REDIS_DB = 5
 BROKER = f"redis://127.0.0.1:6379/{REDIS_DB}"
 
 import task_state_guard_celery  # noqa: E402
+from verdict_checks import hook_calls  # noqa: E402
+
+
+def require_service(port: int, what: str) -> None:
+    """Fail (CI starts every service: a missing one is a failure, never a skip)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError as exc:
+        pytest.fail(f"{what} is required at 127.0.0.1:{port} for tests/celery: {exc!r}")
 
 
 def wait_for(
@@ -289,12 +299,9 @@ class Scenario:
         return self.ledger.reconcile(policy)
 
     def lost_hook_calls(self) -> dict[str, dict[str, Any]]:
-        """What the workers' ``on_lost`` hooks received (TSGT_ON_LOST=1), by Celery id."""
-        found = {}
-        for path in self.markers.glob("lost-*"):
-            if not path.name.endswith(".tmp"):
-                found[path.name[5:]] = json.loads(path.read_text())
-        return found
+        """What the workers' ``on_lost`` hooks received (TSGT_ON_LOST=1), by Celery id (by
+        ledger id for a custom id, which is never stored); a second call for one job fails."""
+        return hook_calls(self.markers)
 
     def _drop_leftover_tables(self) -> None:
         """Celery's SQL backend names its indexes without the table prefix, so the tables a

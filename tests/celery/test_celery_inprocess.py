@@ -86,7 +86,8 @@ def test_eager_mode_is_recorded_without_a_worker(ledger_path: str) -> None:
         assert parent_task.delivery_required and parent_task.name == "eager.ok"
         assert guard.ledger.doctor()["healthy"]
         assert guard.stats() == {
-            "errors": {}, "conflicts": {}, "reconciles": 0, "heartbeating": 0
+            "errors": {}, "conflicts": {}, "reconciles": 0, "heartbeating": 0,
+            "verdicts_published": 0, "ledger_usable": True, "ledger_reason": None,
         }
         # Attempts, and logical tasks that owe no delivery, closed their delivery at once.
         retried_parent = guard.ledger.get_task(guard.logical_task_id(retried.id))

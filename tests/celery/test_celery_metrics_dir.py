@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from celery_harness import REPO, Scenario
+from celery_harness import REPO, Scenario, wait_for
 
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from core_helpers import run_cli
@@ -53,4 +53,39 @@ def test_error_counters_of_two_prefork_children_in_one_scrape(scenario: Scenario
     # the ledger's own families are in the same scrape, unchanged by the worker
     assert families["tsg_tasks"].value(kind="task", status="queued") == 1
     # nothing was written to the ledger by the worker
+    scenario.assert_healthy()
+
+
+def test_refused_close_in_a_pool_child_reaches_the_scrape(scenario: Scenario) -> None:
+    """A logical task closed elsewhere while a pool child still runs its task (as when Celery
+    runs a task whose id was revoked already): the attempt is recorded as it really ended, the
+    logical task keeps its first outcome, and the child's refused close is counted where one
+    `tsg metrics --metrics-dir` scrape of the whole worker sees it."""
+    metrics_dir = scenario.tmp / "metrics"
+    worker = scenario.start_worker(concurrency=2, TSG_METRICS_DIR=str(metrics_dir))
+    result = scenario.send("tsgt.sleep", 1.5, "late")
+    child = scenario.marker("late")
+    assert child != worker.pid
+    scenario.wait_attempts(result.id, lambda found: [str(a.status) for a in found] == ["running"])
+    logical = scenario.parent(result.id)
+    scenario.ledger.close_task(logical.id, "cancelled", code="caller_cancelled")
+    assert result.get(timeout=30) == "slept"
+    scenario.wait_attempts(
+        result.id, lambda found: [str(a.status) for a in found] == ["succeeded"]
+    )
+    assert scenario.outcome(result.id) == (
+        ("cancelled", "caller_cancelled"), [("succeeded", "worker_completed")]
+    )
+
+    def scraped() -> dict[str, float]:
+        out = run_cli("--db", scenario.db, "metrics", "--metrics-dir", str(metrics_dir))
+        assert out.code == 0 and out.stderr == "", out.stdout
+        return {
+            labels["kind"]: value
+            for labels, value in parse(out.stdout)["tsg_adapter_conflicts_total"].samples
+        }
+
+    # The child counts after its close transaction; the scrape may come first.
+    conflicts = wait_for(lambda: (found := scraped())["logical_close"] == 1 and found)
+    assert conflicts["attempt_close"] == 0
     scenario.assert_healthy()

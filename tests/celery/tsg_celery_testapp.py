@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import task_state_guard_celery
-from celery import Celery  # type: ignore[import-untyped]
+from celery import Celery, chord, group  # type: ignore[import-untyped]
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
 RESULT_BACKEND = "redis://127.0.0.1:6379/5"
@@ -74,6 +74,8 @@ def _marker(name: str, text: str) -> None:
     directory = os.environ.get("TSGT_MARKERS")
     if directory:
         path = os.path.join(directory, name)
+        if name.startswith("lost-") and os.path.exists(path):
+            path += ".again"  # a hook that fired twice for one job
         with open(path + ".tmp", "w") as fh:
             fh.write(text)
         os.replace(path + ".tmp", path)
@@ -198,6 +200,52 @@ def _register(app: Celery) -> None:
             time.sleep(pause)
         return "replacement"
 
+    # Task.replace() with canvases: the replaced id runs last (a chain's last task, a chord's
+    # body, the accumulate task of a group), the tasks before it under new ids.
+    @app.task(name="tsgt.add")
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    @app.task(name="tsgt.boom")
+    def boom(*_: Any) -> None:
+        raise ValueError("boom")
+
+    @app.task(name="tsgt.total")
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    def canvas(kind: str, pause: float, marker: str) -> Any:
+        a = app.signature
+        if kind == "chain":
+            return a("tsgt.add", args=[1, 1]) | a("tsgt.add", args=[10])
+        if kind == "group":
+            return group(a("tsgt.add", args=[1, 1]), a("tsgt.add", args=[2, 2]))
+        if kind == "chord":
+            return chord([a("tsgt.add", args=[1, 1]), a("tsgt.add", args=[2, 2])],
+                         a("tsgt.total"))
+        if kind == "chain_group":
+            return a("tsgt.add", args=[1, 1]) | group(a("tsgt.add", args=[1]),
+                                                      a("tsgt.add", args=[2]))
+        if kind == "nested":  # second order: the chain's last task replaces itself again
+            return a("tsgt.add", args=[1, 1]) | a("tsgt.replace_inner")
+        if kind == "chain_fail":
+            return a("tsgt.add", args=[1, 1]) | a("tsgt.boom") | a("tsgt.add", args=[1])
+        if kind == "group_fail":
+            return group(a("tsgt.add", args=[1, 1]), a("tsgt.boom"), a("tsgt.sleep", args=[1]))
+        if kind == "chain_sleep":
+            return a("tsgt.sleep", args=[pause, marker], immutable=True) | a("tsgt.ok",
+                                                                             immutable=True)
+        raise ValueError(kind)
+
+    @app.task(name="tsgt.replace_with", bind=True)
+    def replace_with(self: Any, kind: str, pause: float = 0.0, marker: str = "") -> Any:
+        raise self.replace(canvas(kind, pause, marker))
+
+    @app.task(name="tsgt.replace_inner", bind=True)
+    def replace_inner(self: Any, value: int) -> Any:
+        raise self.replace(app.signature("tsgt.add", args=[value, 10])
+                           | app.signature("tsgt.add", args=[100]))
+
     @app.task(name="tsgt.deadline", tsg_timeout=0.5)
     def deadline(seconds: float, marker: str = "") -> str:
         if marker:
@@ -228,8 +276,8 @@ def _from_env() -> Celery:
 
 
 def _record_lost(lost: Any) -> None:
-    """The test's ``on_lost`` hook: one JSON marker per lost task (with the backend's state
-    as the hook saw it, after the guard wrote FAILURE)."""
+    """The test's ``on_lost`` hook: one JSON marker per lost task. A second call for the same
+    task is recorded too (``.again``), so a test can prove the hook fired exactly once."""
     fields = {
         "framework_id": lost.framework_id,
         "task_id": lost.task_id,
@@ -237,7 +285,8 @@ def _record_lost(lost: Any) -> None:
         "code": lost.code,
         "pid": os.getpid(),
     }
-    _marker(f"lost-{lost.framework_id}", json.dumps(fields))
+    # by Celery id; a custom id is never stored, so such a job is named by its ledger id
+    _marker(f"lost-{lost.framework_id or lost.task_id}", json.dumps(fields))
 
 
 app = _from_env() if os.environ.get("TSGT_QUEUE") and os.environ.get("TSG_DB") else None

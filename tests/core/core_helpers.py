@@ -228,6 +228,15 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
         conn.close()
 
 
+def as_v4(path: str) -> None:
+    """Turn a fresh (v5) SQLite ledger into the exact v4 layout the previous release wrote:
+    without the verdict outbox and its two task columns."""
+    raw_execute(path, "DROP TRIGGER tsg_verdict_owed", "DROP TABLE tsg_verdicts",
+                "ALTER TABLE tsg_tasks DROP COLUMN redelivery_seconds",
+                "ALTER TABLE tsg_tasks DROP COLUMN framework",
+                "UPDATE tsg_meta SET value = '4' WHERE key = 'schema_version'")
+
+
 def sidecars(path: str) -> list[str]:
     return [path + s for s in ("-wal", "-shm", "-journal") if os.path.lexists(path + s)]
 

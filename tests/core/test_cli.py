@@ -43,7 +43,7 @@ def test_full_lifecycle_through_cli(db: str) -> None:
         assert init["storage"]["permission_model"] == "posix_mode"
         assert init["storage"]["journal_mode"] == "wal"
         assert init["storage"]["foreign_keys"] is True
-        expected_version = 4
+        expected_version = 5
     else:
         from task_state_guard_postgres import SCHEMA_VERSION as expected_version
     assert init["storage"]["busy_timeout_ms"] == 5000
@@ -117,7 +117,7 @@ def test_console_scripts_share_the_entry_point(tmp_path) -> None:
                               env=cli_env(), check=False, timeout=60)
         assert proc.returncode == 0 and proc.stderr == ""
         payload = assert_json_line(CliResult(proc.returncode, proc.stdout, proc.stderr))
-        assert payload["ok"] is True and payload["storage"]["schema_version"] == 4
+        assert payload["ok"] is True and payload["storage"]["schema_version"] == 5
 
 
 def test_help_and_version_exit_zero() -> None:
@@ -204,12 +204,13 @@ def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
         assert_cli_error(result, error)
         assert CANARY not in result.stdout and CANARY not in result.stderr, args
         assert db not in result.stdout
-    # unsafe paths: the error names only its category (an unsafe location is InvalidInput)
+    # a database that is a link alias: the error names only its category (a StateConflict,
+    # as in 0.1.0)
     link = os.path.join(os.path.dirname(db), CANARY + ".sqlite")
     os.symlink(db, link)
     for args in (["init"], ["doctor"], ["create"]):
         result = run_cli("--db", link, *args)
-        assert_cli_error(result, "InvalidInput")
+        assert_cli_error(result, "StateConflict")
         assert CANARY not in result.stdout + result.stderr
     assert ok(run_cli("--db", db, "get", tid))["task"]["status"] == "queued"
 

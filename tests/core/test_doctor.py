@@ -15,7 +15,7 @@ COUNT_KEYS = {
     "integrity_error_count", "foreign_key_violation_count", "invalid_id_count",
     "invalid_value_count", "invalid_state_count", "invalid_code_count",
     "invalid_timestamp_count", "parent_order_violation_count", "parent_cycle_count",
-    "event_chain_mismatch_count", "orphan_event_count",
+    "event_chain_mismatch_count", "orphan_event_count", "verdict_mismatch_count",
 }
 REPORT_KEYS = COUNT_KEYS | {
     "healthy", "schema_version", "schema_ok", "quick_check", "task_count", "event_count",
@@ -73,7 +73,7 @@ def test_healthy_doctor(tmp_path) -> None:
     assert report["ok"] is True and report["healthy"] is True
     assert report["task_count"] == 5
     assert report["event_count"] == 1 + 2 + 3 + 4 + 2
-    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 4
+    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 5
     assert report["schema_ok"] is True and report["quick_check"] == "ok"
     assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
     assert report["task_status_counts"] == {

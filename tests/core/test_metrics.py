@@ -10,7 +10,14 @@ import stat
 from pathlib import Path
 
 import pytest
-from core_helpers import Clock, assert_cli_error, assert_json_line, raw_execute, run_cli
+from core_helpers import (
+    Clock,
+    as_v4,
+    assert_cli_error,
+    assert_json_line,
+    raw_execute,
+    run_cli,
+)
 from prom_text import parse
 from task_state_guard import Ledger
 from task_state_guard.model import TASK_CODES
@@ -181,7 +188,8 @@ def test_a_tampered_name_is_an_escaped_invalid_label(ledger: Ledger, db: str) ->
 
 
 def _as_v3(db: str) -> None:
-    """Turn a fresh v4 ledger into the exact v3 layout (what an earlier build wrote)."""
+    """Turn a fresh ledger into the exact v3 layout (what an earlier build wrote)."""
+    as_v4(db)
     raw_execute(db, "DROP TRIGGER tsg_total_closed", "DROP TRIGGER tsg_total_delivery",
                 "DROP TABLE tsg_totals",
                 "UPDATE tsg_meta SET value = '3' WHERE key = 'schema_version'")
@@ -208,13 +216,13 @@ def test_a_v3_ledger_reads_totals_read_only_and_migrates_with_them(db: str) -> N
     assert fam["tsg_outcomes_total"].value(
         kind="task", status="succeeded", code="worker_completed") == 2
     with Ledger(db) as led:  # a writable open migrates, seeding the totals
-        assert led.schema_version == 4
+        assert led.schema_version == 5
         assert led.status()["outcomes_total"] == expected
         assert led.doctor()["healthy"] is True
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("SELECT value FROM tsg_meta WHERE key = 'schema_version'"
-                            ).fetchone() == ("4",)
+                            ).fetchone() == ("5",)
     finally:
         conn.close()
 

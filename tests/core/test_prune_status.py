@@ -256,4 +256,4 @@ def test_cli_status_and_metrics_have_no_ids(tmp_path) -> None:
     assert 'tsg_tasks{kind="task",status="running"} 3' in metrics.stdout
     assert 'name="app.run"' in metrics.stdout
     labels = set(re.findall(r'([a-z_]+)="', metrics.stdout))
-    assert labels <= {"status", "delivery_status", "name", "kind", "code"}
+    assert labels <= {"status", "delivery_status", "name", "kind", "code", "framework"}

@@ -311,6 +311,7 @@ def test_an_unreadable_ledger_answers_503_without_detail(db: str, tmp_path: Path
         assert status == 503 and body == "error: StateConflict\n"
         status, _headers, page = server.request("/stuck")
         assert status == 503 and "StateConflict" in page
+        assert '<meta http-equiv="refresh" content="30">' in page  # read again on refresh
         for text in (body, page):
             assert db not in text and str(tmp_path) not in text and "Traceback" not in text
         assert server.request("/nothing")[0] == 404

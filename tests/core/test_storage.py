@@ -115,15 +115,30 @@ def test_read_only_never_tightens_or_creates(tmp_path) -> None:
 # ----------------------------------------------------------------------------- aliases
 
 
+def _untouched(path: str) -> tuple[int, int, bytes]:
+    st = os.stat(path)
+    with open(path, "rb") as handle:
+        return st.st_mode, st.st_mtime_ns, handle.read()
+
+
+# A database or sidecar that is a link alias is a StorageError (a StateConflict), as in 0.1.0,
+# and its target is left exactly as it was (bytes, mode, time).
+
+
 def test_symlinked_database_rejected(tmp_path) -> None:
     real = str(tmp_path / "d" / "real.sqlite")
     make_ledger(real)
+    os.chmod(real, 0o640)
+    before = _untouched(real)
     link = str(tmp_path / "d" / "link.sqlite")
     os.symlink(real, link)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(link, read_only=ro)
-    assert_cli_error(run_cli("--db", link, "doctor"), "InvalidInput")
+        assert info.value.reason == "file_is_symlink"
+    assert_cli_error(run_cli("--db", link, "doctor"), "StateConflict")
+    assert_cli_error(run_cli("--db", link, "init"), "StateConflict")
+    assert _untouched(real) == before
 
 
 def test_dangling_symlink_database_rejected(tmp_path) -> None:
@@ -131,7 +146,7 @@ def test_dangling_symlink_database_rejected(tmp_path) -> None:
     d.mkdir(mode=0o700)
     link = str(d / "link.sqlite")
     os.symlink(str(d / "target.sqlite"), link)
-    with pytest.raises(UnsafeLocation):
+    with pytest.raises(StorageError):
         Ledger(link)
     assert not os.path.exists(d / "target.sqlite")
 
@@ -139,12 +154,17 @@ def test_dangling_symlink_database_rejected(tmp_path) -> None:
 def test_hard_linked_database_rejected(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     make_ledger(db)
+    os.chmod(db, 0o640)
+    before = _untouched(db)
     os.link(db, str(tmp_path / "d" / "alias.sqlite"))
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=ro)
+        assert info.value.reason == "file_hard_linked"
     assert_cli_error(run_cli("--db", db, "get", "00000000-0000-4000-8000-000000000000"),
-                     "InvalidInput")
+                     "StateConflict")
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert _untouched(db) == before
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
@@ -154,11 +174,15 @@ def test_symlinked_sidecar_rejected(tmp_path, suffix: str) -> None:
     target = str(tmp_path / "elsewhere")
     with open(target, "wb"):
         pass
+    os.chmod(target, 0o644)
+    before = _untouched(target)
     os.symlink(target, db + suffix)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=ro)
-    assert os.path.getsize(target) == 0
+        assert info.value.reason == "file_is_symlink"
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert _untouched(target) == before
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
@@ -168,11 +192,15 @@ def test_hard_linked_sidecar_rejected(tmp_path, suffix: str) -> None:
     other = str(tmp_path / "d" / "other")
     with open(other, "wb"):
         pass
-    os.chmod(other, 0o600)
+    os.chmod(other, 0o640)
+    before = _untouched(other)
     os.link(other, db + suffix)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=ro)
+        assert info.value.reason == "file_hard_linked"
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert _untouched(other) == before
 
 
 def test_non_regular_database_rejected(tmp_path) -> None:
@@ -290,7 +318,7 @@ def test_tampered_schema_rejected_by_api(tmp_path) -> None:
     with pytest.raises(StorageError):
         Ledger(db)
     raw_execute(
-        db, "DROP INDEX extra", "UPDATE tsg_meta SET value = '5' WHERE key = 'schema_version'"
+        db, "DROP INDEX extra", "UPDATE tsg_meta SET value = '4' WHERE key = 'schema_version'"
     )
     with pytest.raises(StorageError):
         Ledger(db)
@@ -418,23 +446,23 @@ def same_schema_as_fresh(db: str, tmp_path) -> bool:
         b.close()
 
 
-def test_empty_v1_migrates_to_v4(tmp_path) -> None:
+def test_empty_v1_migrates_to_v5(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     build_v1(db, empty=True)
     with Ledger(db, clock=Clock()) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 4
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 5
         assert led.doctor()["healthy"] is True
         led.create_task(name="x")
-    assert meta_version(db) == "4"
+    assert meta_version(db) == "5"
     assert same_schema_as_fresh(db, tmp_path)
 
 
-def test_v1_migrates_to_v4(tmp_path) -> None:
+def test_v1_migrates_to_v5(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v1(db)
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 4
+        assert led.schema_version == 5
         done = led.get_task(ids[0])
         assert done.terminal_code == "worker_completed" and done.ended_at == T0 + 1
         assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
@@ -442,24 +470,24 @@ def test_v1_migrates_to_v4(tmp_path) -> None:
         assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
         assert running.framework_id is None and done.framework_id is None
         report = led.doctor()
-        assert report["healthy"] is True and report["schema_version"] == 4
+        assert report["healthy"] is True and report["schema_version"] == 5
         assert report["task_count"] == 2 and report["event_count"] == 4
         fid = "0ac03e98-045d-499b-a3e1-22df12f98c64"
         task = led.create_task(name="after.migration", framework_id=fid)
         assert led.get_task(task.id).name == "after.migration"
         assert led.get_task(task.id).framework_id == fid
         assert led.set_delivery(ids[0], "delivered").version == 2
-    assert meta_version(db) == "4"
+    assert meta_version(db) == "5"
     assert same_schema_as_fresh(db, tmp_path)
     # the CLI apply path migrates too
     db2 = str(tmp_path / "g" / "tasks.sqlite")
     build_v1(db2)
     result = run_cli("--db", db2, "reconcile")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert meta_version(db2) == "4"
+    assert meta_version(db2) == "5"
 
 
-def test_v2_migrates_to_v4(tmp_path) -> None:
+def test_v2_migrates_to_v5(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build_v2(db)
     with Ledger(db, read_only=True) as ro:  # a read-only open leaves v2 as v2
@@ -468,7 +496,7 @@ def test_v2_migrates_to_v4(tmp_path) -> None:
         before = [ro.get_task(i) for i in ids]
     assert meta_version(db) == "2"
     with Ledger(db, clock=Clock(T0 + 10)) as led:
-        assert led.schema_version == 4
+        assert led.schema_version == 5
         after = [led.get_task(i) for i in ids]
         assert after == before
         delivered, running = after
@@ -482,7 +510,7 @@ def test_v2_migrates_to_v4(tmp_path) -> None:
         report = led.doctor()
         assert report["healthy"] is True and report["event_count"] == 5
         assert led.close_task(ids[1], "succeeded").version == 2
-    assert meta_version(db) == "4"
+    assert meta_version(db) == "5"
     assert same_schema_as_fresh(db, tmp_path)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -34,6 +35,7 @@ from task_state_guard import (
     StorageError,
     TaskStatus,
 )
+from task_state_guard.integration import AdapterRuntime, resolve_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED: dict[str, dict[str, Any]] = json.loads(
@@ -81,7 +83,7 @@ def test_fixture_is_a_0_1_0_ledger() -> None:
 def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     with Ledger(db, clock=Clock(AFTER)) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 4
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 5
         for role, expected in EXPECTED.items():
             task = led.get_task(expected["id"])
             got = task.to_dict(include_payload_hash=True)
@@ -93,14 +95,14 @@ def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
             assert task.name is None and task.has_owner is False and task.framework_id is None
         report = led.doctor()
     assert report["healthy"] is True and report["schema_ok"] is True
-    assert report["schema_version"] == 4 and report["quick_check"] == "ok"
+    assert report["schema_version"] == 5 and report["quick_check"] == "ok"
     assert report["task_count"] == 8 and report["event_count"] == 23
     assert report["task_status_counts"] == {
         "queued": 1, "running": 1, "succeeded": 3, "failed": 1, "timed_out": 1, "cancelled": 1}
     assert report["delivery_status_counts"] == {
         "pending": 5, "delivered": 1, "failed": 1, "not_applicable": 1}
     # Migrated in place to exactly the current layout: 0.1.0's tables are gone.
-    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals"]
+    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals", "tsg_verdicts"]
     fresh = str(tmp_path / "fresh" / "tasks.sqlite")
     Ledger(fresh).close()
     q = ("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
@@ -204,15 +206,36 @@ def test_reconcile_and_new_transitions_after_the_upgrade(tmp_path: Path) -> None
     assert sum(status["tasks"].values()) == 9
 
 
+def test_the_upgraded_file_has_the_verdict_outbox(tmp_path: Path) -> None:
+    """0.1.0's own tasks owe no framework anything (no adapter opened them, even the one a
+    reconcile times out); a job an adapter opens on the upgraded file owes its framework a
+    verdict once a reconcile finds it lost."""
+    db = fixture_copy(tmp_path)
+    clock = Clock(AFTER)
+    with Ledger(db, clock=clock) as led:
+        settings = resolve_settings(db_required=False, heartbeat_seconds=0)
+        runtime = AdapterRuntime(settings, logger=logging.getLogger("test"), ledger=led,
+                                 framework="celery")
+        job = "00000000-0000-4000-8000-0000000000aa"
+        runtime.open_logical(job, delivery_required=True, name="app.job")
+        runtime.claim_attempt(job, name="app.job")
+        clock.advance(1000)
+        report = led.reconcile(active_grace_seconds=600, delivery_grace_seconds=600)
+        assert report["tasks_timed_out"] == 3  # the job, its attempt, and 0.1.0's running one
+        assert [v.task_id for v in led.claim_verdicts("celery")] == [job]
+        assert led.status()["verdicts"]["pending"]["celery"] == 1
+        assert led.doctor()["healthy"] is True
+
+
 def test_the_cli_apply_path_migrates_too(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     result = run_cli("--db", db, "reconcile", "--active-grace-seconds", "600",
                      "--delivery-grace-seconds", "600")
     report = assert_json_line(result)["reconcile"]
     assert result.code == 0 and report["tasks_timed_out"] == 1
-    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals"]
+    assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals", "tsg_verdicts"]
     init = assert_json_line(run_cli("--db", db, "init"))
-    assert init["storage"]["schema_version"] == 4
+    assert init["storage"]["schema_version"] == 5
 
 
 def _tampered(db: str, *statements: str) -> None:

@@ -1,6 +1,13 @@
 """A message lost with its SIGKILLed worker: the restarted CLI's boot reconcile stores a
 failure in the Results backend (``get_result()`` raises instead of timing out) and fires the
-``on_lost`` hook (real ``dramatiq`` CLI, Redis broker, Redis results backend)."""
+``on_lost`` hook (real ``dramatiq`` CLI, Redis broker, Redis results backend).
+
+Dramatiq redelivers a dead worker's messages on any broker, so a message is lost only when its
+redelivery is suppressed: here the Redis broker runs without maintenance (``maintenance_chance``
+0), which never requeues them. The adapter derives that: its redelivery window is then the
+broker's heartbeat timeout (1 s here), and the logical task is lost once that window plus the
+active grace has passed after the attempt's last heartbeat.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +27,10 @@ from task_state_guard import Ledger
 from task_state_guard_dramatiq import logical_task_id
 
 GRACE = 2.0
+HEARTBEAT_TIMEOUT = 1.0  # the Redis broker's: a silent worker process counts as dead after it
+LOST_AFTER = HEARTBEAT_TIMEOUT + GRACE  # the attempt's redelivery bound (window + grace)
+NO_REDELIVERY = {"TSG_TEST_REDIS_HEARTBEAT_MS": str(int(HEARTBEAT_TIMEOUT * 1000)),
+                 "TSG_TEST_REDIS_MAINTENANCE": "0"}
 
 
 def _message(env: BrokerEnv, message_id: str) -> dramatiq.Message[Any]:
@@ -36,6 +47,7 @@ def test_lost_message_fails_its_result(redis_env: BrokerEnv, stored_first: bool)
         "TSG_TEST_RESULTS": "1",
         "TSG_TEST_ON_LOST": "1",
         "TSG_HEARTBEAT_SECONDS": "0.5",
+        **NO_REDELIVERY,
     }
     first = CliWorker(env, extra_env={**common, "TSG_ACTIVE_GRACE_SECONDS": "600"}).start()
     producer = Producer(env)
@@ -56,8 +68,8 @@ def test_lost_message_fails_its_result(redis_env: BrokerEnv, stored_first: bool)
         if stored_first:
             backend.store_result(message, "stored elsewhere", 60_000)
         # The logical task outlives the worker (the broker could redeliver it): it is lost once
-        # it has had no heartbeat for the active grace.
-        time.sleep(GRACE + 0.5)
+        # its lost attempt's redelivery bound has passed.
+        time.sleep(LOST_AFTER + 0.5)
         second = CliWorker(env, extra_env={**common, "TSG_ACTIVE_GRACE_SECONDS": str(GRACE)})
         second.start()
 
@@ -98,7 +110,7 @@ def test_lost_message_fails_its_result(redis_env: BrokerEnv, stored_first: bool)
 def test_no_results_middleware_no_write(redis_env: BrokerEnv) -> None:
     """Without the Results middleware nothing is stored; the hook still fires."""
     env = redis_env
-    common = {"TSG_TEST_ON_LOST": "1", "TSG_HEARTBEAT_SECONDS": "0.5"}
+    common = {"TSG_TEST_ON_LOST": "1", "TSG_HEARTBEAT_SECONDS": "0.5", **NO_REDELIVERY}
     first = CliWorker(env, extra_env={**common, "TSG_ACTIVE_GRACE_SECONDS": "600"}).start()
     producer = Producer(env)
     backend = RedisBackend(url=env.url, namespace=env.namespace + "-results")
@@ -111,7 +123,7 @@ def test_no_results_middleware_no_write(redis_env: BrokerEnv) -> None:
         wait_for(pid_path.exists, 20, "the message to start")
         os.kill(int(pid_path.read_text()), signal.SIGKILL)
         assert first.wait_exit(30) != 0
-        time.sleep(GRACE + 0.5)
+        time.sleep(LOST_AFTER + 0.5)
         second = CliWorker(env, extra_env={**common, "TSG_ACTIVE_GRACE_SECONDS": str(GRACE)})
         second.start()
         hook = env.scratch / f"lost-{mid}"
@@ -142,6 +154,7 @@ def test_periodic_reconcile_of_a_surviving_worker(redis_env: BrokerEnv) -> None:
         "TSG_TEST_ON_LOST": "1",
         "TSG_HEARTBEAT_SECONDS": "0.5",
         "TSG_ACTIVE_GRACE_SECONDS": str(GRACE),
+        **NO_REDELIVERY,
     }
     victim = CliWorker(env, extra_env=common).start()
     producer = Producer(env)

@@ -439,14 +439,14 @@ def test_start_and_retry_are_each_one_transaction(
             raise ValueError("once")
 
     led = application.guard.ledger
-    real_start = led.start_task
+    real_start = led._start_quiet  # what the integration layer starts tasks with
 
-    def refuse_attempts(task_id: Any, *, owner: bool = True) -> Any:
+    def refuse_attempts(task_id: Any, *, owner: bool, **kwargs: Any) -> Any:
         if owner:  # attempts are started with an owner, logical tasks without
             raise StorageError("disk full")
-        return real_start(task_id, owner=owner)
+        return real_start(task_id, owner=owner, **kwargs)
 
-    monkeypatch.setattr(led, "start_task", refuse_attempts)
+    monkeypatch.setattr(led, "_start_quiet", refuse_attempts)
     try:
         application.start()
         lost = work.send().message_id
@@ -456,7 +456,7 @@ def test_start_and_retry_are_each_one_transaction(
         assert parent_of(ledger, lost) is None
         assert application.guard.stats()["errors"] == {"before_process_message:StorageError": 1}
 
-        monkeypatch.setattr(led, "start_task", real_start)
+        monkeypatch.setattr(led, "_start_quiet", real_start)
         mid = again.send().message_id
         application.join()
     finally:

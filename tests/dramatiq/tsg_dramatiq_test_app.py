@@ -10,8 +10,11 @@ TSG_TEST_QUEUE      queue of every actor
 TSG_TEST_DIR        scratch directory (pid / marker files)
 TSG_TEST_BACKOFF_MS min_backoff of the retrying actors
 TSG_TEST_REDIS_HEARTBEAT_MS  Redis broker heartbeat_timeout (redelivery after a crash)
-TSG_TEST_RESULTS    1 = the Results middleware (Redis backend, namespace ``<namespace>-results``)
-                    and the ``stored_sleeper`` actor (store_results=True)
+TSG_TEST_REDIS_MAINTENANCE  Redis broker maintenance_chance (0: a dead worker's messages are
+                    never requeued)
+TSG_TEST_RESULTS    1 = the Results middleware (Redis backend, namespace ``<namespace>-results``;
+                    with RabbitMQ as the broker the results go to ``RESULTS_REDIS``) and the
+                    ``stored_sleeper`` / ``stored_crash_once`` actors (store_results=True)
 TSG_TEST_ON_LOST    1 = an ``on_lost`` hook that writes each lost message as JSON (scratch dir)
 TSG_DB, TSG_ACTIVE_GRACE_SECONDS, TSG_HEARTBEAT_SECONDS, TSG_STRICT ...  adapter
 """
@@ -32,6 +35,7 @@ from dramatiq.middleware import AsyncIO, CurrentMessage, Middleware, SkipMessage
 from task_state_guard_dramatiq import install
 
 QUEUE = os.environ["TSG_TEST_QUEUE"]
+RESULTS_REDIS = "redis://127.0.0.1:6379/13"  # the Results backend of a RabbitMQ-broker run
 SCRATCH = Path(os.environ["TSG_TEST_DIR"])
 BACKOFF_MS = int(os.environ.get("TSG_TEST_BACKOFF_MS", "100"))
 
@@ -66,13 +70,15 @@ def _broker() -> dramatiq.Broker:
         from dramatiq.results import Results
         from dramatiq.results.backends import RedisBackend
 
-        backend = RedisBackend(url=url, namespace=os.environ["TSG_TEST_NAMESPACE"] + "-results")
+        backend = RedisBackend(url=url if kind == "redis" else RESULTS_REDIS,
+                               namespace=os.environ["TSG_TEST_NAMESPACE"] + "-results")
         broker.add_middleware(Results(backend=backend))
     return broker
 
 
 def _record_lost(lost: Any) -> None:
-    """The test's ``on_lost`` hook: one JSON file per lost message."""
+    """The test's ``on_lost`` hook: one JSON file per lost message (``.again`` for a second
+    call)."""
     fields = {
         "framework_id": lost.framework_id,
         "task_id": lost.task_id,
@@ -80,7 +86,9 @@ def _record_lost(lost: Any) -> None:
         "code": lost.code,
         "pid": os.getpid(),
     }
-    path = SCRATCH / f"lost-{lost.framework_id}"
+    path = SCRATCH / f"lost-{lost.framework_id or lost.task_id}"
+    if path.exists():  # a hook that fired twice for one message: the tests fail on it
+        path = path.with_name(path.name + ".again")
     path.with_suffix(".tmp").write_text(json.dumps(fields))
     path.with_suffix(".tmp").replace(path)
 
@@ -226,3 +234,9 @@ if RESULTS:
         _touch(f"pid-{tag}", str(os.getpid()))
         _sleep(seconds)
         return "slept"
+
+    @dramatiq.actor(queue_name=QUEUE, max_retries=0, store_results=True)
+    def stored_crash_once(tag: str, seconds: float) -> str:
+        """``crash_once`` with a stored result: ``"run <n>"``, n the run that finished."""
+        crash_once.fn(tag, seconds)
+        return f"run {(SCRATCH / f'run-{tag}').read_text()}"

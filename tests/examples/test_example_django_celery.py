@@ -184,9 +184,10 @@ def test_killed_worker_is_reconciled_by_the_next_worker(project: Project) -> Non
     assert tsg(project.db, "doctor")["ok"] is True
 
 
-def test_applying_in_the_entrypoint_leaves_the_result_started(project: Project) -> None:
-    """Why the Celery manifests use TSG_RECONCILE=preview: a pass applied by the CLI closes the
-    ledger records, but only the adapter's own pass writes FAILURE into the result backend."""
+def test_applying_in_the_entrypoint_fails_the_result_too(project: Project) -> None:
+    """Any reconcile will do: the pass the entrypoint applies (no adapter in that process)
+    records the lost task's verdict in the ledger, and the worker publishes it when it starts:
+    FAILURE in the result backend, exactly as if its own boot pass had closed the task."""
     first = project.worker()
     task_id, parent = _start_long_report(project)
     first.kill()
@@ -196,4 +197,8 @@ def test_applying_in_the_entrypoint_leaves_the_result_started(project: Project) 
     assert [(r["dry_run"], r["tasks_timed_out"]) for r in applied] == [(True, 2), (False, 2)]
     task = _ledger_task(project.db, parent)()
     assert (task["status"], task["terminal_code"]) == ("timed_out", "owner_lost")
-    assert project.django("GET", f"/reports/{task_id}/")["body"]["state"] == "STARTED"
+    status = project.django("GET", f"/reports/{task_id}/")["body"]
+    assert status == {"task_id": task_id, "state": "FAILURE", "error": "TaskLostError"}
+    verdicts = tsg(project.db, "status")["status"]["verdicts"]
+    assert verdicts["pending"]["celery"] == 0 and verdicts["published"]["celery"] == 1
+    assert tsg(project.db, "doctor")["ok"] is True

@@ -10,16 +10,12 @@ released PostgreSQL session lock can explain a close within the test's minute.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
 import uuid
 from pathlib import Path
 
 from _dramatiq_helpers import (
     BrokerEnv,
-    CliWorker,
     Producer,
     attempts_of,
     outcomes,
@@ -27,6 +23,7 @@ from _dramatiq_helpers import (
 )
 from celery_harness import Scenario, wait_for
 from core_helpers import run_cli
+from fleet_hosts import Host
 from task_state_guard import Ledger
 from task_state_guard_dramatiq import attempt_task_id
 
@@ -37,43 +34,6 @@ DRAMATIQ_ENV = {
     "TSG_HEARTBEAT_SECONDS": "0.5",
     "TSG_RECONCILE_INTERVAL_SECONDS": INTERVAL,
 }
-
-
-class Host:
-    """One "machine": a Celery worker (the group leader) and a Dramatiq CLI in its group."""
-
-    def __init__(self, celery: Scenario, dramatiq: BrokerEnv) -> None:
-        self.celery = celery.start_worker(group=0, TSG_RECONCILE_INTERVAL_SECONDS=INTERVAL)
-        self.dramatiq = CliWorker(dramatiq, extra_env=DRAMATIQ_ENV, group=self.celery.pid)
-        self.dramatiq.start()
-
-    @property
-    def group(self) -> int:
-        return self.celery.pid
-
-    def members(self, pid: int) -> bool:
-        try:
-            return os.getpgid(pid) == self.group
-        except ProcessLookupError:
-            return False
-
-    def periodic_closes(self) -> int:
-        """Tasks timed out by this host's periodic reconciles (their counts-only log lines)."""
-        total = 0
-        for log in (self.celery.log(), self.dramatiq.log()):
-            for line in log.splitlines():
-                if "task-state-guard: reconcile (periodic_reconcile) " in line:
-                    report = json.loads(line.split("task-state-guard: reconcile "
-                                                   "(periodic_reconcile) ", 1)[1])
-                    total += report["tasks_timed_out"]
-        return total
-
-    def kill(self) -> None:
-        """SIGKILL the whole group at once, as a vanished machine."""
-        os.killpg(self.group, signal.SIGKILL)
-        self.celery.proc.wait(10)
-        assert self.dramatiq.proc is not None
-        self.dramatiq.proc.wait(10)
 
 
 def _running(ledger: Ledger, task_id: str) -> bool:
@@ -91,7 +51,7 @@ def test_a_dead_host_is_closed_by_the_other_hosts_periodic_reconcile(
     ledger = Ledger(pg_ledger)
     hosts: list[Host] = []
     try:
-        host_a = Host(celery, dram)
+        host_a = Host(celery, dram, INTERVAL, DRAMATIQ_ENV)
         hosts.append(host_a)
         result = celery.send("tsgt.sleep_late", 120, "fleet", 0.1)
         tag = uuid.uuid4().hex
@@ -105,7 +65,7 @@ def test_a_dead_host_is_closed_by_the_other_hosts_periodic_reconcile(
         wait_for(lambda: _running(ledger, lost_dramatiq), 30, what="the Dramatiq attempt")
         lost_celery = celery.attempts(result.id)[0].id
 
-        host_b = Host(celery, dram)
+        host_b = Host(celery, dram, INTERVAL, DRAMATIQ_ENV)
         hosts.append(host_b)
         # Host A is alive while B boots: B's boot reconciles keep A's work.
         assert '"tasks_timed_out":0' in host_b.celery.log()

@@ -146,7 +146,7 @@ class Chromium:
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"]
         page = Page(self, session)
-        for domain in ("Page", "Network", "Runtime"):
+        for domain in ("Page", "Network", "Runtime", "Log"):
             self.call(f"{domain}.enable", session=session)
         self.call("Emulation.setDeviceMetricsOverride", {
             "width": self.width, "height": self.height, "deviceScaleFactor": 1,
@@ -170,17 +170,22 @@ class Chromium:
 
 class Page:
     """One tab: navigate, read its text, take screenshots; ``requests`` lists every URL it
-    requested (documents, sub-resources, redirects, prefetches)."""
+    requested (documents, sub-resources, redirects, prefetches), ``log`` what the browser
+    reported about it (a refused script or style, a failed load)."""
 
     def __init__(self, browser: Chromium, session: str) -> None:
         self.browser = browser
         self.session = session
         self.requests: list[str] = []
+        self.log: list[str] = []
 
     def _collect(self) -> None:
         for event in self.browser.drain(self.session):
             if event["method"] == "Network.requestWillBeSent":
                 self.requests.append(event["params"]["request"]["url"])
+            elif event["method"] == "Log.entryAdded":
+                entry = event["params"]["entry"]
+                self.log.append(f"{entry.get('level')}: {entry.get('text')}")
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """A command to this tab."""

@@ -121,6 +121,11 @@ def test_every_page_against_real_framework_work(
     assert "owner_lost" in text
 
     _only_local(page, server)
+    # The page's own style and script ran under its Content-Security-Policy, and the browser
+    # refused nothing.
+    assert page.evaluate("getComputedStyle(document.querySelector('header'))"
+                         ".backgroundColor") == "rgb(29, 35, 48)"
+    assert not [line for line in page.log if "Content Security Policy" in line], page.log
     for shot in ("overview", "stuck", "job-running", "job"):
         assert (tmp_path / f"{shot}.png").read_bytes().startswith(b"\x89PNG")
     # The reconcile wrote; the pages read afterwards did not.
@@ -151,9 +156,12 @@ def test_pages_work_without_javascript_and_refresh_can_be_paused(
         assert "refresh=off" in page.url()
         page.screenshot(tmp_path / "no-javascript.png")
 
-        # With JavaScript: the script refreshes, but not while the operator types.
+        # With JavaScript: the script refreshes (and counts down), but not while the operator
+        # types.
         page.scripts(True)
         page.goto(served.base + "/stuck")
+        page.settle(0.5)
+        assert page.evaluate("document.getElementById('countdown') !== null")
         page.type_into('input[name="name"]', "tsgt")
         count = len(page.requests)
         page.settle(2.5)
@@ -162,6 +170,7 @@ def test_pages_work_without_javascript_and_refresh_can_be_paused(
         page.settle(3.0)
         assert len(page.requests) > count
         _only_local(page, served)
+        assert not [line for line in page.log if "Content Security Policy" in line], page.log
     finally:
         code, _out, err = served.stop()
     assert code == 0 and err == ""

@@ -2,8 +2,9 @@
 
 Celery sends ``task_prerun``, ``task_success``, ``task_failure`` (for exceptions raised by the
 task body), ``task_retry`` and ``task_postrun`` where the task runs, and ``before_task_publish``
-where ``Task.replace()`` sends the replacement. The attempt this delivery runs as is claimed at
-prerun, kept on the request context (:class:`~._request.Attempt`) and closed by the first of
+where ``Task.replace()`` sends the replacement and where a replacement's tasks publish the next
+ones (followed by :class:`~._replace.ReplaceLinks`). The attempt this delivery runs as is claimed
+at prerun, kept on the request context (:class:`~._request.Attempt`) and closed by the first of
 the outcome signals.
 """
 
@@ -21,7 +22,9 @@ from task_state_guard import TaskNotFound
 from task_state_guard.integration import AdapterRuntime, name_label
 from task_state_guard.integration import codes as c
 
-from ._ids import logical_task_id, replace_attempt_id, requeue_attempt_id, retry_attempt_id
+from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id
+from ._redelivery import broker_window
+from ._replace import ReplaceLinks
 from ._request import (
     Attempt,
     acks_late,
@@ -31,6 +34,7 @@ from ._request import (
     expected_attempts,
     fresh_attempt_id,
     nesting,
+    replaced_ids,
     retries,
     set_attempt,
 )
@@ -39,10 +43,23 @@ from ._request import (
 class ChildReceivers:
     """The executing process's receivers for one guard."""
 
-    def __init__(self, runtime: AdapterRuntime, ours: Callable[[Any], bool], app: Any) -> None:
+    def __init__(
+        self, runtime: AdapterRuntime, ours: Callable[[Any], bool], links: ReplaceLinks
+    ) -> None:
         self.rt = runtime
         self.ours = ours
-        self.app = app
+        self.links = links
+        self._broker_window: tuple[float | None] | None = None  # read once, on first use
+
+    def redelivery_window(self, task: Any, ctx: Any) -> float | None:
+        """How long after this attempt's last sign of life the broker may still hand its job
+        to another worker: only an ``acks_late`` message outlives its worker (see
+        ``_redelivery``)."""
+        if not acks_late(task) or bool(getattr(ctx, "is_eager", False)):
+            return None
+        if self._broker_window is None:
+            self._broker_window = (broker_window(self.links.app),)
+        return self._broker_window[0]
 
     # ------------------------------------------------------------------ start
 
@@ -78,10 +95,15 @@ class ChildReceivers:
                     timeout_seconds=attempt_timeout(task),
                     expected=expected_attempts(ctx, celery_id),
                     fresh_id=fresh_attempt_id(ctx),
+                    redelivery_window=self.redelivery_window(task, ctx),
                 )
 
-            with rt.ledger.atomic():  # the parent and the attempt: one writer-lock round
-                if retries(ctx) == 0 and nesting(ctx) == 0:
+            waiting = self.links.waiting(ctx, celery_id) if replaced_ids(ctx) else []
+            with rt.ledger.atomic():  # the parent and the attempts: one writer-lock round
+                # A replacement's last task runs under the replaced task's id, whose parent
+                # exists; the other tasks of a replacement (a stage: they carry the replaced
+                # ids) are logical tasks of their own.
+                if retries(ctx) == 0 and (nesting(ctx) == 0 or replaced_ids(ctx)):
                     open_parent()
                 try:
                     attempt = claim()
@@ -90,8 +112,12 @@ class ChildReceivers:
                     # unavailable when the first attempt ran): record the parent now.
                     open_parent()
                     attempt = claim()
-            set_attempt(ctx, Attempt(attempt, parent))
-            rt.hold(attempt, parent)
+                stages = self.links.claim(
+                    ctx, celery_id, attempt, waiting, name=name,
+                    timeout_seconds=attempt_timeout(task),
+                )
+            set_attempt(ctx, Attempt(attempt, parent, stages=stages))
+            rt.hold(attempt, parent, *stages.values())
 
     # ------------------------------------------------------------------ outcomes
 
@@ -109,21 +135,29 @@ class ChildReceivers:
         if att is None or att.closed:
             return
         att.closed = True
-        closings = [(att.attempt_id, status, code, True)]
+        closings = [
+            (att.attempt_id, status, code, True),
+            *self.links.stage_closings(att.stages, status, code),
+        ]
         if parent_close:
             closings.append((att.parent_id, status, code, False))
         try:
-            with self.rt.guarded(hook), self.rt.ledger.atomic():
-                if placeholder is not None:
-                    placeholder()
-                self.rt.close_tasks(closings, where=hook)
+            with self.rt.guarded(hook):
+                if parent_close and status != c.SUCCEEDED and att.stages:
+                    # Celery fails the rest of the chain and the chord's body with this task:
+                    # the replaced tasks waiting on it end with it.
+                    closings += self.links.end_replaced(att.stages, status, code)
+                with self.rt.ledger.atomic():
+                    if placeholder is not None:
+                        placeholder()
+                    self.rt.close_tasks(closings, where=hook)
         finally:
             self._release(att)
 
     def _release(self, att: Attempt) -> None:
         if not att.released:
             att.released = True
-            self.rt.release(att.attempt_id, att.parent_id)
+            self.rt.release(att.attempt_id, att.parent_id, *att.stages.values())
 
     def on_success(self, sender: Any = None, **_: Any) -> None:
         """The task body returned."""
@@ -175,9 +209,12 @@ class ChildReceivers:
             if att.closed or state is None:
                 return
             if state == "IGNORED":
+                # Task.replace() raises Ignore after publishing the replacement, which keeps
+                # the parent (and the replaced tasks this one worked for) open.
                 self._finish(ctx, "task_postrun", c.CANCELLED, c.IGNORED, parent_close=False)
                 with self.rt.guarded("task_postrun"):
-                    self._close_parent_if_idle(att.parent_id, c.CANCELLED, c.IGNORED)
+                    for logical in (att.parent_id, *map(logical_task_id, att.stages)):
+                        self.links.close_if_idle(logical, c.CANCELLED, c.IGNORED, "task_postrun")
             elif state == "REJECTED":
                 self._rejected(task, ctx, att, retval, task_id)
             elif state == "SUCCESS":
@@ -214,44 +251,22 @@ class ChildReceivers:
             else None,
         )
 
-    def _close_parent_if_idle(self, parent: str, status: str, code: str) -> None:
-        found = self.rt.get(parent)
-        if found is None or found.status in c.TERMINAL:
-            return  # e.g. Task.replace(): the replacement already closed it
-        if any(child.status in c.ACTIVE for child in self.rt.ledger.children_of(parent)):
-            return
-        self.rt.close_logical(parent, status, code, where="task_postrun")
-
     # ------------------------------------------------------------------ Task.replace()
 
-    def on_before_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
-        """``Task.replace()``: queue the replacement's attempt before the message leaves.
-
-        The replacement runs under the same Celery id, hence the same logical task; the queued
-        attempt keeps that task open (and fresh) until the replacement claims it, whether the
-        replaced task's own ``task_postrun`` comes first or last.
-        """
-        if not isinstance(headers, dict) or not headers.get("replaced_task_nesting"):
+    def on_before_publish(
+        self, sender: Any = None, headers: Any = None, body: Any = None, **_: Any
+    ) -> None:
+        """A message published while one of this app's tasks runs here: ``Task.replace()``
+        publishing the replacement, or a replacement's task publishing the next one."""
+        if not isinstance(headers, dict):
             return
         from celery import current_task  # type: ignore[import-untyped]
 
         task = current_task._get_current_object() if current_task else None
         if task is None or not self.ours(task):
             return
-        ctx = task.request
-        celery_id = getattr(ctx, "id", None)
-        att = attempt_of(ctx)
-        try:
-            depth = int(headers["replaced_task_nesting"])
-        except (TypeError, ValueError):
+        att = attempt_of(task.request)
+        if att is None:
             return
-        if att is None or not celery_id or headers.get("id") != celery_id or depth <= nesting(ctx):
-            return
-        replacement = self.app.tasks.get(headers.get("task"))
         with self.rt.guarded("before_task_publish"):
-            self.rt.queue_attempt(
-                replace_attempt_id(celery_id, depth),
-                att.parent_id,
-                name=name_label(headers.get("task")),
-                timeout_seconds=attempt_timeout(replacement) if replacement else None,
-            )
+            self.links.on_publish(task.request, att, headers, body)

@@ -27,6 +27,7 @@ from ._child import ChildReceivers
 from ._ids import IDS
 from ._lost import fail_in_backend
 from ._main import MainReceivers
+from ._replace import ReplaceLinks
 from ._request import TOKEN_KEY, attempt_of
 
 log = logging.getLogger("task_state_guard_celery")
@@ -60,12 +61,13 @@ class CeleryGuard(AdapterSurface):
     def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
         self.app = app
         self.runtime = AdapterRuntime(
-            settings, logger=log, subject="task", ids=IDS, on_lost=on_lost,
+            settings, logger=log, subject="task", framework="celery", on_lost=on_lost,
             adapter=self.adapter_name,
         )
         self.runtime.fail_lost = self._fail_lost_result
-        self._child = ChildReceivers(self.runtime, self._ours, app)
-        self._main = MainReceivers(self.runtime, self._ours)
+        links = ReplaceLinks(self.runtime, app)
+        self._child = ChildReceivers(self.runtime, self._ours, links)
+        self._main = MainReceivers(self.runtime, self._ours, links)
         self._installed = False
         # Receivers (bound methods, connected with weak=False).
         self._on_task_received = self._main.on_received
@@ -123,8 +125,8 @@ class CeleryGuard(AdapterSurface):
         app = getattr(sender, "app", None)
         return app is None or app is self.app
 
-    def _boot_reconcile(self) -> None:
-        self.runtime.boot_reconcile("reconcile_on_boot")
+    def _boot(self) -> None:
+        self.runtime.boot("reconcile_on_boot")
 
     def _fail_lost_result(self, lost: LostTask) -> None:
         fail_in_backend(self.app, lost)

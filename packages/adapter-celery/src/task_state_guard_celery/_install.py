@@ -16,8 +16,11 @@ _guards: dict[int, CeleryGuard] = {}
 
 
 class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Worker boot step: reconcile the ledger in the main process before consuming, then
-    every ``reconcile_interval_seconds`` (when above 0) until the worker stops.
+    """Worker boot step, in the main process before consuming: open the ledger (an unusable
+    one is logged once at ERROR; with ``require_ledger`` this step raises and Celery stops the
+    worker: "Unrecoverable error"), reconcile it, publish the verdicts owed to Celery; then
+    every ``reconcile_interval_seconds`` (when above 0) reconcile and publish again until the
+    worker stops.
 
     Custom worker steps start before the Consumer step (which is ``last``), so this
     runs before the worker receives its first message. Reconcile is idempotent, so
@@ -29,7 +32,7 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, parent: Any) -> None:
         guard = guard_for(getattr(parent, "app", None))
         if guard is not None:
-            guard._boot_reconcile()
+            guard._boot()
             guard.runtime.start_periodic_reconcile()
 
     def stop(self, parent: Any) -> None:

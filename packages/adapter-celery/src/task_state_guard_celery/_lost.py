@@ -46,10 +46,13 @@ TaskLostError.__module__ = "task_state_guard_celery"
 def fail_in_backend(app: Any, lost: LostTask) -> bool:
     """Write ``FAILURE`` for ``lost`` into ``app``'s result backend if it is still open there.
 
-    Returns True when written; False without a backend or when the task is settled there.
+    Returns True when written; False without a backend, without a stored Celery id (a custom
+    id is never stored, so there is no result to address) or when the task is settled there.
     """
     from celery.backends.base import DisabledBackend  # type: ignore[import-untyped]
 
+    if lost.framework_id is None:
+        return False
     if app.conf.task_always_eager and not app.conf.task_store_eager_result:
         return False  # eager results are never stored: nobody reads them from the backend
     backend = app.backend

@@ -23,6 +23,7 @@ from task_state_guard.integration import AdapterRuntime, name_label
 from task_state_guard.integration import codes as c
 
 from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id, token_attempt_id
+from ._replace import ReplaceLinks
 from ._request import (
     TOKEN_KEY,
     acks_late,
@@ -43,9 +44,12 @@ _TRACK_SWEEP = 1000
 class MainReceivers:
     """The main process's receivers for one guard."""
 
-    def __init__(self, runtime: AdapterRuntime, ours: Callable[[Any], bool]) -> None:
+    def __init__(
+        self, runtime: AdapterRuntime, ours: Callable[[Any], bool], links: ReplaceLinks
+    ) -> None:
         self.rt = runtime
         self.ours = ours
+        self.links = links
         # Deliveries of acks_late tasks, so that a redelivery can close the attempt of an
         # earlier delivery whose process died silently (acks_late + reject_on_worker_lost
         # sends no signal at all).
@@ -187,6 +191,10 @@ class MainReceivers:
             if requeued:
                 self._queue(requeue_attempt_id(task_id, retries(ctx) if same else 0), task_id, task)
             self._close_if_open(attempt, status, code, "task_failure")
+            if same:  # Celery fails the rest of a chain / a chord's body with this task
+                self.links.end_delivery(
+                    ctx, task_id, attempt, status, code, settle=not requeued, where="task_failure"
+                )
             if not requeued:
                 self.rt.close_logical(parent, status, code, where="task_failure")
 
@@ -199,6 +207,7 @@ class MainReceivers:
             parent_close = False
             if reason is not None:
                 self._queue(retry_attempt_id(celery_id, count + 1), celery_id, sender)
+                self.links.queue_retry(ctx, celery_id, sender)
                 status, code = c.FAILED, c.RETRY_SCHEDULED
             else:
                 status, code = c.CANCELLED, c.INTERRUPTED
@@ -207,6 +216,9 @@ class MainReceivers:
                     # acks_late: the broker gets the message back; keep the parent open.
                     self._queue(requeue_attempt_id(celery_id, count), celery_id, sender)
             self._close_if_open(attempt, status, code, "task_retry")
+            self.links.end_delivery(
+                ctx, celery_id, attempt, status, code, settle=parent_close, where="task_retry"
+            )
             if parent_close:
                 self.rt.close_logical(logical_task_id(celery_id), status, code, where="task_retry")
 
@@ -235,6 +247,7 @@ class MainReceivers:
                     start=False,
                     framework_id=celery_id,
                 )
+            attempt = None
             if terminated:
                 attempt = self._resolve(request, celery_id, with_nesting=False)
                 if attempt is not None:
@@ -245,6 +258,10 @@ class MainReceivers:
                     self.rt.close_attempt(
                         placeholder.id, c.CANCELLED, c.REVOKED, where="task_revoked"
                     )
+            self.links.end_delivery(
+                request, celery_id, attempt, c.CANCELLED, c.REVOKED, settle=True,
+                where="task_revoked",
+            )
             self.rt.close_logical(parent, c.CANCELLED, c.REVOKED, where="task_revoked")
 
 

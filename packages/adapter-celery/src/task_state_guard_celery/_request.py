@@ -6,7 +6,7 @@ Celery hands receivers a task (whose ``request`` is the execution context) or a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._ids import (
@@ -20,6 +20,10 @@ from ._ids import (
 #: Key of the per-delivery token injected into ``request_dict`` at receipt.
 TOKEN_KEY = "tsg_attempt"
 
+#: Message header naming the replaced tasks (Celery ids) whose outcome waits on this message:
+#: set on the messages of a canvas that replaced a task (see ``_replace``).
+REPLACED_KEY = "tsg_replaced"
+
 # The one attribute the executing process sets on a task's request context.
 _ATTEMPT_ATTR = "_tsg_attempt"
 
@@ -32,6 +36,8 @@ class Attempt:
     parent_id: str
     closed: bool = False
     released: bool = False
+    #: Stage records this delivery runs under replaced tasks: Celery id -> stage attempt id.
+    stages: dict[str, str] = field(default_factory=dict)
 
 
 def attempt_of(ctx: Any) -> Attempt | None:
@@ -73,6 +79,16 @@ def nesting(ctx: Any) -> int:
         return max(0, int(value or 0))
     except (TypeError, ValueError):
         return 0
+
+
+def replaced_ids(ctx: Any) -> list[str]:
+    """The replaced tasks (Celery ids) whose outcome waits on this delivery (its header)."""
+    value = getattr(ctx, REPLACED_KEY, None)
+    if value is None:
+        value = (getattr(ctx, "request_dict", None) or {}).get(REPLACED_KEY)
+    if not isinstance(value, list | tuple):
+        return []
+    return [item for item in value if isinstance(item, str) and item]
 
 
 def delivers(task: Any) -> bool:
@@ -134,6 +150,7 @@ def fresh_attempt_id(ctx: Any) -> str | None:
 
 
 __all__ = [
+    "REPLACED_KEY",
     "TOKEN_KEY",
     "Attempt",
     "acks_late",
@@ -146,6 +163,7 @@ __all__ = [
     "nesting",
     "placeholder_attempts",
     "redelivered",
+    "replaced_ids",
     "retries",
     "set_attempt",
     "token",

@@ -14,13 +14,14 @@ from task_state_guard.integration import ConfigurationError, LostTask, Settings
 
 from ._ids import ATTEMPT_NAMESPACE, MESSAGE_NAMESPACE, attempt_task_id, logical_task_id
 from ._install import find, install, uninstall
-from .middleware import ACTOR_OPTION, TaskLostError, TaskStateGuardMiddleware
+from .middleware import ACTOR_OPTION, LedgerUnavailable, TaskLostError, TaskStateGuardMiddleware
 
 __all__ = [
     "ACTOR_OPTION",
     "ATTEMPT_NAMESPACE",
     "MESSAGE_NAMESPACE",
     "ConfigurationError",
+    "LedgerUnavailable",
     "LostTask",
     "Settings",
     "TaskLostError",

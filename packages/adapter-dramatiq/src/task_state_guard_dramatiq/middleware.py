@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
-from dramatiq.middleware import Middleware, Shutdown, TimeLimitExceeded
+from dramatiq.middleware import Middleware, MiddlewareError, Shutdown, TimeLimitExceeded
 from task_state_guard import Ledger, LedgerError
 from task_state_guard.integration import (
     AdapterRuntime,
@@ -22,13 +22,14 @@ from task_state_guard.integration import (
 from task_state_guard.integration import codes as c
 
 from ._ids import MESSAGES, attempt_task_id, logical_task_id
+from ._redelivery import broker_window
 
 if TYPE_CHECKING:
     from dramatiq.broker import Broker, MessageProxy
     from dramatiq.message import Message
     from dramatiq.worker import Worker
 
-__all__ = ["ACTOR_OPTION", "TaskLostError", "TaskStateGuardMiddleware"]
+__all__ = ["ACTOR_OPTION", "LedgerUnavailable", "TaskLostError", "TaskStateGuardMiddleware"]
 
 logger = logging.getLogger("task_state_guard_dramatiq")
 
@@ -63,6 +64,12 @@ class TaskLostError(Exception):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "task lost"
+
+
+class LedgerUnavailable(MiddlewareError):
+    """Raised in ``before_worker_boot`` when ``require_ledger`` is set and the ledger cannot be
+    used (the reason is logged at ERROR): Dramatiq lets a ``MiddlewareError`` stop the worker
+    process, and the CLI then stops the others."""
 
 
 @dataclass(eq=False)
@@ -105,12 +112,14 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     ) -> None:
         resolved = resolve_settings(db=db, **settings)
         self.runtime = AdapterRuntime(
-            resolved, logger=logger, subject="message", ids=MESSAGES, on_lost=on_lost,
+            resolved, logger=logger, subject="message", framework="dramatiq", on_lost=on_lost,
             adapter=self.adapter_name,
         )
         self.runtime.fail_lost = self._fail_lost_result
         self._local = threading.local()
         self._broker: Broker | None = None
+        # (broker, its redelivery window), read once per broker on first use
+        self._window: tuple[Any, float | None] | None = None
 
     # ------------------------------------------------------------------ public surface
 
@@ -147,11 +156,21 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     # ------------------------------------------------------------------ worker lifecycle
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        """Reconcile before this process consumes anything; start the periodic reconcile."""
+        """Before this process consumes anything: open the ledger (an unusable one is logged
+        once at ERROR; with ``require_ledger`` the error is raised and the process does not
+        boot), reconcile, publish the verdicts owed to Dramatiq; start the periodic reconcile."""
         self._check_placement(broker)
         if self._broker is None:
             self._broker = broker
-        self.runtime.boot_reconcile("before_worker_boot")
+        try:
+            self.runtime.boot("before_worker_boot")
+        except LedgerError as exc:
+            if not self.settings.require_ledger:
+                raise  # strict mode: Dramatiq logs it, the process boots
+            raise LedgerUnavailable(
+                f"task-state-guard: the ledger cannot be used ({exc.reason}) and "
+                "require_ledger is set"
+            ) from None
         self.runtime.start_periodic_reconcile()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
@@ -173,8 +192,8 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         """Store :class:`TaskLostError` for a lost message when the ``Results`` middleware is
         configured and the actor stores results, unless a result is stored already."""
         broker = self._broker
-        if broker is None or lost.name is None:
-            return
+        if broker is None or lost.name is None or lost.framework_id is None:
+            return  # no message id stored (or no broker yet): nothing to address a result by
         from dramatiq import Message
         from dramatiq.results import ResultFailure, ResultMissing, Results
 
@@ -253,10 +272,20 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
                 parent_id, delivery_required=bool(delivery), name=name, framework_id=message_id
             )
             attempt_id = rt.claim_attempt(
-                parent_id, name=name, expected=((attempt_task_id(message_id, retries), True),)
+                parent_id, name=name, expected=((attempt_task_id(message_id, retries), True),),
+                redelivery_window=self._redelivery_window(broker),
             )
         rt.hold(attempt_id, parent_id)
         return _Attempt(message_id, parent_id, attempt_id, name)
+
+    def _redelivery_window(self, broker: Broker) -> float | None:
+        """How long after an attempt's last sign of life ``broker`` may still redeliver its
+        message: Dramatiq acknowledges only after processing, so on any real broker the message
+        of a worker that died comes back (see ``_redelivery``)."""
+        cached = self._window
+        if cached is None or cached[0] is not broker:
+            cached = self._window = (broker, broker_window(broker))
+        return cached[1]
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         """Notice Retries (or any middleware) re-enqueueing the message being processed."""

@@ -27,8 +27,9 @@ from typing import Any
 from task_state_guard import reasons as r
 from task_state_guard import reconcile as _reconcile
 from task_state_guard.database import read_clock
-from task_state_guard.model import InvalidInput, LedgerError, StorageError
+from task_state_guard.model import LOST_CODES, InvalidInput, LedgerError, StorageError
 from task_state_guard.owners import Liveness
+from task_state_guard.schema import sql_list
 
 from . import ddl, driver, owners
 from . import doctor as _doctor
@@ -45,9 +46,13 @@ PASS_WRITES = {
         "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
         f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
         "AND status IN ('queued','running') "
-        "RETURNING seq, status, terminal_code, ended_at, parent_id), "
+        "RETURNING seq, status, terminal_code, ended_at, parent_id, framework), "
         "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        "SELECT seq, 3, 'closed', status, terminal_code, ended_at FROM u) "
+        "SELECT seq, 3, 'closed', status, terminal_code, ended_at FROM u), "
+        # the verdict each lost logical task owes its framework (as the row trigger writes it)
+        "v AS (INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
+        "SELECT seq, framework, 'pending', ended_at FROM u WHERE framework IS NOT NULL "
+        f"AND terminal_code IN {sql_list(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
         "INSERT INTO tsg_totals(event, kind, state, code, total) "
         "SELECT 'closed', CASE WHEN parent_id IS NULL THEN 'task' ELSE 'attempt' END, status, "
         "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
@@ -107,8 +112,10 @@ class PostgresDatabase:
         busy_timeout_ms: int,
         read_only: bool,
         check_schema: bool = True,
+        create: bool = True,
     ) -> None:
         self._target: Target = parse(url)
+        self._create = create
         self._clock = clock
         self.busy_timeout_ms = busy_timeout_ms
         self._read_only = read_only
@@ -166,7 +173,7 @@ class PostgresDatabase:
                     if not self._prepared:
                         self.schema_version = ddl.prepare(
                             conn, self._target.schema, read_only=self._read_only,
-                            check=self._check_schema, now=self.now,
+                            check=self._check_schema, now=self.now, create=self._create,
                         )
                         self._prepared = True
         except BaseException:
@@ -349,13 +356,15 @@ def open_database(
     busy_timeout_ms: int,
     read_only: bool,
     check_schema: bool = True,
+    create: bool = True,
 ) -> PostgresDatabase:
-    """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet."""
+    """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet.
+    ``create=False``: a schema that holds no ledger is ``database_missing``, never created."""
     if not callable(clock):
         raise InvalidInput("clock must be callable")
     return PostgresDatabase(
         url, clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
-        check_schema=check_schema,
+        check_schema=check_schema, create=create,
     )
 
 

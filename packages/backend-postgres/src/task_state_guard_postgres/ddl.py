@@ -1,8 +1,9 @@
 """The ledger's tables in a PostgreSQL schema, and their guarded, transactional migrations.
 
-The layout is the core's schema version 4 (the same columns, states, checks, one event chain
-per task and the outcome totals, written by a trigger in the statement that changes a state),
-in a schema of its own. The totals are rows of increments (``total`` summed by readers), so
+The layout is the core's SQLite layout 5 (the same columns, states, checks, one event chain
+per task, the outcome totals and the verdict outbox, written by a trigger in the statement that
+changes a state), in a schema of its own, versioned on its own (:data:`SCHEMA_VERSION`). The
+totals are rows of increments (``total`` summed by readers), so
 concurrent closes never queue on one counter row; passes fold them (:data:`COMPACT_TOTALS`).
 ``tsg_migrations`` records each applied migration; a writable open applies the missing ones in
 one transaction under a transaction-level advisory lock (so hosts booting together migrate
@@ -16,13 +17,13 @@ from collections.abc import Callable
 
 from task_state_guard import reasons as r
 from task_state_guard import schema as core_schema
-from task_state_guard.model import InvalidInput, StorageError
+from task_state_guard.model import FRAMEWORK_LABELS, InvalidInput, StorageError
 
 from .driver import Conn
 
 #: The layout version this release writes (4: the core's data model; 5: reconcile passes
-#: write their events set-based, see :data:`PASS_EVENTS`).
-SCHEMA_VERSION = 5
+#: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox).
+SCHEMA_VERSION = 6
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -81,7 +82,44 @@ def _v3(s: str) -> list[str]:
         f"CREATE INDEX tsg_tasks_prunable ON {q}.tsg_tasks(delivery_updated_at) "
         "WHERE parent_id IS NULL AND delivery_status <> 'pending'",
         # Every state change writes its event in the same statement, enforced by the database.
-        f"""CREATE FUNCTION {q}.tsg_write_event() RETURNS trigger LANGUAGE plpgsql AS $fn$
+        _event_function(q, replace=False, totals=False, verdicts=False),
+        f"CREATE TRIGGER tsg_event_created AFTER INSERT ON {q}.tsg_tasks "
+        f"FOR EACH ROW EXECUTE FUNCTION {q}.tsg_write_event()",
+        f"CREATE TRIGGER tsg_event_changed AFTER UPDATE OF status, delivery_status "
+        f"ON {q}.tsg_tasks FOR EACH ROW EXECUTE FUNCTION {q}.tsg_write_event()",
+    ]
+
+
+def _event_function(q: str, *, replace: bool, totals: bool, verdicts: bool) -> str:
+    """The row trigger's function: a state change's event (and, from version 4, its outcome
+    total; from version 6, the verdict a lost close owes its framework) in the same statement.
+    ``replace``: ``CREATE OR REPLACE`` (a later version's body) instead of ``CREATE``."""
+    task_kind = "CASE WHEN NEW.parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+    delivery_kind = "CASE NEW.delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
+    closed_total = (
+        f"""
+        INSERT INTO {q}.tsg_totals(event, kind, state, code, total)
+        VALUES ('closed', {task_kind}, NEW.status, coalesce(NEW.terminal_code, ''), 1);"""
+        if totals else ""
+    )
+    delivery_total = (
+        f"""
+        INSERT INTO {q}.tsg_totals(event, kind, state, code, total)
+        VALUES ('delivery', {delivery_kind}, NEW.delivery_status,
+                coalesce(NEW.delivery_code, ''), 1);"""
+        if totals else ""
+    )
+    verdict = (
+        f"""
+        IF {core_schema.VERDICT_OWED} THEN
+            INSERT INTO {q}.tsg_verdicts(task_seq, framework, state, recorded_at)
+            VALUES (NEW.seq, NEW.framework, 'pending', NEW.ended_at)
+            ON CONFLICT (task_seq) DO NOTHING;
+        END IF;"""
+        if verdicts else ""
+    )
+    create = "CREATE OR REPLACE FUNCTION" if replace else "CREATE FUNCTION"
+    return f"""{create} {q}.tsg_write_event() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
@@ -94,29 +132,23 @@ BEGIN
     END IF;
     IF OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL} THEN
         INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
-        VALUES (NEW.seq, 3, 'closed', NEW.status, NEW.terminal_code, NEW.ended_at);
+        VALUES (NEW.seq, 3, 'closed', NEW.status, NEW.terminal_code, NEW.ended_at);\
+{closed_total}{verdict}
     END IF;
     IF OLD.delivery_status = 'pending' AND NEW.delivery_status <> 'pending' THEN
         INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
         VALUES (NEW.seq, 4, 'delivery', NEW.delivery_status, NEW.delivery_code,
-                NEW.delivery_updated_at);
+                NEW.delivery_updated_at);{delivery_total}
     END IF;
     RETURN NULL;
 END
-$fn$""",
-        f"CREATE TRIGGER tsg_event_created AFTER INSERT ON {q}.tsg_tasks "
-        f"FOR EACH ROW EXECUTE FUNCTION {q}.tsg_write_event()",
-        f"CREATE TRIGGER tsg_event_changed AFTER UPDATE OF status, delivery_status "
-        f"ON {q}.tsg_tasks FOR EACH ROW EXECUTE FUNCTION {q}.tsg_write_event()",
-    ]
+$fn$"""
 
 
 def _v4(s: str) -> list[str]:
     """Version 4: the outcome totals, seeded from the tasks the ledger holds, kept by the
     event trigger from then on."""
     q = f'"{s}"'
-    task_kind = "CASE WHEN NEW.parent_id IS NULL THEN 'task' ELSE 'attempt' END"
-    delivery_kind = "CASE NEW.delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
     return [
         f"""CREATE TABLE {q}.tsg_totals (
     event text NOT NULL CHECK (event IN ('closed','delivery')),
@@ -126,35 +158,7 @@ def _v4(s: str) -> list[str]:
     total bigint NOT NULL CHECK (total >= 0))""",
         f"INSERT INTO {q}.tsg_totals(event, kind, state, code, total) "
         + core_schema._TOTALS_SELECT.format(tasks=f"{q}.tsg_tasks"),
-        f"""CREATE OR REPLACE FUNCTION {q}.tsg_write_event() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
-        VALUES (NEW.seq, 1, 'created', 'queued', 'created', NEW.created_at);
-        RETURN NULL;
-    END IF;
-    IF OLD.status = 'queued' AND NEW.status = 'running' THEN
-        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
-        VALUES (NEW.seq, 2, 'started', 'running', 'started', NEW.started_at);
-    END IF;
-    IF OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL} THEN
-        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
-        VALUES (NEW.seq, 3, 'closed', NEW.status, NEW.terminal_code, NEW.ended_at);
-        INSERT INTO {q}.tsg_totals(event, kind, state, code, total)
-        VALUES ('closed', {task_kind}, NEW.status, coalesce(NEW.terminal_code, ''), 1);
-    END IF;
-    IF OLD.delivery_status = 'pending' AND NEW.delivery_status <> 'pending' THEN
-        INSERT INTO {q}.tsg_events(task_seq, step, kind, state, code, at)
-        VALUES (NEW.seq, 4, 'delivery', NEW.delivery_status, NEW.delivery_code,
-                NEW.delivery_updated_at);
-        INSERT INTO {q}.tsg_totals(event, kind, state, code, total)
-        VALUES ('delivery', {delivery_kind}, NEW.delivery_status,
-                coalesce(NEW.delivery_code, ''), 1);
-    END IF;
-    RETURN NULL;
-END
-$fn$""",
+        _event_function(q, replace=True, totals=True, verdicts=False),
     ]
 
 
@@ -182,8 +186,32 @@ def _v5(s: str) -> list[str]:
     ]
 
 
+def _v6(s: str) -> list[str]:
+    """Version 6: the verdict outbox (the core's SQLite layout 5 adds the same): which adapter
+    opened a logical task, an attempt's redelivery bound, and ``tsg_verdicts``, one row per
+    logical task closed as lost, written by the row trigger (or a reconcile pass's own
+    statement, :data:`database.PASS_WRITES`) in the statement that closes it."""
+    q = f'"{s}"'
+    return [
+        f"ALTER TABLE {q}.tsg_tasks ADD COLUMN framework text "
+        f"CHECK (framework IN {core_schema.sql_list(FRAMEWORK_LABELS)})",
+        f"ALTER TABLE {q}.tsg_tasks ADD COLUMN redelivery_seconds double precision",
+        f"""CREATE TABLE {q}.tsg_verdicts (
+    task_seq bigint PRIMARY KEY,
+    framework text NOT NULL,
+    state text NOT NULL CHECK (state IN ('pending','published')),
+    recorded_at double precision NOT NULL,
+    lease_until double precision,
+    claim text,
+    published_at double precision)""",
+        f"CREATE INDEX tsg_verdicts_pending ON {q}.tsg_verdicts(framework, task_seq) "
+        "WHERE state = 'pending'",
+        _event_function(q, replace=True, totals=True, verdicts=True),
+    ]
+
+
 #: Migration number -> its statements (a function of the schema name), applied in order.
-MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4, 5: _v5}
+MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6}
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
@@ -216,15 +244,19 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
 
 
 def prepare(
-    conn: Conn, schema: str, *, read_only: bool, check: bool, now: Callable[[], float]
+    conn: Conn, schema: str, *, read_only: bool, check: bool, now: Callable[[], float],
+    create: bool = True,
 ) -> int | None:
     """Check (and, when writable, create or migrate) the ledger's schema; return its version.
+
+    ``create=False``: a schema without a ledger is ``database_missing`` (nothing is created);
+    an existing ledger is still migrated.
 
     ``check=False`` (doctor) reports a foreign schema as version None instead of refusing it.
     ``now`` is read only when a migration is recorded: opening a ledger samples no clock (a
     read's clock is sampled once, inside its snapshot).
     """
-    if read_only:
+    if read_only or not create:
         version = stored_version(conn, schema)
         if version is None:
             if _has_ledger_tables(conn, schema):
@@ -235,7 +267,8 @@ def prepare(
             raise InvalidInput(MISSING, reason=r.DATABASE_MISSING)
         if version > SCHEMA_VERSION:
             raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
-        return version
+        if read_only or version == SCHEMA_VERSION:
+            return version
     conn.execute("BEGIN")
     try:
         conn.execute("SELECT pg_advisory_xact_lock(?)", (lock_key("tsg-migrate", schema),))

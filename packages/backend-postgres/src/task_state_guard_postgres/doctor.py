@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from task_state_guard import doctor as core
+from task_state_guard import verdicts
 from task_state_guard.model import LedgerError
 
 from . import ddl
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 
 
 def _fin(column: str) -> str:
-    # Columns are double precision: NULL, NaN and infinities fail BETWEEN.
-    return f"({column} BETWEEN 0 AND 1e300)"
+    # Columns are double precision: NULL, NaN (above every number here) and infinity fail.
+    return f"({column} >= 0 AND {column} < 'Infinity'::float8)"
 
 
 _SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,
@@ -51,6 +52,9 @@ _EVENT_CHAINS = f"""SELECT count(*) FROM (
     GROUP BY t.seq) AS chains
     WHERE actual <> expected OR matching <> expected OR version < expected - 1"""
 
+_OUTBOX_VALUES = core.outbox_values_sql(_fin)
+_OUTBOX = verdicts.consistency_sql(_fin)
+
 _MISSING_PARENTS = (
     "SELECT count(*) FROM tsg_tasks c WHERE c.parent_id IS NOT NULL "
     "AND NOT EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = c.parent_id)"
@@ -58,7 +62,8 @@ _MISSING_PARENTS = (
 
 # The exact layout of this release: (table, column, type, nullable) and the event triggers.
 _LAYOUT = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
-    WHERE table_schema = ? AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals')
+    WHERE table_schema = ? AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
+        'tsg_verdicts')
     ORDER BY table_name, ordinal_position"""
 _EXPECTED_LAYOUT = [
     ("tsg_events", "task_seq", "bigint", "NO"),
@@ -84,11 +89,20 @@ _EXPECTED_LAYOUT = [
     ("tsg_tasks", "owner", "text", "YES"),
     ("tsg_tasks", "version", "bigint", "NO"),
     ("tsg_tasks", "framework_id", "text", "YES"),
+    ("tsg_tasks", "framework", "text", "YES"),
+    ("tsg_tasks", "redelivery_seconds", "double precision", "YES"),
     ("tsg_totals", "event", "text", "NO"),
     ("tsg_totals", "kind", "text", "NO"),
     ("tsg_totals", "state", "text", "NO"),
     ("tsg_totals", "code", "text", "NO"),
     ("tsg_totals", "total", "bigint", "NO"),
+    ("tsg_verdicts", "task_seq", "bigint", "NO"),
+    ("tsg_verdicts", "framework", "text", "NO"),
+    ("tsg_verdicts", "state", "text", "NO"),
+    *[("tsg_verdicts", column, "double precision", nullable) for column, nullable in (
+        ("recorded_at", "NO"), ("lease_until", "YES"))],
+    ("tsg_verdicts", "claim", "text", "YES"),
+    ("tsg_verdicts", "published_at", "double precision", "YES"),
 ]
 _TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
     JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
@@ -144,6 +158,8 @@ def run_doctor(db: PostgresDatabase) -> dict[str, Any]:
                 findings["parent_order_violations"], findings["parent_cycles"] = core._cycles(
                     conn
                 )
+                findings["invalid_values"] += core._count(conn, _OUTBOX_VALUES)
+                findings["verdict_mismatches"] = core._count(conn, _OUTBOX)
             except LedgerError:
                 findings["integrity_errors"] += 1  # a check could not read the ledger
                 read_ok = False

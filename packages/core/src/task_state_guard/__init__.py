@@ -25,6 +25,7 @@ from .model import (
 )
 from .reconcile import ReconcileDecision, ReconcilePolicy, reconcile_restart
 from .task_list import ListedTask, TaskListing
+from .verdicts import Verdict
 
 __version__ = "0.2.0"
 
@@ -46,6 +47,7 @@ __all__ = [
     "TaskNotFound",
     "TaskStatus",
     "UnsafeLocation",
+    "Verdict",
     "__version__",
     "payload_fingerprint",
     "reasons",

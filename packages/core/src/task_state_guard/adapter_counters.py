@@ -34,6 +34,7 @@ FAMILIES: Mapping[str, tuple[str, ...]] = {
     "tsg_adapter_ledger_errors_total": ("adapter", "error", "hook"),
     "tsg_adapter_conflicts_total": ("adapter", "kind"),
     "tsg_adapter_reconciles_total": ("adapter",),
+    "tsg_adapter_verdicts_published_total": ("adapter",),
 }
 MAX_BYTES = 1 << 20  # a file this large was not written by us: it is refused, not read
 MAX_ENTRIES = 10_000  # label sets kept; increments of further ones are dropped
@@ -166,6 +167,9 @@ _HELP = {
     "tsg_adapter_reconciles_total":
         "Reconcile passes run by adapters, summed over every process that counted into the "
         "metrics directory.",
+    "tsg_adapter_verdicts_published_total":
+        "Lost-job verdicts published by adapters (result backend, on_lost), summed over every "
+        "process that counted into the metrics directory.",
 }
 
 

@@ -71,6 +71,18 @@ DELIVERY_CODES: dict[str, frozenset[str]] = {
 }
 #: Codes only the ledger itself writes, on its own events.
 RESERVED_CODES = frozenset({"created", "started"})
+#: The ``timed_out`` codes that declare work *lost*: the ledger itself proved that nobody runs
+#: it any more (its owner died, it went stale past the active grace, or it passed its
+#: deadline). Closing a logical task an adapter opened with one of these records a pending
+#: verdict for that adapter's framework in the same transaction (the verdict outbox), and a
+#: lost attempt the broker will still redeliver keeps its logical task fresh (see reconcile).
+#: The schema's verdict trigger is written from this set: changing it is a new layout version.
+LOST_CODES = frozenset({"deadline_exceeded", "owner_lost", "restart_stale"})
+#: The frameworks whose adapters open logical tasks (a closed set of labels, never user data):
+#: a lost verdict is routed to the adapters of the framework that opened the task.
+FRAMEWORK_LABELS = frozenset({"celery", "dramatiq", "langgraph"})
+#: A verdict is ``pending`` until an adapter of its framework published it.
+VERDICT_STATES = ("pending", "published")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
@@ -177,12 +189,17 @@ def check_code(code: str | None, state: str, registry: dict[str, frozenset[str]]
         raise InvalidInput("reason code does not belong to the requested state")
 
 
-def check_seconds(value: object, what: str, *, allow_zero: bool) -> float:
-    """Return a finite, bounded, non-negative duration in seconds."""
+def check_seconds(
+    value: object, what: str, *, allow_zero: bool, maximum: float | None = MAX_SECONDS
+) -> float:
+    """Return a finite, non-negative duration in seconds, at most ``maximum`` (None: any)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or number > MAX_SECONDS:
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise InvalidInput(f"{what} is out of range") from None
+    if not math.isfinite(number) or number < 0 or (maximum is not None and number > maximum):
         raise InvalidInput(f"{what} is out of range")
     if number == 0 and not allow_zero:
         raise InvalidInput(f"{what} must be positive")
@@ -196,6 +213,15 @@ def check_name(value: object) -> str | None:
     if isinstance(value, str) and _NAME_RE.fullmatch(value):
         return str(value)
     raise InvalidInput("name must be an identifier label")
+
+
+def check_framework(value: object) -> str | None:
+    """Return a framework label from :data:`FRAMEWORK_LABELS`, or None."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in FRAMEWORK_LABELS:
+        return str(value)
+    raise InvalidInput("unknown framework")
 
 
 def check_payload_hash(value: object) -> str | None:

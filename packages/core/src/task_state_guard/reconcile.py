@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import owners
-from .model import InvalidInput, LedgerError, check_seconds, is_canonical
+from . import owners, verdicts
+from .model import LOST_CODES, InvalidInput, LedgerError, check_seconds, is_canonical
+from .schema import sql_list
 
 if TYPE_CHECKING:
     from .database import Database
@@ -32,8 +33,22 @@ _OPEN_BATCH = (
     "delivery_required, delivery_status, ended_at, parent_id, name, framework_id FROM tsg_tasks "
     "WHERE delivery_status = 'pending' AND seq < ? ORDER BY seq DESC LIMIT ?"
 )
+# The children that can keep a parent fresh: queued or running ones, and (current layout) lost
+# attempts whose broker may still redeliver the job: ``redelivery_seconds`` (the broker's
+# window) plus the active grace (for the requeued job to reach a worker) after the attempt's
+# last sign of life; the parameter is the pass's active cutoff (now - grace). The last column
+# says whether that bound is still ahead.
+_REDELIVERY_OPEN = "(redelivery_seconds IS NOT NULL AND coalesce(heartbeat_at, started_at) " \
+    "+ redelivery_seconds > ?)"
 _ACTIVE_CHILDREN = (
-    "SELECT parent_id, seq, status FROM tsg_tasks "
+    f"SELECT parent_id, seq, status, {_REDELIVERY_OPEN} FROM tsg_tasks "
+    "WHERE parent_id IN ({marks}) AND (status IN ('queued','running') "
+    f"OR (status = 'timed_out' AND terminal_code IN {sql_list(LOST_CODES)} "
+    f"AND {_REDELIVERY_OPEN}))"
+)
+# An older layout (read in place by a read-only open) records no redelivery windows.
+_ACTIVE_CHILDREN_OLD = (
+    "SELECT parent_id, seq, status, 0 FROM tsg_tasks "
     "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
 )
 # The schema's triggers write the matching events.
@@ -145,19 +160,33 @@ class _Pass:
             return "restart_stale"
         return None
 
-    def active_children(self, parent_ids: list[str]) -> dict[str, list[tuple[int, str]]]:
-        """Queued or running children of the given tasks, in a few indexed queries."""
-        found: dict[str, list[tuple[int, str]]] = {}
+    def active_children(self, parent_ids: list[str]) -> dict[str, list[tuple[int, str, bool]]]:
+        """The children of the given tasks that can keep them fresh (queued, running, or lost
+        while their broker may still redeliver), in a few indexed queries."""
+        found: dict[str, list[tuple[int, str, bool]]] = {}
+        current = verdicts.current(self.db)
         for start in range(0, len(parent_ids), 500):
             chunk = parent_ids[start : start + 500]
-            sql = _ACTIVE_CHILDREN.format(marks=",".join("?" * len(chunk)))
-            for parent, seq, status in self.conn.execute(sql, chunk):
-                found.setdefault(parent, []).append((seq, status))
+            marks = ",".join("?" * len(chunk))
+            params: list[Any] = list(chunk)
+            if current:
+                cutoff = self.active_cutoff
+                sql, params = _ACTIVE_CHILDREN.format(marks=marks), [cutoff, *chunk, cutoff]
+            else:
+                sql = _ACTIVE_CHILDREN_OLD.format(marks=marks)
+            for parent, seq, status, redelivery in self.conn.execute(sql, params):
+                found.setdefault(parent, []).append((seq, status, bool(redelivery)))
         return found
 
-    def fresh_through_children(self, children: list[tuple[int, str]]) -> bool:
-        """A queued child, or a running child this pass keeps, keeps its parent fresh."""
-        return any(status == "queued" or seq not in self.timed_out for seq, status in children)
+    def fresh_through_children(self, children: list[tuple[int, str, bool]]) -> bool:
+        """A queued child, a running child this pass keeps, or a lost attempt whose broker may
+        still redeliver the job (its redelivery window plus the active grace is not over) keeps
+        its parent fresh."""
+        return any(
+            status == "queued" or (status == "running" and seq not in self.timed_out)
+            or redelivery
+            for seq, status, redelivery in children
+        )
 
     def decide(self, kind: str, row: tuple[Any, ...], status: str, code: str) -> None:
         """Keep one decision for the caller (only when one asked for them)."""

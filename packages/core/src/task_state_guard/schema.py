@@ -1,14 +1,21 @@
-"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema (v4).
+"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema (v5).
 
-Four earlier layouts are recognised, each by its exact schema fingerprint and metadata: our v1,
-v2 and v3 (never released) and the layout of the published 0.1.0 (tables ``tasks``,
-``task_events`` and ``schema_meta``). A writable open migrates any of them to v4 in one
-transaction, step by step (:data:`MIGRATIONS`); a read-only open leaves the file as it is and
-reads it through temporary views that present the v4 tables. Anything else fails closed.
+Five earlier layouts are recognised, each by its exact schema fingerprint and metadata: our v1,
+v2, v3 and v4 and the layout of the published 0.1.0 (tables ``tasks``, ``task_events`` and
+``schema_meta``). A writable open migrates any of them to v5 in one transaction, step by step
+(:data:`MIGRATIONS`); a read-only open leaves the file as it is and reads it through temporary
+views that present the v4 tables (what v5 adds is read only from a current layout: an older
+file has no verdicts and no redelivery bounds). Anything else fails closed.
 
 v4 adds ``tsg_totals``: monotonic outcome counters (task closes by kind, state and code;
 delivery closes by obligation, state and code), kept by triggers in the same statement as each
 transition, never touched by prune, so metrics read a handful of rows however large the ledger.
+
+v5 adds the verdict outbox: ``tsg_tasks.framework`` (which adapter opened a logical task, a
+closed set of labels), ``tsg_tasks.redelivery_seconds`` (how long after an attempt's last sign
+of life its broker may still hand the job to another worker) and ``tsg_verdicts`` (one row per
+logical task closed as lost, ``pending`` until an adapter of its framework published it),
+written by a trigger in the same statement as the close, whoever makes it.
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from collections.abc import Callable
 from functools import cache
 
 from . import reasons as r
-from .model import DELIVERY_CODES, TASK_CODES, StorageError
+from .model import DELIVERY_CODES, FRAMEWORK_LABELS, LOST_CODES, TASK_CODES, StorageError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION = "task-state-guard"
 
 EMPTY = "empty"
@@ -28,9 +35,14 @@ V1 = "v1"
 V2 = "v2"
 V3 = "v3"
 V4 = "v4"
+V5 = "v5"
+CURRENT = V5
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
+#: A ledger written by a later release (its own metadata says so): ``schema_newer``, never
+#: "foreign".
+NEWER = "newer"
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
-STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, RELEASE_010: 2}
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
 _TERMINAL = "('succeeded','failed','timed_out','cancelled')"
@@ -176,6 +188,52 @@ _TOTALS_SELECT = (
 )
 
 DDL_V4 = [*DDL_V3, _TOTALS, *_TOTAL_TRIGGERS]
+
+# ----------------------------------------------------------------------------- v5 (current)
+
+
+def sql_list(values: frozenset[str]) -> str:
+    """A set of fixed labels as an SQL list literal, sorted: ``('a','b')``."""
+    return "(" + ",".join(f"'{v}'" for v in sorted(values)) + ")"
+
+
+#: Which adapter opened a logical task (NULL: a plain ledger task, an attempt, or a logical
+#: task opened before v5) and, on an attempt, how long after its last sign of life the broker
+#: may still redeliver its job (NULL: it will not).
+_TASK_COLUMNS_V5 = [
+    "ALTER TABLE tsg_tasks ADD COLUMN framework TEXT "
+    f"CHECK (framework IN {sql_list(FRAMEWORK_LABELS)})",
+    "ALTER TABLE tsg_tasks ADD COLUMN redelivery_seconds REAL",
+]
+# The verdict outbox: a logical task closed as lost is owed to its framework's adapters. One row
+# per task (``task_seq``); ``lease_until``/``claim``: a publisher's lease (NULL: unclaimed).
+_VERDICTS = """CREATE TABLE tsg_verdicts (
+    task_seq INTEGER PRIMARY KEY,
+    framework TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending','published')),
+    recorded_at REAL NOT NULL,
+    lease_until REAL,
+    claim TEXT,
+    published_at REAL
+)"""
+_VERDICTS_PENDING = (
+    "CREATE INDEX tsg_verdicts_pending ON tsg_verdicts(framework, task_seq) "
+    "WHERE state = 'pending'"
+)
+#: The condition under which a close owes a verdict (both backends write it from here).
+VERDICT_OWED = (
+    "NEW.framework IS NOT NULL AND OLD.status IN ('queued','running') "
+    f"AND NEW.status = 'timed_out' AND NEW.terminal_code IN {sql_list(LOST_CODES)}"
+)
+_VERDICT_TRIGGER = (
+    f"CREATE TRIGGER tsg_verdict_owed AFTER UPDATE OF status ON tsg_tasks WHEN {VERDICT_OWED} "
+    "BEGIN INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
+    "VALUES (NEW.seq, NEW.framework, 'pending', NEW.ended_at) "
+    "ON CONFLICT(task_seq) DO NOTHING; END"
+)
+_V5_ADDITIONS = [*_TASK_COLUMNS_V5, _VERDICTS, _VERDICTS_PENDING, _VERDICT_TRIGGER]
+
+DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
 
 # ----------------------------------------------------------------------------- v1 and v2
 
@@ -342,7 +400,7 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
         return _RELEASE_010_FINGERPRINT
     conn = sqlite3.connect(":memory:")
     try:
-        for statement in {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4}[fmt]:
+        for statement in {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5}[fmt]:
             conn.execute(statement)
         return read_fingerprint(conn)
     finally:
@@ -350,11 +408,16 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1, V2, V3, V4 or RELEASE_010 for an exact known schema, else None."""
+    """Return EMPTY, V1 to V5 or RELEASE_010 for an exact known schema; NEWER for a layout
+    this release does not know whose metadata says it is a ledger of a later release; else
+    None (foreign, or tampered: a known layout whose metadata says otherwise)."""
     found = read_fingerprint(conn, schema)
     if not found:
         return EMPTY
-    for fmt in (V4, V3, V2, V1, RELEASE_010):
+    if not any(found == expected_fingerprint(fmt) for fmt in KNOWN):
+        has_meta = any(row[:2] == ("table", "tsg_meta") for row in found)
+        return NEWER if has_meta and _is_newer(conn, schema) else None
+    for fmt in (V5, V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
         if fmt == RELEASE_010:
@@ -366,12 +429,30 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
     return None
 
 
+def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:
+    """Whether ``tsg_meta`` says this is our application's ledger at a later schema version."""
+    try:
+        meta = dict(conn.execute(
+            f"SELECT key, value FROM {schema}.tsg_meta "
+            "WHERE key IN ('application', 'schema_version')").fetchall())
+    except sqlite3.Error:
+        return False  # not even our metadata table's shape: foreign
+    version = meta.get("schema_version")
+    return (
+        meta.get("application") == APPLICATION
+        and isinstance(version, str)
+        and version.isascii()
+        and version.isdigit()
+        and int(version) > SCHEMA_VERSION
+    )
+
+
 # ----------------------------------------------------------------------------- create / migrate
 
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V4:
+    for statement in DDL_V5:
         conn.execute(statement)
     _write_meta(conn)
 
@@ -488,6 +569,17 @@ def _v3_to_v4(conn: sqlite3.Connection, fmt: str) -> None:
     _set_version(conn, V4)
 
 
+def _v4_to_v5(conn: sqlite3.Connection, fmt: str) -> None:
+    """v4 to v5: the framework label and redelivery bound columns, and the verdict outbox.
+
+    Nothing is backfilled: which adapter opened a task was not recorded before, so a task
+    closed as lost after the upgrade owes a verdict only if it was opened after it.
+    """
+    for statement in _V5_ADDITIONS:
+        conn.execute(statement)
+    _set_version(conn, V5)
+
+
 def _set_version(conn: sqlite3.Connection, fmt: str) -> None:
     conn.execute(
         "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(STORED_VERSION[fmt]),)
@@ -500,6 +592,7 @@ MIGRATIONS: dict[str, tuple[str, Callable[[sqlite3.Connection, str], None]]] = {
     V2: (V3, _to_v3),
     RELEASE_010: (V3, _to_v3),
     V3: (V4, _v3_to_v4),
+    V4: (V5, _v4_to_v5),
 }
 
 

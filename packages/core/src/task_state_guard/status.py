@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from . import owners
+from . import owners, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -33,7 +33,8 @@ OBLIGATIONS = ("owed", "internal")  # delivery_required, or a record nobody is o
 def collect_status(db: Database, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
     """Counts by state, delivery state and name; logical tasks and attempts apart; owed and
     internal deliveries apart; monotonic outcome totals; oldest active ages; at-risk running
-    tasks."""
+    tasks; lost-job verdicts by state and framework (pending: not yet published by an adapter
+    of that framework) and the age of the oldest pending one."""
     grace = DEFAULT_ACTIVE_GRACE if active_grace_seconds is None else check_seconds(
         active_grace_seconds, "active_grace_seconds", allow_zero=True)
     by_status = dict.fromkeys(_TASK_ORDER, 0)
@@ -64,6 +65,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
                 per = names[kind].setdefault(label, dict.fromkeys(_TASK_ORDER, 0))
                 per[status] += count
         totals = read_totals(conn)
+        owed, oldest_owed = verdicts.counts(conn, now, verdicts.current(db))
         owner_dead = 0
         for token, count in conn.execute(
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
@@ -88,6 +90,8 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
         "running_heartbeat_stale": stale,
         "running_owner_dead": owner_dead,
         "active_grace_seconds": grace,
+        "verdicts": owed,
+        "oldest_pending_verdict_age_seconds": oldest_owed,
     }
 
 
@@ -267,11 +271,16 @@ def format_text(report: dict[str, Any]) -> str:
     lines.append("AWAITING DELIVERY (task closed, delivery pending)")
     for kind, count in report["deliveries_awaiting"].items():
         lines.append(f"  {kind:<28}{count:>10}")
+    lines.append(f"{'VERDICTS (lost jobs)':<28}{'pending':>10}{'published':>10}")
+    for framework, pending in report["verdicts"]["pending"].items():
+        published = report["verdicts"]["published"][framework]
+        lines.append(f"  {framework:<26}{pending:>10}{published:>10}")
     lines.append("OLDEST ACTIVE")
     for key, label in (
         ("oldest_queued_age_seconds", "queued"),
         ("oldest_running_age_seconds", "running"),
         ("oldest_owed_delivery_age_seconds", "owed delivery (closed)"),
+        ("oldest_pending_verdict_age_seconds", "pending verdict"),
     ):
         value = report[key]
         lines.append(f"  {label:<28}{'-' if value is None else f'{value:.1f} s':>10}")

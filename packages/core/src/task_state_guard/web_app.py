@@ -178,17 +178,22 @@ class WebApp:
             return self._metrics()
         try:
             params = _params(request.query)
-            view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
-            handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[
-                request.path]
+        except _BadInput as exc:
+            return self._refused(nonce, exc)
+        view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
+        handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[request.path]
+        try:
             return handler(view, params)
         except _BadInput as exc:
             return self._refused(nonce, exc)
-        except LedgerError as exc:
-            category = self._categorize(exc)
-            return self._page(503, nonce, lambda v: pages.message(
-                v, "Ledger unavailable", f"The ledger could not be read ({category}).",
-                "The page tries again on its next refresh."))
+        except LedgerError as exc:  # the page keeps refreshing: it shows once the ledger reads
+            note = ("It is read again on the next refresh." if view.refresh_seconds
+                    and not view.paused else "Reload the page to read it again.")
+            body = pages.message(view, "Ledger unavailable",
+                                 f"The ledger could not be read ({self._categorize(exc)}).",
+                                 note, here=request.path,
+                                 params={k: v for k, v in params.items() if k != "refresh"})
+            return Response(503, body, HTML)
 
     def _refused(self, nonce: str, exc: _BadInput) -> Response:
         text = str(exc)

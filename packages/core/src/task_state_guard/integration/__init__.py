@@ -10,6 +10,7 @@ shipped adapter's namespace is defined once, in :mod:`~task_state_guard.integrat
 ``docs/architecture.md`` ("Writing an adapter").
 """
 
+from ..verdicts import Verdict
 from . import codes
 from .errors import ErrorPolicy
 from .ids import FRAMEWORKS, IdScheme, job_task_id, name_label
@@ -31,6 +32,7 @@ __all__ = [
     "LostTask",
     "SettingArgs",
     "Settings",
+    "Verdict",
     "codes",
     "env_name",
     "find_job",

@@ -28,6 +28,8 @@ def format_adapter_metrics(*guards: _Guard) -> str:
     conflicts: list[Sample] = []
     reconciles: list[Sample] = []
     heartbeating: list[Sample] = []
+    published: list[Sample] = []
+    usable: list[Sample] = []
     for guard in guards:
         adapter = guard.adapter_name
         stats = guard.stats()
@@ -39,6 +41,10 @@ def format_adapter_metrics(*guards: _Guard) -> str:
         conflicts += [({"adapter": adapter, "kind": k}, counted.get(k, 0)) for k in kinds]
         reconciles.append(({"adapter": adapter}, stats["reconciles"]))
         heartbeating.append(({"adapter": adapter}, stats["heartbeating"]))
+        published.append(({"adapter": adapter}, stats["verdicts_published"]))
+        if stats["ledger_usable"] is not None:
+            usable.append(({"adapter": adapter, "reason": stats["ledger_reason"] or ""},
+                           int(stats["ledger_usable"])))
     out = Exposition()
     out.family("tsg_adapter_ledger_errors_total", "counter",
                "Ledger errors inside framework hooks in this process, by adapter, hook or "
@@ -50,6 +56,12 @@ def format_adapter_metrics(*guards: _Guard) -> str:
                "Reconcile passes this process ran, by adapter.", reconciles)
     out.family("tsg_adapter_heartbeating", "gauge",
                "Tasks this process holds and heartbeats right now, by adapter.", heartbeating)
+    out.family("tsg_adapter_verdicts_published_total", "counter",
+               "Lost-job verdicts this process published (result backend, on_lost), by "
+               "adapter.", published)
+    out.family("tsg_adapter_ledger_usable", "gauge",
+               "1 when this process's ledger could be opened, 0 when it could not (with the "
+               "fixed reason), by adapter; absent before the first open.", usable)
     return out.render()
 
 

@@ -4,20 +4,25 @@ One :class:`AdapterRuntime` per installed adapter. It owns
 
 * the per-process ledger handle: opened lazily on first use in each process; a forked child
   never touches its parent's handle, heartbeat thread or counters (it starts afresh);
+  :meth:`AdapterRuntime.check_ledger` opens it at worker start and says loudly when it cannot
+  be used (``require_ledger`` refuses to start);
 * ref-counted heartbeats: :meth:`hold` a running task while a job runs, :meth:`release` it after;
   one daemon thread per process beats every held task every ``heartbeat_seconds``;
 * opening, claiming and closing attempts (closing an attempt closes its delivery
-  ``not_applicable/internal_task`` in the same transaction) and logical tasks;
+  ``not_applicable/internal_task`` in the same transaction) and logical tasks, which carry the
+  adapter's framework label so that the ledger knows whom a lost verdict is owed to;
 * the error policy (:class:`~task_state_guard.integration.ErrorPolicy`);
 * delivery marks (:meth:`mark_delivered`, :meth:`mark_delivery_failed`), reconcile (at boot,
   periodically in a worker's main process, or on request) and the counters behind every
   adapter's ``stats()`` (with ``metrics_dir`` set, every increment is also added to the
   directory's counters file, so ``tsg metrics`` shows the sums of every process);
-* lost jobs: after each applied reconcile, every logical task of this adapter that the pass
-  timed out (its worker died, it went stale, or it passed its deadline) and whose framework id
-  is stored becomes a :class:`LostTask`, handed first to the adapter's result-backend writer
+* lost jobs: whoever closes a logical task of this framework as lost (any reconcile, the CLI,
+  another host), the ledger records a pending verdict in the same transaction (the verdict
+  outbox). :meth:`publish_verdicts` drains them: each claimed verdict becomes a
+  :class:`LostTask`, handed first to the adapter's result-backend writer
   (:attr:`AdapterRuntime.fail_lost`, unless ``fail_lost_results`` is off) and then to the
-  user's ``on_lost`` hook.
+  user's ``on_lost`` hook, and is marked published. Adapters drain at worker start, after each
+  reconcile they run (boot, periodic) and on request.
 
 Transition methods raise ledger errors; an adapter wraps each framework hook in
 :meth:`guarded` so that the policy (count, log once per kind, raise only when strict) decides.
@@ -40,11 +45,19 @@ from typing import Any
 from .. import adapter_counters
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
-from ..model import LedgerBusy, LedgerError, StateConflict, Task, TaskNotFound, is_canonical
-from ..reconcile import DecisionCallback, ReconcileDecision, ReconcilePolicy
+from ..model import (
+    LedgerBusy,
+    LedgerError,
+    StateConflict,
+    Task,
+    TaskNotFound,
+    check_framework,
+    is_canonical,
+)
+from ..reconcile import DecisionCallback, ReconcilePolicy
+from ..verdicts import Verdict
 from . import codes
 from .errors import ErrorPolicy
-from .ids import IdScheme
 from .metrics import CONFLICT_KINDS
 from .settings import Settings
 
@@ -56,18 +69,25 @@ _BOOT_RECONCILE_TRIES = 5
 _CHANGES = ("tasks_timed_out", "deliveries_failed", "deliveries_not_applicable")
 
 
+#: Verdicts one drain step claims, and the lease it holds them for while it publishes.
+VERDICT_BATCH = 100
+VERDICT_LEASE_SECONDS = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class LostTask:
     """A job found lost: what the ``on_lost`` hook receives (in-process only, never logged).
 
     ``framework_id``: the framework's id of the job (Celery task id, Dramatiq message id,
-    LangGraph invocation id); ``task_id``: its logical task's ledger id; ``name``: the name
-    label (task, actor or graph name); ``code``: why it was closed (``owner_lost``,
+    LangGraph invocation id) when it is known: a verdict carries it only where it was stored
+    (a canonical UUID), else ``None`` (a custom Celery id, say: the hook still gets the ledger
+    id and the name); ``task_id``: its logical task's ledger id; ``name``: the name label
+    (task, actor or graph name); ``code``: why it was closed (``owner_lost``,
     ``restart_stale`` or ``deadline_exceeded``); ``thread_id``: the LangGraph thread, else
     ``None``.
     """
 
-    framework_id: str
+    framework_id: str | None
     task_id: str
     name: str | None
     code: str
@@ -90,6 +110,7 @@ class _Process:
         self.refs: Counter[str] = Counter()
         self.deferred: dict[str, codes.Outcome] = {}
         self.reconciles = 0
+        self.published = 0
         self.counted = False  # has this process added to the metrics directory yet
         self.reconciler: tuple[threading.Event, threading.Thread] | None = None
 
@@ -99,8 +120,9 @@ class AdapterRuntime:
 
     ``ledger``: an already open ledger to use instead of opening ``settings.db`` per process
     (the caller keeps closing it). ``subject`` names the framework's unit of work in log lines.
-    ``ids``: the adapter's id scheme; with it, a reconcile recognises this adapter's logical
-    tasks by their stored framework id and reports the lost ones (see the module docstring).
+    ``framework``: the adapter's framework label (``celery``, ``dramatiq``, ``langgraph``): the
+    logical tasks it opens carry it, so a close that declares one lost owes this framework a
+    verdict, which :meth:`publish_verdicts` drains (``None``: no verdicts).
     ``on_lost``: the user's hook for lost jobs.
     """
 
@@ -111,7 +133,7 @@ class AdapterRuntime:
         logger: logging.Logger,
         subject: str = "job",
         ledger: Ledger | None = None,
-        ids: IdScheme | None = None,
+        framework: str | None = None,
         on_lost: LostHook | None = None,
         adapter: str = "adapter",
     ) -> None:
@@ -125,13 +147,22 @@ class AdapterRuntime:
             self.policy.on_count = self._count_in_directory
         self._external = ledger
         self._proc = _Process()
-        self.ids = ids
+        self.framework = check_framework(framework)
+        #: ``(usable, reason)`` of this process's last attempt to open the ledger
+        #: (``usable`` None: not tried yet); see :meth:`check_ledger`.
+        self._health: tuple[bool | None, str | None] = (None if ledger is None else True, None)
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
         #: The user's hook for lost jobs (see :class:`LostTask`).
         self.on_lost: LostHook | None = on_lost
         #: The adapter's writer of a failure into the framework's result backend.
         self.fail_lost: LostHook | None = None
+        #: How :meth:`publish_verdicts` publishes one claimed verdict: True when published
+        #: (it is then marked), False to give it back for a later drain. ``None``: the
+        #: default, :meth:`notify_lost` of its :class:`LostTask` (result backend, then
+        #: ``on_lost``). An adapter that publishes otherwise (LangGraph: report and resume
+        #: the lost thread) sets its own and keeps the claim, lease and marking here.
+        self.publish_verdict: Callable[[Verdict], bool] | None = None
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
 
@@ -151,6 +182,8 @@ class AdapterRuntime:
             increments += [("tsg_adapter_conflicts_total", {"adapter": self.adapter, "kind": k}, 0)
                            for k in CONFLICT_KINDS]
             increments.append(("tsg_adapter_reconciles_total", {"adapter": self.adapter}, 0))
+            increments.append(
+                ("tsg_adapter_verdicts_published_total", {"adapter": self.adapter}, 0))
         try:
             adapter_counters.add(directory, increments)
         except (OSError, ValueError) as exc:
@@ -182,9 +215,43 @@ class AdapterRuntime:
             with proc.open_lock:
                 led = proc.ledger
                 if led is None:
-                    led = Ledger(self.settings.db, busy_timeout_ms=self.settings.busy_timeout_ms)
+                    try:
+                        led = Ledger(
+                            self.settings.db, busy_timeout_ms=self.settings.busy_timeout_ms
+                        )
+                    except LedgerError as exc:
+                        self._health = (False, exc.reason)
+                        raise
+                    self._health = (True, None)
                     proc.ledger = led
         return led
+
+    def check_ledger(self, where: str = "worker_start") -> bool:
+        """Open this process's ledger now (at worker start, before any job): True when usable.
+
+        An unusable ledger (an unsafe or missing location, a foreign schema, an unreachable
+        server) is logged once at ERROR with its fixed reason, counted as an error of ``where``
+        (like any hook's), shows in :meth:`stats` (``ledger_usable``, ``ledger_reason``) and,
+        with ``require_ledger``, is raised so that the worker refuses to start; otherwise the
+        worker runs with nothing recorded and every hook counts its error.
+        """
+        try:
+            self.ledger  # noqa: B018 - opening it runs every safety check
+        except LedgerError as exc:
+            self.policy.record(where, exc)
+            self.logger.error(
+                "task-state-guard: the ledger cannot be used at worker start (%s%s); nothing is "
+                "recorded until it can.%s",
+                type(exc).__name__,
+                "" if exc.reason is None else f", reason {exc.reason}",
+                " require_ledger is set: the worker does not start."
+                if self.settings.require_ledger
+                else " Set require_ledger (TSG_REQUIRE_LEDGER=1) to refuse to start instead.",
+            )
+            if self.settings.require_ledger:
+                raise
+            return False
+        return True
 
     def ledger_or_none(self) -> Ledger | None:
         """The ledger, or ``None`` when it cannot be opened right now (not counted)."""
@@ -318,7 +385,8 @@ class AdapterRuntime:
         with led.atomic():
             try:
                 state = led._create(
-                    task_id, None, None, delivery_required, name, None, fid, quiet=True
+                    task_id, None, None, delivery_required, name, None, fid, quiet=True,
+                    framework=self.framework,
                 )
                 queued = state == codes.QUEUED
             except StateConflict:
@@ -337,11 +405,15 @@ class AdapterRuntime:
         timeout_seconds: float | None = None,
         owner: bool = True,
         framework_id: str | None = None,
+        redelivery_seconds: float | None = None,
     ) -> None:
         """Create ``task_id`` (idempotent) and start it, in one transaction.
 
         ``StateConflict`` when it exists and is no longer queued (another process claimed it).
-        ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`).
+        ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`);
+        a task without a parent is a logical task and carries this runtime's framework label.
+        ``redelivery_seconds``: the attempt's redelivery window, recorded with the start (see
+        :meth:`claim_attempt`).
         """
         fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
@@ -349,8 +421,10 @@ class AdapterRuntime:
             led._create(
                 task_id, parent_id, timeout_seconds, delivery_required, name, None, fid,
                 quiet=True,
+                # a root is a logical task: it carries the framework's label (see open_logical)
+                framework=self.framework if parent_id is None else None,
             )
-            led._start_quiet(task_id, owner=owner)
+            led._start_quiet(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
 
     def queue_attempt(
         self,
@@ -374,6 +448,7 @@ class AdapterRuntime:
         timeout_seconds: float | None = None,
         expected: Iterable[tuple[str, bool]] = (),
         fresh_id: str | None = None,
+        redelivery_window: float | None = None,
     ) -> str:
         """Start the attempt this delivery runs as, owned by this process; return its id.
 
@@ -383,7 +458,16 @@ class AdapterRuntime:
         delivery of the same message has it: two deliveries never share an attempt), a fresh
         attempt is recorded, with id ``fresh_id`` or a random one. ``TaskNotFound`` when the
         logical task does not exist. One transaction.
+
+        ``redelivery_window``: when the broker hands this delivery's job to another worker if
+        this one dies (late acknowledgement, visibility timeout), how long after the attempt's
+        last sign of life the broker puts it back in its queue (see
+        :mod:`~task_state_guard.integration.redelivery`). It is recorded with the start itself,
+        no extra write; once the attempt is lost, reconcile keeps the logical task fresh for
+        that window plus its active grace (for the requeued job to reach a free worker), so a
+        job that will run again is not declared lost before then.
         """
+        bound = redelivery_window
         led = self.ledger
         with led.atomic():
             for candidate, create in expected:
@@ -392,7 +476,7 @@ class AdapterRuntime:
                         self.queue_attempt(
                             candidate, parent_id, name=name, timeout_seconds=timeout_seconds
                         )
-                    led._start_quiet(candidate, owner=True)
+                    led._start_quiet(candidate, owner=True, redelivery_seconds=bound)
                     return candidate
                 except (StateConflict, TaskNotFound):
                     continue
@@ -403,6 +487,7 @@ class AdapterRuntime:
                 delivery_required=False,
                 name=name,
                 timeout_seconds=timeout_seconds,
+                redelivery_seconds=bound,
             )
             return attempt
 
@@ -531,15 +616,14 @@ class AdapterRuntime:
         """Run the core's reconcile with the settings' graces (raises ledger errors).
 
         ``on_decision`` receives each task the pass closed or whose delivery it closed (see
-        :class:`~task_state_guard.ReconcileDecision`). An applied pass then reports the lost
-        jobs of this adapter (:meth:`report_lost`). The returned report is counts only.
+        :class:`~task_state_guard.ReconcileDecision`). An applied pass is followed by a drain
+        of this framework's verdicts (:meth:`publish_verdicts`, under the error policy): the
+        jobs this pass found lost, and any a reconcile elsewhere left owed. The returned
+        report is counts only.
         """
-        decisions: list[ReconcileDecision] = []
-        wanted = on_decision is not None or (not dry_run and self.ids is not None)
         report = dict(
             self.ledger.reconcile(
-                self.reconcile_policy, dry_run=dry_run,
-                on_decision=decisions.append if wanted else None,
+                self.reconcile_policy, dry_run=dry_run, on_decision=on_decision
             )
         )
         if not dry_run:
@@ -549,52 +633,109 @@ class AdapterRuntime:
             if self.policy.on_count is not None:
                 self.policy.on_count("tsg_adapter_reconciles_total", {})
             self.last_reconcile = report
-            self.report_lost(decisions)
-        if on_decision is not None:
-            for decision in decisions:
-                on_decision(decision)
+            self.policy.call("publish_verdicts", self.publish_verdicts)
         return report
 
-    def lost_task(self, decision: ReconcileDecision) -> LostTask | None:
-        """The :class:`LostTask` of a decision that timed out one of this adapter's logical
-        tasks with a stored framework id (else ``None``)."""
-        fid = decision.framework_id
-        if (
-            decision.kind != "task"
-            or decision.parent_id is not None
-            or fid is None
-            or self.ids is None
-            or self.ids.logical_task_id(fid) != decision.task_id
-        ):
-            return None
-        return LostTask(fid, decision.task_id, decision.name, decision.code)
+    # ------------------------------------------------------------------ lost jobs (the outbox)
 
-    def report_lost(self, decisions: Iterable[ReconcileDecision]) -> int:
-        """Hand every lost job among ``decisions`` to :meth:`notify_lost`; returns how many."""
-        found = 0
-        for decision in decisions:
-            lost = self.lost_task(decision)
-            if lost is not None:
-                found += 1
-                self.notify_lost(lost)
-        return found
+    def _label(self) -> str:
+        if self.framework is None:
+            raise TypeError("this runtime has no framework label: it is owed no verdicts")
+        return self.framework
 
-    def notify_lost(self, lost: LostTask) -> None:
+    def claim_verdicts(
+        self,
+        *,
+        limit: int = VERDICT_BATCH,
+        lease_seconds: float = VERDICT_LEASE_SECONDS,
+        task_ids: Iterable[str] | None = None,
+    ) -> list[Verdict]:
+        """Claim pending verdicts owed to this framework (see ``Ledger.claim_verdicts``): for an
+        adapter that publishes in its own way (LangGraph resumes a lost thread); then
+        :meth:`mark_published` or :meth:`release_verdicts`. Raises ledger errors."""
+        return self.ledger.claim_verdicts(
+            self._label(), limit=limit, lease_seconds=lease_seconds, task_ids=task_ids
+        )
+
+    def mark_published(self, verdicts: Iterable[Verdict]) -> int:
+        """Mark claimed verdicts published; returns how many changed (raises ledger errors)."""
+        done = self.ledger.mark_verdicts_published([v.task_id for v in verdicts])
+        proc = self._state()
+        with proc.lock:
+            proc.published += done
+        if self.policy.on_count is not None:
+            for _ in range(done):
+                self.policy.on_count("tsg_adapter_verdicts_published_total", {})
+        return done
+
+    def release_verdicts(self, verdicts: Iterable[Verdict]) -> int:
+        """Give claimed verdicts back unpublished, for the next drain (raises ledger errors)."""
+        return self.ledger.release_verdicts(verdicts)
+
+    @staticmethod
+    def lost_task(verdict: Verdict) -> LostTask:
+        """The :class:`LostTask` the hook receives for a verdict."""
+        return LostTask(verdict.framework_id, verdict.task_id, verdict.name, verdict.code)
+
+    def publish_verdicts(self) -> int:
+        """Drain the verdicts owed to this framework: claim a batch with a lease, publish each
+        (:meth:`notify_lost`), mark it published; until none is left. Returns how many this
+        call published. Raises ledger errors (the boot and periodic drains run it under the
+        error policy).
+
+        At least once across crashes (a process that dies between publishing and marking
+        leaves the verdict to the next drain once its lease expired), exactly once otherwise;
+        two live processes never hold the same verdict. A verdict whose result-backend write
+        failed is released and this drain stops (the next one retries it); an ``on_lost`` hook
+        that raises is counted and not called again for that verdict. Each verdict is published
+        by :attr:`publish_verdict` when the adapter set one (an exception it raises is counted
+        under ``publish_verdict:<Class>`` and the verdict given back).
+        """
+        if self.framework is None:
+            return 0
+        published = 0
+        while True:
+            batch = self.claim_verdicts()
+            failed: list[Verdict] = []
+            for verdict in batch:
+                if self._publish_one(verdict):
+                    published += self.mark_published([verdict])
+                else:
+                    failed.append(verdict)
+            if failed:
+                self.release_verdicts(failed)
+            if failed or len(batch) < VERDICT_BATCH:
+                return published
+
+    def _publish_one(self, verdict: Verdict) -> bool:
+        custom = self.publish_verdict
+        if custom is None:
+            return self.notify_lost(self.lost_task(verdict))
+        try:
+            return bool(custom(verdict))
+        except Exception as exc:
+            self.policy.record("publish_verdict", exc)
+            return False
+
+    def notify_lost(self, lost: LostTask) -> bool:
         """Write the failure into the result backend (unless ``fail_lost_results`` is off),
         then call ``on_lost``. An error of either is counted (``fail_lost_result:<Class>``,
-        ``on_lost:<Class>``) and logged once per kind, never raised: the reconcile stands."""
+        ``on_lost:<Class>``) and logged once per kind, never raised. Returns False when the
+        result-backend write failed (the hook was not called: publish again later)."""
         writer = self.fail_lost
         if writer is not None and self.settings.fail_lost_results:
             try:
                 writer(lost)
             except Exception as exc:
                 self.policy.record("fail_lost_result", exc)
+                return False
         hook = self.on_lost
         if hook is not None:
             try:
                 hook(lost)
             except Exception as exc:
                 self.policy.record("on_lost", exc)
+        return True
 
     def start_periodic_reconcile(self, where: str = "periodic_reconcile") -> bool:
         """Reconcile every ``reconcile_interval_seconds`` in a daemon thread of this process
@@ -629,15 +770,31 @@ class AdapterRuntime:
         while not stop.wait(interval):
             self.guarded_reconcile(where, quiet_when_unchanged=True)
 
+    def boot(self, where: str = "boot") -> dict[str, Any] | None:
+        """What a worker does when it starts, before it consumes: :meth:`check_ledger` (an
+        unusable ledger is logged once at ERROR; with ``require_ledger`` it raises, and the
+        worker must not start), then, when the ledger is usable, :meth:`boot_reconcile` (the
+        reconcile if ``reconcile_on_boot``, and the drain of this framework's verdicts).
+        Returns the reconcile's report, if one ran."""
+        if not self.check_ledger(where):
+            return None
+        return self.boot_reconcile(where)
+
     def boot_reconcile(self, where: str = "boot_reconcile") -> dict[str, Any] | None:
         """Reconcile when a worker boots, if ``reconcile_on_boot``; guarded by the error policy.
 
         A busy ledger (several workers booting at once) is retried a few times; reconcile is
-        idempotent. Logs the counts-only report (compact JSON) at info level.
+        idempotent. Logs the counts-only report (compact JSON) at info level. Either way the
+        verdicts owed to this framework are drained (a reconcile elsewhere may have left some).
         """
         if not self.settings.reconcile_on_boot:
+            self.guarded_publish(where)
             return None
         return self.guarded_reconcile(where)
+
+    def guarded_publish(self, where: str = "publish_verdicts") -> int | None:
+        """:meth:`publish_verdicts` under the error policy (``None`` on error)."""
+        return self.policy.call(where, self.publish_verdicts)
 
     def guarded_reconcile(
         self, where: str = "reconcile", *, quiet_when_unchanged: bool = False
@@ -669,17 +826,25 @@ class AdapterRuntime:
         ``errors``: ledger errors by ``"<where>:<ExceptionClass>"``; ``conflicts``: refused
         rewrites of terminal records by kind (``attempt_close``, ``logical_close``,
         ``delivery_mark_dropped``); ``reconciles``: reconciles run; ``heartbeating``: tasks this
-        process holds right now.
+        process holds right now; ``verdicts_published``: lost-job verdicts this process
+        published; ``ledger_usable``: whether this process's ledger could be opened (``None``
+        before the first try) and ``ledger_reason``: the fixed reason when it could not.
         """
         proc = self._state()
         with proc.lock:
-            reconciles, held = proc.reconciles, len(proc.refs)
+            reconciles, held, published = proc.reconciles, len(proc.refs), proc.published
+        usable, reason = self._health
         return {
             "errors": self.policy.errors(),
             "conflicts": self.policy.conflicts(),
             "reconciles": reconciles,
             "heartbeating": held,
+            "verdicts_published": published,
+            "ledger_usable": usable,
+            "ledger_reason": reason,
         }
 
 
-__all__ = ["AdapterRuntime", "Closing", "LostHook", "LostTask"]
+__all__ = [
+    "VERDICT_BATCH", "VERDICT_LEASE_SECONDS", "AdapterRuntime", "Closing", "LostHook", "LostTask",
+]

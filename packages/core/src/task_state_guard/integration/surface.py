@@ -14,7 +14,8 @@ from .settings import Settings
 
 class AdapterSurface:
     """``mark_delivered``, ``mark_delivery_failed`` (and their async ``amark_*``), ``reconcile``,
-    ``stats`` and ``settings``.
+    ``publish_verdicts`` (and ``apublish_verdicts``), ``on_lost``, ``stats``, ``metrics_text``
+    and ``settings``.
 
     An adapter class sets ``runtime`` and ``id_scheme`` (its id rule, fixed per framework).
     """
@@ -72,14 +73,31 @@ class AdapterSurface:
 
         ``on_decision`` receives each task the pass closed or whose delivery it closed (a
         :class:`~task_state_guard.ReconcileDecision`: ledger id, framework id where stored,
-        name label, new state, code). An applied pass also reports lost jobs (``on_lost``).
+        name label, new state, code). An applied pass is followed by a drain of this framework's
+        lost-job verdicts (:meth:`publish_verdicts`).
         """
         return self.runtime.reconcile(dry_run=dry_run, on_decision=on_decision)
+
+    def publish_verdicts(self) -> int:
+        """Publish, now, the lost-job verdicts the ledger holds for this framework (whoever
+        reconciled: the CLI, a worker, another host): each is written into the framework's
+        result backend where there is one (never over a stored result) and handed to
+        ``on_lost``, then marked published. Returns how many this call published; raises the
+        core's errors. Workers also do this at start, after each reconcile they run and on
+        their periodic interval. At least once across crashes, exactly once otherwise."""
+        return self.runtime.publish_verdicts()
+
+    async def apublish_verdicts(self) -> int:
+        """:meth:`publish_verdicts` in a worker thread, for an event loop."""
+        import asyncio  # only where an event loop runs: it loads the network modules
+
+        return await asyncio.to_thread(self.runtime.publish_verdicts)
 
     @property
     def on_lost(self) -> LostHook | None:
         """The hook called with a :class:`~task_state_guard.integration.LostTask` for each job
-        a reconcile found lost (``None``: none). Settable."""
+        found lost, once per job across every process of this framework that publishes
+        verdicts (``None``: none). Settable."""
         return self.runtime.on_lost
 
     @on_lost.setter
@@ -89,7 +107,10 @@ class AdapterSurface:
         self.runtime.on_lost = hook
 
     def stats(self) -> dict[str, Any]:
-        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``."""
+        """This process's counters: ``errors``, ``conflicts``, ``reconciles``, ``heartbeating``,
+        ``verdicts_published``, and the ledger's health: ``ledger_usable`` (``None`` until the
+        first open), ``ledger_reason`` (the fixed reason it could not be opened, else ``None``).
+        """
         return self.runtime.stats()
 
     def metrics_text(self) -> str:
