@@ -59,6 +59,7 @@ class CeleryDriver:
     has_framework_config = True
     logical_delivers_by_default = False
     stores_framework_id = True  # eager task ids are uuid4 strings
+    publishes_in_reconcile = True  # a reconcile drains the verdicts it made
 
     def __init__(self) -> None:
         self.seen: Seen = {}
@@ -119,6 +120,7 @@ class DramatiqDriver:
     has_framework_config = False
     logical_delivers_by_default = False
     stores_framework_id = True  # message ids are uuid4 strings
+    publishes_in_reconcile = True
 
     def __init__(self) -> None:
         self.seen: Seen = {}
@@ -187,6 +189,7 @@ class LangGraphDriver:
     has_framework_config = False
     logical_delivers_by_default = True  # an invocation always answers somebody
     stores_framework_id = False  # invocation and thread ids are never stored
+    publishes_in_reconcile = False  # its recovery passes publish (they know the threads)
 
     def __init__(self) -> None:
         self.seen: Seen = {}

@@ -475,6 +475,21 @@ def test_reconcile_hands_its_decisions_and_reports_lost_jobs(driver: Any, db: st
         assert ledger.doctor()["healthy"]
 
 
+def test_publish_verdicts_reports_a_lost_job_once(driver: Any, db: str) -> None:
+    lost: list[LostTask] = []
+    guard, fid, _decisions = _lost_run(driver, db, lost.append)
+    logical_id = guard.logical_task_id(fid)
+    if driver.publishes_in_reconcile:  # the reconcile that found it drained its verdict
+        assert guard.publish_verdicts() == 0
+    else:  # left pending for the adapter's own pass
+        assert lost == [] and guard.publish_verdicts() == 1
+    assert [(x.task_id, x.code) for x in lost] == [(logical_id, "restart_stale")]
+    assert guard.publish_verdicts() == 0 and asyncio.run(guard.apublish_verdicts()) == 0
+    assert len(lost) == 1 and guard.stats()["verdicts_published"] == 1
+    with Ledger(db) as ledger:
+        assert ledger.doctor()["healthy"]
+
+
 def test_an_on_lost_hook_that_raises_is_counted_not_raised(driver: Any, db: str) -> None:
     def boom(lost: LostTask) -> None:
         raise RuntimeError("hook failed")

@@ -7,6 +7,7 @@ the next start takes the thread over from the dead claim and finishes it."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -25,22 +26,25 @@ PROJECT = EXAMPLES / "fastapi_langgraph"
 class Api:
     """One uvicorn server of the example (through the entrypoint, TSG_RECONCILE=apply)."""
 
-    def __init__(self, ledgers: Ledgers, log: Path, gather_seconds: float) -> None:
+    def __init__(self, ledgers: Ledgers, log: Path, gather_seconds: float, *,
+                 db: str | None = None, started: bool = True, **extra: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = base_env(
-            TSG_DB=ledgers.db,
+            TSG_DB=db or ledgers.db,
             CHECKPOINTS=str(ledgers.data / "lg" / "checkpoints.sqlite"),
             GATHER_SECONDS=str(gather_seconds),
             TSG_RECONCILE="apply",
             PYTHONPATH=str(PROJECT),
+            **extra,
         )
         self.service = Service(
             ["uvicorn", "service:app", "--host", "127.0.0.1", "--port", str(self.port),
              "--timeout-graceful-shutdown", "5"],
-            env=env, cwd=PROJECT, log=log,
+            env=env, cwd=PROJECT, log=log, entrypoint=db is None,
         )
-        self.service.wait_log("Application startup complete", timeout=120)
+        if started:
+            self.service.wait_log("Application startup complete", timeout=120)
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None,
              timeout: float = 60) -> tuple[int, Any]:
@@ -167,3 +171,45 @@ def test_killed_server_run_is_closed_and_its_thread_recovered(
         200, {"delivery": "delivered"})
     assert api.call("GET", "/threads/chat-7")[1]["owed"] is None
     assert tsg(ledgers.db, "doctor")["ok"] is True
+
+
+UNUSABLE = ("task-state-guard: the ledger cannot be used at worker start (UnsafeLocation, "
+            "reason directory_writable_by_others)")
+
+
+def _group_writable(ledgers: Ledgers) -> str:
+    directory = ledgers.data / "group-writable"
+    directory.mkdir()
+    os.chmod(directory, 0o770)  # tsg refuses it: others could swap the ledger
+    return str(directory / "tasks.sqlite")
+
+
+def test_an_unusable_ledger_is_logged_once_and_the_server_serves(
+    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
+) -> None:
+    db = _group_writable(ledgers)  # started without the entrypoint (its tsg would refuse)
+    api = Api(ledgers, tmp_path / "api.log", gather_seconds=0, db=db)
+    servers.append(api)
+    status, body = api.call("POST", "/questions", {"thread_id": "c", "question": "SQLite?"})
+    assert status == 200 and body["answer"].startswith("SQLite keeps")
+    log = api.service.log()
+    assert [line for line in log.splitlines() if "the ledger cannot be used" in line] == [
+        UNUSABLE + "; nothing is recorded until it can. Set require_ledger "
+        "(TSG_REQUIRE_LEDGER=1) to refuse to start instead."], log
+    assert db not in log and "group-writable" not in log
+    assert not os.path.exists(db)  # nothing was created
+    assert api.call("GET", "/healthz")[1]["ledger_errors"] > 0  # counted, not hidden
+
+
+def test_require_ledger_refuses_to_start_the_server(
+    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
+) -> None:
+    db = _group_writable(ledgers)
+    api = Api(ledgers, tmp_path / "api.log", gather_seconds=0, db=db, started=False,
+              TSG_REQUIRE_LEDGER="1")
+    servers.append(api)
+    code = api.service.proc.wait(120)
+    log = api.service.log()
+    assert code != 0 and "Application startup complete" not in log, log
+    assert UNUSABLE in log and "require_ledger is set: the worker does not start" in log
+    assert db not in log and not os.path.exists(db)

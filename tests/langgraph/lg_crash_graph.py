@@ -13,8 +13,9 @@ until the test SIGKILLs the process; modes:
   ``exit-new``: the same run on a new thread;
 - ``drain``: ``slow`` waits for ``MARKER.release``; SIGTERM requests a drain (the graceful
   shutdown of a LangGraph 1.2 worker), so the run stops at the next step boundary;
-- ``many``: four runs at once in threads (threads ``THREAD-0..3``, invocations
-  ``INVOCATION-0..3``, markers ``MARKER-0..3``), all killed in ``slow``.
+- ``many``: five runs at once in threads (threads ``THREAD-0..4``, invocations
+  ``INVOCATION-0..4``, markers ``MARKER-0..4``), all killed in ``slow``; the fifth with
+  ``durability="exit"`` (nothing of it saved: a lost run no thread leads to).
 """
 
 from __future__ import annotations
@@ -155,11 +156,12 @@ def main(db: str, checkpoints: str, marker: str, thread_id: str, inv: str, mode:
                 app_for(None).invoke({"log": []}, cfg, invocation_id=inv + "-first")
             app.invoke({"log": []}, cfg, invocation_id=inv, durability="exit")
         elif mode == "many":
-            apps = [app_for(f"{marker}-{i}") for i in range(4)]
+            apps = [app_for(f"{marker}-{i}") for i in range(5)]
             runs = [
                 threading.Thread(target=a.invoke, args=(
                     {"log": []}, {"configurable": {"thread_id": f"{thread_id}-{i}"}}),
-                    kwargs={"invocation_id": f"{inv}-{i}", "durability": "sync"})
+                    kwargs={"invocation_id": f"{inv}-{i}",
+                            "durability": "exit" if i == 4 else "sync"})
                 for i, a in enumerate(apps)
             ]
             for run in runs:

@@ -100,8 +100,7 @@ def test_a_crash_after_update_state_is_resumed_with_its_lineage(
         ]
         assert report[0].recovers_task_id == logical_task_id(inv)
         assert report.lost == ["t-edit"]
-        assert lost == [LostTask(known or logical_task_id(inv), logical_task_id(inv),
-                                 "crashy", "owner_lost", "t-edit")]
+        assert lost == [LostTask(known, logical_task_id(inv), "crashy", "owner_lost", "t-edit")]
         assert _log(app, "t-edit") == ["prepare", "edited", "slow", "finish"]
         # The run that continued the edited state is a child of the run whose state was
         # edited; the recovery, a child of it.
@@ -126,8 +125,9 @@ def test_a_crash_under_exit_durability_is_reported(stores: Stores) -> None:
         # Nothing of the run was saved: the thread is as the earlier run left it, so there
         # is nothing to resume, but the loss is reported with its thread.
         assert report == [] and report.lost == ["t-exit"]
-        assert lost == [LostTask(logical_task_id("exit-1"), logical_task_id("exit-1"),
-                                 "crashy", "owner_lost", "t-exit")]
+        # "exit-1" is not a canonical UUID: never stored, so the hook gets the ledger id only.
+        assert lost == [LostTask(None, logical_task_id("exit-1"), "crashy", "owner_lost",
+                                 "t-exit")]
         assert _log(app, "t-exit") == ["prepare", "slow", "finish"]
         again = app.recover()  # reported once, not on every pass
         assert again == [] and again.lost == [] and len(lost) == 1
@@ -178,7 +178,7 @@ def test_two_servers_recovering_at_once_resume_and_report_each_thread_once(
     # One process with four runs in flight, SIGKILLed.
     child, marker = start_child(stores, "t-two", "two", "many")
     try:
-        for i in range(4):
+        for i in range(5):
             wait_marker(child, Path(f"{marker}-{i}"))
     finally:
         sigkill(child)
@@ -211,8 +211,11 @@ def test_two_servers_recovering_at_once_resume_and_report_each_thread_once(
     calls = Counter(line["thread"] for line in lines if line["kind"] == "on_lost")
     recovered = Counter(line["thread"] for line in lines if line["kind"] == "on_recovered")
     reports = [line for line in lines if line["kind"] == "report"]
-    # Each lost thread: one on_lost, one resumption, across both servers.
-    assert calls == Counter(threads) and recovered == Counter(threads)
+    # Each lost thread: one on_lost, one resumption, across both servers; the exit-durability
+    # run (nothing saved, so no thread leads to it) one on_lost without a thread.
+    assert calls == Counter([*threads, None]) and recovered == Counter(threads)
+    unplaced = [line for line in lines if line["kind"] == "on_lost" and line["thread"] is None]
+    assert [line["task"] for line in unplaced] == [logical_task_id("two-4")]
     assert all(line["log"] == ["prepare", "slow", "finish"]
                for line in lines if line["kind"] == "on_recovered")
     assert sorted(t for r in reports for t in r["resumed"]) == threads
@@ -224,3 +227,41 @@ def test_two_servers_recovering_at_once_resume_and_report_each_thread_once(
             resumed = [c for c in lost["children"] if c["delivery_required"]]
             assert [shape(c)[:3] for c in resumed] == [("crashy", "succeeded", "completed")]
         assert_healthy(ledger)
+
+
+def test_a_crash_under_exit_durability_on_a_new_thread_is_reported_once(
+    stores: Stores,
+) -> None:
+    kill_in_slow(stores, "t-exit-new", "exit-new-1", "exit-new")
+    lost: list[LostTask] = []
+    with recovering(stores, lost) as app:
+        # No checkpoint leads to the run (nothing was saved): its verdict is reported after
+        # the pass over every thread, without a thread id.
+        report = app.recover(durability="sync")
+        lid = logical_task_id("exit-new-1")
+        assert report == [] and report.lost == []
+        assert report.reported == lost == [LostTask(None, lid, "crashy", "owner_lost", None)]
+        assert app.get_state({"configurable": {"thread_id": "t-exit-new"}}).values == {}
+        assert app.publish_verdicts() == 0 and len(lost) == 1  # published once
+        assert app.stats()["verdicts_published"] == 1
+        assert_healthy(app.ledger)
+
+
+def test_a_run_closed_by_the_operator_cli_is_reported_and_resumed(stores: Stores) -> None:
+    kill_in_slow(stores, "t-cli", "cli-1")
+    # The operator reconciles first (the entrypoint's TSG_RECONCILE=apply, a cron job).
+    cli = subprocess.run([str(Path(sys.executable).parent / "tsg"), "--db", stores.db,
+                          "reconcile"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stdout
+    assert json.loads(cli.stdout)["reconcile"]["tasks_timed_out"] == 2
+    lost: list[LostTask] = []
+    with recovering(stores, lost) as app:
+        assert app.last_reconcile is not None and app.last_reconcile["tasks_timed_out"] == 0
+        report = app.recover(durability="sync")
+        assert report.lost == report.resumed == ["t-cli"]
+        # The checkpoint names the run: the hook gets its invocation id and thread.
+        assert lost == [LostTask("cli-1", logical_task_id("cli-1"), "crashy", "owner_lost",
+                                 "t-cli")]
+        assert _log(app, "t-cli") == ["prepare", "slow", "finish"]
+        assert app.recover() == [] and len(lost) == 1
+        assert_healthy(app.ledger)

@@ -34,6 +34,9 @@ from ._retries import RetryOracle
 from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
+#: The framework label of this adapter's invocations (their lost verdicts are owed to it).
+FRAMEWORK = "langgraph"
+
 __all__ = [
     "METADATA_KEY",
     "GuardedGraph",
@@ -55,7 +58,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     adapter); the ids are invocation ids.
     """
 
-    adapter_name = "langgraph"
+    adapter_name = FRAMEWORK
     id_scheme = INVOCATIONS
 
     def __init__(
@@ -77,7 +80,6 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         # Shared with every with_config() copy: per process, not per view.
         self._drained_here: set[str] = set()
         self._seen_cancelled: set[str] = set()
-        self._seen_lost: set[str] = set()
         self._recovery_controls: set[Any] = set()
         self._runners: list[RecoveryRunner] = []
         self.on_recovered: RecoveredHook | None = None
@@ -409,17 +411,23 @@ def guard(
 
     ``reconcile_interval_seconds`` > 0 reconciles the ledger that often in a daemon thread of
     this process; :meth:`GuardedGraph.start_recovery` then runs a whole recovery pass (reconcile,
-    report, resume) at that interval instead.
+    report, resume) at that interval instead. A ledger that cannot be used is logged once at
+    ERROR (and shows in :meth:`GuardedGraph.stats`); with ``require_ledger`` (setting or
+    ``TSG_REQUIRE_LEDGER``) ``guard`` raises its error instead of running unrecorded.
     """
     if on_recovered is not None and not callable(on_recovered):
         raise TypeError("on_recovered must be callable")
     resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
     runtime = AdapterRuntime(
         resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost,
-        adapter=GuardedGraph.adapter_name,
+        adapter=GuardedGraph.adapter_name, framework=FRAMEWORK,
     )
+    # Lost-run verdicts are published by recovery passes (they know the threads), never by a
+    # plain reconcile.
+    runtime.drain_after_reconcile = False
     app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
     app.on_recovered = on_recovered
-    runtime.boot_reconcile("reconcile")
+    # An unusable ledger is logged at ERROR once, here; with require_ledger, guard() raises.
+    runtime.boot("reconcile")
     runtime.start_periodic_reconcile("periodic_reconcile")
     return app

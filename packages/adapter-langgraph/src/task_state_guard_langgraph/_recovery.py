@@ -31,6 +31,7 @@ from langgraph.runtime import RunControl
 from task_state_guard.integration import LostTask
 from task_state_guard.integration import codes as c
 
+from . import _verdicts as verdicts
 from ._ids import recovery_id_for_task
 from ._invocation import Invocation, finish_unstarted
 from ._lineage import (
@@ -84,21 +85,25 @@ class RecoveryReport(list[Recovery]):
     """What one recovery pass did: a list of the :class:`Recovery` of each thread it resumed,
     plus :attr:`lost`, :attr:`cancelled`, :attr:`claimed_elsewhere` and :attr:`resumed`.
 
-    ``lost``: the threads whose loss this pass reported (``on_lost`` called here), in the order
-    examined, whether or not they could be resumed (a thread waiting at an interrupt or whose
-    task failed is lost but not resumed). A thread another process claimed first is that
-    process's to report. ``cancelled``: threads whose last run was cancelled by its caller
-    with work left (never resumed). ``claimed_elsewhere``: threads another process was
-    resuming first.
+    ``lost``: the threads whose loss this pass reported, in the order examined, whether or
+    not they could be resumed (a thread waiting at an interrupt or whose task failed is lost
+    but not resumed). ``reported``: every :class:`~task_state_guard.integration.LostTask` this
+    pass handed to ``on_lost``, one per lost-run verdict it published (``thread_id`` ``None``
+    for a lost run no thread leads to, e.g. ``durability="exit"`` on a new thread). A verdict
+    another process holds is that process's to report. ``cancelled``: threads whose last run
+    was cancelled by its caller with work left (never resumed). ``claimed_elsewhere``: threads
+    another process was resuming first.
     """
 
     lost: list[str]
+    reported: list[LostTask]
     cancelled: list[str]
     claimed_elsewhere: int
 
     def __init__(self) -> None:
         super().__init__()
         self.lost = []
+        self.reported = []
         self.cancelled = []
         self.claimed_elsewhere = 0
 
@@ -122,7 +127,9 @@ class PassArgs:
 class _Finding:
     thread_id: str
     head: Head
-    kind: str
+    #: ``LOST``, ``DRAINED``, ``CANCELLED``, or ``None``: nothing to do for the thread itself
+    #: (a lost run earlier on its lineage may still be owed a report).
+    kind: str | None
     #: ``invoke(None)`` would run something: work left, no failed task, no interrupt waiting
     #: for a human (unless its answer is saved).
     resumable: bool
@@ -147,11 +154,17 @@ def _kind(head: Head) -> str | None:
     return None
 
 
-def _finding(thread_id: str, head: Head, kind: str, state: Any, tup: Any) -> _Finding:
+def _finding(thread_id: str, head: Head, kind: str | None, state: Any, tup: Any) -> _Finding:
+    if state is None:
+        return _Finding(thread_id, head, kind, False, False)
     work_left = bool(state.next)
     failed = any(t.error is not None for t in state.tasks)
     waiting = any(t.interrupts for t in state.tasks) and not resume_pending(tup)
     return _Finding(thread_id, head, kind, work_left and not failed and not waiting, work_left)
+
+
+def _lineage_lost(head: Head) -> bool:
+    return any(link.task.status == c.TIMED_OUT for link in head.path)
 
 
 class RecoveryMixin:
@@ -162,7 +175,6 @@ class RecoveryMixin:
     _drained_here: set[str]
     _recovery_controls: set[RunControl]
     _seen_cancelled: set[str]
-    _seen_lost: set[str]
     on_recovered: RecoveredHook | None
 
     if TYPE_CHECKING:  # provided by GuardedGraph
@@ -183,14 +195,16 @@ class RecoveryMixin:
             ledger.find_task_ids(status, limit=1) for status in (c.TIMED_OUT, c.CANCELLED)
         )
 
-    def _head(self, named: str) -> tuple[Head, str] | None:
+    def _head(self, named: str) -> tuple[Head, str | None] | None:
         rt = self._rec.rt
         head = thread_head(rt.get, self._rec.children, named)
         if head is None:
             return None  # unknown to the ledger: no proof it is not running elsewhere
         kind = _kind(head)
-        if kind is None or (kind == DRAINED and head.task.id in self._drained_here):
-            return None  # a drain by this live process is left to the next start
+        if kind == DRAINED and head.task.id in self._drained_here:
+            kind = None  # a drain by this live process is left to the next start
+        if kind is None and not _lineage_lost(head):
+            return None
         return head, kind
 
     def _examine(self, saver: Any, thread_id: str) -> _Finding | None:
@@ -199,7 +213,9 @@ class RecoveryMixin:
         found = None if named is None else self._head(named)
         if found is None:
             return None
-        state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
+        state = None
+        if found[1] is not None:
+            state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
         return _finding(thread_id, *found, state, tup)
 
     async def _aexamine(self, saver: Any, thread_id: str) -> _Finding | None:
@@ -210,7 +226,9 @@ class RecoveryMixin:
         found = None if named is None else await self._rec.call(self._head, named)
         if found is None:
             return None
-        state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
+        state = None
+        if found[1] is not None:
+            state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
         return _finding(thread_id, *found, state, tup)
 
     # -- settling a finding: claim, report ----------------------------------------------------
@@ -222,36 +240,31 @@ class RecoveryMixin:
         report: RecoveryReport,
         handler_cls: type[GuardCallbackHandler],
     ) -> Invocation | None:
-        """Claim the thread's resumption when it can be resumed and report what needs it
-        (ledger writes: off the event loop in async passes). Returns the claimed run."""
-        if finding.kind == CANCELLED:
-            if finding.work_left:
-                report.cancelled.append(finding.thread_id)
-                if finding.head.task.id not in self._seen_cancelled:
-                    self._seen_cancelled.add(finding.head.task.id)
-                    logger.info(
-                        "recovery: a thread's last run was cancelled by its caller with work "
-                        "left; it is reported, not resumed"
-                    )
-            return None
+        """Report the lost runs of the thread's lineage whose verdicts this process claims,
+        and claim the thread's resumption when it can be resumed (ledger writes: off the
+        event loop in async passes). Returns the claimed run."""
+        rt = self._rec.rt
+        claimed = verdicts.claim_lineage(rt, finding.head)
+        lost = verdicts.report(rt, claimed, finding.thread_id)
+        if lost:
+            report.lost.append(finding.thread_id)
+            report.reported.extend(lost)
         run: Invocation | None = None
-        if finding.resumable:
+        if finding.kind == CANCELLED and finding.work_left:
+            report.cancelled.append(finding.thread_id)
+            if finding.head.task.id not in self._seen_cancelled:
+                self._seen_cancelled.add(finding.head.task.id)
+                logger.info(
+                    "recovery: a thread's last run was cancelled by its caller with work left; "
+                    "it is reported, not resumed"
+                )
+        elif finding.kind in (LOST, DRAINED) and finding.resumable:
             run = self._claim(finding, config, handler_cls)
             if run is None:
                 report.claimed_elsewhere += 1
                 logger.info("recovery: another process is resuming a thread; left to it")
-                return None
-        task = finding.head.task
-        if finding.kind == LOST and (run is not None or task.id not in self._seen_lost):
-            # Reported by the process that resumes it; one that cannot be resumed, once per
-            # process.
-            self._seen_lost.add(task.id)
-            report.lost.append(finding.thread_id)
-            framework_id = finding.head.invocation_id or task.id
-            self._rec.rt.notify_lost(
-                LostTask(framework_id, task.id, task.name, str(task.terminal_code),
-                         finding.thread_id)
-            )
+        # Published once the resumption is claimed (by this process or another).
+        verdicts.publish(rt, claimed)
         return run
 
     def _claim(
@@ -309,7 +322,7 @@ class RecoveryMixin:
             finding.head.invocation_id,
             outcome,
             error,
-            finding.kind,
+            finding.kind or LOST,  # only lost and drained threads are resumed
             finding.head.task.id,
             out,
         )
@@ -395,12 +408,16 @@ class RecoveryMixin:
 
     def _recover_pass(self, args: PassArgs) -> RecoveryReport:
         report = RecoveryReport()
-        saver = getattr(self._graph, "checkpointer", None)
-        if saver is None or isinstance(saver, bool) or self.ledger is None:
+        if self.ledger is None:
             return report
         policy = self._rec.rt.policy
         # guard()'s own pass logs at INFO; a recovery pass that changed nothing, at DEBUG.
         self._rec.rt.guarded_reconcile("reconcile", quiet_when_unchanged=True)
+        saver = getattr(self._graph, "checkpointer", None)
+        if saver is None or isinstance(saver, bool):  # no threads: every lost run is unplaced
+            if args.thread_ids is None:
+                policy.call("recover", partial(self._report_unplaced, report))
+            return report
         config, kwargs = args.config, args.kwargs
         ids = args.thread_ids
         if ids is None:
@@ -419,8 +436,14 @@ class RecoveryMixin:
                 if run is not None:
                     claim = _Claim(finding, run)
                     futures.append(pool.submit(self._resume, claim, kwargs))
+            if args.thread_ids is None:
+                policy.call("recover", partial(self._report_unplaced, report))
             report.extend(f.result() for f in futures)
         return report
+
+    def _report_unplaced(self, report: RecoveryReport) -> None:
+        """After a pass over every thread: the lost runs no thread led to."""
+        report.reported.extend(verdicts.publish_unplaced(self._rec.rt))
 
     def _thread_ids(self, saver: Any) -> list[str]:
         return [] if self._nothing_to_recover() else thread_ids(saver)
@@ -445,12 +468,17 @@ class RecoveryMixin:
 
     async def _arecover_pass(self, args: PassArgs) -> RecoveryReport:
         report = RecoveryReport()
-        saver = getattr(self._graph, "checkpointer", None)
-        if saver is None or isinstance(saver, bool) or await self._rec.call(self._no_ledger):
+        if await self._rec.call(self._no_ledger):
             return report
         errors = self._rec.rt.policy
         await self._rec.call(
             partial(self._rec.rt.guarded_reconcile, "reconcile", quiet_when_unchanged=True))
+        saver = getattr(self._graph, "checkpointer", None)
+        if saver is None or isinstance(saver, bool):  # no threads: every lost run is unplaced
+            if args.thread_ids is None:
+                await self._rec.call(
+                    partial(errors.call, "recover", partial(self._report_unplaced, report)))
+            return report
         config, kwargs = args.config, args.kwargs
         ids = args.thread_ids
         if ids is None:
@@ -494,6 +522,11 @@ class RecoveryMixin:
                     gate.release()
                     continue
                 resumes.append(asyncio.ensure_future(resume(_Claim(finding, run))))
+            if args.thread_ids is None:
+                try:
+                    await self._rec.call(self._report_unplaced, report)
+                except Exception as exc:
+                    errors.error("recover", exc)
             report.extend(await asyncio.gather(*resumes))
         except BaseException:
             for task in resumes:
@@ -504,6 +537,16 @@ class RecoveryMixin:
 
     def _no_ledger(self) -> bool:
         return self.ledger is None
+
+    def publish_verdicts(self) -> int:
+        """Publish the lost-run verdicts owed to LangGraph now: one recovery pass
+        (:meth:`recover`: each lost thread reported with its thread id and resumed where it
+        has work). Returns how many verdicts it published."""
+        return len(self.recover().reported)
+
+    async def apublish_verdicts(self) -> int:
+        """:meth:`publish_verdicts` as an :meth:`arecover` pass."""
+        return len((await self.arecover()).reported)
 
 
 _CONTROLS_LOCK = threading.Lock()

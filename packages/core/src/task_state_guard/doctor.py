@@ -139,11 +139,12 @@ _EVENT_CHAINS = f"""SELECT count(*) FROM (
 
 def outbox_values_sql(fin: Callable[[str], str]) -> str:
     """Count the task rows whose outbox columns (current layout) are malformed: a framework
-    label outside the closed set or on an attempt, or a redelivery bound that is not a finite
-    duration of a started task."""
+    label outside the closed set or on an attempt (a child that owes no delivery; a child that
+    owes its own, a LangGraph resume or recovery run, is a job), or a redelivery bound that is
+    not a finite duration of a started task."""
     return f"""SELECT count(*) FROM tsg_tasks WHERE
     (framework IS NOT NULL AND (framework NOT IN {schema.sql_list(FRAMEWORK_LABELS)}
-        OR parent_id IS NOT NULL))
+        OR (parent_id IS NOT NULL AND delivery_required = 0)))
     OR (redelivery_seconds IS NOT NULL AND NOT ({fin("redelivery_seconds")}
         AND redelivery_seconds <= 1e10 AND started_at IS NOT NULL))"""
 

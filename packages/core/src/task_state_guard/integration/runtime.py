@@ -163,6 +163,11 @@ class AdapterRuntime:
         #: ``on_lost``). An adapter that publishes otherwise (LangGraph: report and resume
         #: the lost thread) sets its own and keeps the claim, lease and marking here.
         self.publish_verdict: Callable[[Verdict], bool] | None = None
+        #: Whether each applied reconcile (and a boot without one) drains this framework's
+        #: verdicts. False for an adapter whose own passes publish them (LangGraph: a recovery
+        #: pass reconciles, then reports and resumes the lost threads it finds, where it knows
+        #: their thread ids; a plain reconcile of the same process leaves them pending for it).
+        self.drain_after_reconcile = True
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
 
@@ -411,7 +416,9 @@ class AdapterRuntime:
 
         ``StateConflict`` when it exists and is no longer queued (another process claimed it).
         ``framework_id`` is stored only when it is a canonical UUID (see :meth:`open_logical`);
-        a task without a parent is a logical task and carries this runtime's framework label.
+        a task without a parent is a logical task and carries this runtime's framework label, as
+        does a child that owes its own delivery (a LangGraph resume or recovery run: a job of its
+        own, whose loss is owed a verdict like a root's).
         ``redelivery_seconds``: the attempt's redelivery window, recorded with the start (see
         :meth:`claim_attempt`).
         """
@@ -421,8 +428,8 @@ class AdapterRuntime:
             led._create(
                 task_id, parent_id, timeout_seconds, delivery_required, name, None, fid,
                 quiet=True,
-                # a root is a logical task: it carries the framework's label (see open_logical)
-                framework=self.framework if parent_id is None else None,
+                # a job carries the framework's label (see open_logical); an attempt does not
+                framework=self.framework if parent_id is None or delivery_required else None,
             )
             led._start_quiet(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
 
@@ -633,7 +640,8 @@ class AdapterRuntime:
             if self.policy.on_count is not None:
                 self.policy.on_count("tsg_adapter_reconciles_total", {})
             self.last_reconcile = report
-            self.policy.call("publish_verdicts", self.publish_verdicts)
+            if self.drain_after_reconcile:
+                self.policy.call("publish_verdicts", self.publish_verdicts)
         return report
 
     # ------------------------------------------------------------------ lost jobs (the outbox)
@@ -788,7 +796,8 @@ class AdapterRuntime:
         verdicts owed to this framework are drained (a reconcile elsewhere may have left some).
         """
         if not self.settings.reconcile_on_boot:
-            self.guarded_publish(where)
+            if self.drain_after_reconcile:
+                self.guarded_publish(where)
             return None
         return self.guarded_reconcile(where)
 
