@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,10 @@ from typing import Any
 import redis as redis_lib
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _bench  # noqa: E402
+from _bench import session_cpu_seconds  # noqa: E402
+
 REDIS_URL = "redis://127.0.0.1:6379/6"
 RESULT_URL = "redis://127.0.0.1:6379/7"
 
@@ -86,25 +89,6 @@ if os.environ.get("TSG_BENCH_QUEUE"):
         _counter().incr(key)
 
 
-def session_cpu_seconds(sid: int) -> float | None:
-    """CPU seconds (user + system) used so far by the live processes of session ``sid``."""
-    if not os.path.isdir("/proc"):
-        return None
-    ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                data = stat.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:  # field 6: session id; 14 and 15: utime, stime
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 class _Worker:
     def __init__(
         self, root: Path, name: str, adapter: bool, track: bool = False, db: str | None = None
@@ -114,6 +98,10 @@ class _Worker:
         ledger_dir = root / f"ledger-{name}"
         ledger_dir.mkdir(mode=0o700)
         env = dict(os.environ)
+        self.server: _bench.ServerCpu | None = None
+        if adapter and _bench.is_postgres(db):
+            env["PGAPPNAME"] = _bench.app_name()  # finds the worker's PostgreSQL backends
+            self.server = _bench.ServerCpu(str(db), env["PGAPPNAME"])
         env.update(
             {
                 "TSG_BENCH_QUEUE": self.queue,
@@ -139,13 +127,9 @@ class _Worker:
             )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if self.server is not None:
+            self.server.close()
+        _bench.stop_session(self.proc)
 
 
 def _client(queue: str) -> Any:
@@ -169,11 +153,14 @@ def _wait_ready(client: Any, worker: _Worker, timeout: float = 90) -> None:
 
 def _round(
     client: Any, worker: _Worker, task: str, n: int, r: Any
-) -> tuple[float, float | None]:
-    """One round: (tasks per second, worker CPU milliseconds per task or None)."""
+) -> tuple[float, float | None, float | None]:
+    """One round: (tasks per second, worker CPU milliseconds per task or None, the CPU
+    milliseconds per task of the worker's PostgreSQL backends or None)."""
     key = f"tsg-bench-count-{uuid.uuid4().hex}"
     client.control.cancel_consumer(worker.queue, destination=[worker.node], reply=True)
     ids = [client.send_task(task, args=[key], queue=worker.queue).id for _ in range(n)]
+    if worker.server is not None:
+        worker.server.start()
     cpu_start = session_cpu_seconds(worker.proc.pid)
     start = time.perf_counter()
     client.control.add_consumer(worker.queue, destination=[worker.node], reply=True)
@@ -184,13 +171,32 @@ def _round(
         time.sleep(0.002)
     elapsed = time.perf_counter() - start
     cpu_end = session_cpu_seconds(worker.proc.pid)
+    server = None if worker.server is None else worker.server.seconds() * 1000 / n
     r.delete(key)
     results = redis_lib.Redis.from_url(RESULT_URL)  # the tracking worker's records, if any
     for i in range(0, len(ids), 500):
         results.delete(*[f"celery-task-meta-{tid}" for tid in ids[i : i + 500]])
     results.close()
     cpu = None if cpu_start is None or cpu_end is None else (cpu_end - cpu_start) * 1000 / n
-    return n / elapsed, cpu
+    return n / elapsed, cpu, server
+
+
+def _pair(got: dict[str, tuple[float, float | None, float | None]]) -> dict[str, float]:
+    """One round's figures: ratios with the adapter over bare and over tracking (wall and
+    CPU) and the ledger's CPU per task (the worker's extra CPU plus its backends' CPU)."""
+    w_rate, w_cpu, w_server = got["with_adapter"]
+    b_rate, b_cpu, _ = got["without_adapter"]
+    t_rate, t_cpu, _ = got["celery_tracking"]
+    out = {"ratio_with_over_without": round(w_rate / b_rate, 3),
+           "ratio_with_over_tracking": round(w_rate / t_rate, 3)}
+    if w_cpu is not None and b_cpu is not None and t_cpu is not None:
+        total = w_cpu + (w_server or 0.0)
+        out.update({"ledger_cpu_ms": round(total - b_cpu, 3),
+                    "cpu_ratio_without_over_with": round(b_cpu / total, 3),
+                    "cpu_ratio_tracking_over_with": round(t_cpu / total, 3)})
+    if w_server is not None:
+        out["ledger_server_cpu_ms"] = round(w_server, 3)
+    return out
 
 
 def main() -> int:
@@ -202,6 +208,7 @@ def main() -> int:
                         help="the adapter worker's ledger (a path or a postgresql:// URL); "
                         "default: a fresh SQLite file in a temporary directory")
     args = parser.parse_args()
+    load_start = _bench.loadavg()
 
     r = redis_lib.Redis.from_url(REDIS_URL)
     r.ping()
@@ -217,16 +224,20 @@ def main() -> int:
         for task, n in (("bench.noop", args.tasks), ("bench.sleep10ms", args.sleep_tasks)):
             rates: dict[str, list[float]] = {name: [] for name in workers}
             cpus: dict[str, list[float]] = {name: [] for name in workers}
+            per_round: list[dict[str, float]] = []
             # warm-up, not measured
             for name, worker in workers.items():
                 _round(clients[name], worker, task, max(50, n // 10), r)
             order = list(workers)
             for i in range(args.rounds):
+                got: dict[str, tuple[float, float | None, float | None]] = {}
                 for name in order if i % 2 == 0 else reversed(order):
-                    rate, cpu = _round(clients[name], workers[name], task, n, r)
+                    got[name] = _round(clients[name], workers[name], task, n, r)
+                    rate, cpu, _server = got[name]
                     rates[name].append(rate)
                     if cpu is not None:
                         cpus[name].append(cpu)
+                per_round.append(_pair(got))
             med = {name: statistics.median(vs) for name, vs in rates.items()}
             entry: dict[str, Any] = {
                 "tasks_per_round": n,
@@ -238,7 +249,11 @@ def main() -> int:
                     med["with_adapter"] / med["celery_tracking"], 3
                 ),
                 "rounds": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
+                "per_round": per_round,
             }
+            for key in ("ledger_cpu_ms", "ledger_server_cpu_ms", "cpu_ratio_tracking_over_with",
+                        "cpu_ratio_without_over_with"):
+                entry[f"{key}_median_of_rounds"] = _bench.median(r.get(key) for r in per_round)
             if all(cpus.values()):
                 cpu = {name: statistics.median(vs) for name, vs in cpus.items()}
                 entry.update(
@@ -268,6 +283,7 @@ def main() -> int:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "loadavg_1m": round(os.getloadavg()[0], 2),
+            "loadavg_1m_at_start": load_start,
             "results": results,
             "target_ratio": 0.85,
         }

@@ -37,6 +37,10 @@ from typing import Any
 
 import dramatiq
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench
+from _bench import session_cpu_seconds
+
 REDIS_URL = "redis://127.0.0.1:6379/12"
 HERE = Path(__file__).resolve().parent
 MODULE = Path(__file__).stem
@@ -58,98 +62,90 @@ if os.environ.get("TSG_BENCH_ROLE") == "worker":  # imported by the dramatiq CLI
         """Does nothing: the measurement is the per-message overhead."""
 
 
-def session_cpu_seconds(sid: int) -> float | None:
-    """CPU seconds (user + system) used so far by the live processes of session ``sid``."""
-    if not os.path.isdir("/proc"):
-        return None
-    ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+class Worker:
+    """The real ``dramatiq`` CLI (guarded or plain) on a private Redis namespace and queue,
+    with a producer for it; :meth:`stop` ends it and deletes the namespace's keys."""
+
+    def __init__(self, guarded: bool, workdir: Path, processes: int, threads: int, db: str,
+                 env: dict[str, str] | None = None) -> None:
+        from dramatiq.brokers.redis import RedisBroker
+
+        suffix = uuid.uuid4().hex[:10]
+        self.namespace, self.queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
+        self.processes = processes
+        full = dict(os.environ)
+        full.update({"TSG_BENCH_ROLE": "worker", "TSG_BENCH_GUARD": "1" if guarded else "0",
+                     "TSG_BENCH_NAMESPACE": self.namespace, "TSG_BENCH_QUEUE": self.queue,
+                     "TSG_DB": db, **(env or {})})
+        self.log_path = workdir / f"worker-{suffix}.log"
+        self.producer = RedisBroker(  # type: ignore[no-untyped-call]
+            url=REDIS_URL, namespace=self.namespace, middleware=[]
+        )
+        self.producer.declare_queue(self.queue)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dramatiq", MODULE, "-p", str(processes),
+                 "-t", str(threads), "--path", str(HERE)],
+                env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while self.log_path.read_text(errors="replace").count("ready for action") \
+                < self.processes:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker failed to start:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+
+    def enqueue(self, count: int) -> None:
+        for _ in range(count):
+            self.producer.enqueue(dramatiq.Message(
+                queue_name=self.queue, actor_name="noop", args=(), kwargs={}, options={}))
+
+    def pending(self) -> int:
+        """Messages not acked yet."""
+        return int(self.producer.client.hlen(f"{self.namespace}:{self.queue}.msgs"))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            with open(f"/proc/{entry}/stat") as stat:
-                data = stat.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:  # field 6: session id; 14 and 15: utime, stime
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        keys = list(self.producer.client.scan_iter(match=f"{self.namespace}*"))
+        if keys:
+            self.producer.client.delete(*keys)
+        self.producer.close()
 
 
 def run_round(
     guarded: bool, messages: int, workdir: Path, processes: int, threads: int, db: str
-) -> tuple[float, float | None]:
-    """One round: (messages per second, worker CPU milliseconds per message or None)."""
-    from dramatiq.brokers.redis import RedisBroker
-
-    suffix = uuid.uuid4().hex[:10]
-    namespace, queue = f"tsg-bench-{suffix}", f"tsg_bench_{suffix}"
-    env = dict(os.environ)
-    env.update(
-        {
-            "TSG_BENCH_ROLE": "worker",
-            "TSG_BENCH_GUARD": "1" if guarded else "0",
-            "TSG_BENCH_NAMESPACE": namespace,
-            "TSG_BENCH_QUEUE": queue,
-            "TSG_DB": db,
-        }
-    )
-    log_path = workdir / f"worker-{suffix}.log"
-    producer = RedisBroker(  # type: ignore[no-untyped-call]
-        url=REDIS_URL, namespace=namespace, middleware=[]
-    )
-    producer.declare_queue(queue)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dramatiq",
-                MODULE,
-                "-p",
-                str(processes),
-                "-t",
-                str(threads),
-                "--path",
-                str(HERE),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+) -> tuple[float, float | None, float | None]:
+    """One round: (messages per second, worker CPU milliseconds per message or None, the
+    PostgreSQL server's CPU milliseconds per message for the worker's backends or None)."""
+    env: dict[str, str] = {}
+    server: _bench.ServerCpu | None = None
+    if guarded and _bench.is_postgres(db):
+        env["PGAPPNAME"] = _bench.app_name()
+        server = _bench.ServerCpu(db, env["PGAPPNAME"])
+    worker = Worker(guarded, workdir, processes, threads, db, env)
     try:
-        deadline = time.monotonic() + 60
-        while log_path.read_text(errors="replace").count("ready for action") < processes:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"worker failed to start:\n{log_path.read_text()}")
-            time.sleep(0.05)
-        client = producer.client
-        pending_key = f"{namespace}:{queue}.msgs"
-        cpu_start = session_cpu_seconds(proc.pid)
+        worker.wait_ready()
+        if server is not None:
+            server.start()
+        cpu_start = session_cpu_seconds(worker.proc.pid)
         start = time.perf_counter()
-        for _ in range(messages):
-            producer.enqueue(
-                dramatiq.Message(
-                    queue_name=queue, actor_name="noop", args=(), kwargs={}, options={}
-                )
-            )
-        while client.hlen(pending_key) > 0:
+        worker.enqueue(messages)
+        while worker.pending() > 0:
             time.sleep(0.002)
         elapsed = time.perf_counter() - start
-        cpu_end = session_cpu_seconds(proc.pid)
+        cpu_end = session_cpu_seconds(worker.proc.pid)
+        server_ms = None if server is None else server.seconds() * 1000 / messages
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        keys = list(producer.client.scan_iter(match=f"{namespace}*"))
-        if keys:
-            producer.client.delete(*keys)
-        producer.close()
-    text = log_path.read_text(errors="replace")
+        if server is not None:
+            server.close()
+        worker.stop()
+    text = worker.log_path.read_text(errors="replace")
     if "TaskStateGuard ledger error" in text or "Unexpected failure" in text:
         raise SystemExit(f"ledger errors during the benchmark:\n{text}")
     cpu_ms = (
@@ -157,7 +153,23 @@ def run_round(
         if cpu_start is None or cpu_end is None
         else (cpu_end - cpu_start) * 1000 / messages
     )
-    return messages / elapsed, cpu_ms
+    return messages / elapsed, cpu_ms, server_ms
+
+
+def _pair(got: dict[str, tuple[float, float | None, float | None]]) -> dict[str, float]:
+    """One round's guarded / plain figures: ratios, and the ledger's CPU per message (the
+    worker's extra CPU plus, on PostgreSQL, its backends' CPU)."""
+    (g_rate, g_cpu, g_server), (p_rate, p_cpu, _) = got["guarded"], got["plain"]
+    out = {"guarded_per_s": round(g_rate, 1), "plain_per_s": round(p_rate, 1),
+           "ratio": round(g_rate / p_rate, 3)}
+    if g_cpu is not None and p_cpu is not None:
+        ledger = g_cpu - p_cpu + (g_server or 0.0)
+        out.update({"guarded_cpu_ms": round(g_cpu, 3), "plain_cpu_ms": round(p_cpu, 3),
+                    "ledger_cpu_ms": round(ledger, 3),
+                    "cpu_ratio": round(p_cpu / (g_cpu + (g_server or 0.0)), 3)})
+    if g_server is not None:
+        out["ledger_server_cpu_ms"] = round(g_server, 3)
+    return out
 
 
 def main() -> int:
@@ -174,17 +186,22 @@ def main() -> int:
     db = args.db or str(workdir / "ledger" / "tasks.sqlite")
     rates: dict[str, list[float]] = {"plain": [], "guarded": []}
     cpus: dict[str, list[float]] = {"plain": [], "guarded": []}
+    per_round: list[dict[str, float]] = []
+    load_start = _bench.loadavg()
     try:
         for i in range(args.rounds):
             order = [False, True] if i % 2 == 0 else [True, False]
+            got: dict[str, tuple[float, float | None, float | None]] = {}
             for with_guard in order:
                 mode = "guarded" if with_guard else "plain"
-                rate, cpu_ms = run_round(
+                got[mode] = run_round(
                     with_guard, args.messages, workdir, args.processes, args.threads, db
                 )
+                rate, cpu_ms, _server = got[mode]
                 rates[mode].append(rate)
                 if cpu_ms is not None:
                     cpus[mode].append(cpu_ms)
+            per_round.append(_pair(got))
         from task_state_guard import Ledger
 
         ledger = Ledger(db)
@@ -214,6 +231,12 @@ def main() -> int:
         "ledger_healthy": healthy,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "loadavg_1m_at_start": load_start,
+        "loadavg_1m_at_end": _bench.loadavg(),
+        "per_round": per_round,
+        "ledger_cpu_ms_per_message": _bench.median(r.get("ledger_cpu_ms") for r in per_round),
+        "ledger_server_cpu_ms_per_message": _bench.median(
+            r.get("ledger_server_cpu_ms") for r in per_round),
     }
     if cpus["plain"] and cpus["guarded"]:
         plain_cpu = statistics.median(cpus["plain"])

@@ -136,6 +136,9 @@ form label{display:flex;flex-direction:column;font-size:12.5px;color:var(--muted
 input,select,button{font:inherit;padding:4px 6px}
 .pager{margin:10px 0;display:flex;gap:16px}
 .row{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+table.mini{border:0;margin:0 0 6px;width:100%}
+table.mini th{background:none;padding:2px 0;color:var(--muted);font-weight:400}
+table.mini td{padding:2px 0;border:0}
 .job dl{grid-template-columns:max-content 1fr;gap:3px 24px}
 .job dd{text-align:left;font-weight:400}
 .error{background:#fbe1de;border:1px solid #e8b4ad;padding:8px 12px;border-radius:6px}

@@ -52,14 +52,14 @@ def _verdicts_card(report: dict[str, Any]) -> str | None:
         return None
     pending = verdicts.get("pending") or {}
     published = verdicts.get("published") or {}
-    rows = []
-    for framework in sorted(set(pending) | set(published)):
-        waiting = int(pending.get(framework, 0))
-        rows.append((f"{framework}: waiting", str(waiting), waiting > 0))
-        rows.append((f"{framework}: published", str(int(published.get(framework, 0))), False))
-    rows.append(("oldest waiting", _age(report.get("oldest_pending_verdict_age_seconds")),
-                 False))
-    return _card("Lost-job verdicts", rows)
+    rows = [[framework, str(int(pending.get(framework, 0))),
+             str(int(published.get(framework, 0)))]
+            for framework in sorted(set(pending) | set(published))]
+    grid = table(["framework", "waiting", "published"], rows, numeric=frozenset({1, 2}),
+                 cls="mini", empty="none")
+    oldest = _age(report.get("oldest_pending_verdict_age_seconds"))
+    return (f'<section class="card"><h2>Lost-job verdicts</h2>{grid}'
+            f"<dl><dt>oldest waiting</dt><dd>{esc(oldest)}</dd></dl></section>")
 
 
 def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window: str,
