@@ -91,6 +91,17 @@ def test_environment_durations_take_the_cli_units(
         ("TSG_STRICT", "maybe"),
         ("TSG_RECONCILE_ON_BOOT", "2"),
         ("TSG_BUSY_TIMEOUT_MS", "1.5"),
+        # exactly the CLI's grammar: no exponent, sign, spaces, separators, other digits
+        ("TSG_ACTIVE_GRACE_SECONDS", "1e3"),
+        ("TSG_ACTIVE_GRACE_SECONDS", " 700 "),
+        ("TSG_DELIVERY_GRACE_SECONDS", "1_000"),
+        ("TSG_DELIVERY_GRACE_SECONDS", "+500"),
+        ("TSG_RECONCILE_INTERVAL_SECONDS", "-0"),
+        ("TSG_ACTIVE_GRACE_SECONDS", "\u0667\u0660\u0660"),
+        ("TSG_ACTIVE_GRACE_SECONDS", "\uff17\uff10\uff10"),
+        ("TSG_BUSY_TIMEOUT_MS", "1_000"),
+        ("TSG_BUSY_TIMEOUT_MS", "+500"),
+        ("TSG_BUSY_TIMEOUT_MS", "\u0667"),
     ],
 )
 def test_a_bad_environment_value_is_the_same_clear_error(
@@ -101,6 +112,19 @@ def test_a_bad_environment_value_is_the_same_clear_error(
         driver.install(db)
     assert variable in str(caught.value) and value not in str(caught.value)
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, InvalidInput)
+
+
+@pytest.mark.parametrize("value", ["1e3", " 700 ", "1_000", "+700", "\u0667\u0660\u0660"])
+def test_a_setting_given_as_text_takes_exactly_the_cli_grammar(
+    driver: Any, db: str, value: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        driver.install(db, active_grace_seconds=value)
+    assert value not in str(caught.value)
+    if driver.has_framework_config:
+        with pytest.raises(ConfigurationError):
+            driver.install(db, conf={"active_grace_seconds": value})
+    assert driver.install(db, active_grace_seconds="700").settings.active_grace_seconds == 700
 
 
 def test_a_bad_argument_and_a_missing_path_are_the_same_clear_error(

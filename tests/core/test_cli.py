@@ -204,12 +204,13 @@ def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
         assert_cli_error(result, error)
         assert CANARY not in result.stdout and CANARY not in result.stderr, args
         assert db not in result.stdout
-    # unsafe paths: the error names only its category (an unsafe location is InvalidInput)
+    # a database that is a link alias: the error names only its category (a StateConflict,
+    # as in 0.1.0)
     link = os.path.join(os.path.dirname(db), CANARY + ".sqlite")
     os.symlink(db, link)
     for args in (["init"], ["doctor"], ["create"]):
         result = run_cli("--db", link, *args)
-        assert_cli_error(result, "InvalidInput")
+        assert_cli_error(result, "StateConflict")
         assert CANARY not in result.stdout + result.stderr
     assert ok(run_cli("--db", db, "get", tid))["task"]["status"] == "queued"
 

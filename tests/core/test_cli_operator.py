@@ -414,8 +414,10 @@ def test_children_text_table(scene: Scene) -> None:
 # ----------------------------------------------------------------------------- durations
 
 ACCEPTED = [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("2h", 7200.0), ("1d", 86400.0),
-            ("1.5h", 5400.0), ("0", 0.0), ("1e3", 1000.0)]
-REJECTED = ["1h30", "-5m", "1w", "nan", "", "15 m", "1H", "inf", "m", "+5m", "-5"]
+            ("1.5h", 5400.0), ("0", 0.0), ("90.5", 90.5), ("007", 7.0)]
+# exactly the documented grammar: no sign, spaces, exponent, separators or non-ASCII digits
+REJECTED = ["1h30", "-5m", "1w", "nan", "", "15 m", "1H", "inf", "m", "+5m", "-5", "-0", "+5",
+            " 7 ", "7 ", "1_000", "1e3", "\u0667", "\uff17", "1.", ".5", "5m "]
 
 
 @pytest.mark.parametrize(("text", "seconds"), ACCEPTED)

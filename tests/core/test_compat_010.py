@@ -228,6 +228,49 @@ def test_zero_timeout_means_the_deadline_is_the_start(ledger: Ledger, clock: Clo
     assert ledger.doctor()["healthy"] is True
 
 
+def test_a_repeated_close_with_the_same_state_is_idempotent_whatever_its_code(
+    ledger: Ledger, db: str
+) -> None:
+    task = ledger.create_task()
+    ledger.close_task(task.id, "failed", code="worker_failed")
+    stored = ledger.get_task(task.id)
+    events = ledger.doctor()["event_count"]
+    for code in (None, "worker_failed", "worker_lost", "completed", "transport_acknowledged",
+                 "not_a_registered_code"):
+        assert ledger.close_task(task.id, "failed", code=code) == stored
+    repeat = assert_json_line(run_cli("--db", db, "close", task.id, "--status", "failed",
+                                      "--code", "completed"))
+    assert repeat["task"] == stored.to_dict() and repeat["task"]["terminal_code"] == "worker_failed"
+    with pytest.raises(StateConflict):  # another terminal state is still a conflict
+        ledger.close_task(task.id, "succeeded", code="completed")
+    assert_cli_error(run_cli("--db", db, "close", task.id, "--status", "cancelled"),
+                     "StateConflict")
+    assert ledger.get_task(task.id) == stored and ledger.doctor()["event_count"] == events
+
+
+def test_any_finite_timeout_is_taken_and_a_start_without_a_finite_deadline_refused(
+    ledger: Ledger, clock: Clock, db: str
+) -> None:
+    long = ledger.create_task(timeout_seconds=1e300)
+    assert long.timeout_seconds == 1e300
+    assert ledger.start_task(long.id, owner=False).deadline_at == clock.t + 1e300
+    created = assert_json_line(run_cli("--db", db, "create", "--timeout-seconds",
+                                       "99999999999999"))["task"]
+    assert created["timeout_seconds"] == 99999999999999.0
+    clock.set(1e308)  # a clock this far on: this timeout's deadline overflows
+    task = ledger.create_task(timeout_seconds=1e308)
+    with pytest.raises(InvalidInput):
+        ledger.start_task(task.id, owner=False)
+    with pytest.raises(InvalidInput):
+        ledger.start_task(task.id)
+    after = ledger.get_task(task.id)
+    assert after.status == "queued" and after.version == 0 and after.started_at is None
+    for bad in (float("inf"), float("nan"), -1.0, 10**400):
+        with pytest.raises(InvalidInput):
+            ledger.create_task(timeout_seconds=bad)
+    assert ledger.doctor()["healthy"] is True
+
+
 def test_error_classes_catch_what_0_1_0_code_expects(tmp_path: Path) -> None:
     assert issubclass(StorageError, StateConflict) and issubclass(LedgerBusy, StateConflict)
     assert issubclass(UnsafeLocation, InvalidInput)
@@ -244,17 +287,30 @@ def test_error_classes_catch_what_0_1_0_code_expects(tmp_path: Path) -> None:
         assert isinstance(exc, StorageError)
     else:
         raise AssertionError("a foreign schema was accepted")
-    # an unsafe path: caught as InvalidInput
+    # a database that is a symlink or hard-link alias: StateConflict, as in 0.1.0
     real = tmp_path / "r" / "tasks.sqlite"
     Ledger(str(real)).close()
     link = tmp_path / "r" / "link.sqlite"
     os.symlink(real, link)
+    os.link(real, tmp_path / "r" / "hard.sqlite")
+    for alias in (link, real):
+        try:
+            Ledger(str(alias))
+        except StateConflict as exc:
+            assert isinstance(exc, StorageError)
+        else:
+            raise AssertionError("a database alias was accepted")
+    os.unlink(tmp_path / "r" / "hard.sqlite")
+    # an unsafe path: caught as InvalidInput
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    os.chmod(open_dir, 0o777)
     try:
-        Ledger(str(link))
+        Ledger(str(open_dir / "tasks.sqlite"))
     except InvalidInput as exc:
         assert isinstance(exc, UnsafeLocation)
     else:
-        raise AssertionError("a symlinked database was accepted")
+        raise AssertionError("an unsafe directory was accepted")
     with Ledger(str(real)) as led, pytest.raises(TaskNotFound):
         led.get_task(uuid.uuid4())
 
@@ -310,7 +366,11 @@ def test_cli_error_names_are_0_1_0_categories(tmp_path: Path) -> None:
     real = str(d / "tasks.sqlite")
     Ledger(real).close()
     os.symlink(real, d / "link.sqlite")
-    assert_cli_error(run_cli("--db", str(d / "link.sqlite"), "init"), "InvalidInput")
+    assert_cli_error(run_cli("--db", str(d / "link.sqlite"), "init"), "StateConflict")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    assert_cli_error(run_cli("--db", str(open_dir / "tasks.sqlite"), "init"), "InvalidInput")
     assert_cli_error(run_cli("--db", real, "get", str(uuid.uuid4())), "TaskNotFound")
 
 

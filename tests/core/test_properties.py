@@ -187,8 +187,8 @@ def step(led: Ledger, clock: Clock, model: dict[str, M], order: list[str], op: t
     elif kind == "close":
         state, code = op[2], op[3]
         bad_code = code is not None and code not in TASK_CODES[state]
-        if m.status in TERMINAL:
-            expect = StateConflict if m.status != state else (InvalidInput if bad_code else None)
+        if m.status in TERMINAL:  # the same close again is the stored task, whatever its code
+            expect = StateConflict if m.status != state else None
         elif now < m.latest():
             expect = StateConflict
         elif bad_code:

@@ -267,12 +267,12 @@ def test_storage_rules_through_the_cli(tmp_path: Path) -> None:
 
     link = good.parent / "link.sqlite"
     os.symlink(good, link)
-    cases.append((["--db", str(link), "init"], "InvalidInput", "file_is_symlink"))
+    cases.append((["--db", str(link), "init"], "StateConflict", "file_is_symlink"))
     hard = tmp_path / "hard"
     hard.mkdir(mode=0o700)
     _ledger(hard / "tasks.sqlite")
     os.link(hard / "tasks.sqlite", hard / "alias.sqlite")
-    cases.append((["--db", str(hard / "alias.sqlite"), "init"], "InvalidInput",
+    cases.append((["--db", str(hard / "alias.sqlite"), "init"], "StateConflict",
                   "file_hard_linked"))
     fifo = tmp_path / "fifo"
     fifo.mkdir(mode=0o700)

@@ -115,15 +115,30 @@ def test_read_only_never_tightens_or_creates(tmp_path) -> None:
 # ----------------------------------------------------------------------------- aliases
 
 
+def _untouched(path: str) -> tuple[int, int, bytes]:
+    st = os.stat(path)
+    with open(path, "rb") as handle:
+        return st.st_mode, st.st_mtime_ns, handle.read()
+
+
+# A database or sidecar that is a link alias is a StorageError (a StateConflict), as in 0.1.0,
+# and its target is left exactly as it was (bytes, mode, time).
+
+
 def test_symlinked_database_rejected(tmp_path) -> None:
     real = str(tmp_path / "d" / "real.sqlite")
     make_ledger(real)
+    os.chmod(real, 0o640)
+    before = _untouched(real)
     link = str(tmp_path / "d" / "link.sqlite")
     os.symlink(real, link)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(link, read_only=ro)
-    assert_cli_error(run_cli("--db", link, "doctor"), "InvalidInput")
+        assert info.value.reason == "file_is_symlink"
+    assert_cli_error(run_cli("--db", link, "doctor"), "StateConflict")
+    assert_cli_error(run_cli("--db", link, "init"), "StateConflict")
+    assert _untouched(real) == before
 
 
 def test_dangling_symlink_database_rejected(tmp_path) -> None:
@@ -131,7 +146,7 @@ def test_dangling_symlink_database_rejected(tmp_path) -> None:
     d.mkdir(mode=0o700)
     link = str(d / "link.sqlite")
     os.symlink(str(d / "target.sqlite"), link)
-    with pytest.raises(UnsafeLocation):
+    with pytest.raises(StorageError):
         Ledger(link)
     assert not os.path.exists(d / "target.sqlite")
 
@@ -139,12 +154,17 @@ def test_dangling_symlink_database_rejected(tmp_path) -> None:
 def test_hard_linked_database_rejected(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     make_ledger(db)
+    os.chmod(db, 0o640)
+    before = _untouched(db)
     os.link(db, str(tmp_path / "d" / "alias.sqlite"))
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=ro)
+        assert info.value.reason == "file_hard_linked"
     assert_cli_error(run_cli("--db", db, "get", "00000000-0000-4000-8000-000000000000"),
-                     "InvalidInput")
+                     "StateConflict")
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert _untouched(db) == before
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
@@ -154,11 +174,15 @@ def test_symlinked_sidecar_rejected(tmp_path, suffix: str) -> None:
     target = str(tmp_path / "elsewhere")
     with open(target, "wb"):
         pass
+    os.chmod(target, 0o644)
+    before = _untouched(target)
     os.symlink(target, db + suffix)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=ro)
-    assert os.path.getsize(target) == 0
+        assert info.value.reason == "file_is_symlink"
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert _untouched(target) == before
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
@@ -168,11 +192,15 @@ def test_hard_linked_sidecar_rejected(tmp_path, suffix: str) -> None:
     other = str(tmp_path / "d" / "other")
     with open(other, "wb"):
         pass
-    os.chmod(other, 0o600)
+    os.chmod(other, 0o640)
+    before = _untouched(other)
     os.link(other, db + suffix)
     for ro in (False, True):
-        with pytest.raises(UnsafeLocation):
+        with pytest.raises(StorageError) as info:
             Ledger(db, read_only=ro)
+        assert info.value.reason == "file_hard_linked"
+    assert_cli_error(run_cli("--db", db, "init"), "StateConflict")
+    assert _untouched(other) == before
 
 
 def test_non_regular_database_rejected(tmp_path) -> None:

@@ -237,9 +237,11 @@ def test_error_precedence_close(ledger: Ledger) -> None:
         ledger.close_task(done.id, "succeeded", code="bogus")
     with pytest.raises(StateConflict):
         ledger.close_task(done.id, "succeeded", code="worker_failed")
-    # and the bad code last
-    with pytest.raises(InvalidInput):
-        ledger.close_task(done.id, "failed", code="bogus")
+    # a repeat of the same close is idempotent whatever its code (0.1.0): the stored task
+    for code in ("bogus", "worker_completed", "transport_acknowledged", None):
+        again = ledger.close_task(done.id, "failed", code=code)
+        assert again == ledger.get_task(done.id) and again.terminal_code == "worker_failed"
+    # and the bad code last, on an open task
     fresh = ledger.create_task()
     with pytest.raises(InvalidInput):
         ledger.close_task(fresh.id, "succeeded", code="worker_failed")

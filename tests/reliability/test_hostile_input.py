@@ -430,11 +430,12 @@ def test_symlink_swapped_between_check_and_open(tmp_path: Path, existing: bool,
         return result
 
     monkeypatch.setattr(storage, "prepare", prepare_then_swap)
-    with pytest.raises((StorageError, UnsafeLocation)):  # replaced file, or a symlink seen
+    with pytest.raises(StorageError):  # a replaced file, or a symlink seen
         Ledger(db)
     monkeypatch.setattr(storage, "prepare", real_prepare)
     assert victim.read_bytes() == before
-    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation)  # still a symlink
+    refused = _allowed(lambda: Ledger(db))  # still a symlink: a StorageError, as in 0.1.0
+    assert isinstance(refused, StorageError) and refused.reason == "file_is_symlink"
 
 
 def _exchange(a: Path, b: Path) -> None:
@@ -449,8 +450,8 @@ def _exchange(a: Path, b: Path) -> None:
 
 def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
     """The database path flips atomically between the real file and a symlink to a victim
-    while ledgers keep opening and writing: only ok, StorageError (a replaced file) or
-    UnsafeLocation (a symlink seen), and the victim is never
+    while ledgers keep opening and writing: only ok or StorageError (a replaced file, or a
+    symlink seen), and the victim is never
     touched. (A path that also vanishes in between: see the test below.)"""
     victim, before = _victim(tmp_path)
     db = tmp_path / "l" / "tasks.sqlite"
@@ -481,8 +482,8 @@ def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
     finally:
         stop.set()
         thread.join()
-    assert set(outcomes) <= {"ok", "StorageError", "UnsafeLocation"}, outcomes
-    refused = outcomes.get("StorageError", 0) + outcomes.get("UnsafeLocation", 0)
+    assert set(outcomes) <= {"ok", "StorageError"}, outcomes
+    refused = outcomes.get("StorageError", 0)
     assert len(swaps) > 150 and refused > 0
     conn = sqlite3.connect(victim)
     assert conn.execute("SELECT v FROM precious").fetchall() == [("keep",)]
@@ -506,7 +507,7 @@ def test_database_path_flapping_during_creation(tmp_path: Path,
 
     def prepare_then_appear(path: str, **kwargs: Any) -> Any:
         result = real_prepare(path, **kwargs)
-        if result is None and not armed:
+        if result.identity is None and not armed:
             armed.append(True)
             Path(path).touch(mode=0o600)
         return result
@@ -530,9 +531,9 @@ def test_hard_links_are_refused(tmp_path: Path) -> None:
         ledger.create_task()
     alias = tmp_path / "l" / "alias.sqlite"
     os.link(db, alias)
-    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation)
-    assert_cli_error(*run_cli("--db", str(db), "doctor"), expected=("InvalidInput",))
-    assert_cli_error(*run_cli("--db", str(alias), "create"), expected=("InvalidInput",))
+    assert isinstance(_allowed(lambda: Ledger(db)), StorageError)  # as in 0.1.0
+    assert_cli_error(*run_cli("--db", str(db), "doctor"), expected=("StateConflict",))
+    assert_cli_error(*run_cli("--db", str(alias), "create"), expected=("StateConflict",))
     os.unlink(alias)
     Ledger(db).close()
 
@@ -553,12 +554,11 @@ def test_sidecar_aliases_are_refused(tmp_path: Path, suffix: str, kind: str) -> 
         side.mkdir()
     else:
         os.mkfifo(side, 0o600)
-    # a link breaks the path policy (InvalidInput); a non-file is unusable (StateConflict)
-    unsafe = kind in ("symlink", "hardlink")
-    assert isinstance(_allowed(lambda: Ledger(db)), UnsafeLocation if unsafe else StorageError)
+    # a link alias and a non-file alike: a StorageError (StateConflict), as in 0.1.0
+    assert isinstance(_allowed(lambda: Ledger(db)), StorageError)
     for args in (["create"], ["doctor"]):
         assert_cli_error(*run_cli("--db", str(db), *args, timeout=20),
-                         expected=("InvalidInput" if unsafe else "StateConflict",))
+                         expected=("StateConflict",))
     assert victim.read_bytes() == before
 
 
@@ -569,7 +569,7 @@ def test_database_path_aliases_are_refused(tmp_path: Path) -> None:
     (d / "link.sqlite").symlink_to(victim)
     (d / "dir.sqlite").mkdir()
     os.mkfifo(d / "fifo.sqlite", 0o600)
-    for name, error, category in (("link.sqlite", UnsafeLocation, "InvalidInput"),
+    for name, error, category in (("link.sqlite", StorageError, "StateConflict"),
                                   ("dir.sqlite", StorageError, "StateConflict"),
                                   ("fifo.sqlite", StorageError, "StateConflict")):
         assert isinstance(_allowed(lambda n=name: Ledger(d / n)), error)

@@ -161,9 +161,7 @@ class RefModel:
         if t.status in TERMINAL:
             if t.status != state:
                 raise StateConflict
-            if not valid:
-                raise InvalidInput
-            return t
+            return t  # the same close again, whatever its code (0.1.0): the stored task
         if not valid:
             raise InvalidInput
         t.status, t.terminal_code, t.ended_at, t.updated_at = state, code, now, now

@@ -107,8 +107,10 @@ class PostgresDatabase:
         busy_timeout_ms: int,
         read_only: bool,
         check_schema: bool = True,
+        create: bool = True,
     ) -> None:
         self._target: Target = parse(url)
+        self._create = create
         self._clock = clock
         self.busy_timeout_ms = busy_timeout_ms
         self._read_only = read_only
@@ -166,7 +168,7 @@ class PostgresDatabase:
                     if not self._prepared:
                         self.schema_version = ddl.prepare(
                             conn, self._target.schema, read_only=self._read_only,
-                            check=self._check_schema, now=self.now,
+                            check=self._check_schema, now=self.now, create=self._create,
                         )
                         self._prepared = True
         except BaseException:
@@ -349,13 +351,15 @@ def open_database(
     busy_timeout_ms: int,
     read_only: bool,
     check_schema: bool = True,
+    create: bool = True,
 ) -> PostgresDatabase:
-    """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet."""
+    """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet.
+    ``create=False``: a schema that holds no ledger is ``database_missing``, never created."""
     if not callable(clock):
         raise InvalidInput("clock must be callable")
     return PostgresDatabase(
         url, clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
-        check_schema=check_schema,
+        check_schema=check_schema, create=create,
     )
 
 

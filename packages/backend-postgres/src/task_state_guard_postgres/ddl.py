@@ -216,15 +216,19 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
 
 
 def prepare(
-    conn: Conn, schema: str, *, read_only: bool, check: bool, now: Callable[[], float]
+    conn: Conn, schema: str, *, read_only: bool, check: bool, now: Callable[[], float],
+    create: bool = True,
 ) -> int | None:
     """Check (and, when writable, create or migrate) the ledger's schema; return its version.
+
+    ``create=False``: a schema without a ledger is ``database_missing`` (nothing is created);
+    an existing ledger is still migrated.
 
     ``check=False`` (doctor) reports a foreign schema as version None instead of refusing it.
     ``now`` is read only when a migration is recorded: opening a ledger samples no clock (a
     read's clock is sampled once, inside its snapshot).
     """
-    if read_only:
+    if read_only or not create:
         version = stored_version(conn, schema)
         if version is None:
             if _has_ledger_tables(conn, schema):
@@ -235,7 +239,8 @@ def prepare(
             raise InvalidInput(MISSING, reason=r.DATABASE_MISSING)
         if version > SCHEMA_VERSION:
             raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
-        return version
+        if read_only or version == SCHEMA_VERSION:
+            return version
     conn.execute("BEGIN")
     try:
         conn.execute("SELECT pg_advisory_xact_lock(?)", (lock_key("tsg-migrate", schema),))

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 
 def _fin(column: str) -> str:
-    # Columns are double precision: NULL, NaN and infinities fail BETWEEN.
-    return f"({column} BETWEEN 0 AND 1e300)"
+    # Columns are double precision: NULL, NaN (above every number here) and infinity fail.
+    return f"({column} >= 0 AND {column} < 'Infinity'::float8)"
 
 
 _SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,

@@ -215,6 +215,32 @@ class Conn:
                 self.raw.close()
 
 
+_REFUSALS = {
+    r.SERVER_UNREACHABLE: "cannot connect to the PostgreSQL ledger",
+    r.AUTHENTICATION_FAILED: "the PostgreSQL server refused the URL's credentials",
+    r.SERVER_DATABASE_MISSING: "the PostgreSQL server has no database of the URL's name",
+}
+# A server sends no SQLSTATE a client can read for a refused connection (libpq reports only its
+# message), so the server's English message decides; a server set to another language is
+# reported server_unreachable. The message itself is never shown or kept.
+_AUTHENTICATION = ("password authentication failed", "no password supplied",
+                   "authentication failed", "no pg_hba.conf entry", "pg_hba.conf rejects")
+
+
+def connect_refusal(exc: BaseException) -> str:
+    """The reason of a failed connection: ``authentication_failed`` (a wrong password or user,
+    or a client the server's rules refuse), ``server_database_missing``, else
+    ``server_unreachable``. Judged from the driver's message, which is never repeated."""
+    text = str(exc).lower()
+    if "does not exist" in text and "database \"" in text:
+        return r.SERVER_DATABASE_MISSING
+    if any(marker in text for marker in _AUTHENTICATION) or (
+        "role \"" in text and "does not exist" in text
+    ):
+        return r.AUTHENTICATION_FAILED
+    return r.SERVER_UNREACHABLE
+
+
 def _is_write(text: str) -> bool:
     head = text.lstrip()[:6].upper()
     return head in ("INSERT", "UPDATE", "DELETE")
@@ -224,15 +250,16 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     """Open a connection to the ledger's schema: lock waits bounded by ``busy_timeout_ms``,
     the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
     raw: psycopg.Connection[Any] | None = None
-    with contextlib.suppress(psycopg.Error):
+    refused = r.SERVER_UNREACHABLE
+    try:
         raw = psycopg.Connection.connect(
             target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
             prepare_threshold=None,
         )
+    except psycopg.Error as exc:
+        refused = connect_refusal(exc)
     if raw is None:  # raised outside the handler: the driver's text is not even chained
-        raise StorageError(
-            "cannot connect to the PostgreSQL ledger", reason=r.SERVER_UNREACHABLE
-        )
+        raise StorageError(_REFUSALS[refused], reason=refused)
     conn = Conn(raw)
     settings = {
         "search_path": f'"{target.schema}"',

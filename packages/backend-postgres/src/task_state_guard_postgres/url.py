@@ -3,8 +3,9 @@
 ``postgresql://USER@HOST[:PORT]/DB?schema=NAME&...`` (a password may follow the user, after a
 colon): ``schema`` (default ``tsg``) and ``owner_reconnect_seconds`` (default 60; see
 ``owners``) are the ledger's own parameters, stripped before connecting; every other parameter
-goes to libpq. The password is kept only inside :class:`Target` and never
-shown (its ``repr`` and ``shown`` carry the URL without it).
+goes to libpq exactly as written (libpq decodes it). The password is kept only inside
+:class:`Target` and never shown (its ``repr`` and ``shown`` carry the URL without the user
+info's password and without any parameter whose key ends in ``password``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import contextlib
 import math
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from task_state_guard import reasons as r
 from task_state_guard.backends import redact
+from task_state_guard.durations import parse_seconds
 from task_state_guard.model import InvalidInput
 
 DEFAULT_SCHEMA = "tsg"
@@ -66,39 +68,57 @@ def _invalid(message: str) -> InvalidInput:
 
 
 def _reconnect_seconds(values: list[str]) -> float:
-    """The ``owner_reconnect_seconds`` parameter: one number of seconds, 0 to one day."""
+    """The ``owner_reconnect_seconds`` parameter: one plain number of seconds (ASCII digits, an
+    optional fraction: the CLI's grammar without a unit), 0 to a day."""
     if not values:
         return DEFAULT_OWNER_RECONNECT_SECONDS
     seconds = math.nan
-    if len(values) == 1:
-        with contextlib.suppress(ValueError):
-            seconds = float(values[0])
+    if len(values) == 1 and values[0][-1:].isdigit():
+        with contextlib.suppress(InvalidInput):
+            seconds = parse_seconds(values[0], "owner_reconnect_seconds")
     if not (math.isfinite(seconds) and 0 <= seconds <= MAX_OWNER_RECONNECT_SECONDS):
         raise _invalid("the URL's owner_reconnect_seconds must be one number from 0 to 86400")
     return seconds
 
 
+def _split_query(query: str) -> tuple[dict[str, list[str]], str]:
+    """The ledger's own parameters (decoded as libpq decodes: ``%XX`` only, ``+`` stays) and
+    the rest of the query exactly as written, for libpq to decode itself."""
+    own: dict[str, list[str]] = {name: [] for name in _OWN_PARAMETERS}
+    rest: list[str] = []
+    for part in query.split("&"):
+        if not part:
+            continue
+        raw_key, _, raw_value = part.partition("=")
+        key = unquote(raw_key)
+        if key in own:
+            own[key].append(unquote(raw_value))
+        else:
+            rest.append(part)
+    return own, "&".join(rest)
+
+
 def parse(url: str) -> Target:
-    """Parse a ledger URL; a malformed one is a fixed ``InvalidInput`` (no value echoed)."""
+    """Parse a ledger URL; a malformed one is a fixed ``InvalidInput`` (no value echoed).
+
+    Every parameter but the ledger's own reaches libpq exactly as the URL percent-encodes it
+    (``options=-c%20statement_timeout%3D1000``, ``application_name=my%20app``)."""
     try:
         parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
         port_ok = parts.port is None or 0 < parts.port < 65536
     except ValueError:
         port_ok = False
     if not port_ok:  # raised outside the handler: no rejected value is chained
         raise _invalid("the PostgreSQL URL does not parse")
-    schemas = [value for key, value in query if key == "schema"]
+    own, rest = _split_query(parts.query)
+    schemas = own["schema"]
     if len(schemas) > 1 or (schemas and not _SCHEMA.fullmatch(schemas[0])):
         raise _invalid("the URL's schema must match [a-z_][a-z0-9_]{0,62}")
     schema = schemas[0] if schemas else DEFAULT_SCHEMA
-    reconnect = _reconnect_seconds(
-        [value for key, value in query if key == "owner_reconnect_seconds"]
-    )
-    rest = [(key, value) for key, value in query if key not in _OWN_PARAMETERS]
+    reconnect = _reconnect_seconds(own["owner_reconnect_seconds"])
     conninfo = ""
     try:
-        params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
+        params = conninfo_to_dict(urlunsplit(parts._replace(query=rest, fragment="")))
         for key, value in CLIENT_DEFAULTS.items():
             params.setdefault(key, value)
         conninfo = make_conninfo("", **params)
@@ -106,10 +126,8 @@ def parse(url: str) -> Target:
         pass
     if not conninfo:
         raise _invalid("the PostgreSQL URL does not parse")
-    shown = redact(urlunsplit(parts._replace(query=urlencode(
-        [(k, v) for k, v in query if k.lower() != "password"]))))
     return Target(
-        conninfo=conninfo, schema=schema, shown=shown, owner_reconnect_seconds=reconnect
+        conninfo=conninfo, schema=schema, shown=redact(url), owner_reconnect_seconds=reconnect
     )
 
 

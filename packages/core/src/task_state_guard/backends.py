@@ -7,8 +7,8 @@ This module only recognises and redacts URLs; it never imports a database driver
 from __future__ import annotations
 
 import importlib
-import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, unquote_plus
 
 from . import reasons as r
 from .model import StorageError
@@ -23,8 +23,6 @@ MISSING_BACKEND = (
     "(pip install task-state-guard-postgres)"
 )
 _BACKEND_MODULE = "task_state_guard_postgres"
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^@/?#]*)@")
-_PASSWORD_PARAM = re.compile(r"([?&])password=[^&#]*&?", re.IGNORECASE)
 
 
 def is_url(target: object) -> bool:
@@ -32,18 +30,38 @@ def is_url(target: object) -> bool:
     return isinstance(target, str) and target[:13].lower().startswith(URL_PREFIXES)
 
 
+def is_secret_parameter(raw_key: str) -> bool:
+    """Whether a URL query key names a secret: any key ending in ``password`` (``password``,
+    ``sslpassword``, ...), however it is percent-encoded or capitalised."""
+    keys = {unquote(raw_key), unquote_plus(raw_key)}
+    return any(key.strip().lower().endswith("password") for key in keys)
+
+
 def redact(target: str) -> str:
-    """``target`` without any password (a URL's user info and ``password=`` parameter)."""
+    """``target`` without any secret: the user info keeps only the user, every query parameter
+    whose key ends in ``password`` is dropped (however its key is percent-encoded or
+    capitalised, however often it repeats), and so is a fragment; the rest is kept as written.
+
+    The user info ends at an ``@`` of the authority; a password with an unencoded ``@``, ``?``
+    or ``/`` is still cut out: the cut is made at the last ``@`` before the first ``/`` or
+    before the first ``?``, whichever lies further on.
+    """
     if not is_url(target):
         return target
-
-    def user_only(match: re.Match[str]) -> str:
-        user = match.group(2).split(":", 1)[0]
-        return f"{match.group(1)}{user}@" if user else match.group(1)
-
-    text = _USERINFO.sub(user_only, target, count=1)
-    text = _PASSWORD_PARAM.sub(lambda m: m.group(1), text)
-    return text.rstrip("?&")
+    scheme, _, rest = target.partition("://")
+    rest = rest.partition("#")[0]
+    cut = -1
+    for stop in ("/", "?"):
+        end = rest.find(stop)
+        cut = max(cut, rest.rfind("@", 0, len(rest) if end < 0 else end))
+    if cut >= 0:
+        user = rest[:cut].split(":", 1)[0]
+        rest = (f"{user}@" if user else "") + rest[cut + 1 :]
+    location, question, query = rest.partition("?")
+    kept = [part for part in query.split("&")
+            if part and not is_secret_parameter(part.partition("=")[0])]
+    return f"{scheme}://{location}?{'&'.join(kept)}" if question and kept else (
+        f"{scheme}://{location}")
 
 
 def open_database(url: str, **options: Any) -> Database:

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from . import __version__, cli_text, operator_reads
 from . import reasons as r
-from .durations import parse_seconds
+from .durations import parse_count, parse_seconds
 from .ledger import Ledger
 from .metrics_command import check_metrics_dir, check_metrics_options, run_metrics
 from .model import (
@@ -98,10 +98,7 @@ def _seconds(value: str | None, env: str, default: float, what: str) -> float:
 def _positive_int(text: str | None, what: str) -> int | None:
     if text is None:
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidInput(f"{what} must be an integer") from None
+    value = parse_count(text, what)
     if value < 1 or value > 10**9:
         raise InvalidInput(f"{what} is out of range")
     return value
@@ -237,6 +234,11 @@ def _add_progress(cmd: argparse.ArgumentParser) -> None:
 
 
 _READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "serve", "doctor"})
+# The commands that create a missing ledger: init; create (a new task needs one); reconcile,
+# whose apply mode the specification keeps on the normal (creating, migrating) open, so that
+# `tsg reconcile && exec worker` works on a fresh volume. Everything else names a task that
+# must already exist, or changes existing history (prune): a mistyped --db is database_missing.
+_CREATING = frozenset({"init", "create", "reconcile"})
 _BY_ID = frozenset({"start", "heartbeat", "close", "delivery", "get", "children"})
 
 
@@ -291,7 +293,9 @@ def _open(args: argparse.Namespace) -> Ledger:
         read_only=read_only,
         # the read commands may use transient sidecars; a dry-run creates nothing at all
         transient_sidecars=args.command in _READ_ONLY,
+        create=args.command in _CREATING,
         _check_schema=args.command != "doctor",
+        _verify_integrity=args.command == "init",
     )
 
 
@@ -304,8 +308,8 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     command = args.command
     values: dict[str, Any] = {}
     if command == "create":
-        values["timeout"] = None if args.timeout_seconds is None else _seconds(
-            args.timeout_seconds, "", 0.0, "timeout_seconds")
+        values["timeout"] = None if args.timeout_seconds is None else parse_seconds(
+            args.timeout_seconds, "timeout_seconds", maximum=None)  # any finite, as in 0.1.0
         check_name(args.name)
         check_payload_hash(args.payload_sha256)
     elif command in ("close", "delivery"):
@@ -362,8 +366,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     try:
         _check_ids(args)
         values = _check_values(args)
-    except InvalidInput:
-        raise InvalidInput("a value was refused", reason=r.INVALID_VALUE) from None
+    except InvalidInput as exc:  # a specific reason is kept; any other refusal is a value's
+        raise InvalidInput("a value was refused", reason=exc.reason or r.INVALID_VALUE) from None
     if command == "serve" or (command == "metrics" and values["listen"] is not None):
         return run_serve(lambda: _open(args), values, token_file=args.token_file, emit=_emit,
                          categorize=error_category)

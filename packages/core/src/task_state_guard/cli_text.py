@@ -193,20 +193,25 @@ _FINDINGS = (
 )
 
 
+def _or(value: Any, missing: str) -> Any:
+    return missing if value is None else value
+
+
 def doctor(report: dict[str, Any]) -> str:
     """A doctor report (counts only)."""
     lines = ["DOCTOR: " + ("healthy" if report["healthy"] else "UNHEALTHY")]
     schema = f"{report['schema_version']} ({'ok' if report['schema_ok'] else 'NOT OK'})"
+    unreadable = "unreadable"  # a count a damaged file did not yield
     lines += _counts([
         ("schema version", schema),
         ("quick check", report["quick_check"]),
-        ("tasks", report["task_count"]),
-        ("events", report["event_count"]),
+        ("tasks", _or(report["task_count"], unreadable)),
+        ("events", _or(report["event_count"], unreadable)),
     ])
-    lines.append("TASKS")
-    lines += _counts(list(report["task_status_counts"].items()))
-    lines.append("DELIVERIES")
-    lines += _counts(list(report["delivery_status_counts"].items()))
+    for title, key in (("TASKS", "task_status_counts"), ("DELIVERIES", "delivery_status_counts")):
+        lines.append(title)
+        counts = report[key]
+        lines += _counts(list(counts.items())) if counts is not None else [f"  {unreadable}"]
     lines.append("FINDINGS")
     lines += _counts([(label, report[key]) for key, label in _FINDINGS if key in report])
     return "\n".join(lines) + "\n"

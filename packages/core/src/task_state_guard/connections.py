@@ -95,7 +95,8 @@ class _WriterOpening(Exception):
         self.reason = reason
 
 
-def _busy(exc: sqlite3.Error) -> bool:
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is SQLite's lock wait running out (not a fault of the file)."""
     text = str(exc).lower()
     return "locked" in text or "busy" in text
 
@@ -144,7 +145,7 @@ def ensure_wal(conn: sqlite3.Connection, timeout: float) -> None:
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             break
         except sqlite3.Error as exc:
-            if not _busy(exc) or time.monotonic() >= deadline:
+            if not is_busy(exc) or time.monotonic() >= deadline:
                 raise translate(exc) from None
         time.sleep(pause)
         pause = min(pause * 2, 0.05)

@@ -46,6 +46,16 @@ def _reset_writer_locks() -> None:
 os.register_at_fork(after_in_child=_reset_writer_locks)
 
 
+def integrity_ok(conn: sqlite3.Connection) -> bool:
+    """SQLite's ``quick_check`` stopped at the first problem: True when the file is intact."""
+    try:
+        return [row[0] for row in conn.execute("PRAGMA quick_check(1)")] == ["ok"]
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError) and connections.is_busy(exc):
+            raise
+        return False  # damaged beyond what the check itself can read
+
+
 def read_clock(clock: Callable[[], float]) -> float:
     """Read ``clock``; a non-number, non-finite or negative reading is ``InvalidInput``."""
     value = clock()
@@ -198,8 +208,15 @@ class SQLiteDatabase:
         transient_sidecars: bool,
         snapshot_max_bytes: int,
         check_schema: bool,
+        create: bool = True,
+        verify_integrity: bool = False,
     ) -> None:
         self._path = path
+        # The real path (symbolic links resolved) the first open found: SQLite, the owner lock
+        # directory and every later check use it; a later open that resolves elsewhere fails.
+        self._real: str | None = None
+        self._create = create
+        self._verify_integrity = verify_integrity
         self._clock = clock
         self.busy_timeout_ms = busy_timeout_ms
         self.allow_external_acl = allow_external_acl
@@ -226,8 +243,18 @@ class SQLiteDatabase:
 
     @property
     def path(self) -> str:
-        """Absolute path of the database file."""
-        return self._path
+        """Absolute path of the database file (its real path, symbolic links resolved)."""
+        return self._real if self._real is not None else self._path
+
+    def _pin(self, real: str) -> str:
+        """Remember where the first open's path led; a later open must lead there too."""
+        if self._real is None:
+            self._real = real
+        elif real != self._real:
+            raise StorageError(
+                "the database path now leads to another file", reason=r.DATABASE_REPLACED
+            )
+        return real
 
     @property
     def read_only(self) -> bool:
@@ -293,34 +320,52 @@ class SQLiteDatabase:
     def _open(self) -> sqlite3.Connection:
         if self._read_only:
             return self._open_read_only()
-        identity = storage.prepare(
-            self._path, create=True, allow_external_acl=self.allow_external_acl, read_only=False
+        prepared = storage.prepare(
+            self._path, create=self._create, allow_external_acl=self.allow_external_acl,
+            read_only=False,
         )
+        path = self._pin(prepared.path)
+        identity = prepared.identity
         if identity is None:
-            identity = storage.create_database_file(self._path)
-        if self._identity is not None and identity != self._identity:
-            raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
-        conn = connections.connect_writable(self._path, self.busy_timeout_ms)
+            identity = storage.create_database_file(path)
+        if self._identity is not None:
+            if identity != self._identity:
+                raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
+            storage.tighten(path)  # recognised as a ledger by the first open
+        conn = connections.connect_writable(path, self.busy_timeout_ms)
         try:
             if self._identity is None:
-                self._initialize(conn)
+                self._initialize(conn, path)
                 self._identity = identity
-            storage.tighten_sidecars(self._path)
-            if storage.current_identity(self._path) != identity:
+            storage.tighten_sidecars(path)
+            if storage.current_identity(path) != identity:
                 raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _initialize(self, conn: sqlite3.Connection) -> None:
+    def _recognize(self, conn: sqlite3.Connection) -> None:
+        """Before anything is written or chmodded: the file must hold a ledger this release
+        knows (or nothing yet), and, when asked (``tsg init``), pass SQLite's quick_check."""
         try:  # judge the schema before anything (even the journal mode) is written
-            if schema.detect_format(conn) is None:
+            fmt = schema.detect_format(conn)
+            if fmt == schema.NEWER:
+                raise StorageError(
+                    "the ledger's schema is newer than this release", reason=r.SCHEMA_NEWER
+                )
+            if fmt is None:
                 raise StorageError(
                     "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
                 )
+            if self._verify_integrity and fmt != schema.EMPTY and not integrity_ok(conn):
+                raise StorageError("the ledger file is damaged", reason=r.DATABASE_DAMAGED)
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
+
+    def _initialize(self, conn: sqlite3.Connection, path: str) -> None:
+        self._recognize(conn)
+        storage.tighten(path)  # a ledger (or a new file): only now may its modes change
         connections.ensure_wal(conn, self.busy_timeout_ms / 1000.0)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -328,6 +373,10 @@ class SQLiteDatabase:
                 fmt = schema.detect_format(conn)
                 if fmt == schema.EMPTY:
                     schema.create(conn)
+                elif fmt == schema.NEWER:
+                    raise StorageError(
+                        "the ledger's schema is newer than this release", reason=r.SCHEMA_NEWER
+                    )
                 elif fmt is None:
                     raise StorageError(
                         "the database holds a foreign or tampered schema",
@@ -345,15 +394,17 @@ class SQLiteDatabase:
         self.schema_version = version
 
     def _open_read_only(self) -> sqlite3.Connection:
-        identity = storage.prepare(
+        prepared = storage.prepare(
             self._path, create=False, allow_external_acl=self.allow_external_acl, read_only=True
         )
+        path = self._pin(prepared.path)
+        identity = prepared.identity
         if self._identity is not None and identity != self._identity:
             raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
-        transient = self._transient_sidecars and storage.sidecars_creatable(self._path)
+        transient = self._transient_sidecars and storage.sidecars_creatable(path)
         attach = any(m is connections.ReadMode.TRANSIENT for m in self._modes.values())
         conn, mode = connections.connect_read_only(
-            self._path,
+            path,
             self.busy_timeout_ms,
             self._snapshot_max_bytes,
             transient=transient,
@@ -362,12 +413,16 @@ class SQLiteDatabase:
         version: int | None = None
         try:
             # the file SQLite opened is still the one judged (not swapped for a link meanwhile)
-            if storage.current_identity(self._path) != identity:
+            if storage.current_identity(path) != identity:
                 raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
             if mode is connections.ReadMode.TRANSIENT:
                 # the sidecars SQLite just made (or a writer's, had one appeared) are private
-                storage.check_sidecars(self._path, tighten=False)
+                storage.check_sidecars(path, loose=storage.REFUSE)
             fmt = schema.detect_format(conn)
+            if fmt == schema.NEWER:
+                raise StorageError(
+                    "the ledger's schema is newer than this release", reason=r.SCHEMA_NEWER
+                )
             if fmt in schema.KNOWN:
                 version = schema.STORED_VERSION[fmt]
                 views = schema.compat_views(fmt)  # temporary: the file is not touched
@@ -413,7 +468,7 @@ class SQLiteDatabase:
         if (
             self._identity is not None
             and self._shared is None  # a private snapshot no longer depends on the file
-            and storage.current_identity(self._path) != self._identity
+            and storage.current_identity(self.path) != self._identity
         ):
             raise StorageError(
                 "the database file was replaced or removed", reason=r.DATABASE_REPLACED
@@ -446,7 +501,7 @@ class SQLiteDatabase:
             return
         conn = self.writer()
         self._check_identity()
-        lock = writer_lock(self._path)
+        lock = writer_lock(self.path)
         if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
             raise LedgerBusy(
                 "another thread held the ledger past the busy timeout", reason=r.DATABASE_BUSY
@@ -535,19 +590,19 @@ class SQLiteDatabase:
 
     def own_token(self) -> str:
         """This process's owner token (its lock file beside the database, made once)."""
-        return owners.own_token(self._path)
+        return owners.own_token(self.path)
 
     def held_token(self) -> str | None:
         """This process's owner token if its lock file exists already."""
-        return owners.held_token(self._path)
+        return owners.held_token(self.path)
 
     def probe_owner(self, token: str) -> owners.Liveness:
         """Probe the owner's lock file."""
-        return owners.probe(self._path, token)
+        return owners.probe(self.path, token)
 
     def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
         """Delete lock files of dead owners that no running task references."""
-        owners.remove_dead(self._path, is_referenced)
+        owners.remove_dead(self.path, is_referenced)
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report of the SQLite file."""
@@ -559,7 +614,7 @@ class SQLiteDatabase:
         """The permission model (``posix_mode`` or ``external_acl``), SQLite's journal mode,
         foreign keys, busy timeout and schema version (no paths)."""
         info = storage.storage_info(
-            self._path, allow_external_acl=self.allow_external_acl, read_only=self._read_only
+            self.path, allow_external_acl=self.allow_external_acl, read_only=self._read_only
         )
         conn = self.conn()
         snapshot = self.read_mode() is connections.ReadMode.SNAPSHOT

@@ -60,8 +60,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TERMINAL = ",".join(f"'{s}'" for s in sorted(TERMINAL_STATES))
 
 
+#: The largest finite float as an SQL literal: a stored infinity compares above it.
+FLOAT_MAX_SQL = "1.7976931348623157e308"
+
+
 def _fin(column: str) -> str:
-    return f"(typeof({column}) IN ('real','integer') AND {column} BETWEEN 0 AND 1e300)"
+    return (f"(typeof({column}) IN ('real','integer') "
+            f"AND {column} BETWEEN 0 AND {FLOAT_MAX_SQL})")
 
 
 def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
@@ -70,8 +75,7 @@ def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
     _fin = fin
     return f"""coalesce((
     {_fin("created_at")} AND {_fin("updated_at")} AND updated_at >= created_at
-    AND (timeout_seconds IS NULL OR ({_fin("timeout_seconds")} AND timeout_seconds >= 0
-         AND timeout_seconds <= 1e10))
+    AND (timeout_seconds IS NULL OR {_fin("timeout_seconds")})
     AND (started_at IS NULL OR ({_fin("started_at")} AND started_at >= created_at
          AND updated_at >= started_at))
     AND (ended_at IS NULL OR ({_fin("ended_at")}
@@ -236,49 +240,65 @@ def _state_counts(conn: Any) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def run_doctor(db: Database) -> dict[str, Any]:
-    """Check the whole ledger and return counts only (see the module docstring)."""
+    """Check the whole ledger and return counts only (see the module docstring).
+
+    A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
+    ``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
+    count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts);
+    each part that could not be read adds one to ``integrity_error_count``.
+    """
     findings = dict.fromkeys(_FINDINGS, 0)
-    task_count = event_count = 0
-    fmt: str | None = None
-    checked = False
-    integrity_ok = False
-    tasks = dict.fromkeys(_TASK_ORDER, 0)
-    deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
+    report: dict[str, Any] = {
+        "task_count": None, "event_count": None,
+        "task_status_counts": None, "delivery_status_counts": None,
+    }
     with db.read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
-            integrity_ok = integrity == ["ok"]
-            findings["integrity_errors"] = 0 if integrity_ok else len(integrity)
             fmt = schema.detect_format(conn, "main")
-            checked = True
-            if fmt in schema.KNOWN:
-                task_count = _count(conn, "SELECT count(*) FROM tsg_tasks")
-                event_count = _count(conn, "SELECT count(*) FROM tsg_events")
-                tasks, deliveries = _state_counts(conn)
-                findings["foreign_key_violations"] = len(
-                    conn.execute("PRAGMA foreign_key_check").fetchall()
-                )
-                findings["orphan_events"] = _count(conn, _ORPHAN_EVENTS)
-                _check_shapes(conn, findings)
-                _check_values(conn, findings)
-                findings["event_chain_mismatches"] = _count(conn, _EVENT_CHAINS)
-                findings["parent_order_violations"], findings["parent_cycles"] = _cycles(conn)
         except sqlite3.DatabaseError as exc:
-            if not checked:
-                raise db.translate(exc) from None
-            findings["integrity_errors"] += 1  # damaged beyond what the checks could read
-            integrity_ok = False
-    schema_ok = fmt in schema.KNOWN
-    report: dict[str, Any] = {
+            raise db.translate(exc) from None
+        integrity_ok = integrity == ["ok"]
+        findings["integrity_errors"] = 0 if integrity_ok else len(integrity)
+        readable = True
+
+        def part(read: Callable[[], Any]) -> Any:
+            nonlocal readable
+            try:
+                return read()
+            except sqlite3.DatabaseError:  # damaged beyond what this part could read
+                readable = False
+                findings["integrity_errors"] += 1
+                return None
+
+        if fmt in schema.KNOWN:
+            report["task_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
+            report["event_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
+            counts = part(lambda: _state_counts(conn))
+            if counts is not None:
+                report["task_status_counts"], report["delivery_status_counts"] = counts
+            findings["foreign_key_violations"] = part(
+                lambda: len(conn.execute("PRAGMA foreign_key_check").fetchall())) or 0
+            findings["orphan_events"] = part(lambda: _count(conn, _ORPHAN_EVENTS)) or 0
+            part(lambda: _check_shapes(conn, findings))
+            part(lambda: _check_values(conn, findings))
+            findings["event_chain_mismatches"] = part(
+                lambda: _count(conn, _EVENT_CHAINS)) or 0
+            cycles = part(lambda: _cycles(conn))
+            if cycles is not None:
+                findings["parent_order_violations"], findings["parent_cycles"] = cycles
+        else:
+            report["task_count"] = report["event_count"] = 0
+            report["task_status_counts"] = dict.fromkeys(_TASK_ORDER, 0)
+            report["delivery_status_counts"] = dict.fromkeys(_DELIVERY_ORDER, 0)
+    schema_ok = fmt in schema.KNOWN and integrity_ok and readable
+    result: dict[str, Any] = {
         "healthy": schema_ok and not any(findings.values()),
         "schema_version": schema.STORED_VERSION[fmt] if fmt in schema.KNOWN else None,
         "schema_ok": schema_ok,
-        "quick_check": "ok" if integrity_ok and not findings["integrity_errors"] else "failed",
-        "task_count": task_count,
-        "event_count": event_count,
-        "task_status_counts": tasks,
-        "delivery_status_counts": deliveries,
+        "quick_check": "ok" if integrity_ok and readable else "failed",
+        **report,
     }
     for name, count in findings.items():
-        report[_COUNT_KEYS[name]] = count
-    return report
+        result[_COUNT_KEYS[name]] = count
+    return result

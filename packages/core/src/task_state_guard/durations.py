@@ -1,10 +1,12 @@
 """Durations as people write them (``90``, ``90s``, ``15m``, ``2h``, ``1d``) and as they read them.
 
 :func:`parse_seconds` is the one parser behind every option and environment value that takes
-seconds (the CLI, the adapters' ``TSG_*_SECONDS`` settings). A plain number keeps its meaning
-(seconds, as ``float()`` reads it); a number with one unit suffix must be a plain decimal. Nothing
-else is accepted (no compound ``1h30``, no sign, no other unit), and the error never repeats the
-rejected text.
+seconds (the CLI, the ``TSG_*_SECONDS`` values, the adapters' settings given as text). The
+grammar is exactly: ASCII digits, optionally a fraction (``.`` and digits), optionally one unit
+``s``, ``m``, ``h`` or ``d``. Nothing else is accepted: no sign (``-0``, ``+5``), no spaces, no
+exponent (``1e3``), no ``_`` separators, no other digits (Arabic-Indic, full-width), no
+``inf``/``nan``, no compound ``1h30``; the error never repeats the rejected text.
+:func:`parse_count` is the same for whole numbers (``--limit``, ``--busy-timeout-ms``).
 """
 
 from __future__ import annotations
@@ -17,33 +19,38 @@ from .model import MAX_SECONDS, InvalidInput
 #: Seconds per accepted unit suffix.
 UNITS: dict[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
-_WITH_UNIT = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)", re.ASCII)
+_COUNT = re.compile(r"[0-9]+", re.ASCII)
 
 
-def parse_seconds(text: str, what: str, *, allow_zero: bool = True) -> float:
+def parse_seconds(
+    text: str, what: str, *, allow_zero: bool = True, maximum: float | None = MAX_SECONDS
+) -> float:
     """Return the duration ``text`` denotes, in seconds.
 
     ``90`` and ``90.5`` are seconds; ``90s``, ``15m``, ``2h``, ``1d`` (and ``1.5h``) carry a unit.
-    The result is finite, not negative, at most about 317 years, and positive unless
-    ``allow_zero``; anything else raises :class:`InvalidInput` naming ``what`` only.
+    The result is finite, not negative, at most ``maximum`` (about 317 years by default;
+    ``None``: any finite value), and positive unless ``allow_zero``; anything else raises
+    :class:`InvalidInput` naming ``what`` only.
     """
-    if not isinstance(text, str):
-        raise InvalidInput(f"{what} must be a duration")
-    match = _WITH_UNIT.fullmatch(text)
-    if match is not None:
-        number = float(match.group(1)) * UNITS[match.group(2)]
-    else:
-        try:
-            number = float(text)
-        except ValueError:
-            raise InvalidInput(
-                f"{what} must be a duration in seconds or with a unit s, m, h or d"
-            ) from None
-    if not math.isfinite(number) or number < 0 or number > MAX_SECONDS:
+    match = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidInput(
+            f"{what} must be a duration in seconds or with a unit s, m, h or d"
+        )
+    number = float(match.group(1)) * UNITS.get(match.group(2), 1)
+    if not math.isfinite(number) or (maximum is not None and number > maximum):
         raise InvalidInput(f"{what} is out of range")
     if number == 0 and not allow_zero:
         raise InvalidInput(f"{what} must be positive")
     return number
+
+
+def parse_count(text: str, what: str) -> int:
+    """Return the whole number ``text`` denotes (ASCII digits only, nothing else)."""
+    if not isinstance(text, str) or _COUNT.fullmatch(text) is None:
+        raise InvalidInput(f"{what} must be a whole number")
+    return int(text)
 
 
 def humanize(seconds: float | None) -> str:

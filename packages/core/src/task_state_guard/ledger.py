@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from . import backends, connections, database, schema, storage, task_list
 from . import events as _events
@@ -43,6 +45,7 @@ from .model import (
     is_payload_hash,
     is_valid_name,
 )
+from .placeholders import positional, positional_rows
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
@@ -65,11 +68,15 @@ _INSERT_TASK = (
 )
 # updated_at is the last task-state change or heartbeat; a delivery change moves only
 # delivery_updated_at. version counts state and delivery changes (heartbeats do not count).
+# ?4 is the largest finite float: a start whose deadline (?1 + timeout) would not be a finite
+# timestamp is refused (create_task takes any finite timeout, as 0.1.0 did).
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = ?1, deadline_at = ?1 + timeout_seconds, "
     "owner = ?3, updated_at = ?1, version = version + 1 "
-    "WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at" + _RETURNING
+    "WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at "
+    "AND (timeout_seconds IS NULL OR timeout_seconds <= ?4 - ?1)" + _RETURNING
 )
+_FLOAT_MAX = sys.float_info.max
 _HEARTBEAT = (
     "UPDATE tsg_tasks SET heartbeat_at = ?1, updated_at = ?1 WHERE id = ?2 AND status = 'running' "
     "AND ?1 >= updated_at AND ?1 >= coalesce(heartbeat_at, 0)" + _RETURNING
@@ -157,7 +164,7 @@ def row_is_valid(row: tuple[Any, ...]) -> bool:
     ):
         return False
     for value in row[9:17]:  # timeout, deadline and every timestamp: None or a finite number
-        if value is not None and not (type(value) in (float, int) and -1e300 < value < 1e300):
+        if value is not None and not (type(value) in (float, int) and math.isfinite(value)):
             return False
     return True
 
@@ -175,6 +182,17 @@ def _framework_id(value: object) -> str:
 def _float(value: Any) -> float | None:
     # RETURNING hands back integral REAL values as int; callers always get floats.
     return None if value is None else float(value)
+
+
+def _explain_start(row: tuple[Any, ...] | None, now: float) -> NoReturn:
+    """Why a guarded start was refused (the row as the refusing transaction read it)."""
+    if row is None:
+        raise TaskNotFound("task not found")
+    if row[4] != "queued":
+        raise StateConflict("only a queued task can start")
+    if row[9] is not None and not math.isfinite(now + float(row[9])):
+        raise InvalidInput("the task's deadline would not be a finite timestamp")
+    raise StateConflict("clock is earlier than the task's stored times")
 
 
 def _clock_behind(row: tuple[Any, ...], now: float) -> bool:
@@ -203,9 +221,17 @@ class Ledger:
         read_only: bool = False,
         snapshot_max_bytes: int = 1 << 30,
         transient_sidecars: bool = True,
+        create: bool = True,
         _check_schema: bool = True,
+        _verify_integrity: bool = False,
     ) -> None:
         """Open (with ``read_only=False``: create or migrate) the ledger at ``path``.
+
+        ``create=False`` opens an existing ledger for writing (migrating it when needed) but
+        never creates one: a missing database or directory is ``InvalidInput``
+        (``database_missing``, ``directory_missing``), nothing made. A path whose directories
+        are symbolic links is opened at its real path (``path`` shows it), after every directory
+        on the way was checked.
 
         ``read_only=True`` never creates, migrates or tightens anything. A cleanly closed ledger
         (no WAL) with ``transient_sidecars=True`` is opened in place in bounded memory: SQLite
@@ -223,7 +249,7 @@ class Ledger:
             raise InvalidInput("busy_timeout_ms must be an integer")
         if not 0 <= busy_timeout_ms <= 600_000:
             raise InvalidInput("busy_timeout_ms is out of range")
-        for flag in (allow_external_acl, read_only, transient_sidecars):
+        for flag in (allow_external_acl, read_only, transient_sidecars, create):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
         self._db: database.Database
@@ -232,7 +258,7 @@ class Ledger:
             connections.check_snapshot_limit(snapshot_max_bytes)  # checked, unused there
             self._db = backends.open_database(
                 str(path), clock=clock or time.time, busy_timeout_ms=busy_timeout_ms,
-                read_only=read_only, check_schema=_check_schema,
+                read_only=read_only, check_schema=_check_schema, create=create,
             )
             self._db.conn()  # connect, check and migrate now
             self.SCHEMA_VERSION = self._db.layout_version
@@ -246,6 +272,8 @@ class Ledger:
             transient_sidecars=transient_sidecars,
             snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
             check_schema=_check_schema,
+            create=create,
+            verify_integrity=_verify_integrity,
         )
         self._db.conn()  # run every safety check now
 
@@ -327,7 +355,7 @@ class Ledger:
         self._db.lock_task(conn, tid)
         now = self._db.now()
         try:
-            rows = conn.execute(sql, (now, tid, *params)).fetchall() if sql else []
+            rows = conn.execute(*positional(sql, (now, tid, *params))).fetchall() if sql else []
             if rows:
                 return rows[0], now, None
             found = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
@@ -384,10 +412,10 @@ class Ledger:
         """:meth:`create_task`; ``quiet=True`` returns only the task's state (no Task built)."""
         tid = str(uuid.uuid4()) if task_id is None else canonical_id(task_id)
         parent = None if parent_id is None else canonical_id(parent_id, "parent id")
-        timeout = (
+        timeout = (  # any finite duration, as in 0.1.0 (a start checks the deadline)
             None
             if timeout_seconds is None
-            else check_seconds(timeout_seconds, "timeout_seconds", allow_zero=True)
+            else check_seconds(timeout_seconds, "timeout_seconds", allow_zero=True, maximum=None)
         )
         if not isinstance(delivery_required, bool):
             raise InvalidInput("delivery_required must be a boolean")
@@ -444,14 +472,10 @@ class Ledger:
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
             token = self._db.own_token()
-        updated, _now, row = self._guarded(_START, tid, token)
+        updated, now, row = self._guarded(_START, tid, token, _FLOAT_MAX)
         if updated is not None:
             return row_to_task(updated)
-        if row is None:
-            raise TaskNotFound("task not found")
-        if row[4] != "queued":
-            raise StateConflict("only a queued task can start")
-        raise StateConflict("clock is earlier than the task's stored times")
+        _explain_start(row, now)
 
     def _start_quiet(self, task_id: str, *, owner: bool) -> None:
         """:meth:`start_task` for the integration layer: same guard and errors, no Task built.
@@ -464,14 +488,10 @@ class Ledger:
         if owner and token is None:
             self.start_task(tid, owner=True)
             return
-        updated, _now, row = self._guarded(_START_QUIET, tid, token)
+        updated, now, row = self._guarded(_START_QUIET, tid, token, _FLOAT_MAX)
         if updated is not None:
             return
-        if row is None:
-            raise TaskNotFound("task not found")
-        if row[4] != "queued":
-            raise StateConflict("only a queued task can start")
-        raise StateConflict("clock is earlier than the task's stored times")
+        _explain_start(row, now)
 
     def heartbeat(self, task_id: str | uuid.UUID) -> Task:
         """Record that a running task is alive (no event is written)."""
@@ -495,11 +515,16 @@ class Ledger:
         with self._db.write() as conn:
             now = self._db.now()
             before = conn.total_changes
-            conn.executemany(_HEARTBEAT_MANY, [(now, tid) for tid in ids])
+            conn.executemany(*positional_rows(_HEARTBEAT_MANY, [(now, tid) for tid in ids]))
             return int(conn.total_changes - before)
 
     def close_task(self, task_id: str | uuid.UUID, status: str, *, code: str | None = None) -> Task:
-        """Close a queued or running task; repeating the same terminal state is a no-op."""
+        """Close a queued or running task.
+
+        Repeating the same terminal state is a no-op whatever ``code`` the repeat passes: it
+        returns the stored task unchanged, its stored code included; another terminal state is
+        a ``StateConflict``.
+        """
         tid = canonical_id(task_id)
         state = check_state(status, TERMINAL_STATES, "terminal task status")
         reason = check_code_shape(code)
@@ -509,14 +534,14 @@ class Ledger:
             return row_to_task(updated)
         if row is None:  # explain, in the contract's precedence order
             raise TaskNotFound("task not found")
-        if row[4] in TERMINAL_STATES and row[4] != state:
+        if row[4] == state:  # a repeat of the same close, whatever its code (as in 0.1.0):
+            return row_to_task(row)  # the stored task, its stored code included
+        if row[4] in TERMINAL_STATES:
             raise StateConflict("the task already closed with another state")
-        if row[4] not in TERMINAL_STATES and _clock_behind(row, now):
+        if _clock_behind(row, now):
             raise StateConflict("clock is earlier than the task's stored times")
         check_code(reason, state, TASK_CODES)
-        if row[4] != state:  # an open task with a valid code and clock would have closed
-            raise StateConflict("the task could not be closed")
-        return row_to_task(row)  # identical repeat: the original is kept
+        raise StateConflict("the task could not be closed")  # open, valid code and clock
 
     def close_task_settled(
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
@@ -559,7 +584,7 @@ class Ledger:
                 now = db.now()
                 try:
                     done = conn.execute(
-                        _CLOSE_SETTLED_QUIET, (now, tid, state, reason)
+                        *positional(_CLOSE_SETTLED_QUIET, (now, tid, state, reason))
                     ).fetchone()
                 except sqlite3.Error as exc:
                     raise connections.translate(exc) from None

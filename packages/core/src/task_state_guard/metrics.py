@@ -13,7 +13,7 @@ import stat
 from collections.abc import Iterable
 from typing import Any
 
-from . import reasons
+from . import backends, reasons
 from .model import InvalidInput, StorageError
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -131,36 +131,83 @@ def format_server_counters(counts: dict[str, int]) -> str:
 # ----------------------------------------------------------------------------- textfile
 
 
+#: The node exporter's textfile collector reads only files of this suffix.
+TEXTFILE_SUFFIX = ".prom"
+#: How every exposition this module renders begins: the mark of a previous textfile of ours.
+_OURS = b"# HELP tsg_"
+_LEDGER_FILES = ("", "-wal", "-shm", "-journal", "-owners")
+
+
 def check_textfile(path: object) -> str:
-    """Check a ``--textfile`` target before anything is read: a file name in an existing
-    directory, not a directory itself. Errors never name the path."""
+    """Check a ``--textfile`` target before anything is read: a ``*.prom`` file name (the
+    collector's convention) in an existing directory. Errors never name the path."""
     if not isinstance(path, str) or not path or "\x00" in path:
         raise InvalidInput("the textfile path must be a non-empty path")
     directory, base = os.path.split(os.path.abspath(path))
-    if not base or base in (".", ".."):
-        raise InvalidInput("the textfile path must name a file")
+    if not base.endswith(TEXTFILE_SUFFIX) or base == TEXTFILE_SUFFIX:
+        raise InvalidInput(
+            "the textfile must be a *.prom file", reason=reasons.TEXTFILE_NAME_INVALID
+        )
     if not os.path.isdir(directory):
         raise InvalidInput("the textfile's directory does not exist")
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISDIR(os.stat(path).st_mode):
-            raise InvalidInput("the textfile path is a directory")
     return path
 
 
-def write_textfile(path: str, text: str) -> int:
+def check_target(path: str, ledger_path: str | None) -> None:
+    """Refuse to replace anything but a previous textfile of ours (or nothing): the ledger, its
+    sidecars and owner lock directory (``textfile_is_ledger``), and any existing entry that is
+    not a regular file beginning as this module's expositions do (``textfile_not_ours``)."""
+    directory, base = os.path.split(os.path.abspath(path))
+    real = os.path.join(os.path.realpath(directory), base)
+    if ledger_path is not None and not backends.is_url(ledger_path):
+        ledger = os.path.realpath(ledger_path)
+        if real in {ledger + suffix for suffix in _LEDGER_FILES} or os.path.dirname(
+            real
+        ) == ledger + "-owners":
+            raise InvalidInput(
+                "the textfile would replace the ledger", reason=reasons.TEXTFILE_IS_LEDGER
+            )
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(real, flags | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return  # a new textfile
+    except OSError:  # a symbolic link, or nothing this user may read: not ours to replace
+        if os.path.lexists(real):
+            raise StorageError(
+                "the textfile is not a previous textfile", reason=reasons.TEXTFILE_NOT_OURS
+            ) from None
+        return
+    try:
+        st = os.fstat(fd)
+        head = os.read(fd, len(_OURS)) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        head = b""
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or head != _OURS:
+        raise StorageError(
+            "the textfile is not a previous textfile", reason=reasons.TEXTFILE_NOT_OURS
+        )
+
+
+def write_textfile(path: str, text: str, *, ledger_path: str | None = None) -> int:
     """Replace ``path`` with ``text`` atomically (node exporter's textfile convention).
 
-    The text goes to a hidden temporary file in the same directory (never matched by the
-    collector's ``*.prom``), is flushed and fsynced, then renamed over ``path``; the directory
-    is fsynced after. On any error the temporary file is removed and ``path`` is left as it
-    was (``StorageError``). A new file gets mode 0644; an existing one keeps its mode. Returns
-    the number of bytes written.
+    ``path`` must be a ``*.prom`` name; an existing file there must be a previous textfile of
+    ours (never the ledger at ``ledger_path``, its sidecars or owner lock directory, a link or
+    another program's file). The text goes to a hidden temporary file in the same directory
+    (never matched by the collector's ``*.prom``), is flushed and fsynced, then renamed over
+    ``path``; the directory is fsynced after. On any error the temporary file is removed and
+    ``path`` is left as it was (``StorageError``). A new file gets mode 0644; an existing one
+    keeps its mode. Returns the number of bytes written.
     """
     check_textfile(path)
+    check_target(path, ledger_path)
     directory, base = os.path.split(os.path.abspath(path))
     data = text.encode("utf-8")
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        mode = stat.S_IMODE(os.stat(path, follow_symlinks=False).st_mode)
     except FileNotFoundError:
         mode = TEXTFILE_MODE
     except OSError:
@@ -208,5 +255,5 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["CONTENT_TYPE", "Exposition", "check_textfile", "format_prometheus",
-           "format_server_counters", "write_textfile"]
+__all__ = ["CONTENT_TYPE", "TEXTFILE_SUFFIX", "Exposition", "check_target", "check_textfile",
+           "format_prometheus", "format_server_counters", "write_textfile"]

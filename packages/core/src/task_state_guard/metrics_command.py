@@ -69,11 +69,12 @@ def run_metrics(open_ledger: Callable[[], Ledger], values: dict[str, Any]) -> tu
     try:
         text = metrics_text(ledger, active_grace_seconds=values["grace"],
                             metrics_dir=values.get("metrics_dir"))
+        ledger_path = ledger.path
     finally:
         ledger.close()
     if values["textfile"] is None:
         return text, 0
-    size = write_textfile(values["textfile"], text)
+    size = write_textfile(values["textfile"], text, ledger_path=ledger_path)
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     return {"ok": True, "textfile": {"bytes": size, "samples": samples}}, 0
 

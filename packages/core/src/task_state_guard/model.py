@@ -177,12 +177,17 @@ def check_code(code: str | None, state: str, registry: dict[str, frozenset[str]]
         raise InvalidInput("reason code does not belong to the requested state")
 
 
-def check_seconds(value: object, what: str, *, allow_zero: bool) -> float:
-    """Return a finite, bounded, non-negative duration in seconds."""
+def check_seconds(
+    value: object, what: str, *, allow_zero: bool, maximum: float | None = MAX_SECONDS
+) -> float:
+    """Return a finite, non-negative duration in seconds, at most ``maximum`` (None: any)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or number > MAX_SECONDS:
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise InvalidInput(f"{what} is out of range") from None
+    if not math.isfinite(number) or number < 0 or (maximum is not None and number > maximum):
         raise InvalidInput(f"{what} is out of range")
     if number == 0 and not allow_zero:
         raise InvalidInput(f"{what} must be positive")

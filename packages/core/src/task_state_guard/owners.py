@@ -7,6 +7,11 @@ shared lock on its file can be taken, the holder is gone (the kernel drops ``flo
 process dies, whatever its pid namespace or container), so its running tasks are provably lost.
 A missing file proves nothing; liveness is then unknown and the grace rules apply.
 
+The directory is opened without following a link (``O_NOFOLLOW``) and must be this user's, not
+writable by others; its files are reached through that descriptor only. A symbolic link there
+is refused by a start (``owner_lock_directory_unsafe``) and ignored by reconcile and status:
+nothing behind it proves an owner dead, and nothing behind it is ever deleted.
+
 Assumes a local filesystem shared by every process that uses the ledger (the same requirement
 SQLite's own locking has). Children created by ``fork()`` close the inherited descriptor at once
 so that a parent's lock never outlives the parent, and get their own token when they start work.
@@ -16,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import fcntl
 import os
-import stat
 import threading
 import time
 import uuid
@@ -68,20 +73,52 @@ _REGISTRY = _Registry()
 os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
 
 
-def _ensure_directory(directory: str) -> None:
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Unsafe(Exception):
+    """The owner lock directory is a symbolic link or not this user's private directory."""
+
+
+def _open_directory(directory: str, *, create: bool) -> int | None:
+    """A descriptor of the owner lock directory, opened without following a link (None when it
+    does not exist and ``create`` is false); every file in it is then reached through this
+    descriptor, so a link swapped in later is never followed either. Raises :class:`_Unsafe`
+    for a link, or a directory that is not this user's private one."""
+    if create:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StorageError(
+                "cannot create the owner lock directory", reason=r.OWNER_LOCK_UNAVAILABLE
+            ) from exc
     try:
-        os.mkdir(directory, 0o700)
-    except FileExistsError:
-        pass
+        fd = os.open(directory, _DIRECTORY_FLAGS)
+    except FileNotFoundError:
+        if create:
+            raise StorageError(
+                "the owner lock directory vanished", reason=r.OWNER_LOCK_UNAVAILABLE
+            ) from None
+        return None
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Unsafe() from None
         raise StorageError(
-            "cannot create the owner lock directory", reason=r.OWNER_LOCK_UNAVAILABLE
+            "cannot open the owner lock directory", reason=r.OWNER_LOCK_UNAVAILABLE
         ) from exc
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise UnsafeLocation(
-            "the owner lock directory is unsafe", reason=r.OWNER_LOCK_DIRECTORY_UNSAFE
-        )
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise _Unsafe()
+    return fd
+
+
+def _unsafe() -> UnsafeLocation:
+    return UnsafeLocation(
+        "the owner lock directory is unsafe", reason=r.OWNER_LOCK_DIRECTORY_UNSAFE
+    )
 
 
 def held_token(db_path: str) -> str | None:
@@ -105,38 +142,52 @@ def own_token(db_path: str) -> str:
         entry = _REGISTRY.held.get(directory)
         if entry is not None:
             return entry[0]
-        _ensure_directory(directory)
+        try:
+            dir_fd = _open_directory(directory, create=True)
+        except _Unsafe:
+            raise _unsafe() from None
+        assert dir_fd is not None
         token = uuid.uuid4().hex
-        tmp = os.path.join(directory, token + _TMP_SUFFIX)
+        tmp, final = token + _TMP_SUFFIX, token + LOCK_SUFFIX
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(tmp, flags, 0o600)
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.rename(tmp, os.path.join(directory, token + LOCK_SUFFIX))
+            os.rename(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
             raise StorageError(
                 "cannot create the owner lock file", reason=r.OWNER_LOCK_UNAVAILABLE
             ) from exc
+        finally:
+            os.close(dir_fd)
         _REGISTRY.held[directory] = (token, fd)
         return token
 
 
 def probe(db_path: str, token: str) -> Liveness:
-    """Tell whether the process holding ``token`` is alive, dead, or unknown."""
+    """Tell whether the process holding ``token`` is alive, dead, or unknown (a lock file
+    behind a symbolic link, or in a directory that is not ours, proves nothing)."""
     if len(token) != 32 or not all(c in "0123456789abcdef" for c in token):
         return Liveness.UNKNOWN
     directory = owners_dir(db_path)
     entry = _REGISTRY.held.get(directory)
     if entry is not None and entry[0] == token and _REGISTRY.pid == os.getpid():
         return Liveness.ALIVE
-    return _probe_file(os.path.join(directory, token + LOCK_SUFFIX))
-
-
-def _probe_file(path: str) -> Liveness:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+        dir_fd = _open_directory(directory, create=False)
+    except (_Unsafe, StorageError):
         return Liveness.UNKNOWN
+    if dir_fd is None:
+        return Liveness.UNKNOWN
+    try:
+        return _probe_file(dir_fd, token + LOCK_SUFFIX)
+    finally:
+        os.close(dir_fd)
+
+
+def _probe_file(dir_fd: int, name: str) -> Liveness:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return Liveness.UNKNOWN
     try:
@@ -152,10 +203,26 @@ def _probe_file(path: str) -> Liveness:
 
 
 def remove_dead(db_path: str, is_referenced: Callable[[str], bool]) -> int:
-    """Delete lock files of dead owners that no running task references; return the count."""
-    directory = owners_dir(db_path)
+    """Delete lock files of dead owners that no running task references; return the count.
+
+    Only in this user's private ``<db>-owners`` directory itself: a symbolic link there (or
+    one swapped in meanwhile) is never followed, so nothing elsewhere is ever deleted.
+    """
     try:
-        names = os.listdir(directory)
+        dir_fd = _open_directory(owners_dir(db_path), create=False)
+    except (_Unsafe, StorageError):
+        return 0
+    if dir_fd is None:
+        return 0
+    try:
+        return _remove_dead_in(dir_fd, is_referenced)
+    finally:
+        os.close(dir_fd)
+
+
+def _remove_dead_in(dir_fd: int, is_referenced: Callable[[str], bool]) -> int:
+    try:
+        names = os.listdir(dir_fd)
     except OSError:
         return 0
     removed = 0
@@ -163,15 +230,15 @@ def remove_dead(db_path: str, is_referenced: Callable[[str], bool]) -> int:
         token, dot, suffix = name.partition(".")
         if not dot or "." + suffix not in (LOCK_SUFFIX, _TMP_SUFFIX):
             continue
-        path = os.path.join(directory, name)
         if "." + suffix == _TMP_SUFFIX:
             try:
-                if time.time() - os.lstat(path).st_mtime < _TMP_MIN_AGE_SECONDS:
-                    continue
+                age = time.time() - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
             except OSError:
                 continue
+            if age < _TMP_MIN_AGE_SECONDS:
+                continue
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
             continue
         try:
@@ -182,7 +249,7 @@ def remove_dead(db_path: str, is_referenced: Callable[[str], bool]) -> int:
             if "." + suffix == LOCK_SUFFIX and is_referenced(token):
                 continue
             try:
-                os.unlink(path)
+                os.unlink(name, dir_fd=dir_fd)
                 removed += 1
             except OSError:
                 pass

@@ -53,8 +53,8 @@ HELP: dict[str, tuple[str, str]] = {
         'give `--token-file PATH` or set `TSG_SERVE_TOKEN`, or listen on `127.0.0.1`',
     ),
     r.SERVE_TOKEN_INVALID: (
-        'the token file cannot be read, or the token is shorter than 16 characters or has '
-        'spaces or non-ASCII characters',
+        'the token file cannot be read, or the token is shorter than 16 characters or has spaces '
+        'or non-ASCII characters',
         'check the file; use a long random token (`openssl rand -hex 32`)',
     ),
     r.INVALID_DATABASE_PATH: (
@@ -89,7 +89,8 @@ HELP: dict[str, tuple[str, str]] = {
         'use a path whose directories belong to you or root',
     ),
     r.DIRECTORY_MISSING: (
-        "the database's directory does not exist (read commands, `--dry-run`, Windows)",
+        "the database's directory does not exist (read commands, `--dry-run`, the commands that "
+        'never create a ledger, Windows)',
         'run `tsg init` first (it creates the directory 0700), or fix the path',
     ),
     r.DIRECTORY_NOT_ACCESSIBLE: (
@@ -121,7 +122,8 @@ HELP: dict[str, tuple[str, str]] = {
         'give this user write permission on the directory',
     ),
     r.DATABASE_MISSING: (
-        "the database does not exist (read commands, `--dry-run`); PostgreSQL: the URL's schema "
+        'the database does not exist (read commands, `--dry-run`, and `start`, `heartbeat`, '
+        "`close`, `delivery`, `prune`, which never create one); PostgreSQL: the URL's schema "
         'holds no ledger',
         'run `tsg init` first, or fix the path',
     ),
@@ -180,6 +182,11 @@ HELP: dict[str, tuple[str, str]] = {
     r.NOT_A_LEDGER: (
         'the file is not an SQLite database, or is damaged',
         'fix the path; restore from a backup',
+    ),
+    r.DATABASE_DAMAGED: (
+        "`tsg init` found the ledger file damaged (SQLite's quick_check failed); nothing was "
+        'changed',
+        'restore from a backup; `tsg doctor` counts what is wrong',
     ),
     r.FOREIGN_SCHEMA: (
         'an SQLite database that is not a ledger, or a tampered one',
@@ -246,6 +253,21 @@ HELP: dict[str, tuple[str, str]] = {
         'a call on a closed `Ledger`',
         'open a new one',
     ),
+    r.TEXTFILE_NAME_INVALID: (
+        "`tsg metrics --textfile`: the name does not end in `.prom` (the node exporter's textfile"
+        ' collector reads only `*.prom`)',
+        "name it `SOMETHING.prom` in the collector's directory",
+    ),
+    r.TEXTFILE_IS_LEDGER: (
+        '`tsg metrics --textfile`: the path is the ledger, one of its sidecars or its owner lock '
+        'directory',
+        "write the metrics to a file of their own in the collector's directory",
+    ),
+    r.TEXTFILE_NOT_OURS: (
+        '`tsg metrics --textfile`: something that is not a previous `tsg metrics` textfile is '
+        "there (another program's file, a link, a directory); it is left as it is",
+        'choose another name; remove that file only if it really is a stale textfile',
+    ),
     r.TEXTFILE_NOT_ACCESSIBLE: (
         '`tsg metrics --textfile`: the existing file cannot be examined',
         'give this user access to it',
@@ -263,16 +285,27 @@ HELP: dict[str, tuple[str, str]] = {
         '`pip install task-state-guard-postgres`',
     ),
     r.SERVER_UNREACHABLE: (
-        'the PostgreSQL server could not be reached, or the connection broke',
+        'the PostgreSQL server could not be reached, or the connection broke (also a refusal '
+        'reported in a language other than English)',
         'check the URL, the server and the network; retry',
+    ),
+    r.AUTHENTICATION_FAILED: (
+        "the PostgreSQL server refused the URL's credentials: a wrong password, an unknown user, "
+        'or a client its `pg_hba.conf` rejects',
+        "check the user and password (`PGPASSWORD`, `~/.pgpass` or the URL) and the server's "
+        '`pg_hba.conf`',
+    ),
+    r.SERVER_DATABASE_MISSING: (
+        "the PostgreSQL server has no database of the URL's name",
+        'fix the database name in the URL, or create the database (`createdb`)',
     ),
     r.PRIVILEGE_MISSING: (
         'the PostgreSQL role lacks a privilege the ledger needs',
         "grant `CREATE` on the database (first open) or on the ledger's schema",
     ),
     r.SCHEMA_NEWER: (
-        "the PostgreSQL ledger's schema is newer than this release",
-        'upgrade `task-state-guard-postgres`',
+        "the ledger's schema is newer than this release (a later release wrote it)",
+        'upgrade `task-state-guard` (and `task-state-guard-postgres`)',
     ),
 }
 

@@ -55,6 +55,7 @@ OWNER_LOCK_DIRECTORY_UNSAFE = "owner_lock_directory_unsafe"
 
 # ----------------------------------------------------------------------------- the contents
 NOT_A_LEDGER = "not_a_ledger"
+DATABASE_DAMAGED = "database_damaged"
 FOREIGN_SCHEMA = "foreign_schema"
 MIGRATION_REFUSED = "migration_refused"
 STORED_ROW_INVALID = "stored_row_invalid"
@@ -75,6 +76,9 @@ READ_ONLY_LEDGER = "read_only_ledger"
 LEDGER_CLOSED = "ledger_closed"
 
 # ----------------------------------------------------------------------------- metrics textfile
+TEXTFILE_NAME_INVALID = "textfile_name_invalid"
+TEXTFILE_IS_LEDGER = "textfile_is_ledger"
+TEXTFILE_NOT_OURS = "textfile_not_ours"
 TEXTFILE_NOT_ACCESSIBLE = "textfile_not_accessible"
 TEXTFILE_DIRECTORY_NOT_WRITABLE = "textfile_directory_not_writable"
 TEXTFILE_NOT_WRITTEN = "textfile_not_written"
@@ -82,6 +86,8 @@ TEXTFILE_NOT_WRITTEN = "textfile_not_written"
 # ----------------------------------------------------------------------------- PostgreSQL
 BACKEND_MISSING = "backend_missing"
 SERVER_UNREACHABLE = "server_unreachable"
+AUTHENTICATION_FAILED = "authentication_failed"
+SERVER_DATABASE_MISSING = "server_database_missing"
 PRIVILEGE_MISSING = "privilege_missing"
 SCHEMA_NEWER = "schema_newer"
 
@@ -89,7 +95,7 @@ SCHEMA_NEWER = "schema_newer"
 USAGE: frozenset[str] = frozenset(
     {
         MISSING_COMMAND, UNKNOWN_COMMAND, UNKNOWN_OPTION, UNEXPECTED_ARGUMENT, MISSING_ARGUMENT,
-        MISSING_VALUE, INVALID_VALUE, MISSING_DATABASE_PATH, USAGE_ERROR,
+        MISSING_VALUE, INVALID_VALUE, MISSING_DATABASE_PATH, USAGE_ERROR, TEXTFILE_NAME_INVALID,
         SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID,
     }
 )
@@ -106,13 +112,15 @@ STORAGE: frozenset[str] = frozenset(
         SIDECAR_NOT_WRITABLE, FILE_IS_SYMLINK, FILE_HARD_LINKED, FILE_NOT_REGULAR,
         FILE_OWNED_BY_OTHER_USER, FILE_NOT_PRIVATE, FILE_NOT_ACCESSIBLE, FILE_MODE_NOT_FIXABLE,
         OWNER_LOCK_UNAVAILABLE, OWNER_LOCK_DIRECTORY_UNSAFE,
-        NOT_A_LEDGER, FOREIGN_SCHEMA, MIGRATION_REFUSED, STORED_ROW_INVALID,
+        NOT_A_LEDGER, DATABASE_DAMAGED, FOREIGN_SCHEMA, MIGRATION_REFUSED, STORED_ROW_INVALID,
         WAL_MODE_UNAVAILABLE, WAL_MODE_REQUIRED, ROLLBACK_JOURNAL_PRESENT, SNAPSHOT_TOO_LARGE,
         SNAPSHOT_UNAVAILABLE, DATABASE_CHANGING, WAL_INCOMPLETE,
         DATABASE_BUSY, DISK_FULL, WRITE_REJECTED, DATABASE_UNUSABLE, READ_ONLY_LEDGER,
-        LEDGER_CLOSED, TEXTFILE_NOT_ACCESSIBLE, TEXTFILE_DIRECTORY_NOT_WRITABLE,
+        LEDGER_CLOSED, TEXTFILE_IS_LEDGER, TEXTFILE_NOT_OURS, TEXTFILE_NOT_ACCESSIBLE,
+        TEXTFILE_DIRECTORY_NOT_WRITABLE,
         TEXTFILE_NOT_WRITTEN,
-        BACKEND_MISSING, SERVER_UNREACHABLE, PRIVILEGE_MISSING, SCHEMA_NEWER,
+        BACKEND_MISSING, SERVER_UNREACHABLE, AUTHENTICATION_FAILED, SERVER_DATABASE_MISSING,
+        PRIVILEGE_MISSING, SCHEMA_NEWER,
     }
 )
 #: The whole closed vocabulary.

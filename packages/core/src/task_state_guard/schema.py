@@ -29,6 +29,9 @@ V2 = "v2"
 V3 = "v3"
 V4 = "v4"
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
+#: A ledger written by a later release (its own metadata says so): ``schema_newer``, never
+#: "foreign".
+NEWER = "newer"
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
 STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
@@ -350,10 +353,15 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1, V2, V3, V4 or RELEASE_010 for an exact known schema, else None."""
+    """Return EMPTY, V1, V2, V3, V4 or RELEASE_010 for an exact known schema; NEWER for a
+    layout this release does not know whose metadata says it is a ledger of a later release;
+    else None (foreign, or tampered: a known layout whose metadata says otherwise)."""
     found = read_fingerprint(conn, schema)
     if not found:
         return EMPTY
+    if not any(found == expected_fingerprint(fmt) for fmt in KNOWN):
+        has_meta = any(row[:2] == ("table", "tsg_meta") for row in found)
+        return NEWER if has_meta and _is_newer(conn, schema) else None
     for fmt in (V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
@@ -364,6 +372,24 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
         expected = {"application": APPLICATION, "schema_version": str(STORED_VERSION[fmt])}
         return fmt if meta == expected else None
     return None
+
+
+def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:
+    """Whether ``tsg_meta`` says this is our application's ledger at a later schema version."""
+    try:
+        meta = dict(conn.execute(
+            f"SELECT key, value FROM {schema}.tsg_meta "
+            "WHERE key IN ('application', 'schema_version')").fetchall())
+    except sqlite3.Error:
+        return False  # not even our metadata table's shape: foreign
+    version = meta.get("schema_version")
+    return (
+        meta.get("application") == APPLICATION
+        and isinstance(version, str)
+        and version.isascii()
+        and version.isdigit()
+        and int(version) > SCHEMA_VERSION
+    )
 
 
 # ----------------------------------------------------------------------------- create / migrate

@@ -1,18 +1,27 @@
 """Path and permission safety for the database file and its SQLite sidecars.
 
-POSIX hosts: the database's directory must be owned by this user and not writable by others;
-every ancestor must be owned by this user or root and not writable by others unless sticky
-(or, a group-shared volume, setgid and not world-writable);
-the database and sidecars must be regular, single-link, non-symlink files and are tightened to
-0600. Other hosts need the caller's explicit acknowledgement of an externally managed ACL.
+POSIX hosts: the database's directory is reached from the root one directory at a time through
+directory descriptors (``openat`` with ``O_NOFOLLOW``; ``O_PATH`` where the platform has it),
+symbolic links resolved by the walk itself, so that every directory whose entries are looked
+up is judged, whatever the path and its links say: owned by this user or root and not writable
+by others unless sticky (or, a group-shared volume, setgid and not world-writable). The
+directory the walk ends in (after every link) must be owned by this user and writable by nobody
+else; missing directories are created 0700 inside judged ones. SQLite then opens the database at
+that resolved real path, every directory of which was judged, so no other user can redirect it.
+The database and sidecars must be regular, single-link, non-symlink files of this user; their
+modes are tightened to 0600 only once the file is known to be a ledger (or was just created): an
+unknown file is refused as it is. Other hosts need the caller's explicit acknowledgement of an
+externally managed ACL.
 
 A location that breaks this policy raises :class:`UnsafeLocation` (an ``InvalidInput``, as in
-0.1.0); one that cannot be used (missing access, not a directory, cannot create) raises
-:class:`StorageError` (a ``StateConflict``).
+0.1.0); one that cannot be used (missing access, not a directory, cannot create) or a database
+or sidecar that is a link alias raises :class:`StorageError` (a ``StateConflict``, as in 0.1.0).
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import os
 import stat
 from typing import NamedTuple
@@ -29,6 +38,15 @@ _REMOTE_FS = frozenset(
     }
 )
 POSIX = os.name == "posix"
+# Directories are opened to be looked into, never read: O_PATH needs only search permission.
+_DIRECTORY_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_PATH", 0)
+)
+_MAX_LINKS = 40  # as the kernel's own limit on links followed in one lookup
+
+#: How a file check treats a mode readable or writable by others.
+REFUSE, ALLOW, TIGHTEN = "refuse", "allow", "tighten"
 
 
 class FileIdentity(NamedTuple):
@@ -36,6 +54,15 @@ class FileIdentity(NamedTuple):
 
     dev: int
     ino: int
+
+
+class Prepared(NamedTuple):
+    """A checked database location."""
+
+    #: The database's real path (every symbolic link on the way resolved): what SQLite opens.
+    path: str
+    #: The existing database file's identity, or None when it does not exist yet.
+    identity: FileIdentity | None
 
 
 def normalize_path(path: object) -> str:
@@ -69,62 +96,22 @@ def _safe_ancestor_mode(mode: int) -> bool:
     return bool(mode & stat.S_ISGID) and not mode & stat.S_IWOTH
 
 
-def _check_ancestors(directory: str) -> None:
-    """Every existing ancestor of the leaf must be safe against other users."""
-    uid = os.geteuid()
-    current = os.path.dirname(directory)
-    while not os.path.lexists(current):  # not created yet: judge the nearest existing one
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    while True:
-        try:
-            st = os.stat(current)
-        except OSError as exc:
-            raise StorageError(
-                "database ancestor directory is not accessible",
-                reason=r.ANCESTOR_NOT_ACCESSIBLE,
-            ) from exc
-        if not stat.S_ISDIR(st.st_mode):
-            raise StorageError(
-                "database ancestor is not a directory", reason=r.ANCESTOR_NOT_A_DIRECTORY
-            )
-        if not _safe_ancestor_mode(st.st_mode):
-            raise UnsafeLocation(
-                "a database ancestor directory is writable by other users",
-                reason=r.ANCESTOR_WRITABLE_BY_OTHERS,
-            )
-        if st.st_uid not in (0, uid):
-            raise UnsafeLocation(
-                "a database ancestor directory is owned by another user",
-                reason=r.ANCESTOR_OWNED_BY_OTHER_USER,
-            )
-        parent = os.path.dirname(current)
-        if parent == current:
-            return
-        current = parent
-
-
-def _check_leaf(directory: str, *, tighten: bool) -> None:
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        raise InvalidInput(
-            "database directory does not exist", reason=r.DIRECTORY_MISSING
-        ) from None
-    except OSError as exc:
-        raise StorageError(
-            "database directory is not accessible", reason=r.DIRECTORY_NOT_ACCESSIBLE
-        ) from exc
-    if stat.S_ISLNK(st.st_mode):
-        # A symlinked leaf is only accepted when its target passes the same checks.
-        _check_leaf(os.path.realpath(directory), tighten=tighten)
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        raise StorageError(
-            "database directory is not a directory", reason=r.DIRECTORY_NOT_A_DIRECTORY
+def _judge_ancestor(st: os.stat_result) -> None:
+    """A directory the walk looks into must be safe against other users."""
+    if not _safe_ancestor_mode(st.st_mode):
+        raise UnsafeLocation(
+            "a database ancestor directory is writable by other users",
+            reason=r.ANCESTOR_WRITABLE_BY_OTHERS,
         )
+    if st.st_uid not in (0, os.geteuid()):
+        raise UnsafeLocation(
+            "a database ancestor directory is owned by another user",
+            reason=r.ANCESTOR_OWNED_BY_OTHER_USER,
+        )
+
+
+def _judge_leaf(st: os.stat_result) -> None:
+    """The database's own directory: this user's, writable by nobody else."""
     if st.st_uid != os.geteuid():
         raise UnsafeLocation(
             "database directory is owned by another user", reason=r.DIRECTORY_OWNED_BY_OTHER_USER
@@ -137,30 +124,138 @@ def _check_leaf(directory: str, *, tighten: bool) -> None:
         )
 
 
-def make_directories(directory: str) -> None:
-    """Create missing directories with mode 0700."""
-    missing = []
-    current = directory
-    while not os.path.exists(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for path in reversed(missing):
+def _not_accessible(last: bool) -> StorageError:
+    if last:
+        return StorageError(
+            "database directory is not accessible", reason=r.DIRECTORY_NOT_ACCESSIBLE
+        )
+    return StorageError(
+        "database ancestor directory is not accessible", reason=r.ANCESTOR_NOT_ACCESSIBLE
+    )
+
+
+def _not_a_directory(last: bool) -> StorageError:
+    if last:
+        return StorageError(
+            "database directory is not a directory", reason=r.DIRECTORY_NOT_A_DIRECTORY
+        )
+    return StorageError("database ancestor is not a directory", reason=r.ANCESTOR_NOT_A_DIRECTORY)
+
+
+def _make_directory(parent: int, name: str) -> None:
+    """Create ``name`` 0700 inside the (judged) directory ``parent``."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)
+    except FileExistsError:
+        return  # made meanwhile by another process: judged like any other
+    except OSError as exc:
+        raise StorageError(
+            "cannot create the database directory", reason=r.DIRECTORY_NOT_CREATABLE
+        ) from exc
+    try:  # the umask may have taken bits away
+        os.chmod(name, 0o700, dir_fd=parent, follow_symlinks=False)
+    except (OSError, NotImplementedError) as exc:
+        raise StorageError(
+            "cannot create the database directory", reason=r.DIRECTORY_NOT_CREATABLE
+        ) from exc
+
+
+def _look(parent: int, name: str, last: bool, *, create: bool) -> os.stat_result:
+    """``lstat`` of ``name`` in ``parent``; a missing one is created first when ``create``
+    (``FileNotFoundError`` otherwise). What is there afterwards is what gets judged."""
+    for attempt in range(2):
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            if not create or attempt:
+                raise
         except OSError as exc:
-            raise StorageError(
-                "cannot create the database directory", reason=r.DIRECTORY_NOT_CREATABLE
-            ) from exc
-        os.chmod(path, 0o700)
+            if exc.errno == errno.ENOTDIR:
+                raise _not_a_directory(False) from exc
+            raise _not_accessible(last) from exc
+        _make_directory(parent, name)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result | None:
-    """Validate an existing database or sidecar file; return its stat or None if absent."""
+def _walk(directory: str, *, create: bool) -> tuple[int, str]:
+    """Open ``directory`` from the root, one component at a time, judging each directory before
+    looking into it; symbolic links are read and followed by the walk itself (never by a lookup
+    that skips the judging). Missing directories are created 0700 when ``create``.
+
+    Returns a descriptor of the directory reached (the caller closes it) and its real path.
+    """
+    pending = collections.deque(directory.split("/"))
+    fd = os.open("/", _DIRECTORY_FLAGS)
+    real: list[str] = []
+    links = 0
+    try:
+        while pending:
+            name = pending.popleft()
+            if name in ("", "."):
+                continue
+            last = not any(part not in ("", ".") for part in pending)
+            try:
+                _judge_ancestor(os.fstat(fd))  # about to look up an entry in it
+            except OSError as exc:
+                raise _not_accessible(False) from exc
+            if name == "..":
+                parent = os.open("..", _DIRECTORY_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                del real[-1:]
+                continue
+            try:
+                st = _look(fd, name, last, create=create)
+            except FileNotFoundError:
+                raise InvalidInput(
+                    "database directory does not exist", reason=r.DIRECTORY_MISSING
+                ) from None
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    raise _not_accessible(last)
+                try:
+                    target = os.readlink(name, dir_fd=fd)
+                except OSError as exc:
+                    raise _not_accessible(last) from exc
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIRECTORY_FLAGS)
+                    real = []
+                pending.extendleft(reversed(target.split("/")))
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise _not_a_directory(last)
+            try:
+                child = os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:  # replaced by a link or a file since the look: refused
+                raise _not_accessible(last) from exc
+            os.close(fd)
+            fd = child
+            real.append(name)
+        return fd, "/" + "/".join(real)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_directory(directory: str, *, create: bool) -> str:
+    """Check the database's directory (see the module docstring) and return its real path."""
+    fd, real = _walk(directory, create=create)
+    try:
+        _judge_leaf(os.fstat(fd))
+    finally:
+        os.close(fd)
+    return real
+
+
+def check_regular_file(path: str, *, what: str, loose: str) -> os.stat_result | None:
+    """Validate an existing database or sidecar file; return its stat or None if absent.
+
+    ``loose``: what a mode readable or writable by others gets: ``REFUSE`` (read-only opens),
+    ``ALLOW`` (a file not known to be a ledger yet: judged, never changed) or ``TIGHTEN``
+    (chmod 0600: the file is a ledger, or was just created).
+    """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -168,41 +263,49 @@ def check_regular_file(path: str, *, what: str, tighten: bool) -> os.stat_result
     except OSError as exc:
         raise StorageError(f"{what} is not accessible", reason=r.FILE_NOT_ACCESSIBLE) from exc
     if stat.S_ISLNK(st.st_mode):
-        raise UnsafeLocation(f"{what} is a symbolic link", reason=r.FILE_IS_SYMLINK)
+        raise StorageError(f"{what} is a symbolic link", reason=r.FILE_IS_SYMLINK)
     if not stat.S_ISREG(st.st_mode):
         raise StorageError(f"{what} is not a regular file", reason=r.FILE_NOT_REGULAR)
     if st.st_nlink == 0:
         return None  # unlinked while we looked (a closing writer removing its sidecar)
     if st.st_nlink != 1:
-        raise UnsafeLocation(f"{what} has more than one hard link", reason=r.FILE_HARD_LINKED)
+        raise StorageError(f"{what} has more than one hard link", reason=r.FILE_HARD_LINKED)
     if POSIX:
         if st.st_uid != os.geteuid():
             raise UnsafeLocation(
                 f"{what} is owned by another user", reason=r.FILE_OWNED_BY_OTHER_USER
             )
         if st.st_mode & 0o077:
-            if not tighten:
+            if loose == REFUSE:
                 raise UnsafeLocation(
                     f"{what} is readable or writable by other users", reason=r.FILE_NOT_PRIVATE
                 )
-            try:
-                os.chmod(path, 0o600, follow_symlinks=False)
-            except FileNotFoundError:
-                return None  # a sidecar its last writer removed meanwhile
-            except (OSError, NotImplementedError) as exc:
-                raise StorageError(
-                    f"cannot tighten the mode of the {what}", reason=r.FILE_MODE_NOT_FIXABLE
-                ) from exc
+            if loose == TIGHTEN:
+                try:
+                    os.chmod(path, 0o600, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None  # a sidecar its last writer removed meanwhile
+                except (OSError, NotImplementedError) as exc:
+                    raise StorageError(
+                        f"cannot tighten the mode of the {what}", reason=r.FILE_MODE_NOT_FIXABLE
+                    ) from exc
     return st
 
 
-def check_sidecars(db_path: str, *, tighten: bool) -> dict[str, bool]:
+def check_sidecars(db_path: str, *, loose: str) -> dict[str, bool]:
     """Validate existing -wal, -shm and -journal files; report which exist."""
     present = {}
     for suffix in SIDECAR_SUFFIXES:
-        st = check_regular_file(db_path + suffix, what="database sidecar", tighten=tighten)
+        st = check_regular_file(db_path + suffix, what="database sidecar", loose=loose)
         present[suffix] = st is not None
     return present
+
+
+def tighten(path: str) -> None:
+    """Tighten the database and its sidecars to 0600 (call only once it is known to be ours)."""
+    if POSIX:
+        check_regular_file(path, what="database file", loose=TIGHTEN)
+        check_sidecars(path, loose=TIGHTEN)
 
 
 def _may_write(path: str) -> bool:
@@ -289,12 +392,15 @@ def check_local_filesystem(directory: str) -> None:
 
 def prepare(
     path: str, *, create: bool, allow_external_acl: bool, read_only: bool
-) -> FileIdentity | None:
-    """Check (and, for writers, create and tighten) the database location.
+) -> Prepared:
+    """Check (and, for writers with ``create``, create the directories of) the database's
+    location; nothing existing is changed (modes are tightened later, by :func:`tighten`).
 
-    Returns the identity of the existing database file, or None when it does not exist yet.
+    Returns the real path SQLite is to open and the existing file's identity (None when it
+    does not exist yet: a writer with ``create`` makes it, anyone else gets
+    ``database_missing``).
     """
-    directory = os.path.dirname(path)
+    directory, name = os.path.split(path)
     if not POSIX:
         if not allow_external_acl:
             raise UnsafeLocation(
@@ -303,23 +409,19 @@ def prepare(
         if not os.path.isdir(directory):
             raise InvalidInput("database directory does not exist", reason=r.DIRECTORY_MISSING)
     else:
-        if create and not read_only:
-            _check_ancestors(directory)
-            make_directories(directory)
-        elif not os.path.isdir(directory):
-            raise InvalidInput("database directory does not exist", reason=r.DIRECTORY_MISSING)
-        _check_ancestors(directory)
-        _check_leaf(directory, tighten=not read_only)
+        directory = open_directory(directory, create=create and not read_only)
         check_local_filesystem(directory)
-    st = check_regular_file(path, what="database file", tighten=not read_only)
-    check_sidecars(path, tighten=not read_only)
+        path = os.path.join(directory, name)
+    loose = REFUSE if read_only else ALLOW
+    st = check_regular_file(path, what="database file", loose=loose)
+    check_sidecars(path, loose=loose)
     if st is None:
         if read_only or not create:
             raise InvalidInput("database does not exist", reason=r.DATABASE_MISSING)
-        return None
+        return Prepared(path, None)
     if not read_only:
         check_writable(path)
-    return FileIdentity(st.st_dev, st.st_ino)
+    return Prepared(path, FileIdentity(st.st_dev, st.st_ino))
 
 
 def create_database_file(path: str) -> FileIdentity:
@@ -329,7 +431,7 @@ def create_database_file(path: str) -> FileIdentity:
     try:
         fd = os.open(path, flags, 0o600)
     except FileExistsError:  # created meanwhile by another process: judge what is there now
-        st = check_regular_file(path, what="database file", tighten=True)
+        st = check_regular_file(path, what="database file", loose=ALLOW)
         if st is None:
             raise StorageError(
                 "the database file appeared and vanished while it was created",
@@ -359,9 +461,9 @@ def current_identity(path: str) -> FileIdentity | None:
 
 
 def tighten_sidecars(path: str) -> None:
-    """Tighten sidecars SQLite may have created since the last check."""
+    """Tighten sidecars SQLite may have created since the last check (the file is ours)."""
     if POSIX:
-        check_sidecars(path, tighten=True)
+        check_sidecars(path, loose=TIGHTEN)
 
 
 def storage_info(path: str, *, allow_external_acl: bool, read_only: bool) -> dict[str, object]:

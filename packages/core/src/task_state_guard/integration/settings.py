@@ -21,8 +21,10 @@ setting                         environment variable                  default
 ``metrics_dir``                 ``TSG_METRICS_DIR``                   none (off)
 ==============================  ====================================  ========================
 
-A ``*_seconds`` value given as text (environment, framework configuration) may carry a unit, as
-on the command line: ``90s``, ``15m``, ``2h``, ``1d``.
+A ``*_seconds`` value given as text (environment, framework configuration) follows the command
+line's one grammar: seconds (``90``, ``90.5``) or a number with one unit (``90s``, ``15m``,
+``2h``, ``1d``); nothing else (no sign, spaces, exponent or ``_``). ``busy_timeout_ms`` as text
+is ASCII digits.
 ``heartbeat_seconds=0`` turns the background heartbeat off; otherwise it must be below the
 active grace. ``reconcile_interval_seconds`` is used by adapters with a long-lived worker loop
 (Celery and Dramatiq workers: a periodic reconcile in the worker's main process).
@@ -35,6 +37,7 @@ reconciles) to one shared file, for ``tsg metrics`` to expose summed over all pr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -42,7 +45,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final, TypedDict
 
 from ..backends import redact
-from ..durations import UNITS, parse_seconds
+from ..durations import parse_count, parse_seconds
 from ..model import MAX_SECONDS, InvalidInput
 
 DEFAULT_GRACE_SECONDS: Final = 600.0
@@ -137,27 +140,23 @@ def _lookup(
     return None, name
 
 
-def _seconds(value: Any, source: str, *, allow_zero: bool, units: bool = True) -> float:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"task-state-guard: {source} must be a number of seconds")
-    if units and isinstance(value, str) and value.strip()[-1:] in UNITS:
-        try:  # a duration with a unit (15m, 2h, 1d): the CLI's one parser
-            value = parse_seconds(value.strip(), source)
+def _seconds(value: Any, source: str, *, allow_zero: bool) -> float:
+    """A number of seconds: a Python number, or text in the CLI's one duration grammar."""
+    low = ">= 0" if allow_zero else "> 0"
+    if isinstance(value, str):
+        try:
+            return parse_seconds(value, source, allow_zero=allow_zero)
         except InvalidInput:
             raise ConfigurationError(
-                f"task-state-guard: {source} must be a number of seconds or a duration "
-                "like 90s, 15m, 2h, 1d"
+                f"task-state-guard: {source} must be a duration {low}: seconds (90, 90.5) or "
+                "a number with one unit (90s, 15m, 2h, 1d)"
             ) from None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"task-state-guard: {source} must be a number of seconds"
-        ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"task-state-guard: {source} must be a number of seconds")
+    number = float(value)
     if not math.isfinite(number) or number < 0 or number > MAX_SECONDS or (
         number == 0 and not allow_zero
     ):
-        low = ">= 0" if allow_zero else "> 0"
         raise ConfigurationError(
             f"task-state-guard: {source} must be a finite number of seconds {low}"
         )
@@ -181,12 +180,21 @@ def _flag(value: Any, source: str) -> bool:
 
 
 def _milliseconds(value: Any, source: str) -> int:
-    number = _seconds(value, source, allow_zero=True, units=False)
-    if number != int(number) or number > 600_000:
+    """A whole number of milliseconds up to 600000: a whole ``int`` or ``float``, or text of
+    ASCII digits."""
+    number: int | None = None
+    if isinstance(value, str):
+        with contextlib.suppress(InvalidInput):
+            number = parse_count(value, source)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None or not 0 <= number <= 600_000:
         raise ConfigurationError(
             f"task-state-guard: {source} must be a whole number of milliseconds <= 600000"
         )
-    return int(number)
+    return number
 
 
 def _directory(value: Any, source: str) -> str:
