@@ -119,6 +119,7 @@ def test_every_page_against_real_framework_work(
     text = page.text()
     assert _value(text, "owner dead") == "0"
     assert "owner_lost" in text
+    page.screenshot(tmp_path / "overview-after.png")
 
     _only_local(page, server)
     # The page's own style and script ran under its Content-Security-Policy, and the browser

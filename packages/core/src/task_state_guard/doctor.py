@@ -280,6 +280,9 @@ def run_doctor(db: Database) -> dict[str, Any]:
     with db.read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError:  # damaged so that SQLite stops checking (not only lists)
+            integrity = ["unreadable"]
+        try:
             fmt = schema.detect_format(conn, "main")
         except sqlite3.DatabaseError as exc:
             raise db.translate(exc) from None

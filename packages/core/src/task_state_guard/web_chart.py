@@ -50,7 +50,7 @@ def outcome_chart(history: OutcomeHistory, *, width: int = 960, height: int = 22
         f'<title id="chart-title">Jobs closed per {esc(_span(history.bucket_seconds))}, '
         "by outcome</title>"
     ]
-    for fraction in (0.0, 0.5, 1.0):
+    for fraction in (0.0, 0.5, 1.0) if top % 2 == 0 else (0.0, 1.0):  # whole jobs only
         y = _TOP + plot_h * (1 - fraction)
         label = f"{top * fraction:g}"
         parts.append(f'<line x1="{_LEFT}" x2="{width - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}" '
