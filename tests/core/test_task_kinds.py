@@ -64,3 +64,23 @@ def test_an_upgraded_ledger_keeps_its_counts_and_counts_on_by_the_rule(tmp_path)
         assert _closed(status, "task", "succeeded", "completed") == 2  # the root, then after
         assert status["tasks_by_kind"]["task"]["succeeded"] == 3
         assert ledger.doctor()["healthy"] is True
+
+
+def test_the_readme_states_each_backends_layout_once_and_rightly() -> None:
+    """The one schema story: the README's "Schema versions" states the layout each backend
+    writes, equal to the code; no other document states a current version number."""
+    import re
+    from pathlib import Path
+
+    from task_state_guard import schema
+    from task_state_guard_postgres import SCHEMA_VERSION as POSTGRES
+
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text()
+    assert f"**SQLite layout {schema.SCHEMA_VERSION}\nand PostgreSQL layout {POSTGRES}**" in readme
+    docs = [repo / "README.md", *(repo / "docs").glob("*.md"),
+            *(repo / "packages").glob("*/README.md")]
+    stale = re.compile(r"(current schema is v?\d|SCHEMA_VERSION` is \d|SCHEMA_VERSION` is the "
+                       r"schema version this release writes \(\d|schema is v\d)")
+    for doc in docs:
+        assert not stale.search(doc.read_text()), doc
