@@ -228,9 +228,19 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
         conn.close()
 
 
+def as_v5(path: str) -> None:
+    """Turn a fresh (v6) SQLite ledger into the exact v5 layout: its close totals counted a
+    child as an attempt, whatever it owed."""
+    from task_state_guard import schema
+
+    raw_execute(path, "DROP TRIGGER tsg_total_closed", schema._TOTAL_TRIGGERS[0],
+                "UPDATE tsg_meta SET value = '5' WHERE key = 'schema_version'")
+
+
 def as_v4(path: str) -> None:
-    """Turn a fresh (v5) SQLite ledger into the exact v4 layout the previous release wrote:
+    """Turn a fresh (v6) SQLite ledger into the exact v4 layout an earlier build wrote:
     without the verdict outbox and its two task columns."""
+    as_v5(path)
     raw_execute(path, "DROP TRIGGER tsg_verdict_owed", "DROP TABLE tsg_verdicts",
                 "ALTER TABLE tsg_tasks DROP COLUMN redelivery_seconds",
                 "ALTER TABLE tsg_tasks DROP COLUMN framework",

@@ -11,22 +11,25 @@ from task_state_guard.cli import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
 from task_state_guard_postgres.ddl import MIGRATIONS
 
+#: Every migration, as tsg_migrations lists them once a ledger is current.
+EVERY_MIGRATION = [(n,) for n in sorted(MIGRATIONS)]
+
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 6
+        assert ledger.schema_version == SCHEMA_VERSION == 7
         ledger.create_task()
     with Ledger(pg_url) as again:  # a second open migrates nothing
         assert again.schema_version == SCHEMA_VERSION
         assert again.status()["tasks"]["queued"] == 1
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,), (6,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
 
 
 def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
     start = time.time() + 2.0
     procs = [workers.start("open", pg_url, start) for _ in range(4)]
-    assert [workers.finish(p)["schema_version"] for p in procs] == [6, 6, 6, 6]
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,), (6,)]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [7, 7, 7, 7]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
     with Ledger(pg_url) as ledger:
         assert ledger.doctor()["healthy"] is True
 
@@ -34,7 +37,7 @@ def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> N
 def test_a_newer_schema_is_refused(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (7, 0)")
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (8, 0)")
     for read_only in (False, True):
         with pytest.raises(StorageError) as err:
             Ledger(pg_url, read_only=read_only)
@@ -54,7 +57,7 @@ def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
     assert tables == []  # no table, no migrations row: all of it or nothing
     sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
     with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
-        assert ledger.schema_version == 6
+        assert ledger.schema_version == 7
 
 
 def test_a_foreign_schema_is_refused_and_doctor_says_so(
@@ -97,7 +100,7 @@ def test_stale_ledger_schemas_are_dropped_and_fresh_ones_kept(pg_url: str) -> No
             drop_schema(url)
 
 
-def test_a_version_3_ledger_migrates_to_6_with_its_totals(pg_url: str) -> None:
+def test_a_version_3_ledger_migrates_to_7_with_its_totals(pg_url: str) -> None:
     schema = schema_of(pg_url)
     sql(pg_url, f'CREATE SCHEMA "{schema}"')
     sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
@@ -116,7 +119,7 @@ def test_a_version_3_ledger_migrates_to_6_with_its_totals(pg_url: str) -> None:
                     "VALUES (%s, %s, %s, 1, 'pending', 1.0, %s, 1.0, 2.0)",
             (tid, status, code, ended))
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == 6
+        assert ledger.schema_version == 7
         seeded = ledger.status()["outcomes_total"]["task"]  # the two closed tasks it held
         assert seeded["succeeded"]["worker_completed"] == 1 and seeded["failed"][""] == 1
         assert seeded["cancelled"].get("", 0) == 0
@@ -126,11 +129,11 @@ def test_a_version_3_ledger_migrates_to_6_with_its_totals(pg_url: str) -> None:
         assert ledger.doctor()["schema_ok"] is True
         ledger.reconcile()  # a pass folds the totals' increments into one row per outcome
         assert ledger.status()["outcomes_total"]["task"]["cancelled"][""] == 2
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,), (6,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
     assert sql(pg_url, "SELECT total FROM tsg_totals WHERE state = 'cancelled'") == [(2,)]
 
 
-def test_a_version_4_ledger_migrates_to_6_and_its_pass_writes_every_event(pg_url: str) -> None:
+def test_a_version_4_ledger_migrates_to_7_and_its_pass_writes_every_event(pg_url: str) -> None:
     schema = schema_of(pg_url)
     sql(pg_url, f'CREATE SCHEMA "{schema}"')
     sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
@@ -152,7 +155,7 @@ def test_a_version_4_ledger_migrates_to_6_and_its_pass_writes_every_event(pg_url
                        "AND pg_get_triggerdef(t.oid) LIKE %s",
                (schema, "%WHEN%")) == []
     with Ledger(pg_url, clock=lambda: 10_000.0) as ledger:
-        assert ledger.schema_version == 6
+        assert ledger.schema_version == 7
         assert ledger.doctor()["healthy"] is True
         report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60,
                                                   delivery_grace_seconds=0))
@@ -169,13 +172,13 @@ def test_a_version_4_ledger_migrates_to_6_and_its_pass_writes_every_event(pg_url
         (1, "created", "queued", "created"), (2, "started", "running", "started"),
         (3, "closed", "timed_out", "restart_stale"),
         (4, "delivery", "failed", "delivery_grace_expired")]
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [(3,), (4,), (5,), (6,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
     assert sql(pg_url, "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n "
                        "ON n.oid = c.relnamespace WHERE n.nspname = %s "
                        "AND c.relname = 'tsg_tasks'", (schema,)) == [(["fillfactor=80"],)]
 
 
-def test_a_version_5_ledger_migrates_to_6_and_owes_verdicts_from_then_on(pg_url: str) -> None:
+def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url: str) -> None:
     """The previous release's layout gains the verdict outbox in one transaction; a job opened
     before it has no framework label (nothing is backfilled), one opened after owes its
     framework a verdict when a reconcile pass (the set-based statement) or a plain close (the
@@ -200,7 +203,7 @@ def test_a_version_5_ledger_migrates_to_6_and_owes_verdicts_from_then_on(pg_url:
     sql(pg_url, "INSERT INTO tsg_events VALUES (1, 2, 'started', 'running', 'started', 1.0)")
     clock = [10_000.0]
     with Ledger(pg_url, clock=lambda: clock[0]) as ledger:
-        assert ledger.schema_version == 6
+        assert ledger.schema_version == 7
         assert ledger.doctor()["healthy"] is True
         settings = resolve_settings(db_required=False, heartbeat_seconds=0)
         rt = AdapterRuntime(settings, logger=logging.getLogger("test"), ledger=ledger,
@@ -219,5 +222,4 @@ def test_a_version_5_ledger_migrates_to_6_and_owes_verdicts_from_then_on(pg_url:
         owed = {v.task_id: v.code for v in ledger.claim_verdicts("dramatiq")}
         assert owed == {closed: "owner_lost", passed: "restart_stale"}
         assert ledger.doctor()["healthy"] is True
-    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == [
-        (3,), (4,), (5,), (6,)]
+    assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION

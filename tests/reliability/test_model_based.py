@@ -100,7 +100,8 @@ class RefModel:
         self.totals: Counter[tuple[str, str, str, str]] = Counter()
 
     def count_close(self, t: MTask) -> None:
-        kind = "task" if t.parent_id is None else "attempt"
+        # a job (a root, or a child owing its own delivery) or an attempt (a child owing none)
+        kind = "task" if t.parent_id is None or t.delivery_required else "attempt"
         self.totals[("closed", kind, t.status, t.terminal_code or "")] += 1
 
     def count_delivery(self, t: MTask) -> None:
@@ -548,10 +549,11 @@ class LedgerVsModel(RuleBasedStateMachine):
             assert report["tasks"][state] == sum(t.status == state for t in tasks)
         for state in ("pending", "delivered", "failed", "not_applicable"):
             assert report["deliveries"][state] == sum(t.delivery_status == state for t in tasks)
-        for kind, is_root in (("task", True), ("attempt", False)):
+        for kind, is_job in (("task", True), ("attempt", False)):
             for state in ("queued", "running", *TERMINAL):
                 assert report["tasks_by_kind"][kind][state] == sum(
-                    t.status == state and (t.parent_id is None) == is_root for t in tasks)
+                    t.status == state
+                    and (t.parent_id is None or t.delivery_required) == is_job for t in tasks)
         for kind, owed in (("owed", True), ("internal", False)):
             for state in ("pending", "delivered", "failed", "not_applicable"):
                 assert report["deliveries_by_kind"][kind][state] == sum(

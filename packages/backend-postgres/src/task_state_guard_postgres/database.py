@@ -27,7 +27,13 @@ from typing import Any
 from task_state_guard import reasons as r
 from task_state_guard import reconcile as _reconcile
 from task_state_guard.database import read_clock
-from task_state_guard.model import LOST_CODES, InvalidInput, LedgerError, StorageError
+from task_state_guard.model import (
+    LOST_CODES,
+    TASK_KIND_SQL,
+    InvalidInput,
+    LedgerError,
+    StorageError,
+)
 from task_state_guard.owners import Liveness
 from task_state_guard.schema import sql_list
 
@@ -46,7 +52,8 @@ PASS_WRITES = {
         "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
         f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
         "AND status IN ('queued','running') "
-        "RETURNING seq, status, terminal_code, ended_at, parent_id, framework), "
+        "RETURNING seq, status, terminal_code, ended_at, parent_id, delivery_required, "
+        "framework), "
         "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
         "SELECT seq, 3, 'closed', status, terminal_code, ended_at FROM u), "
         # the verdict each lost logical task owes its framework (as the row trigger writes it)
@@ -54,7 +61,7 @@ PASS_WRITES = {
         "SELECT seq, framework, 'pending', ended_at FROM u WHERE framework IS NOT NULL "
         f"AND terminal_code IN {sql_list(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
         "INSERT INTO tsg_totals(event, kind, state, code, total) "
-        "SELECT 'closed', CASE WHEN parent_id IS NULL THEN 'task' ELSE 'attempt' END, status, "
+        f"SELECT 'closed', {TASK_KIND_SQL.format(row='')}, status, "
         "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
     ),
     _reconcile.CLOSE_DELIVERY: (
@@ -82,6 +89,7 @@ class PostgresDatabase:
     #: being changed right now; the next pass judges it): a pass never waits for a worker,
     #: so a worker's transaction and a pass can never deadlock.
     layout_version = ddl.SCHEMA_VERSION
+    outbox_version = ddl.OUTBOX_VERSION
     row_lock = " FOR NO KEY UPDATE SKIP LOCKED"
     #: The server hash-aggregates: status reads only the groups, never every row.
     group_on_server = True

@@ -17,13 +17,14 @@ from collections.abc import Callable
 
 from task_state_guard import reasons as r
 from task_state_guard import schema as core_schema
-from task_state_guard.model import FRAMEWORK_LABELS, InvalidInput, StorageError
+from task_state_guard.model import FRAMEWORK_LABELS, TASK_KIND_SQL, InvalidInput, StorageError
 
 from .driver import Conn
 
 #: The layout version this release writes (4: the core's data model; 5: reconcile passes
-#: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox).
-SCHEMA_VERSION = 6
+#: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox; 7: the
+#: totals' kind is the one a person calls the task).
+SCHEMA_VERSION = 7
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -90,11 +91,18 @@ def _v3(s: str) -> list[str]:
     ]
 
 
-def _event_function(q: str, *, replace: bool, totals: bool, verdicts: bool) -> str:
+_TASK_KIND_V4 = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+
+
+def _event_function(
+    q: str, *, replace: bool, totals: bool, verdicts: bool, kinds: bool = False
+) -> str:
     """The row trigger's function: a state change's event (and, from version 4, its outcome
     total; from version 6, the verdict a lost close owes its framework) in the same statement.
-    ``replace``: ``CREATE OR REPLACE`` (a later version's body) instead of ``CREATE``."""
-    task_kind = "CASE WHEN NEW.parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+    ``replace``: ``CREATE OR REPLACE`` (a later version's body) instead of ``CREATE``.
+    ``kinds`` (version 7): a close's total under ``model.TASK_KIND_SQL`` (the kind a person
+    calls the task) instead of root or child."""
+    task_kind = (TASK_KIND_SQL if kinds else _TASK_KIND_V4).format(row="NEW.")
     delivery_kind = "CASE NEW.delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
     closed_total = (
         f"""
@@ -210,8 +218,18 @@ def _v6(s: str) -> list[str]:
     ]
 
 
+def _v7(s: str) -> list[str]:
+    """Version 7 (the core's SQLite layout 6 does the same): a close is counted under the kind
+    a person calls the task (``model.TASK_KIND_SQL``: a child that owes its own delivery, such
+    as a LangGraph resume or recovery run, is a ``task``); the totals counted before keep
+    their kind."""
+    return [_event_function(f'"{s}"', replace=True, totals=True, verdicts=True, kinds=True)]
+
+
 #: Migration number -> its statements (a function of the schema name), applied in order.
-MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6}
+MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+#: The first version with the verdict outbox.
+OUTBOX_VERSION = 6
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).

@@ -116,6 +116,9 @@ class Database(Protocol):
     #: The schema version this backend writes (each backend versions its own layout).
     layout_version: int
 
+    #: The first of this backend's schema versions with the verdict outbox.
+    outbox_version: int
+
     #: Appended to reconcile's read of open work when it applies (a row lock, or "").
     row_lock: str
 
@@ -188,6 +191,7 @@ class SQLiteDatabase:
 
     #: SQLite's write transaction locks the whole database: no row lock is needed.
     layout_version = schema.SCHEMA_VERSION
+    outbox_version = schema.STORED_VERSION[schema.V5]
     row_lock = ""
     #: SQLite's GROUP BY sorts every row (spilling on large ledgers): status counts in Python.
     group_on_server = False

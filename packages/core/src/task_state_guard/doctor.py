@@ -314,7 +314,7 @@ def run_doctor(db: Database) -> dict[str, Any]:
             cycles = part(lambda: _cycles(conn))
             if cycles is not None:
                 findings["parent_order_violations"], findings["parent_cycles"] = cycles
-            if fmt == schema.CURRENT:  # older layouts have no outbox
+            if fmt in schema.OUTBOX_LAYOUTS:  # older layouts have no outbox
                 findings["invalid_values"] += part(lambda: _count(conn, _OUTBOX_VALUES)) or 0
                 findings["verdict_mismatches"] = part(lambda: _count(conn, _OUTBOX)) or 0
         else:

@@ -45,6 +45,12 @@ DELIVERY_STATES = DELIVERY_CLOSED | {"pending"}
 TASK_KINDS = ("task", "attempt")
 #: The SQL test for an attempt, on a row of ``tsg_tasks``.
 ATTEMPT_SQL = "(parent_id IS NOT NULL AND delivery_required = 0)"
+#: The SQL expression of a row's kind (``{row}``: ``""``, or ``"NEW."`` in a trigger), as the
+#: outcome totals record it.
+TASK_KIND_SQL = (
+    "CASE WHEN {row}parent_id IS NULL OR {row}delivery_required = 1 THEN 'task' "
+    "ELSE 'attempt' END"
+)
 
 
 def task_kind(is_root: object, owes_delivery: object) -> str:

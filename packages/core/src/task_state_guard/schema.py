@@ -1,11 +1,13 @@
-"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema (v5).
+"""Schema DDL, exact fingerprints, and the guarded migrations to the current schema
+(:data:`CURRENT`).
 
-Five earlier layouts are recognised, each by its exact schema fingerprint and metadata: our v1,
-v2, v3 and v4 and the layout of the published 0.1.0 (tables ``tasks``, ``task_events`` and
-``schema_meta``). A writable open migrates any of them to v5 in one transaction, step by step
-(:data:`MIGRATIONS`); a read-only open leaves the file as it is and reads it through temporary
-views that present the v4 tables (what v5 adds is read only from a current layout: an older
-file has no verdicts and no redelivery bounds). Anything else fails closed.
+Every earlier layout is recognised by its exact schema fingerprint and metadata: our v1 to v5
+(never released) and the layout of the published 0.1.0 (tables ``tasks``, ``task_events`` and
+``schema_meta``). A writable open migrates any of them to the current one in one transaction,
+step by step (:data:`MIGRATIONS`); a read-only open leaves the file as it is and reads it
+through temporary views that present the v4 tables (the outbox v5 adds is read only from a
+layout that has it, :data:`OUTBOX_LAYOUTS`: an older file has no verdicts and no redelivery
+bounds). Anything else fails closed.
 
 v4 adds ``tsg_totals``: monotonic outcome counters (task closes by kind, state and code;
 delivery closes by obligation, state and code), kept by triggers in the same statement as each
@@ -16,6 +18,10 @@ closed set of labels), ``tsg_tasks.redelivery_seconds`` (how long after an attem
 of life its broker may still hand the job to another worker) and ``tsg_verdicts`` (one row per
 logical task closed as lost, ``pending`` until an adapter of its framework published it),
 written by a trigger in the same statement as the close, whoever makes it.
+
+v6 counts a close under the kind a person calls the task (``model.TASK_KIND_SQL``: a child
+that owes its own delivery, such as a LangGraph resume or recovery run, is a ``task``, not an
+``attempt``); the totals counted before the upgrade keep their kind (a counter never goes down).
 """
 
 from __future__ import annotations
@@ -25,9 +31,16 @@ from collections.abc import Callable
 from functools import cache
 
 from . import reasons as r
-from .model import DELIVERY_CODES, FRAMEWORK_LABELS, LOST_CODES, TASK_CODES, StorageError
+from .model import (
+    DELIVERY_CODES,
+    FRAMEWORK_LABELS,
+    LOST_CODES,
+    TASK_CODES,
+    TASK_KIND_SQL,
+    StorageError,
+)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 APPLICATION = "task-state-guard"
 
 EMPTY = "empty"
@@ -36,13 +49,17 @@ V2 = "v2"
 V3 = "v3"
 V4 = "v4"
 V5 = "v5"
-CURRENT = V5
+V6 = "v6"
+#: The layout this release writes.
+CURRENT = V6
+#: The layouts that have the verdict outbox (v5 and later).
+OUTBOX_LAYOUTS = frozenset({"v5", "v6"})
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
 #: A ledger written by a later release (its own metadata says so): ``schema_newer``, never
 #: "foreign".
 NEWER = "newer"
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
-STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, RELEASE_010: 2}
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
 _TERMINAL = "('succeeded','failed','timed_out','cancelled')"
@@ -152,7 +169,7 @@ _TOTALS = """CREATE TABLE tsg_totals (
     PRIMARY KEY (event, kind, state, code)
 ) WITHOUT ROWID"""
 
-_TASK_KIND = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+_TASK_KIND_V4 = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
 _DELIVERY_KIND = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
 
 
@@ -166,10 +183,15 @@ def _total_trigger(name: str, event_clause: str, when: str, event: str, kind: st
     )
 
 
+def _closed_total_trigger(task_kind: str) -> str:
+    return _total_trigger("tsg_total_closed", "UPDATE OF status",
+                          f"OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL}",
+                          "closed", task_kind.format(row="NEW."), "NEW.status",
+                          "NEW.terminal_code")
+
+
 _TOTAL_TRIGGERS = [
-    _total_trigger("tsg_total_closed", "UPDATE OF status",
-                   f"OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL}",
-                   "closed", _TASK_KIND.format(row="NEW."), "NEW.status", "NEW.terminal_code"),
+    _closed_total_trigger(_TASK_KIND_V4),
     _total_trigger("tsg_total_delivery", "UPDATE OF delivery_status",
                    "OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
                    "delivery", _DELIVERY_KIND.format(row="NEW."), "NEW.delivery_status",
@@ -179,7 +201,7 @@ _TOTAL_TRIGGERS = [
 # The totals of the tasks a file holds (seeds a migrated file; what a read-only open of an
 # older layout reads). History pruned before the upgrade is not in it.
 _TOTALS_SELECT = (
-    f"SELECT 'closed' AS event, {_TASK_KIND.format(row='')} AS kind, status AS state, "
+    f"SELECT 'closed' AS event, {TASK_KIND_SQL.format(row='')} AS kind, status AS state, "
     f"coalesce(terminal_code, '') AS code, count(*) AS total FROM {{tasks}} "
     f"WHERE status IN {_TERMINAL} GROUP BY 1, 2, 3, 4 UNION ALL "
     f"SELECT 'delivery', {_DELIVERY_KIND.format(row='')}, delivery_status, "
@@ -234,6 +256,12 @@ _VERDICT_TRIGGER = (
 _V5_ADDITIONS = [*_TASK_COLUMNS_V5, _VERDICTS, _VERDICTS_PENDING, _VERDICT_TRIGGER]
 
 DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
+
+# ----------------------------------------------------------------------------- v6 (current)
+
+#: v6's close trigger: the kind a person calls the task (``model.TASK_KIND_SQL``).
+_CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL)
+DDL_V6 = [_CLOSED_TOTAL_TRIGGER_V6 if s == _TOTAL_TRIGGERS[0] else s for s in DDL_V5]
 
 # ----------------------------------------------------------------------------- v1 and v2
 
@@ -400,7 +428,8 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
         return _RELEASE_010_FINGERPRINT
     conn = sqlite3.connect(":memory:")
     try:
-        for statement in {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5}[fmt]:
+        ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6}[fmt]
+        for statement in ddl:
             conn.execute(statement)
         return read_fingerprint(conn)
     finally:
@@ -408,7 +437,7 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1 to V5 or RELEASE_010 for an exact known schema; NEWER for a layout
+    """Return EMPTY, V1 to V6 or RELEASE_010 for an exact known schema; NEWER for a layout
     this release does not know whose metadata says it is a ledger of a later release; else
     None (foreign, or tampered: a known layout whose metadata says otherwise)."""
     found = read_fingerprint(conn, schema)
@@ -417,7 +446,7 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
     if not any(found == expected_fingerprint(fmt) for fmt in KNOWN):
         has_meta = any(row[:2] == ("table", "tsg_meta") for row in found)
         return NEWER if has_meta and _is_newer(conn, schema) else None
-    for fmt in (V5, V4, V3, V2, V1, RELEASE_010):
+    for fmt in (V6, V5, V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
         if fmt == RELEASE_010:
@@ -452,7 +481,7 @@ def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V5:
+    for statement in DDL_V6:
         conn.execute(statement)
     _write_meta(conn)
 
@@ -580,6 +609,14 @@ def _v4_to_v5(conn: sqlite3.Connection, fmt: str) -> None:
     _set_version(conn, V5)
 
 
+def _v5_to_v6(conn: sqlite3.Connection, fmt: str) -> None:
+    """v5 to v6: closes are counted under the kind a person calls the task from now on; the
+    totals counted before keep their kind (a counter never goes down)."""
+    conn.execute("DROP TRIGGER tsg_total_closed")
+    conn.execute(_CLOSED_TOTAL_TRIGGER_V6)
+    _set_version(conn, V6)
+
+
 def _set_version(conn: sqlite3.Connection, fmt: str) -> None:
     conn.execute(
         "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(STORED_VERSION[fmt]),)
@@ -593,6 +630,7 @@ MIGRATIONS: dict[str, tuple[str, Callable[[sqlite3.Connection, str], None]]] = {
     RELEASE_010: (V3, _to_v3),
     V3: (V4, _v3_to_v4),
     V4: (V5, _v4_to_v5),
+    V5: (V6, _v5_to_v6),
 }
 
 

@@ -10,10 +10,12 @@ from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     TASK_CODES,
+    TASK_KINDS,
     TASK_STATES,
     TERMINAL_STATES,
     check_seconds,
     is_valid_name,
+    task_kind,
 )
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ _DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
 _TERMINAL_SQL = "('succeeded','failed','timed_out','cancelled')"
 
 
-KINDS = ("task", "attempt")  # a root (the logical task) or a child (an execution attempt)
+KINDS = TASK_KINDS  # a job (a root, or a child owing its own delivery) or an attempt
 OBLIGATIONS = ("owed", "internal")  # delivery_required, or a record nobody is owed
 
 
@@ -51,7 +53,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
             groups = _group_counts(conn)
             oldest, past_deadline, stale = _at_risk(conn, now, grace)
         for (status, delivery, name, root, owed), count in groups.items():
-            kind = "task" if root else "attempt"
+            kind = task_kind(root, owed)
             if status in TASK_STATES:
                 by_status[status] += count
                 by_kind[kind][status] += count

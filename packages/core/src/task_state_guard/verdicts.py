@@ -66,9 +66,10 @@ class Verdict:
 
 
 def current(db: Database) -> bool:
-    """True when the ledger has the current layout (an older layout, read in place by a
-    read-only open, has no outbox: it owes no verdicts)."""
-    return db.schema_version == db.layout_version
+    """True when the ledger's layout has the outbox (an older layout, read in place by a
+    read-only open, has none: it owes no verdicts)."""
+    version = db.schema_version
+    return version is not None and db.outbox_version <= version <= db.layout_version
 
 
 _CLAIMABLE = (
