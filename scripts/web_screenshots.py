@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "web"))
 
 from cdp_client import Chromium  # noqa: E402
 from task_state_guard import Ledger  # noqa: E402
+from task_state_guard.integration import AdapterRuntime, resolve_settings  # noqa: E402
 from task_state_guard.integration.ids import job_task_id  # noqa: E402
 
 JOBS = (  # (framework, name, delivery owed)
@@ -64,13 +66,20 @@ def _framework_id(framework: str, rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
+def _runtimes(ledger: Ledger) -> dict[str, AdapterRuntime]:
+    """One adapter runtime per framework on the demo ledger: a job it opens owes its framework
+    a verdict when it is closed as lost."""
+    settings = resolve_settings(db_required=False, heartbeat_seconds=0)
+    return {framework: AdapterRuntime(settings, logger=logging.getLogger("tsg-screenshots"),
+                                      ledger=ledger, framework=framework)
+            for framework in ("celery", "dramatiq", "langgraph")}
+
+
 def _job(ledger: Ledger, clock: Clock, rng: random.Random, framework: str, name: str,
-         owed: bool, outcome: str) -> str:
+         owed: bool, outcome: str, runtime: AdapterRuntime) -> str:
     fid = _framework_id(framework, rng)
     root = job_task_id(framework, fid)
-    stored = fid if framework != "langgraph" else None
-    ledger.create_task(task_id=root, name=name, delivery_required=owed, framework_id=stored)
-    ledger.start_task(root, owner=False)
+    runtime.open_logical(root, delivery_required=owed, name=name, framework_id=fid)
     attempts = 2 if outcome == "retried" else 1
     for number in range(attempts):
         attempt = ledger.create_task(parent_id=root, delivery_required=False, name=name)
@@ -100,6 +109,7 @@ def build(db: str) -> str:
     clock = Clock(now - 23.5 * 3600)
     lost: list[str] = []
     with Ledger(db, clock=clock) as ledger:
+        runtimes = _runtimes(ledger)
         while clock.now < now - 600:
             hour = (clock.now - (now - 24 * 3600)) / 3600
             framework, name, owed = rng.choice(JOBS)
@@ -107,8 +117,8 @@ def build(db: str) -> str:
             outcome = "lost" if crash else rng.choices(
                 ["succeeded", "retried", "failed", "time_limit", "cancelled"],
                 [88, 5, 4, 2, 1])[0]
-            root = _job(ledger, clock, rng, framework, name, owed, outcome)
-            if outcome == "lost" and framework == "celery":
+            root = _job(ledger, clock, rng, framework, name, owed, outcome, runtimes[framework])
+            if outcome == "lost":
                 lost.append(root)
             clock.now += rng.expovariate(1 / (60 if 8 <= hour % 24 < 20 else 180))
         clock.now = now - 240
@@ -125,9 +135,11 @@ def build(db: str) -> str:
         for framework, name, _owed in rng.sample(JOBS, 3):
             ledger.create_task(task_id=job_task_id(framework, _framework_id(framework, rng)),
                                name=name)
+        # The adapters published the verdicts of all but the last two lost jobs.
+        ledger.mark_verdicts_published(lost[:-2])
     # Two attempts owned by a process that has exited: what a SIGKILLed worker leaves.
     subprocess.run([sys.executable, "-c", _OWNER_EXITS, db, *running[2:]], check=True)
-    return lost[0] if lost else running[2]
+    return lost[-1] if lost else running[2]
 
 
 def main() -> int:

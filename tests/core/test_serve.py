@@ -153,8 +153,8 @@ def test_overview_shows_aggregates_and_no_id(db: str) -> None:
     try:
         status, _headers, body = server.request("/")
         assert status == 200
-        for text in ("Running at risk", "Awaiting delivery", "app.done", "app.lost",
-                     "app.running", "owner_lost", "<svg"):
+        for text in ("Running at risk", "Awaiting delivery", "Lost-job verdicts", "app.done",
+                     "app.lost", "app.running", "owner_lost", "<svg"):
             assert text in body, text
         assert not any(task_id in body for task_id in ids)
         # the chart counts the lost job under "lost" in the bucket it closed in

@@ -114,11 +114,16 @@ def test_every_page_against_real_framework_work(
                       ("attempt 1", "started"), ("attempt 1", "closed"), ("job", "closed")]
     page.screenshot(tmp_path / "job.png")
 
-    # The overview after the verdict: nothing runs with a dead owner any more.
+    # The overview after the verdict: nothing runs with a dead owner any more, and the lost
+    # job's verdict waits for a Celery worker to publish it (the only one was killed).
     page.goto(server.base + "/")
     text = page.text()
     assert _value(text, "owner dead") == "0"
     assert "owner_lost" in text
+    verdicts = page.evaluate(
+        "[...document.querySelectorAll('section.card')].find(s => /verdicts/i.test("
+        "s.querySelector('h2').innerText)).querySelector('table').innerText")
+    assert _lines(verdicts)[1:] == ["celery\t1\t0", "dramatiq\t0\t0", "langgraph\t0\t0"]
     page.screenshot(tmp_path / "overview-after.png")
 
     _only_local(page, server)

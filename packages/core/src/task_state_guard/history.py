@@ -1,10 +1,10 @@
 """Outcomes over time: logical tasks closed per time bucket, by outcome. Counts only, no ids.
 
 A job counts once, when its logical task (a root) closed, under one outcome: ``succeeded``,
-``failed``, ``lost`` (timed out because its owner died, a restart found it stale, or its deadline
-passed), ``timed_out`` (a time limit) or ``cancelled``. The counts come from the tasks still in
-the ledger: history that ``tsg prune`` deleted is not in them (the monotonic totals of
-``tsg status`` keep it).
+``failed``, ``lost`` (timed out with one of ``model.LOST_CODES``: its owner died, a restart
+found it stale, or its deadline passed), ``timed_out`` (a time limit) or ``cancelled``. The
+counts come from the tasks still in the ledger: history that ``tsg prune`` deleted is not in
+them (the monotonic totals of ``tsg status`` keep it).
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .model import InvalidInput, check_seconds
+from .model import LOST_CODES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
     from .database import Database
 
 OUTCOMES = ("succeeded", "failed", "lost", "timed_out", "cancelled")
-#: The ``timed_out`` codes that mean the work was lost rather than cut off by a time limit.
-LOST_CODES = frozenset({"owner_lost", "restart_stale", "deadline_exceeded"})
 MAX_BUCKETS = 500
 
 _ROOT_CLOSES = (
@@ -90,4 +88,4 @@ def _add(counts: dict[str, list[int]], index: Any, status: Any, code: Any, count
     counts[outcome][slot] += count
 
 
-__all__ = ["LOST_CODES", "OUTCOMES", "OutcomeHistory", "outcome_history", "outcome_of"]
+__all__ = ["OUTCOMES", "OutcomeHistory", "outcome_history", "outcome_of"]

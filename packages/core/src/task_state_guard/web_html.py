@@ -116,7 +116,7 @@ h2{font-size:15px;margin:22px 0 8px}
 color:var(--muted)}
 .card dl{margin:0;display:grid;grid-template-columns:1fr auto;gap:2px 12px}
 .card dd{margin:0;text-align:right;font-variant-numeric:tabular-nums;font-weight:600}
-.card dd.alert{color:var(--bad)}
+.card dd.alert,.card .alert{color:var(--bad);font-weight:600}
 table{border-collapse:collapse;background:var(--card);border:1px solid var(--line);
 font-variant-numeric:tabular-nums}
 th,td{padding:5px 10px;border-bottom:1px solid var(--line);text-align:left;white-space:nowrap}

@@ -52,11 +52,13 @@ def _verdicts_card(report: dict[str, Any]) -> str | None:
         return None
     pending = verdicts.get("pending") or {}
     published = verdicts.get("published") or {}
-    rows = [[framework, str(int(pending.get(framework, 0))),
-             str(int(published.get(framework, 0)))]
-            for framework in sorted(set(pending) | set(published))]
+    rows = []
+    for framework in sorted(set(pending) | set(published)):
+        waiting = int(pending.get(framework, 0))
+        shown = f'<span class="alert">{waiting}</span>' if waiting else "0"
+        rows.append([esc(framework), shown, str(int(published.get(framework, 0)))])
     grid = table(["framework", "waiting", "published"], rows, numeric=frozenset({1, 2}),
-                 cls="mini", empty="none")
+                 raw=frozenset({0, 1, 2}), cls="mini", empty="none")
     oldest = _age(report.get("oldest_pending_verdict_age_seconds"))
     return (f'<section class="card"><h2>Lost-job verdicts</h2>{grid}'
             f"<dl><dt>oldest waiting</dt><dd>{esc(oldest)}</dd></dl></section>")
