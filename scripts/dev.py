@@ -322,8 +322,11 @@ def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
     wanted = os.path.join(env_dir, "requirements.in")
     pinned = os.path.join(env_dir, "requirements.txt")
     with open(wanted, "w", encoding="utf-8") as handle:  # test tools as locked, not lowest
+        # Every adapter suite runs rows on a PostgreSQL ledger too: its backend package is
+        # installed beside the adapter (its driver pinned to uv.lock's, as a test tool).
+        backends = "".join(f"-e {package_dir(b)}\n" for b in BACKENDS if b != adapter)
         handle.write(f"-e {os.path.join(ROOT, 'packages', 'core')}\n"
-                     f"-e {package_dir(adapter)}\n"
+                     f"-e {package_dir(adapter)}\n" + backends
                      + "".join(f"{req}\n" for req in _locked_test_tools(
                          frozenset(LEG_UNPINNED.get(adapter, ())))))
     if run([uv(), "pip", "compile", "--quiet", "--resolution", "lowest-direct", "--python",
