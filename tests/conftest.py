@@ -2,7 +2,8 @@
 ledgers (``pg_url``, see ``pg_fixtures``) for any test directory.
 
 Every test that uses the ``backend`` fixture, directly or through ``ledger_target`` (or a
-directory's ``db`` fixture built on it), runs once per selected backend. A test that checks
+directory's ``db`` fixture built on it), runs once per selected backend; its test id names the
+backend (``test_x[sqlite]``, ``test_x[postgresql]``). A test that checks
 something only the SQLite file has (file modes, sidecars, snapshots of the directory, the raw
 file) carries ``@pytest.mark.sqlite_only`` and runs on SQLite alone.
 """
@@ -55,7 +56,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("postgresql_only"):
         backends = [b for b in backends if b == "postgresql"]
     # A test no selected backend may run is deselected below, never reported as skipped.
-    metafunc.parametrize("backend", backends or ["unselected"], scope="function")
+    # Module scope: a module's tests run grouped by backend (``[sqlite]`` first, then
+    # ``[postgresql]``), so a module-scoped fixture (one real worker for the module) can be
+    # built once per backend.
+    metafunc.parametrize("backend", backends or ["unselected"], scope="module")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,7 +1,9 @@
 """Issue rows against one real ``dramatiq`` CLI (2 processes x 2 threads) on Redis.
 
-One worker serves the whole module (its boot is the slow part); every test uses its own
-messages, and every test ends with a healthy ``doctor``.
+One worker per ledger backend serves the whole module (its boot is the slow part): the
+``[sqlite]`` rows run against a SQLite file, the ``[postgresql]`` rows against a PostgreSQL
+ledger of their own; every test uses its own messages, and every test ends with a healthy
+``doctor``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import ledger_backends
 import pytest
 import redis
 from _dramatiq_helpers import (
@@ -20,7 +23,6 @@ from _dramatiq_helpers import (
     Producer,
     assert_healthy,
     attempts_of,
-    db_bytes,
     outcomes,
     parent_of,
     wait_closed,
@@ -38,15 +40,22 @@ class Shared:
         self.env = env
         self.worker = worker
         self.producer = Producer(env)
-        self.ledger = Ledger(str(env.db))
+        self.ledger = Ledger(env.db)
 
     def send(self, actor: str, *args: object, **options: object) -> str:
         return self.producer.send(actor, *args, **options)
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, redis_available: None) -> Iterator[Shared]:
-    env = BrokerEnv.new("redis", tmp_path_factory.mktemp("dramatiq_shared"))
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, backend: str, redis_available: None
+) -> Iterator[Shared]:
+    tmp = tmp_path_factory.mktemp("dramatiq_shared")
+    with ledger_backends.ledger_target(backend, tmp) as db:
+        yield from _shared(BrokerEnv.new("redis", tmp, db))
+
+
+def _shared(env: BrokerEnv) -> Iterator[Shared]:
     worker = CliWorker(
         env,
         extra_env={
@@ -254,7 +263,7 @@ def test_nothing_private_reaches_the_ledger(shared: Shared) -> None:
     with_arg = shared.send("crash_once", secret, 0.0)
     wait_closed(ledger, msg.message_id)
     wait_closed(ledger, with_arg)
-    raw = db_bytes(shared.env.db)
+    raw = ledger_backends.stored_bytes(shared.env.db)
     assert secret.encode() not in raw
     assert b"planned failure" not in raw  # the exception text
     host = socket.gethostname().encode()
