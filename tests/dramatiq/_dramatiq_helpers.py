@@ -57,7 +57,8 @@ class BrokerEnv:
     db: str
 
     @classmethod
-    def new(cls, kind: str, tmp: Path, db: str) -> BrokerEnv:
+    def new(cls, kind: str, tmp: Path, db: str | None = None) -> BrokerEnv:
+        """A fresh namespace and queue; ``db`` defaults to a SQLite file under ``tmp``."""
         suffix = uuid.uuid4().hex[:12]
         scratch = tmp / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,7 @@ class BrokerEnv:
             queue=f"tsg_dramatiq_{suffix}",
             namespace=f"tsg-dramatiq-test-{suffix}",
             scratch=scratch,
-            db=db,
+            db=db or str(tmp / "ledger" / "tasks.sqlite"),
         )
 
     def app_environ(self, **extra: str) -> dict[str, str]:
