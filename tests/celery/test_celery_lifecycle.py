@@ -1,8 +1,9 @@
 """Scenario rows: revoke/expire, time limits, Reject/Ignore, long task with periodic
 reconcile, late completion after a timeout.
 
-Most rows share one prefork worker (started once for this module, consuming one queue
-per test) to keep the suite fast; each test still has its own queue and task ids.
+Most rows share one prefork worker (started once for this module and ledger backend,
+consuming one queue per test) to keep the suite fast; each test still has its own queue and
+task ids.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from celery_harness import Scenario, wait_for
+from celery_harness import Scenario, ledger_on, wait_for
 from task_state_guard import Ledger, ReconcilePolicy
 
 ROWS = [
@@ -31,16 +32,19 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scenario, dict[str, str]]]:
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, backend: str
+) -> Iterator[tuple[Scenario, dict[str, str]]]:
     tmp = tmp_path_factory.mktemp("lifecycle")
     queues = {row: f"tsgt-{uuid.uuid4().hex[:10]}-{row}" for row in ROWS}
-    base = Scenario(tmp, queues=list(queues.values()))
-    base.heartbeat = 0.3
-    base.start_worker()
-    try:
-        yield base, queues
-    finally:
-        base.close()
+    with ledger_on(backend, tmp) as db:
+        base = Scenario(tmp, db=db, queues=list(queues.values()))
+        base.heartbeat = 0.3
+        base.start_worker()
+        try:
+            yield base, queues
+        finally:
+            base.close()
 
 
 def use(shared: tuple[Scenario, dict[str, str]], row: str) -> Scenario:
