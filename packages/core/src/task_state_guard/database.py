@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Protocol, TypeAlias
 
-from . import connections, owners, schema, storage
+from . import attempts, connections, owners, schema, storage
 from . import reasons as r
 from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
@@ -157,6 +157,15 @@ class Database(Protocol):
         """
         ...
 
+    def begin_attempt(self, spec: attempts.Begin) -> str | None:
+        """*Begin attempt* as one write (its own transaction, or the open group's): the
+        attempt's id, or None when a step was refused (the ledger then explains it)."""
+        ...
+
+    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
+        """*End attempt* as one write (its own transaction, or the open group's)."""
+        ...
+
     def own_token(self) -> str:
         """This process's owner token, its liveness lock taken on first use."""
         ...
@@ -184,6 +193,10 @@ class Database(Protocol):
     def close(self) -> None:
         """Close every connection this process opened."""
         ...
+
+
+class _Refused(Exception):
+    """A step of a one-transaction write was refused: roll the transaction back."""
 
 
 class SQLiteDatabase:
@@ -591,6 +604,22 @@ class SQLiteDatabase:
 
     def lock_task(self, conn: Any, task_id: str) -> None:
         """Nothing to do: an IMMEDIATE transaction already holds the database's write lock."""
+
+    def begin_attempt(self, spec: attempts.Begin) -> str | None:
+        """*Begin attempt* in one transaction (all of it, or nothing and None)."""
+        try:
+            with self.write() as conn:
+                begun = attempts.sqlite_begin(conn, spec, self.now())
+                if begun is None:
+                    raise _Refused
+                return begun
+        except _Refused:
+            return None
+
+    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
+        """*End attempt* in one transaction."""
+        with self.write() as conn:
+            return attempts.sqlite_end(conn, spec, self.now())
 
     def own_token(self) -> str:
         """This process's owner token (its lock file beside the database, made once)."""
