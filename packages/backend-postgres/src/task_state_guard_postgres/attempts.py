@@ -10,6 +10,7 @@ A step the statement refused is reported, and the ledger explains it one task at
 
 from __future__ import annotations
 
+from task_state_guard import rules
 from task_state_guard.attempts import FLOAT_MAX, Begin, End, Ended
 
 from .driver import Conn
@@ -26,7 +27,12 @@ _ATTEMPT_VALUES = (
     f"{_NOW} + %(timeout)s::float8, {_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, "
     "%(redelivery)s::float8, 1"
 )
-_STARTED = f"2, 'started', 'running', 'started', {_NOW}"
+# The started event of every row inserted already running (the rule's own values).
+_STARTED = rules.event_insert_select(
+    rules.EVENTS_BY_KIND["started"],
+    "(SELECT seq, started_at FROM lg UNION ALL SELECT seq, started_at FROM ci "
+    "UNION ALL SELECT seq, started_at FROM fr) AS s",
+)
 
 BEGIN = f"""WITH
 lg AS (
@@ -35,7 +41,7 @@ lg AS (
     SELECT %(lid)s::text, %(name)s::text, 'running', %(ldr)s::int, 'pending', {_NOW}, {_NOW},
         {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text, %(lfw)s::text
     WHERE %(open)s::boolean
-    ON CONFLICT (id) DO NOTHING RETURNING seq),
+    ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
 lgu AS (
     UPDATE tsg_tasks SET status = 'running', started_at = {_NOW},
         deadline_at = {_NOW} + timeout_seconds, owner = %(lowner)s::text,
@@ -64,7 +70,7 @@ pick AS (
 ci AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT pick.id, {_ATTEMPT_VALUES} FROM pick WHERE pick.status IS NULL
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id),
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
 cu AS (
     UPDATE tsg_tasks t SET status = 'running', started_at = {_NOW},
         deadline_at = {_NOW} + t.timeout_seconds, owner = %(owner)s::text,
@@ -77,12 +83,8 @@ fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
     WHERE NOT EXISTS (SELECT 1 FROM pick) AND EXISTS (SELECT 1 FROM par)
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id),
-ev AS (
-    INSERT INTO tsg_events(task_seq, step, kind, state, code, at)
-    SELECT seq, {_STARTED} FROM lg
-    UNION ALL SELECT seq, {_STARTED} FROM ci
-    UNION ALL SELECT seq, {_STARTED} FROM fr)
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
+ev AS ({_STARTED})
 SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL SELECT id FROM fr"""
 
 END = f"""WITH

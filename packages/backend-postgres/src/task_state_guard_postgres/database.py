@@ -26,6 +26,7 @@ from typing import Any
 
 from task_state_guard import reasons as r
 from task_state_guard import reconcile as _reconcile
+from task_state_guard import rules
 from task_state_guard.attempts import Begin, End, Ended
 from task_state_guard.database import read_clock
 from task_state_guard.model import (
@@ -36,7 +37,6 @@ from task_state_guard.model import (
     StorageError,
 )
 from task_state_guard.owners import Liveness
-from task_state_guard.schema import sql_list
 
 from . import attempts as _attempts
 from . import ddl, driver, owners
@@ -49,19 +49,19 @@ PASS_KIND = "tsg-pass"
 # steps aside while ``ddl.PASS_EVENTS`` is on). The guards (still active / still pending)
 # hold for every row a pass sends, since it holds them; they keep events exact regardless.
 _TASKS_SEQ = "seq = ANY(?::bigint[])"
+_DELIVERED = rules.EVENTS_BY_KIND["delivery"]
 PASS_WRITES = {
     _reconcile.TIME_OUT: (
         "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
         f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
-        "AND status IN ('queued','running') "
+        f"AND status IN {rules.ACTIVE_SQL} "
         "RETURNING seq, status, terminal_code, ended_at, parent_id, delivery_required, "
         "framework), "
-        "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        "SELECT seq, 3, 'closed', status, terminal_code, ended_at FROM u), "
+        f"e AS ({rules.event_insert_select(rules.EVENTS_BY_KIND['closed'], 'u')}), "
         # the verdict each lost logical task owes its framework (as the row trigger writes it)
         "v AS (INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
         "SELECT seq, framework, 'pending', ended_at FROM u WHERE framework IS NOT NULL "
-        f"AND terminal_code IN {sql_list(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
+        f"AND terminal_code IN {rules.sql_set(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
         "INSERT INTO tsg_totals(event, kind, state, code, total) "
         f"SELECT 'closed', {TASK_KIND_SQL.format(row='')}, status, "
         "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
@@ -71,11 +71,10 @@ PASS_WRITES = {
         f"delivery_updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
         "AND delivery_status = 'pending' "
         "RETURNING seq, delivery_status, delivery_code, delivery_updated_at, delivery_required), "
-        "c AS (SELECT * FROM u WHERE delivery_status <> 'pending'), "
-        "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        "SELECT seq, 4, 'delivery', delivery_status, delivery_code, delivery_updated_at FROM c) "
+        f"c AS (SELECT * FROM u WHERE {_DELIVERED.present.sql()}), "
+        f"e AS ({rules.event_insert_select(_DELIVERED, 'c')}) "
         "INSERT INTO tsg_totals(event, kind, state, code, total) "
-        "SELECT 'delivery', CASE delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END, "
+        f"SELECT 'delivery', {rules.DELIVERY_KIND_SQL.format(row='')}, "
         "delivery_status, coalesce(delivery_code, ''), count(*) FROM c GROUP BY 2, 3, 4"
     ),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from task_state_guard import doctor as core
-from task_state_guard import verdicts
+from task_state_guard import rules, verdicts
 from task_state_guard.model import LedgerError
 
 from . import ddl
@@ -30,27 +30,8 @@ _SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, deli
     deadline_at IS NULL, owner IS NULL, {core.times_ok_sql(_fin, "false")}, count(*)
     FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
 
-_EVENT_CHAINS = f"""SELECT count(*) FROM (
-    SELECT 1 + (t.started_at IS NOT NULL)::int + (t.status IN ({core._TERMINAL}))::int
-          + (t.delivery_status <> 'pending')::int AS expected,
-        t.version AS version,
-        count(e.task_seq) AS actual,
-        coalesce(sum((CASE e.step
-            WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
-                 AND e.at = t.created_at
-            WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
-                 AND e.at = t.started_at
-            WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
-                 AND t.status IN ({core._TERMINAL})
-                 AND e.code IS NOT DISTINCT FROM t.terminal_code AND e.at = t.ended_at
-            WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
-                 AND t.delivery_status <> 'pending'
-                 AND e.code IS NOT DISTINCT FROM t.delivery_code
-                 AND e.at = t.delivery_updated_at
-            ELSE false END)::int), 0) AS matching
-    FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
-    GROUP BY t.seq) AS chains
-    WHERE actual <> expected OR matching <> expected OR version < expected - 1"""
+_EVENT_CHAINS = rules.event_chain_sql(
+    is_same="IS NOT DISTINCT FROM", as_int="({})::int", false="false", true="true")
 
 _OUTBOX_VALUES = core.outbox_values_sql(_fin)
 _OUTBOX = verdicts.consistency_sql(_fin)
@@ -72,25 +53,8 @@ _EXPECTED_LAYOUT = [
     ("tsg_events", "state", "text", "NO"),
     ("tsg_events", "code", "text", "YES"),
     ("tsg_events", "at", "double precision", "NO"),
-    ("tsg_tasks", "seq", "bigint", "NO"),
-    ("tsg_tasks", "id", "text", "NO"),
-    ("tsg_tasks", "parent_id", "text", "YES"),
-    ("tsg_tasks", "status", "text", "NO"),
-    ("tsg_tasks", "terminal_code", "text", "YES"),
-    ("tsg_tasks", "delivery_required", "integer", "NO"),
-    ("tsg_tasks", "delivery_status", "text", "NO"),
-    ("tsg_tasks", "delivery_code", "text", "YES"),
-    ("tsg_tasks", "payload_hash", "text", "YES"),
-    *[("tsg_tasks", column, "double precision", nullable) for column, nullable in (
-        ("timeout_seconds", "YES"), ("deadline_at", "YES"), ("created_at", "NO"),
-        ("started_at", "YES"), ("heartbeat_at", "YES"), ("ended_at", "YES"),
-        ("delivery_updated_at", "NO"), ("updated_at", "NO"))],
-    ("tsg_tasks", "name", "text", "YES"),
-    ("tsg_tasks", "owner", "text", "YES"),
-    ("tsg_tasks", "version", "bigint", "NO"),
-    ("tsg_tasks", "framework_id", "text", "YES"),
-    ("tsg_tasks", "framework", "text", "YES"),
-    ("tsg_tasks", "redelivery_seconds", "double precision", "YES"),
+    *[("tsg_tasks", c.name, c.postgres_type, "YES" if c.nullable else "NO")
+      for c in rules.TASK_COLUMNS],
     ("tsg_totals", "event", "text", "NO"),
     ("tsg_totals", "kind", "text", "NO"),
     ("tsg_totals", "state", "text", "NO"),

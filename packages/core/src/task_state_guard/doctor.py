@@ -19,14 +19,13 @@ import sqlite3
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import schema, verdicts
+from . import rules, schema, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     FRAMEWORK_LABELS,
     TASK_CODES,
     TASK_STATES,
-    TERMINAL_STATES,
 )
 
 if TYPE_CHECKING:
@@ -61,13 +60,12 @@ _COUNT_KEYS = {
     "event_chain_mismatches": "event_chain_mismatch_count",
     "verdict_mismatches": "verdict_mismatch_count",
 }
-_TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
-_DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
+_TASK_ORDER = rules.TASK_ORDER
+_DELIVERY_ORDER = rules.DELIVERY_ORDER
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NAME = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_TERMINAL = ",".join(f"'{s}'" for s in sorted(TERMINAL_STATES))
 
 
 #: The largest finite float as an SQL literal: a stored infinity compares above it.
@@ -112,30 +110,11 @@ _SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, deli
 
 _VALUES = "SELECT id, parent_id, name, owner, payload_hash, version, framework_id FROM tsg_tasks"
 
-# A task's events must be exactly: created, started (if it started), closed (if terminal),
-# delivery (if its delivery closed), each with the task's own state, code and time; and the
-# task's version counts at least those changes (a 0.1.0 ledger may have counted more).
-_EVENT_CHAINS = f"""SELECT count(*) FROM (
-    SELECT 1 + (t.started_at IS NOT NULL) + (t.status IN ({_TERMINAL}))
-          + (t.delivery_status != 'pending') AS expected,
-        t.version AS version,
-        count(e.task_seq) AS actual,
-        coalesce(sum(CASE e.step
-            WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
-                 AND e.at = t.created_at
-            WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
-                 AND e.at = t.started_at
-            WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
-                 AND t.status IN ({_TERMINAL}) AND e.code IS t.terminal_code
-                 AND e.at = t.ended_at
-            WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
-                 AND t.delivery_status != 'pending' AND e.code IS t.delivery_code
-                 AND e.at = t.delivery_updated_at
-            ELSE 0 END), 0) AS matching
-    FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
-    GROUP BY t.seq)
-    WHERE actual != expected OR matching != expected
-        OR typeof(version) != 'integer' OR version < expected - 1"""
+# A task's events must be exactly those its row has made (``rules.expected_events``), each
+# with the task's own state, code and time; and the task's version counts at least those
+# changes (a 0.1.0 ledger may have counted more).
+_EVENT_CHAINS = rules.event_chain_sql(
+    is_same="IS", as_int="({})", false="0", true="1", extra=" OR typeof(version) != 'integer'")
 
 def outbox_values_sql(fin: Callable[[str], str]) -> str:
     """Count the task rows whose outbox columns (current layout) are malformed: a framework
@@ -143,7 +122,7 @@ def outbox_values_sql(fin: Callable[[str], str]) -> str:
     owes its own, a LangGraph resume or recovery run, is a job), or a redelivery bound that is
     not a finite duration of a started task."""
     return f"""SELECT count(*) FROM tsg_tasks WHERE
-    (framework IS NOT NULL AND (framework NOT IN {schema.sql_list(FRAMEWORK_LABELS)}
+    (framework IS NOT NULL AND (framework NOT IN {rules.sql_set(FRAMEWORK_LABELS)}
         OR (parent_id IS NOT NULL AND delivery_required = 0)))
     OR (redelivery_seconds IS NOT NULL AND NOT ({fin("redelivery_seconds")}
         AND redelivery_seconds <= 1e10 AND started_at IS NOT NULL))"""

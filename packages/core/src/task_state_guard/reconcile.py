@@ -17,9 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import owners, verdicts
-from .model import LOST_CODES, InvalidInput, LedgerError, check_seconds, is_canonical
-from .schema import sql_list
+from . import owners, rules, verdicts
+from .model import (
+    LOST_CODES,
+    TERMINAL_STATES,
+    InvalidInput,
+    LedgerError,
+    check_seconds,
+    is_canonical,
+)
 
 if TYPE_CHECKING:
     from .database import Database
@@ -43,7 +49,7 @@ _REDELIVERY_OPEN = "(redelivery_seconds IS NOT NULL AND coalesce(heartbeat_at, s
 _ACTIVE_CHILDREN = (
     f"SELECT parent_id, seq, status, {_REDELIVERY_OPEN} FROM tsg_tasks "
     "WHERE parent_id IN ({marks}) AND (status IN ('queued','running') "
-    f"OR (status = 'timed_out' AND terminal_code IN {sql_list(LOST_CODES)} "
+    f"OR (status = 'timed_out' AND terminal_code IN {rules.sql_set(LOST_CODES)} "
     f"AND {_REDELIVERY_OPEN}))"
 )
 # An older layout (read in place by a read-only open) records no redelivery windows.
@@ -60,7 +66,6 @@ CLOSE_DELIVERY = (
     "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_updated_at = ?, "
     "version = version + 1 WHERE seq = ?"
 )
-_TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +211,7 @@ class _Pass:
             return False
         if status in ("queued", "running"):
             return closed is None and not (status == "running" and started is None)
-        return status in _TERMINAL and closed is not None
+        return status in TERMINAL_STATES and closed is not None
 
     def scan(self) -> None:
         """Decide every open task, newest first, in bounded batches."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from . import owners, verdicts
+from . import owners, rules, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 DEFAULT_ACTIVE_GRACE = 600.0
 INVALID_LABEL = "<invalid>"  # a tampered name is counted under this label, never shown
-_TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
-_DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
-_TERMINAL_SQL = "('succeeded','failed','timed_out','cancelled')"
+_TASK_ORDER = rules.TASK_ORDER
+_DELIVERY_ORDER = rules.DELIVERY_ORDER
+_TERMINAL_SQL = rules.TERMINAL_SQL
 
 
 KINDS = TASK_KINDS  # a job (a root, or a child owing its own delivery) or an attempt

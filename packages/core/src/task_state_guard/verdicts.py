@@ -34,7 +34,7 @@ from .model import (
     is_canonical,
     is_valid_name,
 )
-from .schema import sql_list
+from .rules import sql_set as sql_list
 
 if TYPE_CHECKING:
     from .database import Database
