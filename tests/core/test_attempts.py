@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, TaskNotFound
+from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, TaskNotFound, rules
 
 
 def new_id() -> str:
@@ -188,3 +188,31 @@ def test_read_only_ledger_refuses_both(db: str, ledger: Ledger) -> None:
         with pytest.raises(StorageError):
             reader.end_attempt([(attempt, "failed", None)])
     assert ledger.get_task(attempt).status == "running"
+
+
+def test_begin_and_end_write_the_ruled_events(ledger: Ledger, clock) -> None:
+    """Rows inserted already running carry the events the domain rules say, whoever writes
+    the started event (a trigger, or the statement itself)."""
+    ids: list[str] = []
+    for delivery in (True, False):
+        logical = new_id()
+        queued = new_id()
+        ledger.create_task(task_id=queued, parent_id=None, delivery_required=delivery)
+        first = ledger.begin_attempt(logical, delivery_required=delivery, timeout_seconds=9.0)
+        again = ledger.begin_attempt(queued, delivery_required=delivery)  # started, not made
+        clock.advance(1)
+        retry = new_id()
+        ledger.end_attempt([(first, "failed", "retry_scheduled")],
+                           queue=[(retry, logical, None, 9.0)])
+        claimed = ledger.begin_attempt(logical, candidates=[(retry, True)],
+                                       timeout_seconds=9.0)
+        clock.advance(1)
+        marks = {logical: ("delivered", "transport_acknowledged")} if delivery else None
+        ledger.end_attempt([(claimed, "succeeded", None), (logical, "succeeded", None),
+                            (again, "cancelled", "revoked")], marks=marks)
+        ids += [logical, queued, first, again, retry, claimed]
+    for tid in ids:
+        task = ledger.get_task(tid)
+        chain = [(e.kind, e.state, e.code, e.at) for e in ledger.events_of(tid)]
+        assert chain == rules.expected_events(task.to_dict()), task.to_dict()
+    assert ledger.doctor()["healthy"] is True
