@@ -27,15 +27,15 @@ from typing import Any
 from task_state_guard import reasons as r
 from task_state_guard import reconcile as _reconcile
 from task_state_guard import rules
-from task_state_guard.database import read_clock
 from task_state_guard.model import (
     LOST_CODES,
     TASK_KIND_SQL,
     InvalidInput,
     LedgerError,
+    Liveness,
     StorageError,
 )
-from task_state_guard.owners import Liveness
+from task_state_guard.store import read_clock
 
 from . import ddl, driver, owners
 from . import doctor as _doctor

@@ -19,7 +19,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import rules, schema, verdicts
+from . import rules, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -27,9 +27,10 @@ from .model import (
     TASK_CODES,
     TASK_STATES,
 )
+from .sqlite import schema
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 _FINDINGS = (
     "integrity_errors",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .model import LOST_CODES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 OUTCOMES = ("succeeded", "failed", "lost", "timed_out", "cancelled")
 MAX_BUCKETS = 500

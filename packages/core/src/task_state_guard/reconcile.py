@@ -17,18 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import owners, rules, verdicts
+from . import rules, verdicts
 from .model import (
     LOST_CODES,
     TERMINAL_STATES,
     InvalidInput,
     LedgerError,
+    Liveness,
     check_seconds,
     is_canonical,
 )
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 BATCH = 2000
 
@@ -131,7 +132,7 @@ class _Pass:
         self.active_cutoff = now - float(policy.active_grace_seconds)
         self.delivery_cutoff = now - float(policy.delivery_grace_seconds)
         self.timed_out: set[int] = set()
-        self.liveness: dict[str, owners.Liveness] = {}
+        self.liveness: dict[str, Liveness] = {}
         self.decisions: list[ReconcileDecision] | None = [] if collect else None
         self.counts = dict.fromkeys(
             (
@@ -149,7 +150,7 @@ class _Pass:
         if state is None:
             state = self.db.probe_owner(token)
             self.liveness[token] = state
-        return state is owners.Liveness.DEAD
+        return state is Liveness.DEAD
 
     def verdict(self, row: tuple[Any, ...]) -> str | None:
         """The timed_out code a running task earns on its own (before parent freshness)."""

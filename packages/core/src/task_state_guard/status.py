@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from . import owners, rules, verdicts
+from . import rules, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -13,13 +13,14 @@ from .model import (
     TASK_KINDS,
     TASK_STATES,
     TERMINAL_STATES,
+    Liveness,
     check_seconds,
     is_valid_name,
     task_kind,
 )
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 DEFAULT_ACTIVE_GRACE = 600.0
 INVALID_LABEL = "<invalid>"  # a tampered name is counted under this label, never shown
@@ -73,7 +74,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
-            if db.probe_owner(token) is owners.Liveness.DEAD:
+            if db.probe_owner(token) is Liveness.DEAD:
                 owner_dead += count
     return {
         "tasks": by_status,

@@ -30,7 +30,7 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10**6

@@ -37,7 +37,7 @@ from .model import (
 from .rules import sql_set as sql_list
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 #: Most verdicts one claim may take.
 MAX_CLAIM = 10_000
