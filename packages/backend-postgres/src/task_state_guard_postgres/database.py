@@ -336,7 +336,7 @@ class PostgresDatabase:
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report (the core's report keys)."""
-        return _doctor.run_doctor(self)
+        return _doctor.run_doctor(self, self.schema)
 
     def storage_info(self) -> dict[str, Any]:
         """The storage in force, without host, database, user or password."""

@@ -18,7 +18,7 @@ from typing import Any
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError
 from ..store import WriteOne, read_clock
-from . import connections, owners, schema, storage
+from . import connections, doctor, owners, schema, storage
 
 # Connections inherited across fork() are parked here and never touched or closed again.
 _INHERITED: list[sqlite3.Connection] = []
@@ -479,8 +479,6 @@ class SQLiteDatabase:
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report of the SQLite file."""
-        from .. import doctor  # the report module imports nothing of this one at run time
-
         return doctor.run_doctor(self)
 
     def storage_info(self) -> dict[str, Any]:
