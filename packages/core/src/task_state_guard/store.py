@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeAlias
 
 from .model import InvalidInput, LedgerError, Liveness
+from .queries import Queries
 
 
 def read_clock(clock: Callable[[], float]) -> float:
@@ -79,17 +80,9 @@ class Database(Protocol):
     #: The first of this backend's schema versions with the verdict outbox.
     outbox_version: int
 
-    #: Appended to reconcile's read of open work when it applies (a row lock, or "").
-    row_lock: str
-
-    #: True when the server's GROUP BY should count (status groups rows in SQL and reads only
-    #: the groups); False when streaming the rows and counting them in Python is faster.
-    group_on_server: bool
-
-    def run_batch(self, conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """Inside a write transaction: run one of reconcile's write statements (``TIME_OUT``,
-        ``CLOSE_DELIVERY``) once per parameter row, with the same effect as ``executemany``
-        (a backend may send the whole batch as a few set-based statements)."""
+    @property
+    def queries(self) -> Queries:
+        """The backend's answers to the aggregates' reads and a reconcile pass's writes."""
         ...
 
     def conn(self) -> Any:

@@ -176,7 +176,7 @@ def claim(
                 break
             selection = _CLAIMABLE.format(
                 only="" if group is None else _ONLY.format(marks=_marks(len(group))),
-                lock=db.row_lock,
+                lock=db.queries.claim_lock,
             )
             params: list[Any] = [until, token, label, now, *(group or []), left]
             seqs = [row[0] for row in conn.execute(

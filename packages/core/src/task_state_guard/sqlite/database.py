@@ -19,6 +19,7 @@ from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError
 from ..store import WriteOne, read_clock
 from . import connections, doctor, owners, schema, storage
+from .queries import SQLiteQueries
 
 # Connections inherited across fork() are parked here and never touched or closed again.
 _INHERITED: list[sqlite3.Connection] = []
@@ -58,17 +59,9 @@ def integrity_ok(conn: sqlite3.Connection) -> bool:
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
-    #: SQLite's write transaction locks the whole database: no row lock is needed.
     layout_version = schema.SCHEMA_VERSION
     outbox_version = schema.STORED_VERSION[schema.V5]
-    row_lock = ""
-    #: SQLite's GROUP BY sorts every row (spilling on large ledgers): status counts in Python.
-    group_on_server = False
-
-    @staticmethod
-    def run_batch(conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """``executemany``: in-process statements cost no round trip."""
-        conn.executemany(statement, rows)
+    queries = SQLiteQueries()
 
     def __init__(
         self,
