@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, NoReturn
 
-from . import attempts, backends, connections, database, schema, storage, task_list
+from . import attempts, backends, store, task_list
 from . import events as _events
 from . import history as _history
 from . import prune as _prune
@@ -48,6 +48,8 @@ from .model import (
     is_valid_name,
 )
 from .placeholders import positional, positional_rows
+from .sqlite import connections, schema, storage
+from .sqlite.database import SQLiteDatabase
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
@@ -257,7 +259,7 @@ class Ledger:
         for flag in (allow_external_acl, read_only, transient_sidecars, create):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
-        self._db: database.Database
+        self._db: store.Database
         if backends.is_url(path):
             # The PostgreSQL backend (an optional package): same transitions, same aggregates.
             connections.check_snapshot_limit(snapshot_max_bytes)  # checked, unused there
@@ -268,7 +270,7 @@ class Ledger:
             self._db.conn()  # connect, check and migrate now
             self.SCHEMA_VERSION = self._db.layout_version
             return
-        self._db = database.SQLiteDatabase(
+        self._db = SQLiteDatabase(
             storage.normalize_path(path),
             clock=clock or time.time,
             busy_timeout_ms=busy_timeout_ms,
