@@ -25,91 +25,30 @@ from contextlib import contextmanager
 from typing import Any
 
 from task_state_guard import reasons as r
-from task_state_guard import reconcile as _reconcile
-from task_state_guard import rules
-from task_state_guard.database import read_clock
+from task_state_guard.attempts import Begin, End, Ended
 from task_state_guard.model import (
-    LOST_CODES,
-    TASK_KIND_SQL,
     InvalidInput,
     LedgerError,
+    Liveness,
     StorageError,
 )
-from task_state_guard.owners import Liveness
+from task_state_guard.store import read_clock
 
+from . import attempts as _attempts
 from . import ddl, driver, owners
 from . import doctor as _doctor
+from .queries import PASS_KIND, PostgresQueries
 from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
 
-PASS_KIND = "tsg-pass"
-# Reconcile's per-row statements (last parameter: the row's seq) as one statement per batch
-# and set of values, writing what the event trigger writes for the same rows (the trigger
-# steps aside while ``ddl.PASS_EVENTS`` is on). The guards (still active / still pending)
-# hold for every row a pass sends, since it holds them; they keep events exact regardless.
-_TASKS_SEQ = "seq = ANY(?::bigint[])"
-_DELIVERED = rules.EVENTS_BY_KIND["delivery"]
-PASS_WRITES = {
-    _reconcile.TIME_OUT: (
-        "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
-        f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
-        f"AND status IN {rules.ACTIVE_SQL} "
-        "RETURNING seq, status, terminal_code, ended_at, parent_id, delivery_required, "
-        "framework), "
-        f"e AS ({rules.event_insert_select(rules.EVENTS_BY_KIND['closed'], 'u')}), "
-        # the verdict each lost logical task owes its framework (as the row trigger writes it)
-        "v AS (INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
-        "SELECT seq, framework, 'pending', ended_at FROM u WHERE framework IS NOT NULL "
-        f"AND terminal_code IN {rules.sql_set(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
-        "INSERT INTO tsg_totals(event, kind, state, code, total) "
-        f"SELECT 'closed', {TASK_KIND_SQL.format(row='')}, status, "
-        "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
-    ),
-    _reconcile.CLOSE_DELIVERY: (
-        "WITH u AS (UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, "
-        f"delivery_updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
-        "AND delivery_status = 'pending' "
-        "RETURNING seq, delivery_status, delivery_code, delivery_updated_at, delivery_required), "
-        f"c AS (SELECT * FROM u WHERE {_DELIVERED.present.sql()}), "
-        f"e AS ({rules.event_insert_select(_DELIVERED, 'c')}) "
-        "INSERT INTO tsg_totals(event, kind, state, code, total) "
-        f"SELECT 'delivery', {rules.DELIVERY_KIND_SQL.format(row='')}, "
-        "delivery_status, coalesce(delivery_code, ''), count(*) FROM c GROUP BY 2, 3, 4"
-    ),
-}
-_PASS_EVENTS = f"SELECT set_config('{ddl.PASS_EVENTS}', ?, true)"
 _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 
 
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
-    #: Reconcile holds the open rows it reads until it commits (without blocking foreign-key
-    #: checks), and skips a row a worker's transaction holds at that moment (that work is
-    #: being changed right now; the next pass judges it): a pass never waits for a worker,
-    #: so a worker's transaction and a pass can never deadlock.
     layout_version = ddl.SCHEMA_VERSION
     outbox_version = ddl.OUTBOX_VERSION
-    row_lock = " FOR NO KEY UPDATE SKIP LOCKED"
-    #: The server hash-aggregates: status reads only the groups, never every row.
-    group_on_server = True
-
-    @staticmethod
-    def run_batch(conn: driver.Conn, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """Reconcile's writes as one set-based statement per distinct set of values (a pass
-        gives a few: its codes share one clock reading) instead of a statement and a trigger
-        call per row; the statement writes the rows' events and totals itself. Any other
-        statement: one per row."""
-        shape = PASS_WRITES.get(statement)
-        if shape is None:
-            conn.executemany(statement, rows)
-            return
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for row in rows:
-            groups.setdefault(tuple(row[:-1]), []).append(row[-1])
-        conn.execute(_PASS_EVENTS, ("on",))
-        for values, seqs in groups.items():
-            conn.execute(shape, (*values, seqs))
-        conn.execute(_PASS_EVENTS, ("off",))  # a failure above aborts the transaction: no reset
+    queries = PostgresQueries()
 
     def __init__(
         self,
@@ -314,6 +253,33 @@ class PostgresDatabase:
         owners.keep_locks(self._target, self.busy_timeout_ms)
         return row
 
+    # ----------------------------------------------------------------- a guarded job's writes
+    def begin_attempt(self, spec: Begin) -> str | None:
+        """*Begin attempt* as one statement (its own transaction outside a group): the
+        attempt's id, or None when no attempt was started (the ledger explains)."""
+        conn = self._write_conn()
+        begun = _attempts.begin(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return begun
+
+    def end_attempt(self, spec: End) -> Ended:
+        """*End attempt* as one statement (its own transaction outside a group)."""
+        conn = self._write_conn()
+        ended = _attempts.end(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return ended
+
+    def _write_conn(self) -> driver.Conn:
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        return self.conn()
+
+    def _after_autocommit(self, conn: driver.Conn) -> None:
+        # The server answered: as after a write's BEGIN, an owner whose lock connection broke
+        # takes its locks back.
+        if not conn.in_transaction:
+            owners.keep_locks(self._target, self.busy_timeout_ms)
+
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:
         """This process's owner token, its session-level advisory lock held (taken on first
@@ -336,7 +302,7 @@ class PostgresDatabase:
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report (the core's report keys)."""
-        return _doctor.run_doctor(self)
+        return _doctor.run_doctor(self, self.schema)
 
     def storage_info(self) -> dict[str, Any]:
         """The storage in force, without host, database, user or password."""

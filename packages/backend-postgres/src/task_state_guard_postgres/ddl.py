@@ -145,7 +145,7 @@ def _v4(s: str) -> list[str]:
 #: A transaction-local setting: while it is ``on``, the row trigger leaves a state change's
 #: event and totals to the statement that makes the change. Only a reconcile pass sets it,
 #: for each of its set-based statements, which write the events and totals of exactly the rows
-#: they change (``database.PASS_WRITES``). A session that sets it on purpose skips events as
+#: they change (``queries.PASS_WRITES``). A session that sets it on purpose skips events as
 #: one that drops the trigger would; doctor's event-chain check finds either.
 PASS_EVENTS = "tsg.pass_events"
 
@@ -170,7 +170,7 @@ def _v6(s: str) -> list[str]:
     """Version 6: the verdict outbox (the core's SQLite layout 5 adds the same): which adapter
     opened a logical task, an attempt's redelivery bound, and ``tsg_verdicts``, one row per
     logical task closed as lost, written by the row trigger (or a reconcile pass's own
-    statement, :data:`database.PASS_WRITES`) in the statement that closes it."""
+    statement, :data:`queries.PASS_WRITES`) in the statement that closes it."""
     q = f'"{s}"'
     return [
         *rules.add_outbox_columns("postgres", f"{q}.tsg_tasks"),

@@ -139,8 +139,9 @@ IDLE_SINCE_SQL = (
 
 
 def running_idle_since(started_at: float, heartbeat_at: float | None) -> float:
-    """:data:`RUNNING_IDLE_SINCE_SQL` for one row's values."""
-    return started_at if heartbeat_at is None else heartbeat_at
+    """:data:`RUNNING_IDLE_SINCE_SQL` for one row's values (doctor holds a heartbeat to be no
+    earlier than the start; of a row that breaks it, the later of the two)."""
+    return started_at if heartbeat_at is None else max(started_at, heartbeat_at)
 
 
 # ------------------------------------------------------------------------------ event rules

@@ -30,9 +30,9 @@ import sqlite3
 from collections.abc import Callable
 from functools import cache
 
-from . import reasons as r
-from . import rules
-from .model import DELIVERY_CODES, TASK_CODES, TASK_KIND_SQL, StorageError
+from .. import reasons as r
+from .. import rules
+from ..model import DELIVERY_CODES, TASK_CODES, TASK_KIND_SQL, StorageError
 
 SCHEMA_VERSION = 6
 APPLICATION = "task-state-guard"
