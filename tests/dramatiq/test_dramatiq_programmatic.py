@@ -422,6 +422,7 @@ def test_delivery_obligation_per_message(app: App, ledger: Ledger) -> None:
     assert parent is not None and parent.delivery_required is False
 
 
+@pytest.mark.sqlite_only  # the failure is injected with a SQLite temporary trigger
 def test_start_and_retry_are_each_one_transaction(
     db: str, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
