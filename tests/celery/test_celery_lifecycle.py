@@ -236,8 +236,12 @@ def test_late_completion_after_timeout_is_a_counted_conflict(scenario: Scenario)
     scenario.wait_parent(result.id, "succeeded")
     attempt = scenario.ledger.get_task(attempt_id)
     assert (str(attempt.status), attempt.terminal_code) == ("timed_out", "deadline_exceeded")
+    # The pool child logs the refusal after its close transaction: the ledger may show the
+    # outcome before the line reaches the worker's log.
+    refused = "task-state-guard: attempt_close refused"
+    wait_for(lambda: refused in worker.log(), timeout=20, what="the refusal in the log")
     log = worker.log()
-    assert log.count("task-state-guard: attempt_close refused") == 1, log
+    assert log.count(refused) == 1, log
     # The timed-out attempt still owed nobody a delivery: closed with the refused completion.
     assert (str(attempt.delivery_status), attempt.delivery_code) == (
         "not_applicable", "internal_task"
