@@ -24,14 +24,18 @@ from task_state_guard.integration import AdapterRuntime, Closing, name_label
 
 T = TypeVar("T")
 
-#: Threads that run the ledger writes of async runs (per guarded graph and process).
-WRITER_THREADS = 4
+#: At most this many threads run the ledger writes of async runs (per guarded graph and
+#: process). They start only as lanes need them (an idle one is reused first), so there are as
+#: many as invocations had a write in flight at once: each its own database connection, no
+#: shared writer that unrelated requests queue behind.
+WRITER_THREADS = 32
 
 
 class Lane:
     """Ledger calls of one async invocation: run in submission order, one at a time, on the
-    recorder's writer threads. Different invocations' lanes run side by side, so one slow
-    write (a ledger locked by another process) holds up its own invocation only."""
+    recorder's writer threads. Different invocations' lanes run side by side, each on a thread
+    (and connection) of its own while it has a write in flight, so one slow write (a row or
+    ledger locked by another process) holds up its own invocation only."""
 
     def __init__(self, recorder: Recorder) -> None:
         self._rec = recorder
@@ -94,8 +98,9 @@ class Recorder:
     # -- the writer threads of async runs ---------------------------------------------------
 
     def pool(self) -> ThreadPoolExecutor:
-        """The writer threads of this process (started on first use): async entry points
-        never touch the ledger on the event loop."""
+        """The writer threads of this process (started as lanes need them, up to
+        :data:`WRITER_THREADS`): async entry points never touch the ledger on the event
+        loop."""
         with self._writer_lock:
             if self._writer is None or self._writer_pid != os.getpid():
                 # A forked child never uses the parent's (dead) threads.

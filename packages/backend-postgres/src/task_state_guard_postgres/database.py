@@ -2,9 +2,11 @@
 
 One connection per thread and per process (opened lazily, never used after ``fork()``).
 Writes run at READ COMMITTED. A transition outside a group is first tried as the core's
-guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, its own
+guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, prepared, its own
 transaction; a statement that waited for a row lock re-judges its guard against the row
-committed meanwhile). On a refusal, and inside a group, the locked path runs: it first holds the
+committed meanwhile); inside a group, so is the insert of a task and a transition of a task the
+group inserted (no other transaction sees that row yet). On a refusal, and for every other
+transition inside a group, the locked path runs: it first holds the
 task's row, then reads the clock, then runs the guarded statement, so concurrent writers on one
 task queue on its row lock exactly as SQLite's writers queue on the database lock, and a guard
 is always judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY
@@ -296,19 +298,25 @@ class PostgresDatabase:
 
     def write_one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """Run one guarded statement as its own transaction (autocommit: one round trip, no
-        BEGIN or COMMIT); return its first row, or None when nothing was written.
+        BEGIN or COMMIT); return its first row, or None when nothing was written. Inside
+        :meth:`group` it runs in the group's transaction instead, the same way (prepared, no
+        row lock taken first): the core does so for the rows the group inserts.
 
         The statement and the events its triggers write commit together or not at all. Its
         row lock is taken by the statement itself, and at READ COMMITTED a statement that
-        waited re-judges its guard against the row that was committed meanwhile. Inside an
-        open transaction (a group, or a pass) nothing runs and None is returned: the caller's
-        locked path does the work there.
+        waited re-judges its guard against the row that was committed meanwhile. Inside a pass
+        or another open transaction nothing runs and None is returned: the caller's locked path
+        does the work there.
         """
         if self._read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         conn = self.conn()
-        if conn.in_transaction or getattr(self._local, "bulk", False):
+        if getattr(self._local, "bulk", False):
             return None
+        if conn.in_transaction:
+            if not getattr(self._local, "atomic", False) or conn.failed:
+                return None
+            return conn.fetch_prepared(sql, params)
         row = conn.fetch_prepared(sql, params)
         # The server answered: as after a write's BEGIN, an owner whose lock connection broke
         # takes its locks back.

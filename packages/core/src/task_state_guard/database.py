@@ -151,9 +151,11 @@ class Database(Protocol):
     def write_one(self) -> WriteOne | None:
         """A backend's one-statement write, or None (then every transition runs in
         :meth:`write`): ``write_one(sql, params)`` runs one guarded statement as its own
-        committed transaction (outside any group) and returns its first ``RETURNING`` row, or
-        None when the guard refused. The clock is read before the call, so a refusal proves
-        nothing: the ledger then runs the locked path, which re-reads the clock and explains.
+        committed transaction (outside any group; inside a :meth:`group`, for a row the group
+        inserts, as a statement of its transaction, no row lock taken first) and returns its
+        first ``RETURNING`` row, or None when the guard refused. The clock is read before the
+        call, so a refusal proves nothing: the ledger then runs the locked path, which re-reads
+        the clock and explains.
         """
         ...
 

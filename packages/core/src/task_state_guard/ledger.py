@@ -6,6 +6,7 @@ import math
 import os
 import sqlite3
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -258,6 +259,8 @@ class Ledger:
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
         self._db: database.Database
+        # Per thread: the ids of the rows the open group inserted (see ``_guarded``).
+        self._local = threading.local()
         if backends.is_url(path):
             # The PostgreSQL backend (an optional package): same transitions, same aggregates.
             connections.check_snapshot_limit(snapshot_max_bytes)  # checked, unused there
@@ -318,8 +321,17 @@ class Ledger:
         A transition that raises inside the block changed nothing itself; the block decides
         whether to go on. Nested use joins the outer transaction.
         """
-        with self._db.group():
-            yield self
+        local = self._local
+        if self._db.in_group:
+            with self._db.group():
+                yield self
+            return
+        local.fresh = set()
+        try:
+            with self._db.group():
+                yield self
+        finally:
+            local.fresh = None
 
     def _guarded(
         self, sql: str, tid: str, *params: Any
@@ -331,6 +343,14 @@ class Ledger:
         """
         db = self._db
         if db.in_group:  # joining the enclosing transaction: no context manager needed
+            fresh: set[str] | None = getattr(self._local, "fresh", None)
+            if fresh is not None and (sql is _INSERT_TASK or tid in fresh):
+                # A row this group inserts (or inserted: no other transaction sees it yet)
+                # needs no row lock first: the statement alone, where the backend offers it.
+                done = self._write_one(sql, tid, params)
+                if done is not None:
+                    fresh.add(tid)
+                    return done[0], done[1], None
             return self._guarded_on(db.conn(), sql, tid, params)
         if sql:
             done = self._write_one(sql, tid, params)
@@ -342,13 +362,14 @@ class Ledger:
     def _write_one(
         self, sql: str, tid: str, params: tuple[Any, ...]
     ) -> tuple[tuple[Any, ...], float] | None:
-        """The guarded statement alone as its own transaction (one round trip), where the
-        backend offers it and no group is open: its row and clock reading, or None (refused,
-        or no such backend). A refusal proves nothing (the clock was read before any lock
-        wait): the caller then takes the locked path, which explains."""
+        """The guarded statement alone (one round trip), where the backend offers it: its own
+        transaction outside a group; inside one (for a row the group inserts), a statement of
+        the group's transaction. Its row and clock reading, or None (refused, or no such
+        backend). A refusal proves nothing (the clock was read before any lock wait): the
+        caller then takes the locked path, which explains."""
         db = self._db
         write_one = db.write_one
-        if write_one is None or db.in_group:
+        if write_one is None:
             return None
         now = db.now()
         row = write_one(sql, (now, tid, *params))
