@@ -38,7 +38,7 @@ except ImportError:
     sys.path.insert(0, CORE_SRC)
     from task_state_guard import Ledger
 
-from task_state_guard import owners  # noqa: E402
+from task_state_guard.sqlite import owners  # noqa: E402
 
 DAY = 86400.0
 NAMES = ("app.tasks.fetch", "app.tasks.render", "agent.plan", "agent.tool_call")

@@ -231,7 +231,7 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
 def as_v5(path: str) -> None:
     """Turn a fresh (v6) SQLite ledger into the exact v5 layout: its close totals counted a
     child as an attempt, whatever it owed."""
-    from task_state_guard import schema
+    from task_state_guard.sqlite import schema
 
     raw_execute(path, "DROP TRIGGER tsg_total_closed", schema._TOTAL_TRIGGERS[0],
                 "UPDATE tsg_meta SET value = '5' WHERE key = 'schema_version'")

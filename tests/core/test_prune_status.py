@@ -129,7 +129,7 @@ def test_prune_in_batches(ledger: Ledger, clock: Clock, monkeypatch: pytest.Monk
 @pytest.mark.sqlite_only
 def test_bulk_writes_restore_the_connection_settings(ledger: Ledger, clock: Clock) -> None:
     """Reconcile apply and prune borrow a larger page cache and give it back."""
-    from task_state_guard import connections
+    from task_state_guard.sqlite import connections
 
     conn = ledger._conn()
     pragmas = ("cache_size", "wal_autocheckpoint")

@@ -29,8 +29,8 @@ from task_state_guard import (
     ReconcilePolicy,
     StorageError,
     UnsafeLocation,
-    schema,
 )
+from task_state_guard.sqlite import schema
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX storage contract")
 

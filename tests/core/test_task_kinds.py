@@ -72,7 +72,7 @@ def test_the_readme_states_each_backends_layout_once_and_rightly() -> None:
     import re
     from pathlib import Path
 
-    from task_state_guard import schema
+    from task_state_guard.sqlite import schema
     from task_state_guard_postgres import SCHEMA_VERSION as POSTGRES
 
     repo = Path(__file__).resolve().parents[2]

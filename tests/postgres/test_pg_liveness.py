@@ -13,7 +13,7 @@ import pytest
 from pg_fixtures import PG_BASE
 from pg_helpers import Workers, schema_of, sql
 from task_state_guard import InvalidInput, Ledger, ReconcilePolicy
-from task_state_guard.owners import Liveness
+from task_state_guard.model import Liveness
 from task_state_guard_postgres import drop_schema
 from task_state_guard_postgres.database import open_database
 from task_state_guard_postgres.ddl import lock_key

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from pg_helpers import sql
 from task_state_guard import Ledger, ReconcilePolicy
-from task_state_guard import reconcile as core_reconcile
 from task_state_guard import status as core_status
+from task_state_guard.sqlite.queries import SQLiteQueries
+from task_state_guard_postgres.queries import PostgresQueries
 
 T0 = 1_700_000_000.0
 
@@ -51,8 +52,17 @@ def _mixed_ledger(url: str, clock: Clock) -> None:
         ledger.heartbeat(child.id)
 
 
+class _PerRow(PostgresQueries):
+    """The PostgreSQL queries with a pass's closes sent one statement per row (the row
+    trigger writes their events, totals and verdicts)."""
+
+    close_lost = staticmethod(SQLiteQueries.close_lost)
+
+
 @pytest.mark.parametrize("grace", [0.0, 30.0, 10_000.0])
-def test_status_grouped_on_the_server_equals_the_streamed_count(pg_url: str, grace: float) -> None:
+def test_status_grouped_on_the_server_equals_the_streamed_count(
+    pg_url: str, grace: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = Clock()
     _mixed_ledger(pg_url, clock)
     clock.now += 40
@@ -61,9 +71,11 @@ def test_status_grouped_on_the_server_equals_the_streamed_count(pg_url: str, gra
     sql(pg_url, "UPDATE tsg_tasks SET started_at = 'NaN' WHERE name = 'app.late'")
     with Ledger(pg_url, read_only=True, clock=clock) as ledger:
         db: Any = ledger._db
-        assert db.group_on_server is True
+        assert isinstance(db.queries, PostgresQueries)
         grouped = ledger.status(active_grace_seconds=grace)
-        db.group_on_server = False  # this object only: the generic streamed path
+        # this object only: SQLite's path (rows streamed and counted here, at-risk figures
+        # read one by one), run on the PostgreSQL ledger
+        monkeypatch.setattr(db, "queries", SQLiteQueries())
         streamed = ledger.status(active_grace_seconds=grace)
     assert grouped == streamed
     assert grouped["by_name"][core_status.INVALID_LABEL]["queued"] == 1
@@ -114,8 +126,7 @@ def test_reconcile_batches_write_what_one_statement_per_row_writes(
             with Ledger(url, clock=clock) as ledger:
                 db: Any = ledger._db
                 if url == twin:  # the generic path: one statement per row
-                    monkeypatch.setattr(db, "run_batch", lambda conn, statement, rows:
-                                        conn.executemany(statement, rows))
+                    monkeypatch.setattr(db, "queries", _PerRow())
                 reports.append(ledger.reconcile(ReconcilePolicy(
                     active_grace_seconds=60, delivery_grace_seconds=0)))
         assert reports[0] == reports[1]
@@ -133,7 +144,7 @@ def test_reconcile_batches_write_what_one_statement_per_row_writes(
         drop_pg_url(twin)
 
 
-def test_run_batch_groups_rows_by_values(pg_url: str) -> None:
+def test_pass_closes_group_rows_by_values(pg_url: str) -> None:
     clock = Clock()
     with Ledger(pg_url, clock=clock) as ledger:
         tasks = [ledger.create_task() for _ in range(4)]
@@ -142,11 +153,11 @@ def test_run_batch_groups_rows_by_values(pg_url: str) -> None:
         seqs = [row[0] for row in sql(pg_url, "SELECT seq FROM tsg_tasks ORDER BY seq")]
         db: Any = ledger._db
         with db.write() as conn:
-            db.run_batch(conn, core_reconcile.TIME_OUT, [
-                ("owner_lost", T0 + 1, T0 + 1, seqs[0]),
-                ("restart_stale", T0 + 2, T0 + 2, seqs[1]),
-                ("owner_lost", T0 + 1, T0 + 1, seqs[2]),
-            ])
+            db.queries.close_lost(conn, [
+                ("owner_lost", T0 + 1, seqs[0]),
+                ("restart_stale", T0 + 2, seqs[1]),
+                ("owner_lost", T0 + 1, seqs[2]),
+            ], [])
     rows = sql(pg_url, "SELECT status, terminal_code, ended_at FROM tsg_tasks ORDER BY seq")
     assert rows == [("timed_out", "owner_lost", T0 + 1), ("timed_out", "restart_stale", T0 + 2),
                     ("timed_out", "owner_lost", T0 + 1), ("running", None, None)]

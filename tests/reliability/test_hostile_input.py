@@ -39,8 +39,8 @@ from task_state_guard import (
     payload_fingerprint,
     reasons,
     reconcile_restart,
-    storage,
 )
+from task_state_guard.sqlite import storage
 
 from .conftest import assert_cli_error, cli_env, one_json_line, private_dir, run_cli
 

@@ -2,11 +2,9 @@
 
 One connection per thread and per process (opened lazily, never used after ``fork()``).
 Writes run at READ COMMITTED. A transition outside a group is first tried as the core's
-guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, prepared, its own
+guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, its own
 transaction; a statement that waited for a row lock re-judges its guard against the row
-committed meanwhile); inside a group, so is the insert of a task and a transition of a task the
-group inserted (no other transaction sees that row yet). On a refusal, and for every other
-transition inside a group, the locked path runs: it first holds the
+committed meanwhile). On a refusal, and inside a group, the locked path runs: it first holds the
 task's row, then reads the clock, then runs the guarded statement, so concurrent writers on one
 task queue on its row lock exactly as SQLite's writers queue on the database lock, and a guard
 is always judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY
@@ -27,92 +25,30 @@ from contextlib import contextmanager
 from typing import Any
 
 from task_state_guard import reasons as r
-from task_state_guard import reconcile as _reconcile
-from task_state_guard.database import read_clock
+from task_state_guard.attempts import Begin, End, Ended
 from task_state_guard.model import (
-    LOST_CODES,
-    TASK_KIND_SQL,
     InvalidInput,
     LedgerError,
+    Liveness,
     StorageError,
 )
-from task_state_guard.owners import Liveness
-from task_state_guard.schema import sql_list
+from task_state_guard.store import read_clock
 
+from . import attempts as _attempts
 from . import ddl, driver, owners
 from . import doctor as _doctor
+from .queries import PASS_KIND, PostgresQueries
 from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
 
-PASS_KIND = "tsg-pass"
-# Reconcile's per-row statements (last parameter: the row's seq) as one statement per batch
-# and set of values, writing what the event trigger writes for the same rows (the trigger
-# steps aside while ``ddl.PASS_EVENTS`` is on). The guards (still active / still pending)
-# hold for every row a pass sends, since it holds them; they keep events exact regardless.
-_TASKS_SEQ = "seq = ANY(?::bigint[])"
-PASS_WRITES = {
-    _reconcile.TIME_OUT: (
-        "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
-        f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
-        "AND status IN ('queued','running') "
-        "RETURNING seq, status, terminal_code, ended_at, parent_id, delivery_required, "
-        "framework), "
-        "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        "SELECT seq, 3, 'closed', status, terminal_code, ended_at FROM u), "
-        # the verdict each lost logical task owes its framework (as the row trigger writes it)
-        "v AS (INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
-        "SELECT seq, framework, 'pending', ended_at FROM u WHERE framework IS NOT NULL "
-        f"AND terminal_code IN {sql_list(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
-        "INSERT INTO tsg_totals(event, kind, state, code, total) "
-        f"SELECT 'closed', {TASK_KIND_SQL.format(row='')}, status, "
-        "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
-    ),
-    _reconcile.CLOSE_DELIVERY: (
-        "WITH u AS (UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, "
-        f"delivery_updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
-        "AND delivery_status = 'pending' "
-        "RETURNING seq, delivery_status, delivery_code, delivery_updated_at, delivery_required), "
-        "c AS (SELECT * FROM u WHERE delivery_status <> 'pending'), "
-        "e AS (INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        "SELECT seq, 4, 'delivery', delivery_status, delivery_code, delivery_updated_at FROM c) "
-        "INSERT INTO tsg_totals(event, kind, state, code, total) "
-        "SELECT 'delivery', CASE delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END, "
-        "delivery_status, coalesce(delivery_code, ''), count(*) FROM c GROUP BY 2, 3, 4"
-    ),
-}
-_PASS_EVENTS = f"SELECT set_config('{ddl.PASS_EVENTS}', ?, true)"
 _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 
 
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
-    #: Reconcile holds the open rows it reads until it commits (without blocking foreign-key
-    #: checks), and skips a row a worker's transaction holds at that moment (that work is
-    #: being changed right now; the next pass judges it): a pass never waits for a worker,
-    #: so a worker's transaction and a pass can never deadlock.
     layout_version = ddl.SCHEMA_VERSION
     outbox_version = ddl.OUTBOX_VERSION
-    row_lock = " FOR NO KEY UPDATE SKIP LOCKED"
-    #: The server hash-aggregates: status reads only the groups, never every row.
-    group_on_server = True
-
-    @staticmethod
-    def run_batch(conn: driver.Conn, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """Reconcile's writes as one set-based statement per distinct set of values (a pass
-        gives a few: its codes share one clock reading) instead of a statement and a trigger
-        call per row; the statement writes the rows' events and totals itself. Any other
-        statement: one per row."""
-        shape = PASS_WRITES.get(statement)
-        if shape is None:
-            conn.executemany(statement, rows)
-            return
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for row in rows:
-            groups.setdefault(tuple(row[:-1]), []).append(row[-1])
-        conn.execute(_PASS_EVENTS, ("on",))
-        for values, seqs in groups.items():
-            conn.execute(shape, (*values, seqs))
-        conn.execute(_PASS_EVENTS, ("off",))  # a failure above aborts the transaction: no reset
+    queries = PostgresQueries()
 
     def __init__(
         self,
@@ -298,30 +234,51 @@ class PostgresDatabase:
 
     def write_one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """Run one guarded statement as its own transaction (autocommit: one round trip, no
-        BEGIN or COMMIT); return its first row, or None when nothing was written. Inside
-        :meth:`group` it runs in the group's transaction instead, the same way (prepared, no
-        row lock taken first): the core does so for the rows the group inserts.
+        BEGIN or COMMIT); return its first row, or None when nothing was written.
 
         The statement and the events its triggers write commit together or not at all. Its
         row lock is taken by the statement itself, and at READ COMMITTED a statement that
-        waited re-judges its guard against the row that was committed meanwhile. Inside a pass
-        or another open transaction nothing runs and None is returned: the caller's locked path
-        does the work there.
+        waited re-judges its guard against the row that was committed meanwhile. Inside an
+        open transaction (a group, or a pass) nothing runs and None is returned: the caller's
+        locked path does the work there.
         """
         if self._read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         conn = self.conn()
-        if getattr(self._local, "bulk", False):
+        if conn.in_transaction or getattr(self._local, "bulk", False):
             return None
-        if conn.in_transaction:
-            if not getattr(self._local, "atomic", False) or conn.failed:
-                return None
-            return conn.fetch_prepared(sql, params)
         row = conn.fetch_prepared(sql, params)
         # The server answered: as after a write's BEGIN, an owner whose lock connection broke
         # takes its locks back.
         owners.keep_locks(self._target, self.busy_timeout_ms)
         return row
+
+    # ----------------------------------------------------------------- a guarded job's writes
+    def begin_attempt(self, spec: Begin) -> str | None:
+        """*Begin attempt* as one statement (its own transaction outside a group): the
+        attempt's id, or None when no attempt was started (the ledger explains)."""
+        conn = self._write_conn()
+        begun = _attempts.begin(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return begun
+
+    def end_attempt(self, spec: End) -> Ended:
+        """*End attempt* as one statement (its own transaction outside a group)."""
+        conn = self._write_conn()
+        ended = _attempts.end(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return ended
+
+    def _write_conn(self) -> driver.Conn:
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        return self.conn()
+
+    def _after_autocommit(self, conn: driver.Conn) -> None:
+        # The server answered: as after a write's BEGIN, an owner whose lock connection broke
+        # takes its locks back.
+        if not conn.in_transaction:
+            owners.keep_locks(self._target, self.busy_timeout_ms)
 
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:
@@ -345,7 +302,7 @@ class PostgresDatabase:
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report (the core's report keys)."""
-        return _doctor.run_doctor(self)
+        return _doctor.run_doctor(self, self.schema)
 
     def storage_info(self) -> dict[str, Any]:
         """The storage in force, without host, database, user or password."""

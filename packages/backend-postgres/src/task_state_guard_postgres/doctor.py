@@ -1,59 +1,29 @@
 """Counts-only health check of a PostgreSQL ledger, with the core's report and rules.
 
-State, code, value, parent and event-chain rules are the core's (``task_state_guard.doctor``);
-only the statements that SQLite writes in its own dialect are restated here. PostgreSQL has no
+The rules and the report are the core's (``task_state_guard.doctor``); this module supplies
+the probes: PostgreSQL's dialect, the count of broken parent links, rows streamed through a
+server-side cursor, and the layout check. PostgreSQL has no
 ``quick_check``: ``quick_check`` is ``"ok"`` when every check could read the ledger, and the
 schema is checked against the exact column layout and the event triggers of this release.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 from task_state_guard import doctor as core
-from task_state_guard import verdicts
+from task_state_guard import rules
 from task_state_guard.model import LedgerError
+from task_state_guard.store import Database
 
 from . import ddl
-
-if TYPE_CHECKING:
-    from .database import PostgresDatabase
 
 
 def _fin(column: str) -> str:
     # Columns are double precision: NULL, NaN (above every number here) and infinity fail.
     return f"({column} >= 0 AND {column} < 'Infinity'::float8)"
 
-
-_SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,
-    started_at IS NULL, heartbeat_at IS NULL, ended_at IS NULL,
-    deadline_at IS NULL, owner IS NULL, {core.times_ok_sql(_fin, "false")}, count(*)
-    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
-
-_EVENT_CHAINS = f"""SELECT count(*) FROM (
-    SELECT 1 + (t.started_at IS NOT NULL)::int + (t.status IN ({core._TERMINAL}))::int
-          + (t.delivery_status <> 'pending')::int AS expected,
-        t.version AS version,
-        count(e.task_seq) AS actual,
-        coalesce(sum((CASE e.step
-            WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
-                 AND e.at = t.created_at
-            WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
-                 AND e.at = t.started_at
-            WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
-                 AND t.status IN ({core._TERMINAL})
-                 AND e.code IS NOT DISTINCT FROM t.terminal_code AND e.at = t.ended_at
-            WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
-                 AND t.delivery_status <> 'pending'
-                 AND e.code IS NOT DISTINCT FROM t.delivery_code
-                 AND e.at = t.delivery_updated_at
-            ELSE false END)::int), 0) AS matching
-    FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
-    GROUP BY t.seq) AS chains
-    WHERE actual <> expected OR matching <> expected OR version < expected - 1"""
-
-_OUTBOX_VALUES = core.outbox_values_sql(_fin)
-_OUTBOX = verdicts.consistency_sql(_fin)
 
 _MISSING_PARENTS = (
     "SELECT count(*) FROM tsg_tasks c WHERE c.parent_id IS NOT NULL "
@@ -72,25 +42,8 @@ _EXPECTED_LAYOUT = [
     ("tsg_events", "state", "text", "NO"),
     ("tsg_events", "code", "text", "YES"),
     ("tsg_events", "at", "double precision", "NO"),
-    ("tsg_tasks", "seq", "bigint", "NO"),
-    ("tsg_tasks", "id", "text", "NO"),
-    ("tsg_tasks", "parent_id", "text", "YES"),
-    ("tsg_tasks", "status", "text", "NO"),
-    ("tsg_tasks", "terminal_code", "text", "YES"),
-    ("tsg_tasks", "delivery_required", "integer", "NO"),
-    ("tsg_tasks", "delivery_status", "text", "NO"),
-    ("tsg_tasks", "delivery_code", "text", "YES"),
-    ("tsg_tasks", "payload_hash", "text", "YES"),
-    *[("tsg_tasks", column, "double precision", nullable) for column, nullable in (
-        ("timeout_seconds", "YES"), ("deadline_at", "YES"), ("created_at", "NO"),
-        ("started_at", "YES"), ("heartbeat_at", "YES"), ("ended_at", "YES"),
-        ("delivery_updated_at", "NO"), ("updated_at", "NO"))],
-    ("tsg_tasks", "name", "text", "YES"),
-    ("tsg_tasks", "owner", "text", "YES"),
-    ("tsg_tasks", "version", "bigint", "NO"),
-    ("tsg_tasks", "framework_id", "text", "YES"),
-    ("tsg_tasks", "framework", "text", "YES"),
-    ("tsg_tasks", "redelivery_seconds", "double precision", "YES"),
+    *[("tsg_tasks", c.name, c.postgres_type, "YES" if c.nullable else "NO")
+      for c in rules.TASK_COLUMNS],
     ("tsg_totals", "event", "text", "NO"),
     ("tsg_totals", "kind", "text", "NO"),
     ("tsg_totals", "state", "text", "NO"),
@@ -111,15 +64,20 @@ _TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
     AND g.tgname IN ('tsg_event_created', 'tsg_event_changed')"""
 
 
-class _Streamed:
-    """The connection as ``core._check_values`` reads it: its one query over every row comes
-    through a server-side cursor, a bounded number of rows at a time."""
+def _missing_parents(conn: Any) -> int:
+    return int(conn.execute(_MISSING_PARENTS).fetchone()[0])
 
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
 
-    def execute(self, sql: str) -> Any:
-        return self._conn.stream(sql)
+def _rows(conn: Any, sql: str) -> Iterable[tuple[Any, ...]]:
+    rows: Iterable[tuple[Any, ...]] = conn.stream(sql)  # a server-side cursor, bounded
+    return rows
+
+
+PROBES = core.Probes(
+    core.Dialect(_fin, false="false", true="true", is_same="IS NOT DISTINCT FROM",
+                 as_int="({})::int"),
+    _missing_parents, _rows,
+)
 
 
 def _schema_ok(conn: Any, schema: str) -> int | None:
@@ -135,48 +93,22 @@ def _schema_ok(conn: Any, schema: str) -> int | None:
     return version
 
 
-def run_doctor(db: PostgresDatabase) -> dict[str, Any]:
-    """Check the whole ledger and return counts only (the core's report keys)."""
-    findings = dict.fromkeys(core._FINDINGS, 0)
-    task_count = event_count = 0
-    tasks = dict.fromkeys(core._TASK_ORDER, 0)
-    deliveries = dict.fromkeys(core._DELIVERY_ORDER, 0)
+def run_doctor(db: Database, schema: str) -> dict[str, Any]:
+    """Check the ledger in ``schema`` and return counts only (the core's report keys)."""
+    findings = core.new_findings()
+    counts = core.empty_counts()
     version: int | None = None
     read_ok = True
     with db.read() as conn:
-        version = _schema_ok(conn, db.schema)
+        version = _schema_ok(conn, schema)
         if version is not None:
             try:
-                task_count = core._count(conn, "SELECT count(*) FROM tsg_tasks")
-                event_count = core._count(conn, "SELECT count(*) FROM tsg_events")
-                tasks, deliveries = core._state_counts(conn)
-                findings["foreign_key_violations"] = core._count(conn, _MISSING_PARENTS)
-                findings["orphan_events"] = core._count(conn, core._ORPHAN_EVENTS)
-                core._check_shapes(conn, findings, _SHAPES)
-                core._check_values(_Streamed(conn), findings)
-                findings["event_chain_mismatches"] = core._count(conn, _EVENT_CHAINS)
-                findings["parent_order_violations"], findings["parent_cycles"] = core._cycles(
-                    conn
-                )
-                findings["invalid_values"] += core._count(conn, _OUTBOX_VALUES)
-                findings["verdict_mismatches"] = core._count(conn, _OUTBOX)
+                core.check(conn, PROBES, findings, counts, lambda read: read())
             except LedgerError:
                 findings["integrity_errors"] += 1  # a check could not read the ledger
                 read_ok = False
-    schema_ok = version is not None
-    report: dict[str, Any] = {
-        "healthy": schema_ok and not any(findings.values()),
-        "schema_version": version,
-        "schema_ok": schema_ok,
-        "quick_check": "ok" if read_ok else "failed",
-        "task_count": task_count,
-        "event_count": event_count,
-        "task_status_counts": tasks,
-        "delivery_status_counts": deliveries,
-    }
-    for name, count in findings.items():
-        report[core._COUNT_KEYS[name]] = count
-    return report
+    return core.report(version=version, schema_ok=version is not None, read_ok=read_ok,
+                       counts=counts, findings=findings)
 
 
-__all__ = ["run_doctor"]
+__all__ = ["PROBES", "run_doctor"]

@@ -51,8 +51,7 @@ import select
 import threading
 
 import psycopg
-from task_state_guard.model import LedgerError
-from task_state_guard.owners import Liveness
+from task_state_guard.model import LedgerError, Liveness
 
 from . import driver
 from .ddl import lock_key

@@ -14,7 +14,7 @@ from . import reasons as r
 from .model import StorageError
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 URL_PREFIXES = ("postgresql://", "postgres://")
 #: The fixed error when a PostgreSQL URL is given but the backend is not installed.

@@ -1,4 +1,4 @@
-"""Counts-only health check: integrity, exact schema, state semantics, timestamps, event chains.
+"""Counts-only health check: the rules a ledger must satisfy and the report, for every backend.
 
 The report (0.1.0's keys): ``healthy``, ``schema_version``, ``schema_ok``, ``quick_check``
 (``"ok"`` or ``"failed"``), ``task_count``, ``event_count``, ``task_status_counts`` and
@@ -10,29 +10,30 @@ Memory stays bounded whatever the ledger size: state and code rules are judged o
 row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
 evaluated inside SQLite, and identifiers are checked in one streaming pass. Findings are counts;
 no id, code, hash or stored value ever appears in the report.
+
+The rules and the report are here; each backend supplies its probes (:class:`Probes`: the
+dialect's statements, how it counts broken parent links and how it streams rows) and its own
+integrity and layout checks (``task_state_guard.sqlite.doctor``,
+``task_state_guard_postgres.doctor``), then calls :func:`check` and :func:`report`.
 """
 
 from __future__ import annotations
 
 import re
-import sqlite3
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
-from . import schema, verdicts
+from . import rules, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     FRAMEWORK_LABELS,
     TASK_CODES,
     TASK_STATES,
-    TERMINAL_STATES,
 )
 
-if TYPE_CHECKING:
-    from .database import Database
-
-_FINDINGS = (
+FINDINGS = (
     "integrity_errors",
     "foreign_key_violations",
     "orphan_events",
@@ -47,7 +48,7 @@ _FINDINGS = (
     "verdict_mismatches",
 )
 #: The report key of each finding class.
-_COUNT_KEYS = {
+COUNT_KEYS = {
     "integrity_errors": "integrity_error_count",
     "foreign_key_violations": "foreign_key_violation_count",
     "orphan_events": "orphan_event_count",
@@ -61,22 +62,16 @@ _COUNT_KEYS = {
     "event_chain_mismatches": "event_chain_mismatch_count",
     "verdict_mismatches": "verdict_mismatch_count",
 }
-_TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
-_DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
+_TASK_ORDER = rules.TASK_ORDER
+_DELIVERY_ORDER = rules.DELIVERY_ORDER
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NAME = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_TERMINAL = ",".join(f"'{s}'" for s in sorted(TERMINAL_STATES))
 
 
 #: The largest finite float as an SQL literal: a stored infinity compares above it.
 FLOAT_MAX_SQL = "1.7976931348623157e308"
-
-
-def _fin(column: str) -> str:
-    return (f"(typeof({column}) IN ('real','integer') "
-            f"AND {column} BETWEEN 0 AND {FLOAT_MAX_SQL})")
 
 
 def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
@@ -102,40 +97,8 @@ def times_ok_sql(fin: Callable[[str], str], false: str = "0") -> str:
     ), {false})"""
 
 
-_TIMES_OK = times_ok_sql(_fin)
-
-# One row per distinct shape: states, codes, which optional fields are set, timestamps valid.
-_SHAPES = f"""SELECT status, terminal_code, delivery_status, delivery_code, delivery_required,
-    started_at IS NULL, heartbeat_at IS NULL, ended_at IS NULL,
-    deadline_at IS NULL, owner IS NULL, {_TIMES_OK}, count(*)
-    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
-
 _VALUES = "SELECT id, parent_id, name, owner, payload_hash, version, framework_id FROM tsg_tasks"
 
-# A task's events must be exactly: created, started (if it started), closed (if terminal),
-# delivery (if its delivery closed), each with the task's own state, code and time; and the
-# task's version counts at least those changes (a 0.1.0 ledger may have counted more).
-_EVENT_CHAINS = f"""SELECT count(*) FROM (
-    SELECT 1 + (t.started_at IS NOT NULL) + (t.status IN ({_TERMINAL}))
-          + (t.delivery_status != 'pending') AS expected,
-        t.version AS version,
-        count(e.task_seq) AS actual,
-        coalesce(sum(CASE e.step
-            WHEN 1 THEN e.kind = 'created' AND e.state = 'queued' AND e.code = 'created'
-                 AND e.at = t.created_at
-            WHEN 2 THEN e.kind = 'started' AND e.state = 'running' AND e.code = 'started'
-                 AND e.at = t.started_at
-            WHEN 3 THEN e.kind = 'closed' AND e.state = t.status
-                 AND t.status IN ({_TERMINAL}) AND e.code IS t.terminal_code
-                 AND e.at = t.ended_at
-            WHEN 4 THEN e.kind = 'delivery' AND e.state = t.delivery_status
-                 AND t.delivery_status != 'pending' AND e.code IS t.delivery_code
-                 AND e.at = t.delivery_updated_at
-            ELSE 0 END), 0) AS matching
-    FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
-    GROUP BY t.seq)
-    WHERE actual != expected OR matching != expected
-        OR typeof(version) != 'integer' OR version < expected - 1"""
 
 def outbox_values_sql(fin: Callable[[str], str]) -> str:
     """Count the task rows whose outbox columns (current layout) are malformed: a framework
@@ -143,14 +106,56 @@ def outbox_values_sql(fin: Callable[[str], str]) -> str:
     owes its own, a LangGraph resume or recovery run, is a job), or a redelivery bound that is
     not a finite duration of a started task."""
     return f"""SELECT count(*) FROM tsg_tasks WHERE
-    (framework IS NOT NULL AND (framework NOT IN {schema.sql_list(FRAMEWORK_LABELS)}
+    (framework IS NOT NULL AND (framework NOT IN {rules.sql_set(FRAMEWORK_LABELS)}
         OR (parent_id IS NOT NULL AND delivery_required = 0)))
     OR (redelivery_seconds IS NOT NULL AND NOT ({fin("redelivery_seconds")}
         AND redelivery_seconds <= 1e10 AND started_at IS NOT NULL))"""
 
 
-_OUTBOX_VALUES = outbox_values_sql(_fin)
-_OUTBOX = verdicts.consistency_sql(_fin)
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How a backend's SQL writes the few things dialects spell differently: ``fin`` (the
+    finite-number test of a column), the boolean literals, null-safe equality, a boolean as an
+    integer (``{}``) and any extra event-chain condition on ``version``."""
+
+    fin: Callable[[str], str]
+    false: str
+    true: str
+    is_same: str
+    as_int: str
+    chain_extra: str = ""
+    shapes: str = field(init=False)
+    event_chains: str = field(init=False)
+    outbox_values: str = field(init=False)
+    outbox: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        # One row per distinct shape: states, codes, which optional fields are set, times valid.
+        shapes = f"""SELECT status, terminal_code, delivery_status, delivery_code,
+    delivery_required, started_at IS NULL, heartbeat_at IS NULL, ended_at IS NULL,
+    deadline_at IS NULL, owner IS NULL, {times_ok_sql(self.fin, self.false)}, count(*)
+    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"""
+        # A task's events must be exactly those its row has made (``rules.expected_events``),
+        # each with the task's own state, code and time; and its version counts at least
+        # those changes (a 0.1.0 ledger may have counted more).
+        chains = rules.event_chain_sql(is_same=self.is_same, as_int=self.as_int,
+                                       false=self.false, true=self.true, extra=self.chain_extra)
+        object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "event_chains", chains)
+        object.__setattr__(self, "outbox_values", outbox_values_sql(self.fin))
+        object.__setattr__(self, "outbox", verdicts.consistency_sql(self.fin))
+
+
+@dataclass(frozen=True, slots=True)
+class Probes:
+    """What a backend supplies to :func:`check`: its :class:`Dialect`, how it counts children
+    whose parent is missing (``foreign_keys(conn)``), and how it streams the rows of one query
+    without parameters (``rows(conn, sql)``)."""
+
+    dialect: Dialect
+    foreign_keys: Callable[[Any], int]
+    rows: Callable[[Any, str], Iterable[tuple[Any, ...]]]
+
 
 _ORPHAN_EVENTS = (
     "SELECT count(*) FROM tsg_events e "
@@ -191,7 +196,7 @@ def _count(conn: Any, sql: str) -> int:
     return int(conn.execute(sql).fetchone()[0])
 
 
-def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str = _SHAPES) -> None:
+def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str) -> None:
     for *shape, times_ok, count in conn.execute(shapes_sql):
         states_ok, codes_ok = _shape_ok(tuple(shape))
         findings["invalid_states"] += 0 if states_ok else count
@@ -199,11 +204,11 @@ def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str = _SHAPES
         findings["invalid_timestamps"] += 0 if times_ok else count
 
 
-def _check_values(conn: Any, findings: dict[str, int]) -> None:
+def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> None:
     uuid_ok, name_ok = _UUID.fullmatch, _NAME.fullmatch
     known_names: set[str] = set()
     bad_ids = bad_values = 0
-    for task_id, parent, name, owner, payload, version, framework in conn.execute(_VALUES):
+    for task_id, parent, name, owner, payload, version, framework in rows:
         if (
             not (type(task_id) is str and uuid_ok(task_id))
             or (parent is not None and not (type(parent) is str and uuid_ok(parent)))
@@ -264,72 +269,66 @@ def _state_counts(conn: Any) -> tuple[dict[str, int], dict[str, int]]:
     return tasks, deliveries
 
 
-def run_doctor(db: Database) -> dict[str, Any]:
-    """Check the whole ledger and return counts only (see the module docstring).
 
-    A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
-    ``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
-    count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts);
-    each part that could not be read adds one to ``integrity_error_count``.
-    """
-    findings = dict.fromkeys(_FINDINGS, 0)
-    report: dict[str, Any] = {
-        "task_count": None, "event_count": None,
-        "task_status_counts": None, "delivery_status_counts": None,
-    }
-    with db.read() as conn:
-        try:
-            integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
-        except sqlite3.DatabaseError:  # damaged so that SQLite stops checking (not only lists)
-            integrity = ["unreadable"]
-        try:
-            fmt = schema.detect_format(conn, "main")
-        except sqlite3.DatabaseError as exc:
-            raise db.translate(exc) from None
-        integrity_ok = integrity == ["ok"]
-        findings["integrity_errors"] = 0 if integrity_ok else len(integrity)
-        readable = True
 
-        def part(read: Callable[[], Any]) -> Any:
-            nonlocal readable
-            try:
-                return read()
-            except sqlite3.DatabaseError:  # damaged beyond what this part could read
-                readable = False
-                findings["integrity_errors"] += 1
-                return None
+#: A part of the check that may fail on a damaged ledger: it runs the read and returns its
+#: result, or records the failure and returns None (or lets the error through).
+Part = Callable[[Callable[[], Any]], Any]
 
-        if fmt in schema.KNOWN:
-            report["task_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
-            report["event_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
-            counts = part(lambda: _state_counts(conn))
-            if counts is not None:
-                report["task_status_counts"], report["delivery_status_counts"] = counts
-            findings["foreign_key_violations"] = part(
-                lambda: len(conn.execute("PRAGMA foreign_key_check").fetchall())) or 0
-            findings["orphan_events"] = part(lambda: _count(conn, _ORPHAN_EVENTS)) or 0
-            part(lambda: _check_shapes(conn, findings))
-            part(lambda: _check_values(conn, findings))
-            findings["event_chain_mismatches"] = part(
-                lambda: _count(conn, _EVENT_CHAINS)) or 0
-            cycles = part(lambda: _cycles(conn))
-            if cycles is not None:
-                findings["parent_order_violations"], findings["parent_cycles"] = cycles
-            if fmt in schema.OUTBOX_LAYOUTS:  # older layouts have no outbox
-                findings["invalid_values"] += part(lambda: _count(conn, _OUTBOX_VALUES)) or 0
-                findings["verdict_mismatches"] = part(lambda: _count(conn, _OUTBOX)) or 0
-        else:
-            report["task_count"] = report["event_count"] = 0
-            report["task_status_counts"] = dict.fromkeys(_TASK_ORDER, 0)
-            report["delivery_status_counts"] = dict.fromkeys(_DELIVERY_ORDER, 0)
-    schema_ok = fmt in schema.KNOWN and integrity_ok and readable
+
+def new_findings() -> dict[str, int]:
+    """Every finding class at zero."""
+    return dict.fromkeys(FINDINGS, 0)
+
+
+def empty_counts() -> dict[str, Any]:
+    """The counts of a ledger that holds nothing."""
+    return {"task_count": 0, "event_count": 0,
+            "task_status_counts": dict.fromkeys(_TASK_ORDER, 0),
+            "delivery_status_counts": dict.fromkeys(_DELIVERY_ORDER, 0)}
+
+
+def check(conn: Any, probes: Probes, findings: dict[str, int], counts: dict[str, Any],
+          part: Part, *, outbox: bool = True) -> None:
+    """Run every rule on the ledger read through ``conn`` (one read transaction): add the
+    findings to ``findings`` and set ``counts`` (the task and event counts, the state counts)
+    as far as each part could read. ``outbox``: the layout has the verdict outbox."""
+    dialect = probes.dialect
+    task_count = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
+    event_count = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
+    counts["task_count"], counts["event_count"] = task_count, event_count
+    states = part(lambda: _state_counts(conn))
+    if states is not None:
+        counts["task_status_counts"], counts["delivery_status_counts"] = states
+    findings["foreign_key_violations"] = part(lambda: probes.foreign_keys(conn)) or 0
+    findings["orphan_events"] = part(lambda: _count(conn, _ORPHAN_EVENTS)) or 0
+    part(lambda: _check_shapes(conn, findings, dialect.shapes))
+    part(lambda: _check_values(probes.rows(conn, _VALUES), findings))
+    findings["event_chain_mismatches"] = part(lambda: _count(conn, dialect.event_chains)) or 0
+    cycles = part(lambda: _cycles(conn))
+    if cycles is not None:
+        findings["parent_order_violations"], findings["parent_cycles"] = cycles
+    if outbox:  # older layouts have no outbox
+        findings["invalid_values"] += part(lambda: _count(conn, dialect.outbox_values)) or 0
+        findings["verdict_mismatches"] = part(lambda: _count(conn, dialect.outbox)) or 0
+
+
+def report(*, version: int | None, schema_ok: bool, read_ok: bool, counts: dict[str, Any],
+           findings: dict[str, int]) -> dict[str, Any]:
+    """The report: healthy when the schema is right and nothing was found (counts only)."""
     result: dict[str, Any] = {
         "healthy": schema_ok and not any(findings.values()),
-        "schema_version": schema.STORED_VERSION[fmt] if fmt in schema.KNOWN else None,
+        "schema_version": version,
         "schema_ok": schema_ok,
-        "quick_check": "ok" if integrity_ok and readable else "failed",
-        **report,
+        "quick_check": "ok" if read_ok else "failed",
+        **counts,
     }
     for name, count in findings.items():
-        result[_COUNT_KEYS[name]] = count
+        result[COUNT_KEYS[name]] = count
     return result
+
+
+__all__ = [
+    "COUNT_KEYS", "FINDINGS", "FLOAT_MAX_SQL", "Dialect", "Part", "Probes", "check",
+    "empty_counts", "new_findings", "outbox_values_sql", "report", "times_ok_sql",
+]

@@ -22,7 +22,7 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 _TASK_SEQ = "SELECT seq FROM tsg_tasks WHERE id = ?"
 _EVENTS = "SELECT step, kind, state, code, at FROM tsg_events WHERE task_seq = ? ORDER BY step"

@@ -16,23 +16,10 @@ from typing import TYPE_CHECKING, Any
 from .model import LOST_CODES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 OUTCOMES = ("succeeded", "failed", "lost", "timed_out", "cancelled")
 MAX_BUCKETS = 500
-
-_ROOT_CLOSES = (
-    "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= ? AND ended_at < ? "
-    "AND status IN ('succeeded','failed','timed_out','cancelled')"
-)
-# SQLite streams the few recent closes and counts them here (its GROUP BY would sort them);
-# a server groups them itself.
-_STREAMED = f"SELECT ended_at, status, terminal_code {_ROOT_CLOSES}"
-_GROUPED = (
-    f"SELECT floor((ended_at - ?) / ?), status, terminal_code, count(*) {_ROOT_CLOSES} "
-    "GROUP BY 1, 2, 3"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class OutcomeHistory:
@@ -67,16 +54,8 @@ def outcome_history(db: Database, *, window_seconds: float, buckets: int) -> Out
     with db.read() as conn:
         now = db.now()
         start = now - window
-        if db.group_on_server:
-            rows = conn.execute(_GROUPED, (start, width, start, now)).fetchall()
-            for index, status, code, count in rows:
-                _add(counts, index, status, code, int(count))
-        else:
-            cursor = conn.execute(_STREAMED, (start, now))
-            while batch := cursor.fetchmany(4096):
-                for ended, status, code in batch:
-                    if isinstance(ended, int | float) and math.isfinite(ended):
-                        _add(counts, (ended - start) / width, status, code, 1)
+        for index, status, code, count in db.queries.root_closes(conn, start, width, now):
+            _add(counts, index, status, code, int(count))
     return OutcomeHistory(start, width, counts)
 
 

@@ -7,7 +7,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 from . import reasons
@@ -93,6 +93,15 @@ VERDICT_STATES = ("pending", "published")
 _NAME_RE = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
 MAX_SECONDS = 10.0**10  # about 317 years: bounds every duration input
+
+
+class Liveness(Enum):
+    """What a probe of an owner token proves: the process that started a task is alive,
+    provably dead (its liveness lock was released), or unknown."""
+
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
 
 
 class LedgerError(Exception):

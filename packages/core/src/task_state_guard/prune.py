@@ -12,7 +12,7 @@ from . import verdicts
 from .model import TERMINAL_STATES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 BATCH = 2000  # roots per transaction
 

@@ -17,33 +17,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import owners, verdicts
-from .model import LOST_CODES, InvalidInput, LedgerError, check_seconds, is_canonical
-from .schema import sql_list
+from . import queries, rules, verdicts
+from .model import (
+    LOST_CODES,
+    TERMINAL_STATES,
+    InvalidInput,
+    LedgerError,
+    Liveness,
+    check_seconds,
+    is_canonical,
+)
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 BATCH = 2000
 
-# Open work = every task whose delivery is not closed yet, newest first (children before
-# their parents, so a parent sees this pass's decisions about its children).
-_OPEN_BATCH = (
-    "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
-    "delivery_required, delivery_status, ended_at, parent_id, name, framework_id FROM tsg_tasks "
-    "WHERE delivery_status = 'pending' AND seq < ? ORDER BY seq DESC LIMIT ?"
-)
 # The children that can keep a parent fresh: queued or running ones, and (current layout) lost
 # attempts whose broker may still redeliver the job: ``redelivery_seconds`` (the broker's
 # window) plus the active grace (for the requeued job to reach a worker) after the attempt's
 # last sign of life; the parameter is the pass's active cutoff (now - grace). The last column
 # says whether that bound is still ahead.
-_REDELIVERY_OPEN = "(redelivery_seconds IS NOT NULL AND coalesce(heartbeat_at, started_at) " \
-    "+ redelivery_seconds > ?)"
+_REDELIVERY_OPEN = (f"(redelivery_seconds IS NOT NULL AND {rules.RUNNING_IDLE_SINCE_SQL} "
+                    "+ redelivery_seconds > ?)")
 _ACTIVE_CHILDREN = (
     f"SELECT parent_id, seq, status, {_REDELIVERY_OPEN} FROM tsg_tasks "
     "WHERE parent_id IN ({marks}) AND (status IN ('queued','running') "
-    f"OR (status = 'timed_out' AND terminal_code IN {sql_list(LOST_CODES)} "
+    f"OR (status = 'timed_out' AND terminal_code IN {rules.sql_set(LOST_CODES)} "
     f"AND {_REDELIVERY_OPEN}))"
 )
 # An older layout (read in place by a read-only open) records no redelivery windows.
@@ -51,18 +51,6 @@ _ACTIVE_CHILDREN_OLD = (
     "SELECT parent_id, seq, status, 0 FROM tsg_tasks "
     "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
 )
-# The schema's triggers write the matching events.
-TIME_OUT = (
-    "UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, updated_at = ?, "
-    "version = version + 1 WHERE seq = ?"
-)
-CLOSE_DELIVERY = (
-    "UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, delivery_updated_at = ?, "
-    "version = version + 1 WHERE seq = ?"
-)
-_TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
-
-
 @dataclass(frozen=True, slots=True)
 class ReconcilePolicy:
     """Grace periods for restart reconciliation, in seconds."""
@@ -99,7 +87,7 @@ DecisionCallback = Callable[[ReconcileDecision], object]
 #: A progress callback: ``(done, total)`` once before the first batch and after each batch.
 ProgressCallback = Callable[[int, int], object]
 
-_COUNT_OPEN = "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending'"
+_COUNT_OPEN = f"SELECT count(*) FROM tsg_tasks WHERE {queries.OPEN_WORK}"
 
 _isfinite = math.isfinite
 _NUMBER_TYPES = (int, float)  # exact types: a bool is no timestamp
@@ -126,7 +114,7 @@ class _Pass:
         self.active_cutoff = now - float(policy.active_grace_seconds)
         self.delivery_cutoff = now - float(policy.delivery_grace_seconds)
         self.timed_out: set[int] = set()
-        self.liveness: dict[str, owners.Liveness] = {}
+        self.liveness: dict[str, Liveness] = {}
         self.decisions: list[ReconcileDecision] | None = [] if collect else None
         self.counts = dict.fromkeys(
             (
@@ -144,7 +132,7 @@ class _Pass:
         if state is None:
             state = self.db.probe_owner(token)
             self.liveness[token] = state
-        return state is owners.Liveness.DEAD
+        return state is Liveness.DEAD
 
     def verdict(self, row: tuple[Any, ...]) -> str | None:
         """The timed_out code a running task earns on its own (before parent freshness)."""
@@ -156,7 +144,7 @@ class _Pass:
             return "deadline_exceeded"
         if self.owner_dead(owner):
             return "owner_lost"
-        if max(t for t in (started, heartbeat) if t is not None) <= self.active_cutoff:
+        if rules.running_idle_since(started, heartbeat) <= self.active_cutoff:
             return "restart_stale"
         return None
 
@@ -206,20 +194,19 @@ class _Pass:
             return False
         if status in ("queued", "running"):
             return closed is None and not (status == "running" and started is None)
-        return status in _TERMINAL and closed is not None
+        return status in TERMINAL_STATES and closed is not None
 
     def scan(self) -> None:
         """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
         conn, counts, now, progress = self.conn, self.counts, self.now, self.progress
         # Applying, the rows are held (where the backend locks rows) until the pass commits.
-        open_batch = _OPEN_BATCH if self.dry_run else _OPEN_BATCH + self.db.row_lock
         done = total = 0
         if progress is not None:  # one count over the open-work index, only when asked
             total = int(conn.execute(_COUNT_OPEN).fetchone()[0])
             progress(0, total)
         while True:
-            rows = conn.execute(open_batch, (cursor, BATCH)).fetchall()
+            rows = self.db.queries.open_batch(conn, cursor, BATCH, not self.dry_run)
             if not rows:
                 return
             cursor = rows[-1][0]
@@ -229,7 +216,7 @@ class _Pass:
             children = self.active_children(
                 [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
             )
-            timeouts: list[tuple[str, float, float, int]] = []
+            timeouts: list[tuple[str, float, int]] = []
             deliveries: list[tuple[str, str, float, int]] = []
             for row in rows:
                 seq, status, required, closed = row[0], row[1], row[8], row[10]
@@ -246,7 +233,7 @@ class _Pass:
                         continue
                     counts["tasks_timed_out"] += 1
                     self.timed_out.add(seq)
-                    timeouts.append((code, now, now, seq))
+                    timeouts.append((code, now, seq))
                     self.decide("task", row, "timed_out", code)
                     closed = now  # its delivery is judged in this same pass:
                     owed_later = bool(required)  # owing nobody, it closes with the task
@@ -261,11 +248,8 @@ class _Pass:
                     counts["deliveries_not_applicable"] += 1
                     deliveries.append(("not_applicable", "internal_task", now, seq))
                     self.decide("delivery", row, "not_applicable", "internal_task")
-            if not self.dry_run:
-                if timeouts:
-                    self.db.run_batch(conn, TIME_OUT, timeouts)
-                if deliveries:
-                    self.db.run_batch(conn, CLOSE_DELIVERY, deliveries)
+            if not self.dry_run and (timeouts or deliveries):
+                self.db.queries.close_lost(conn, timeouts, deliveries)
             if progress is not None:
                 progress(done, max(done, total))
 

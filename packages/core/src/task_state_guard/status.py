@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from . import owners, verdicts
+from . import queries, rules, verdicts
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -13,19 +12,19 @@ from .model import (
     TASK_KINDS,
     TASK_STATES,
     TERMINAL_STATES,
+    Liveness,
     check_seconds,
     is_valid_name,
     task_kind,
 )
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 DEFAULT_ACTIVE_GRACE = 600.0
-INVALID_LABEL = "<invalid>"  # a tampered name is counted under this label, never shown
-_TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
-_DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
-_TERMINAL_SQL = "('succeeded','failed','timed_out','cancelled')"
+INVALID_LABEL = queries.INVALID_LABEL  # a tampered name counts under this label, never shown
+_TASK_ORDER = rules.TASK_ORDER
+_DELIVERY_ORDER = rules.DELIVERY_ORDER
 
 
 KINDS = TASK_KINDS  # a job (a root, or a child owing its own delivery) or an attempt
@@ -47,12 +46,10 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
     awaiting = dict.fromkeys(OBLIGATIONS, 0)  # terminal, delivery still pending
     with db.read() as conn:
         now = db.now()
-        if db.group_on_server:
-            groups, oldest, past_deadline, stale = _server_groups(conn, now, grace)
-        else:
-            groups = _group_counts(conn)
-            oldest, past_deadline, stale = _at_risk(conn, now, grace)
-        for (status, delivery, name, root, owed), count in groups.items():
+        found = db.queries.status_groups(conn, now, now - grace, _MAX_GROUPS)
+        oldest = {what: _age(now, value) for what, value in found.least.items()}
+        past_deadline, stale = found.past_deadline, found.stale
+        for (status, delivery, name, root, owed), count in found.counts.items():
             kind = task_kind(root, owed)
             if status in TASK_STATES:
                 by_status[status] += count
@@ -73,7 +70,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
-            if db.probe_owner(token) is owners.Liveness.DEAD:
+            if db.probe_owner(token) is Liveness.DEAD:
                 owner_dead += count
     return {
         "tasks": by_status,
@@ -99,78 +96,6 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
 
 def _age(now: float, value: Any) -> float | None:
     return None if value is None else round(max(0.0, now - value), 3)
-
-
-def _at_risk(conn: Any, now: float, grace: float) -> tuple[dict[str, Any], int, int]:
-    """Oldest active ages and at-risk running counts, each through the open-work index."""
-    oldest: dict[str, Any] = {}
-    for state, column in (("queued", "created_at"), ("running", "started_at")):
-        value = conn.execute(
-            f"SELECT min({column}) FROM tsg_tasks "
-            f"WHERE delivery_status = 'pending' AND status = '{state}'"
-        ).fetchone()[0]
-        oldest[state] = _age(now, value)
-    value = conn.execute(
-        "SELECT min(ended_at) FROM tsg_tasks WHERE delivery_status = 'pending' "
-        f"AND delivery_required = 1 AND status IN {_TERMINAL_SQL}"
-    ).fetchone()[0]
-    oldest["owed"] = _age(now, value)
-    past_deadline = conn.execute(
-        "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
-        "AND status = 'running' AND deadline_at <= ?", (now,)
-    ).fetchone()[0]
-    stale = conn.execute(
-        "SELECT count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
-        "AND status = 'running' AND coalesce(heartbeat_at, started_at) <= ?", (now - grace,)
-    ).fetchone()[0]
-    return oldest, int(past_deadline), int(stale)
-
-
-# One scan, grouped by the server: the counts of _group_counts and, per group, the figures of
-# _at_risk (the FILTER of a group is constant but for its times, so this costs little more).
-_SERVER_GROUPS = f"""SELECT status, delivery_status, name, parent_id IS NULL,
-    delivery_required = 1, count(*),
-    min(created_at) FILTER (WHERE delivery_status = 'pending' AND status = 'queued'),
-    min(started_at) FILTER (WHERE delivery_status = 'pending' AND status = 'running'),
-    min(ended_at) FILTER (WHERE delivery_status = 'pending' AND delivery_required = 1
-                          AND status IN {_TERMINAL_SQL}),
-    count(*) FILTER (WHERE delivery_status = 'pending' AND status = 'running'
-                     AND deadline_at <= ?),
-    count(*) FILTER (WHERE delivery_status = 'pending' AND status = 'running'
-                     AND coalesce(heartbeat_at, started_at) <= ?)
-    FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5"""
-
-
-def _before(value: Any, least: Any) -> bool:
-    """``value < least`` as SQL's ``min`` orders them (NaN above every number)."""
-    return bool(value < least or (least != least and value == value))
-
-
-def _server_groups(
-    conn: Any, now: float, grace: float
-) -> tuple[Counter[tuple[Any, Any, Any, Any, Any]], dict[str, Any], int, int]:
-    """What _group_counts and _at_risk return, from one query grouped on the server; its
-    groups are streamed (names beyond ``_MAX_GROUPS`` fold as in _group_counts)."""
-    counts: Counter[tuple[Any, Any, Any, Any, Any]] = Counter()
-    least: dict[str, Any] = dict.fromkeys(("queued", "running", "owed"))
-    past_deadline = stale = 0
-    cursor = conn.execute(_SERVER_GROUPS, (now, now - grace))
-    while True:
-        rows = cursor.fetchmany(4096)
-        if not rows:
-            break
-        for status, delivery, name, root, owed, count, queued, running, ended, late, old in rows:
-            key = (status, delivery, name, bool(root), bool(owed))
-            if len(counts) >= _MAX_GROUPS and key not in counts:
-                key = (status, delivery, None if name is None else INVALID_LABEL, key[3], key[4])
-            counts[key] += count
-            for what, value in (("queued", queued), ("running", running), ("owed", ended)):
-                if value is not None and (least[what] is None or _before(value, least[what])):
-                    least[what] = value
-            past_deadline += late
-            stale += old
-    oldest = {what: _age(now, value) for what, value in least.items()}
-    return counts, oldest, past_deadline, stale
 
 
 def read_totals(conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
@@ -201,36 +126,7 @@ def read_totals(conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
 _OBLIGED = {"owed": frozenset({"delivered", "failed"}), "internal": frozenset({"not_applicable"})}
 
 
-_MAX_GROUPS = 50_000  # beyond this many distinct (state, delivery, name) groups, names fold
-
-
-def _group_counts(conn: Any) -> Counter[tuple[Any, Any, Any, Any, Any]]:
-    """Count tasks per (state, delivery state, name, is root, owes delivery) in one streaming
-    scan.
-
-    A hash count in Python beats SQLite's GROUP BY here: that one sorts every row (spilling to
-    disk on large ledgers), while the number of distinct groups stays small. Should tampering
-    create unboundedly many names, the extra ones are counted under the invalid label.
-    """
-    counts: Counter[tuple[Any, Any, Any, Any, Any]] = Counter()
-    cursor = conn.execute(
-        "SELECT status, delivery_status, name, parent_id IS NULL, delivery_required = 1 "
-        "FROM tsg_tasks"
-    )
-    while True:
-        rows = cursor.fetchmany(4096)
-        if not rows:
-            return counts
-        if len(counts) < _MAX_GROUPS:
-            counts.update(rows)
-        else:
-            for status, delivery, name, root, owed in rows:
-                key = (status, delivery, name, root, owed)
-                if key in counts:
-                    counts[key] += 1
-                else:
-                    label = None if name is None else INVALID_LABEL
-                    counts[(status, delivery, label, root, owed)] += 1
+_MAX_GROUPS = queries.MAX_GROUPS  # beyond this many distinct groups, names fold
 
 
 def _name_table(title: str, rows: dict[str, dict[str, int]]) -> list[str]:

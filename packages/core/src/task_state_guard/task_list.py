@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import rules
 from .model import (
     ACTIVE_STATES,
     ATTEMPT_SQL,
@@ -30,17 +31,14 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10**6
 
 # The time of a task's last sign of life: its heartbeat or start while running, its creation
 # while queued, its close once terminal.
-_ACTIVITY = (
-    "CASE status WHEN 'running' THEN coalesce(heartbeat_at, started_at, updated_at) "
-    "WHEN 'queued' THEN created_at ELSE updated_at END"
-)
+_ACTIVITY = rules.IDLE_SINCE_SQL
 _ATTEMPTS = (
     "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id "
     "AND a.delivery_required = 0)"

@@ -34,10 +34,10 @@ from .model import (
     is_canonical,
     is_valid_name,
 )
-from .schema import sql_list
+from .rules import sql_set as sql_list
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .store import Database
 
 #: Most verdicts one claim may take.
 MAX_CLAIM = 10_000
@@ -176,7 +176,7 @@ def claim(
                 break
             selection = _CLAIMABLE.format(
                 only="" if group is None else _ONLY.format(marks=_marks(len(group))),
-                lock=db.row_lock,
+                lock=db.queries.claim_lock,
             )
             params: list[Any] = [until, token, label, now, *(group or []), left]
             seqs = [row[0] for row in conn.execute(

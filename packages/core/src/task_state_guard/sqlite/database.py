@@ -1,25 +1,27 @@
-"""The ledger's database object: connections, transactions, the clock and error mapping.
+"""The SQLite database object behind ``Ledger(path)``: the core's ``store.Database``.
 
-:class:`Ledger` owns one :class:`SQLiteDatabase` and runs every transition through it; the
-aggregates (reconcile, prune, status, doctor) receive the same object and never reach into the
-ledger. Anything that provides the :class:`Database` protocol (a connection per thread and per
-process, read and write transactions, a validated clock, busy errors mapped to ``LedgerBusy``)
-can stand behind them, e.g. another storage backend.
+One connection per thread and per process (never reused after ``fork()``), IMMEDIATE write
+transactions that the threads of a process queue for on one writer lock, read transactions
+whose snapshot is fixed before the clock is read, busy errors mapped to ``LedgerBusy``, owner
+tokens through lock files beside the database, doctor and storage facts.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import Any, Protocol, TypeAlias
+from contextlib import contextmanager, suppress
+from typing import Any
 
-from . import connections, owners, schema, storage
-from . import reasons as r
-from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
+from .. import attempts
+from .. import reasons as r
+from ..model import LedgerBusy, Liveness, StorageError
+from ..store import WriteOne, read_clock
+from . import attempts as sqlite_attempts
+from . import connections, doctor, owners, schema, storage
+from .queries import SQLiteQueries
 
 # Connections inherited across fork() are parked here and never touched or closed again.
 _INHERITED: list[sqlite3.Connection] = []
@@ -56,152 +58,16 @@ def integrity_ok(conn: sqlite3.Connection) -> bool:
         return False  # damaged beyond what the check itself can read
 
 
-def read_clock(clock: Callable[[], float]) -> float:
-    """Read ``clock``; a non-number, non-finite or negative reading is ``InvalidInput``."""
-    value = clock()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput("clock returned a non-number")
-    now = float(value)
-    if not math.isfinite(now) or now < 0:
-        raise InvalidInput("clock returned an invalid time")
-    return now
-
-
-#: A backend's one-statement write (see :attr:`Database.write_one`).
-WriteOne: TypeAlias = Callable[[str, tuple[Any, ...]], tuple[Any, ...] | None]
-
-
-class Database(Protocol):
-    """What the ledger and its aggregates need from a storage backend."""
-
-    @property
-    def path(self) -> str:
-        """Where the ledger lives (owner lock files sit beside it)."""
-        ...
-
-    @property
-    def read_only(self) -> bool:
-        """True when no write is allowed."""
-        ...
-
-    def now(self) -> float:
-        """A validated reading of the ledger's clock (finite, not negative)."""
-        ...
-
-    def read(self, *, query_only: bool = False) -> AbstractContextManager[Any]:
-        """One read transaction whose snapshot is fixed before the caller reads the clock."""
-        ...
-
-    def write(self) -> AbstractContextManager[Any]:
-        """One write transaction (joined when a group is open); commit or roll back."""
-        ...
-
-    def group(self) -> AbstractContextManager[None]:
-        """Group the writes of this thread into one transaction (nested use joins it)."""
-        ...
-
-    def bulk(self) -> AbstractContextManager[None]:
-        """Tune this thread's connection for one large write (reconcile, prune)."""
-        ...
-
-    def translate(self, exc: BaseException) -> LedgerError:
-        """Map a backend error to a ledger error (busy -> ``LedgerBusy``)."""
-        ...
-
-    @property
-    def schema_version(self) -> int | None:
-        """The schema version of the ledger (after any migration this object ran)."""
-        ...
-
-    #: The schema version this backend writes (each backend versions its own layout).
-    layout_version: int
-
-    #: The first of this backend's schema versions with the verdict outbox.
-    outbox_version: int
-
-    #: Appended to reconcile's read of open work when it applies (a row lock, or "").
-    row_lock: str
-
-    #: True when the server's GROUP BY should count (status groups rows in SQL and reads only
-    #: the groups); False when streaming the rows and counting them in Python is faster.
-    group_on_server: bool
-
-    def run_batch(self, conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """Inside a write transaction: run one of reconcile's write statements (``TIME_OUT``,
-        ``CLOSE_DELIVERY``) once per parameter row, with the same effect as ``executemany``
-        (a backend may send the whole batch as a few set-based statements)."""
-        ...
-
-    def conn(self) -> Any:
-        """This thread's connection (inside a write transaction: the one it writes through)."""
-        ...
-
-    @property
-    def in_group(self) -> bool:
-        """True inside :meth:`group` on this thread."""
-        ...
-
-    def lock_task(self, conn: Any, task_id: str) -> None:
-        """Inside a write transaction, before the clock is read: hold the task's row so that no
-        other writer changes it before this transaction ends (a no-op where the whole database
-        is locked for writing)."""
-        ...
-
-    @property
-    def write_one(self) -> WriteOne | None:
-        """A backend's one-statement write, or None (then every transition runs in
-        :meth:`write`): ``write_one(sql, params)`` runs one guarded statement as its own
-        committed transaction (outside any group; inside a :meth:`group`, for a row the group
-        inserts, as a statement of its transaction, no row lock taken first) and returns its
-        first ``RETURNING`` row, or None when the guard refused. The clock is read before the
-        call, so a refusal proves nothing: the ledger then runs the locked path, which re-reads
-        the clock and explains.
-        """
-        ...
-
-    def own_token(self) -> str:
-        """This process's owner token, its liveness lock taken on first use."""
-        ...
-
-    def held_token(self) -> str | None:
-        """This process's owner token if it holds one already, else None."""
-        ...
-
-    def probe_owner(self, token: str) -> owners.Liveness:
-        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
-        ...
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Drop what dead owners left behind (lock files); best effort."""
-        ...
-
-    def doctor(self) -> dict[str, Any]:
-        """The counts-only health report."""
-        ...
-
-    def storage_info(self) -> dict[str, Any]:
-        """The storage in force (no paths, no credentials)."""
-        ...
-
-    def close(self) -> None:
-        """Close every connection this process opened."""
-        ...
+class _Refused(Exception):
+    """A step of a one-transaction write was refused: roll the transaction back."""
 
 
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
-    #: SQLite's write transaction locks the whole database: no row lock is needed.
     layout_version = schema.SCHEMA_VERSION
     outbox_version = schema.STORED_VERSION[schema.V5]
-    row_lock = ""
-    #: SQLite's GROUP BY sorts every row (spilling on large ledgers): status counts in Python.
-    group_on_server = False
-
-    @staticmethod
-    def run_batch(conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """``executemany``: in-process statements cost no round trip."""
-        conn.executemany(statement, rows)
+    queries = SQLiteQueries()
 
     def __init__(
         self,
@@ -594,6 +460,22 @@ class SQLiteDatabase:
     def lock_task(self, conn: Any, task_id: str) -> None:
         """Nothing to do: an IMMEDIATE transaction already holds the database's write lock."""
 
+    def begin_attempt(self, spec: attempts.Begin) -> str | None:
+        """*Begin attempt* in one transaction (all of it, or nothing and None)."""
+        try:
+            with self.write() as conn:
+                begun = sqlite_attempts.sqlite_begin(conn, spec, self.now())
+                if begun is None:
+                    raise _Refused
+                return begun
+        except _Refused:
+            return None
+
+    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
+        """*End attempt* in one transaction."""
+        with self.write() as conn:
+            return sqlite_attempts.sqlite_end(conn, spec, self.now())
+
     def own_token(self) -> str:
         """This process's owner token (its lock file beside the database, made once)."""
         return owners.own_token(self.path)
@@ -602,7 +484,7 @@ class SQLiteDatabase:
         """This process's owner token if its lock file exists already."""
         return owners.held_token(self.path)
 
-    def probe_owner(self, token: str) -> owners.Liveness:
+    def probe_owner(self, token: str) -> Liveness:
         """Probe the owner's lock file."""
         return owners.probe(self.path, token)
 
@@ -612,8 +494,6 @@ class SQLiteDatabase:
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report of the SQLite file."""
-        from . import doctor  # the report module imports nothing of this one at run time
-
         return doctor.run_doctor(self)
 
     def storage_info(self) -> dict[str, Any]:
@@ -639,4 +519,4 @@ class SQLiteDatabase:
         return info
 
 
-__all__ = ["Database", "SQLiteDatabase", "read_clock", "writer_lock"]
+__all__ = ["SQLiteDatabase", "integrity_ok", "writer_lock"]

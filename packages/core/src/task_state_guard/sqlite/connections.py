@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from enum import StrEnum
 
-from . import reasons as r
-from .model import InvalidInput, LedgerBusy, LedgerError, StorageError
+from .. import reasons as r
+from ..model import InvalidInput, LedgerBusy, LedgerError, StorageError
 
 _HEADER = b"SQLite format 3\x00"
 CACHE_KIB = 32768  # page cache per connection, used lazily

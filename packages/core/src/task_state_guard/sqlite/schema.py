@@ -30,15 +30,9 @@ import sqlite3
 from collections.abc import Callable
 from functools import cache
 
-from . import reasons as r
-from .model import (
-    DELIVERY_CODES,
-    FRAMEWORK_LABELS,
-    LOST_CODES,
-    TASK_CODES,
-    TASK_KIND_SQL,
-    StorageError,
-)
+from .. import reasons as r
+from .. import rules
+from ..model import DELIVERY_CODES, TASK_CODES, TASK_KIND_SQL, StorageError
 
 SCHEMA_VERSION = 6
 APPLICATION = "task-state-guard"
@@ -62,49 +56,22 @@ NEWER = "newer"
 STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
-_TERMINAL = "('succeeded','failed','timed_out','cancelled')"
+_TERMINAL = rules.TERMINAL_SQL
 
 # ----------------------------------------------------------------------------- v3 (and v4's base)
 
-_TASK_COLUMNS_V3 = """
-    seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    parent_id TEXT REFERENCES tsg_tasks(id),
-    status TEXT NOT NULL CHECK (status IN
-        ('queued','running','succeeded','failed','timed_out','cancelled')),
-    terminal_code TEXT,
-    delivery_required INTEGER NOT NULL CHECK (delivery_required IN (0, 1)),
-    delivery_status TEXT NOT NULL CHECK (delivery_status IN
-        ('pending','delivered','failed','not_applicable')),
-    delivery_code TEXT,
-    payload_hash TEXT,
-    timeout_seconds REAL,
-    deadline_at REAL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    heartbeat_at REAL,
-    ended_at REAL,
-    delivery_updated_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    name TEXT,
-    owner TEXT,
-    version INTEGER NOT NULL DEFAULT 0,
-    framework_id TEXT"""
+_TASK_COLUMNS_V3 = rules.task_table_columns("sqlite")
 
 #: The columns of ``tsg_tasks`` in v3, in table order.
-V3_COLUMNS = (
-    "seq, id, parent_id, status, terminal_code, delivery_required, delivery_status, "
-    "delivery_code, payload_hash, timeout_seconds, deadline_at, created_at, started_at, "
-    "heartbeat_at, ended_at, delivery_updated_at, updated_at, name, owner, version, framework_id"
-)
+V3_COLUMNS = ", ".join(c.name for c in rules.TASK_COLUMNS_BASE)
 
 _META = "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
 # Events are clustered by task: one B-tree page per transition, read in chain order.
 # No foreign key (it costs every transition a lookup); doctor counts orphan events.
-_EVENTS = """CREATE TABLE tsg_events (
+_EVENTS = f"""CREATE TABLE tsg_events (
     task_seq INTEGER NOT NULL,
-    step INTEGER NOT NULL CHECK (step IN (1, 2, 3, 4)),
-    kind TEXT NOT NULL CHECK (kind IN ('created','started','closed','delivery')),
+    step INTEGER NOT NULL CHECK (step IN {rules.EVENT_STEPS_SQL}),
+    kind TEXT NOT NULL CHECK (kind IN {rules.EVENT_KINDS_SQL}),
     state TEXT NOT NULL,
     code TEXT,
     at REAL NOT NULL,
@@ -114,32 +81,18 @@ _EVENTS = """CREATE TABLE tsg_events (
 _TABLES_V3 = [_META, f"CREATE TABLE tsg_tasks ({_TASK_COLUMNS_V3}\n)", _EVENTS]
 
 
-def _event_trigger(name: str, when: str, step: int, kind: str, state: str, code: str,
-                   at: str, event: str = "UPDATE OF status") -> str:
-    return (
-        f"CREATE TRIGGER {name} AFTER {event} ON tsg_tasks{when} BEGIN "
-        "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
-        f"VALUES (NEW.seq, {step}, '{kind}', {state}, {code}, {at}); END"
-    )
-
-
 def _triggers(code: str, ended: str, delivered: str) -> list[str]:
-    """Every state change writes its event in the same statement, enforced by the database."""
-    return [
-        _event_trigger("tsg_event_created", "", 1, "created", "'queued'", "'created'",
-                       "NEW.created_at", event="INSERT"),
-        _event_trigger("tsg_event_started",
-                       " WHEN OLD.status = 'queued' AND NEW.status = 'running'",
-                       2, "started", "'running'", "'started'", "NEW.started_at"),
-        _event_trigger("tsg_event_closed",
-                       " WHEN OLD.status IN ('queued','running') AND NEW.status IN "
-                       "('succeeded','failed','timed_out','cancelled')",
-                       3, "closed", "NEW.status", f"NEW.{code}", f"NEW.{ended}"),
-        _event_trigger("tsg_event_delivery",
-                       " WHEN OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
-                       4, "delivery", "NEW.delivery_status", "NEW.delivery_code",
-                       f"NEW.{delivered}", event="UPDATE OF delivery_status"),
-    ]
+    """Every state change writes its event in the same statement, enforced by the database
+    (``rules.EVENT_RULES``; ``code``, ``ended``, ``delivered``: the layout's names of the
+    close's code and time and of the delivery's time)."""
+    renames = {"terminal_code": code, "ended_at": ended, "delivery_updated_at": delivered}
+    out = []
+    for rule in rules.EVENT_RULES:
+        on = "INSERT" if rule.before is None else f"UPDATE OF {rule.before.column}"
+        when = f" WHEN {rule.when()}" if rule.when() else ""
+        out.append(f"CREATE TRIGGER tsg_event_{rule.kind} AFTER {on} ON tsg_tasks{when} BEGIN "
+                   f"{rules.event_insert(rule, renames=renames)}; END")
+    return out
 
 
 _INDEXES_V3 = [
@@ -170,13 +123,18 @@ _TOTALS = """CREATE TABLE tsg_totals (
 ) WITHOUT ROWID"""
 
 _TASK_KIND_V4 = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
-_DELIVERY_KIND = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
+_DELIVERY_KIND = rules.DELIVERY_KIND_SQL
+_CLOSED = rules.EVENTS_BY_KIND["closed"]
+_DELIVERED = rules.EVENTS_BY_KIND["delivery"]
 
 
-def _total_trigger(name: str, event_clause: str, when: str, event: str, kind: str,
-                   state: str, code: str) -> str:
+def _total_trigger(name: str, rule: rules.EventRule, event: str, kind: str) -> str:
+    """The trigger that counts ``rule``'s transition in the outcome totals."""
+    assert rule.before is not None
+    state, code, _at = rule.values("NEW.")
     return (
-        f"CREATE TRIGGER {name} AFTER {event_clause} ON tsg_tasks WHEN {when} BEGIN "
+        f"CREATE TRIGGER {name} AFTER UPDATE OF {rule.before.column} ON tsg_tasks "
+        f"WHEN {rule.when()} BEGIN "
         "INSERT INTO tsg_totals(event, kind, state, code, total) "
         f"VALUES ('{event}', {kind}, {state}, coalesce({code}, ''), 1) "
         "ON CONFLICT(event, kind, state, code) DO UPDATE SET total = total + 1; END"
@@ -184,49 +142,31 @@ def _total_trigger(name: str, event_clause: str, when: str, event: str, kind: st
 
 
 def _closed_total_trigger(task_kind: str) -> str:
-    return _total_trigger("tsg_total_closed", "UPDATE OF status",
-                          f"OLD.status IN ('queued','running') AND NEW.status IN {_TERMINAL}",
-                          "closed", task_kind.format(row="NEW."), "NEW.status",
-                          "NEW.terminal_code")
+    return _total_trigger("tsg_total_closed", _CLOSED, "closed", task_kind.format(row="NEW."))
 
 
 _TOTAL_TRIGGERS = [
     _closed_total_trigger(_TASK_KIND_V4),
-    _total_trigger("tsg_total_delivery", "UPDATE OF delivery_status",
-                   "OLD.delivery_status = 'pending' AND NEW.delivery_status != 'pending'",
-                   "delivery", _DELIVERY_KIND.format(row="NEW."), "NEW.delivery_status",
-                   "NEW.delivery_code"),
+    _total_trigger("tsg_total_delivery", _DELIVERED, "delivery",
+                   _DELIVERY_KIND.format(row="NEW.")),
 ]
 
 # The totals of the tasks a file holds (seeds a migrated file; what a read-only open of an
 # older layout reads). History pruned before the upgrade is not in it.
-_TOTALS_SELECT = (
-    f"SELECT 'closed' AS event, {TASK_KIND_SQL.format(row='')} AS kind, status AS state, "
-    f"coalesce(terminal_code, '') AS code, count(*) AS total FROM {{tasks}} "
-    f"WHERE status IN {_TERMINAL} GROUP BY 1, 2, 3, 4 UNION ALL "
-    f"SELECT 'delivery', {_DELIVERY_KIND.format(row='')}, delivery_status, "
-    f"coalesce(delivery_code, ''), count(*) FROM {{tasks}} "
-    "WHERE delivery_status != 'pending' GROUP BY 1, 2, 3, 4"
-)
+_TOTALS_SELECT = rules.TOTALS_SELECT
 
 DDL_V4 = [*DDL_V3, _TOTALS, *_TOTAL_TRIGGERS]
 
 # ----------------------------------------------------------------------------- v5 (current)
 
 
-def sql_list(values: frozenset[str]) -> str:
-    """A set of fixed labels as an SQL list literal, sorted: ``('a','b')``."""
-    return "(" + ",".join(f"'{v}'" for v in sorted(values)) + ")"
+sql_list = rules.sql_set
 
 
 #: Which adapter opened a logical task (NULL: a plain ledger task, an attempt, or a logical
 #: task opened before v5) and, on an attempt, how long after its last sign of life the broker
 #: may still redeliver its job (NULL: it will not).
-_TASK_COLUMNS_V5 = [
-    "ALTER TABLE tsg_tasks ADD COLUMN framework TEXT "
-    f"CHECK (framework IN {sql_list(FRAMEWORK_LABELS)})",
-    "ALTER TABLE tsg_tasks ADD COLUMN redelivery_seconds REAL",
-]
+_TASK_COLUMNS_V5 = rules.add_outbox_columns("sqlite")
 # The verdict outbox: a logical task closed as lost is owed to its framework's adapters. One row
 # per task (``task_seq``); ``lease_until``/``claim``: a publisher's lease (NULL: unclaimed).
 _VERDICTS = """CREATE TABLE tsg_verdicts (
@@ -242,11 +182,7 @@ _VERDICTS_PENDING = (
     "CREATE INDEX tsg_verdicts_pending ON tsg_verdicts(framework, task_seq) "
     "WHERE state = 'pending'"
 )
-#: The condition under which a close owes a verdict (both backends write it from here).
-VERDICT_OWED = (
-    "NEW.framework IS NOT NULL AND OLD.status IN ('queued','running') "
-    f"AND NEW.status = 'timed_out' AND NEW.terminal_code IN {sql_list(LOST_CODES)}"
-)
+VERDICT_OWED = rules.VERDICT_OWED
 _VERDICT_TRIGGER = (
     f"CREATE TRIGGER tsg_verdict_owed AFTER UPDATE OF status ON tsg_tasks WHEN {VERDICT_OWED} "
     "BEGIN INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "

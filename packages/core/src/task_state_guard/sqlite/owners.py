@@ -20,7 +20,6 @@ so that a parent's lock never outlives the parent, and get their own token when 
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import fcntl
 import os
@@ -29,22 +28,14 @@ import time
 import uuid
 from collections.abc import Callable
 
-from . import reasons as r
-from .model import StorageError, UnsafeLocation
+from .. import reasons as r
+from ..model import Liveness, StorageError, UnsafeLocation
 
 LOCK_SUFFIX = ".lock"
 _TMP_SUFFIX = ".tmp"
 # A temporary lock file is only ever unlocked for the instant between its creation and its
 # flock(); cleanup leaves it alone until it is this old, so a starting owner never loses it.
 _TMP_MIN_AGE_SECONDS = 300.0
-
-
-class Liveness(enum.Enum):
-    """What a probe of an owner token proves."""
-
-    ALIVE = "alive"
-    DEAD = "dead"
-    UNKNOWN = "unknown"
 
 
 def owners_dir(db_path: str) -> str:

@@ -26,8 +26,8 @@ import os
 import stat
 from typing import NamedTuple
 
-from . import reasons as r
-from .model import InvalidInput, StorageError, UnsafeLocation
+from .. import reasons as r
+from ..model import InvalidInput, StorageError, UnsafeLocation
 
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 _REMOTE_FS = frozenset(

@@ -1,0 +1,83 @@
+"""Doctor's probes of a SQLite ledger: SQLite's own integrity check, the exact layout, and the
+core's rules (:mod:`task_state_guard.doctor`) in SQLite's dialect.
+
+A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
+``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
+count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts);
+each part that could not be read adds one to ``integrity_error_count``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .. import doctor
+from ..store import Database
+from . import schema
+
+
+def _fin(column: str) -> str:
+    return (f"(typeof({column}) IN ('real','integer') "
+            f"AND {column} BETWEEN 0 AND {doctor.FLOAT_MAX_SQL})")
+
+
+def _foreign_keys(conn: sqlite3.Connection) -> int:
+    return len(conn.execute("PRAGMA foreign_key_check").fetchall())
+
+
+def _rows(conn: sqlite3.Connection, sql: str) -> Iterable[tuple[Any, ...]]:
+    return conn.execute(sql)  # SQLite steps through the rows as they are read
+
+
+PROBES = doctor.Probes(
+    doctor.Dialect(_fin, false="0", true="1", is_same="IS", as_int="({})",
+                   chain_extra=" OR typeof(version) != 'integer'"),
+    _foreign_keys, _rows,
+)
+
+
+def run_doctor(db: Database) -> dict[str, Any]:
+    """Check the whole ledger and return counts only (the core's report)."""
+    findings = doctor.new_findings()
+    counts: dict[str, Any] = {
+        "task_count": None, "event_count": None,
+        "task_status_counts": None, "delivery_status_counts": None,
+    }
+    with db.read() as conn:
+        try:
+            integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError:  # damaged so that SQLite stops checking (not only lists)
+            integrity = ["unreadable"]
+        try:
+            fmt = schema.detect_format(conn, "main")
+        except sqlite3.DatabaseError as exc:
+            raise db.translate(exc) from None
+        integrity_ok = integrity == ["ok"]
+        findings["integrity_errors"] = 0 if integrity_ok else len(integrity)
+        readable = True
+
+        def part(read: Callable[[], Any]) -> Any:
+            nonlocal readable
+            try:
+                return read()
+            except sqlite3.DatabaseError:  # damaged beyond what this part could read
+                readable = False
+                findings["integrity_errors"] += 1
+                return None
+
+        if fmt in schema.KNOWN:
+            doctor.check(conn, PROBES, findings, counts, part,
+                         outbox=fmt in schema.OUTBOX_LAYOUTS)
+        else:
+            counts = doctor.empty_counts()
+    schema_ok = fmt in schema.KNOWN and integrity_ok and readable
+    return doctor.report(
+        version=schema.STORED_VERSION[fmt] if fmt in schema.KNOWN else None,
+        schema_ok=schema_ok, read_ok=integrity_ok and readable, counts=counts,
+        findings=findings,
+    )
+
+
+__all__ = ["PROBES", "run_doctor"]

@@ -1,0 +1,154 @@
+"""The storage protocol every ledger backend provides, and the validated clock.
+
+:class:`~task_state_guard.ledger.Ledger` owns one object of this protocol and runs every
+transition through it; the aggregates (reconcile, prune, status, doctor) receive the same
+object and never reach into the ledger. The SQLite backend (``task_state_guard.sqlite``) and
+the PostgreSQL backend (``task_state_guard_postgres``) each provide one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeAlias
+
+from . import attempts
+from .model import InvalidInput, LedgerError, Liveness
+from .queries import Queries
+
+
+def read_clock(clock: Callable[[], float]) -> float:
+    """Read ``clock``; a non-number, non-finite or negative reading is ``InvalidInput``."""
+    value = clock()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput("clock returned a non-number")
+    now = float(value)
+    if not math.isfinite(now) or now < 0:
+        raise InvalidInput("clock returned an invalid time")
+    return now
+
+
+#: A backend's one-statement write (see :attr:`Database.write_one`).
+WriteOne: TypeAlias = Callable[[str, tuple[Any, ...]], tuple[Any, ...] | None]
+
+
+class Database(Protocol):
+    """What the ledger and its aggregates need from a storage backend."""
+
+    @property
+    def path(self) -> str:
+        """Where the ledger lives (owner lock files sit beside it)."""
+        ...
+
+    @property
+    def read_only(self) -> bool:
+        """True when no write is allowed."""
+        ...
+
+    def now(self) -> float:
+        """A validated reading of the ledger's clock (finite, not negative)."""
+        ...
+
+    def read(self, *, query_only: bool = False) -> AbstractContextManager[Any]:
+        """One read transaction whose snapshot is fixed before the caller reads the clock."""
+        ...
+
+    def write(self) -> AbstractContextManager[Any]:
+        """One write transaction (joined when a group is open); commit or roll back."""
+        ...
+
+    def group(self) -> AbstractContextManager[None]:
+        """Group the writes of this thread into one transaction (nested use joins it)."""
+        ...
+
+    def bulk(self) -> AbstractContextManager[None]:
+        """Tune this thread's connection for one large write (reconcile, prune)."""
+        ...
+
+    def translate(self, exc: BaseException) -> LedgerError:
+        """Map a backend error to a ledger error (busy -> ``LedgerBusy``)."""
+        ...
+
+    @property
+    def schema_version(self) -> int | None:
+        """The schema version of the ledger (after any migration this object ran)."""
+        ...
+
+    #: The schema version this backend writes (each backend versions its own layout).
+    layout_version: int
+
+    #: The first of this backend's schema versions with the verdict outbox.
+    outbox_version: int
+
+    @property
+    def queries(self) -> Queries:
+        """The backend's answers to the aggregates' reads and a reconcile pass's writes."""
+        ...
+
+    def conn(self) -> Any:
+        """This thread's connection (inside a write transaction: the one it writes through)."""
+        ...
+
+    @property
+    def in_group(self) -> bool:
+        """True inside :meth:`group` on this thread."""
+        ...
+
+    def lock_task(self, conn: Any, task_id: str) -> None:
+        """Inside a write transaction, before the clock is read: hold the task's row so that no
+        other writer changes it before this transaction ends (a no-op where the whole database
+        is locked for writing)."""
+        ...
+
+    @property
+    def write_one(self) -> WriteOne | None:
+        """A backend's one-statement write, or None (then every transition runs in
+        :meth:`write`): ``write_one(sql, params)`` runs one guarded statement as its own
+        committed transaction (outside any group) and returns its first ``RETURNING`` row, or
+        None when the guard refused. The clock is read before the call, so a refusal proves
+        nothing: the ledger then runs the locked path, which re-reads the clock and explains.
+        """
+        ...
+
+    def begin_attempt(self, spec: attempts.Begin) -> str | None:
+        """*Begin attempt* as one write (its own transaction, or the open group's): the
+        attempt's id, or None when a step was refused (the ledger then explains it)."""
+        ...
+
+    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
+        """*End attempt* as one write (its own transaction, or the open group's)."""
+        ...
+
+    def own_token(self) -> str:
+        """This process's owner token, its liveness lock taken on first use."""
+        ...
+
+    def held_token(self) -> str | None:
+        """This process's owner token if it holds one already, else None."""
+        ...
+
+    def probe_owner(self, token: str) -> Liveness:
+        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
+        ...
+
+    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
+        """Drop what dead owners left behind (lock files); best effort."""
+        ...
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report."""
+        ...
+
+    def storage_info(self) -> dict[str, Any]:
+        """The storage in force (no paths, no credentials)."""
+        ...
+
+    def close(self) -> None:
+        """Close every connection this process opened."""
+        ...
+
+
+
+
+__all__ = ["Database", "WriteOne", "read_clock"]
