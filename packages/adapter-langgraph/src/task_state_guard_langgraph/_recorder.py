@@ -1,8 +1,9 @@
 """The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
 
 Transitions share one ledger transaction per node boundary: the close of a node attempt that
-just ended (and its ``not_applicable`` delivery) is committed together with the start of the
-next attempt, or with the invocation's close. A starting attempt is always committed before its
+just ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed
+together with the start of the next attempt (the core's *begin attempt*), or with the
+invocation's close. A starting attempt is always committed before its
 node runs, so after a crash the ledger shows which attempt was running; an attempt that had
 ended but whose close was still waiting for the next boundary shows as running too (never as
 succeeded). Each commit on the caller's thread hands the GIL to the checkpointer's background
@@ -192,6 +193,13 @@ class Recorder:
         name: object,
         framework_id: str | None = None,
     ) -> None:
+        if parent_id is not None and not delivery_required and self.owner:
+            # A node attempt: the core's *begin attempt* under its parent, which exists and is
+            # running already (one statement on PostgreSQL).
+            self.rt.ledger.begin_attempt(
+                parent_id, name=name_label(name), open_logical=False, attempt_id=task_id
+            )
+            return
         self.rt.start_task(
             task_id,
             parent_id=parent_id,
