@@ -10,9 +10,11 @@ file) carries ``@pytest.mark.sqlite_only`` and runs on SQLite alone.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,10 +58,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("postgresql_only"):
         backends = [b for b in backends if b == "postgresql"]
     # A test no selected backend may run is deselected below, never reported as skipped.
-    # Module scope: a module's tests run grouped by backend (``[sqlite]`` first, then
-    # ``[postgresql]``), so a module-scoped fixture (one real worker for the module) can be
-    # built once per backend.
-    metafunc.parametrize("backend", backends or ["unselected"], scope="module")
+    metafunc.parametrize("backend", backends or ["unselected"], scope="function")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -80,3 +79,28 @@ def ledger_target(backend: str, tmp_path: Path) -> Iterator[str]:
     """A fresh ledger location on the test's backend (a path, or a URL with its own schema)."""
     with ledger_backends.ledger_target(backend, tmp_path) as target:
         yield target
+
+
+class PerBackend:
+    """Resources a module's tests share, built once per ledger backend on first use."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._made: dict[str, Any] = {}
+
+    def get(
+        self, backend: str, make: Callable[[str], contextlib.AbstractContextManager[Any]]
+    ) -> Any:
+        """The module's resource on ``backend`` (``make(backend)`` entered the first time);
+        it is left when the module's tests are done."""
+        if backend not in self._made:
+            self._made[backend] = self._stack.enter_context(make(backend))
+        return self._made[backend]
+
+
+@pytest.fixture(scope="module")
+def per_backend() -> Iterator[PerBackend]:
+    """One real worker (or another costly resource) per backend for a module's tests: a
+    test's function-scoped fixture asks ``per_backend.get(backend, make)``."""
+    with contextlib.ExitStack() as stack:
+        yield PerBackend(stack)

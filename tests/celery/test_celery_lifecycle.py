@@ -13,6 +13,9 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 from celery_harness import Scenario, ledger_on, wait_for
@@ -31,11 +34,10 @@ ROWS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def shared(
-    tmp_path_factory: pytest.TempPathFactory, backend: str
+@contextmanager
+def _shared_worker(
+    tmp: Path, backend: str
 ) -> Iterator[tuple[Scenario, dict[str, str]]]:
-    tmp = tmp_path_factory.mktemp("lifecycle")
     queues = {row: f"tsgt-{uuid.uuid4().hex[:10]}-{row}" for row in ROWS}
     with ledger_on(backend, tmp) as db:
         base = Scenario(tmp, db=db, queues=list(queues.values()))
@@ -45,6 +47,15 @@ def shared(
             yield base, queues
         finally:
             base.close()
+
+
+@pytest.fixture
+def shared(
+    per_backend: Any, backend: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Scenario, dict[str, str]]:
+    """The module's worker on the test's ledger backend (started on first use)."""
+    return per_backend.get(  # type: ignore[no-any-return]
+        backend, lambda b: _shared_worker(tmp_path_factory.mktemp("lifecycle"), b))
 
 
 def use(shared: tuple[Scenario, dict[str, str]], row: str) -> Scenario:

@@ -13,6 +13,9 @@ import os
 import signal
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.exceptions import ChordError, WorkerLostError  # type: ignore[import-untyped]
@@ -24,9 +27,8 @@ DONE = ("succeeded", "worker_completed")
 FAILED = ("failed", "worker_failed")
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[Scenario]:
-    tmp = tmp_path_factory.mktemp("replace")
+@contextmanager
+def _shared_worker(tmp: Path, backend: str) -> Iterator[Scenario]:
     with ledger_on(backend, tmp) as db:
         sc = Scenario(tmp, db=db)
         sc.start_worker(concurrency=2)
@@ -34,6 +36,13 @@ def shared(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[S
             yield sc
         finally:
             sc.close()
+
+
+@pytest.fixture
+def shared(per_backend: Any, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    """The module's worker on the test's ledger backend (started on first use)."""
+    return per_backend.get(  # type: ignore[no-any-return]
+        backend, lambda b: _shared_worker(tmp_path_factory.mktemp("replace"), b))
 
 
 def settled(sc: Scenario, celery_id: str) -> list[Task]:

@@ -12,6 +12,8 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import ledger_backends
 import pytest
@@ -46,13 +48,17 @@ class Shared:
         return self.producer.send(actor, *args, **options)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def shared(
-    tmp_path_factory: pytest.TempPathFactory, backend: str, redis_available: None
-) -> Iterator[Shared]:
-    tmp = tmp_path_factory.mktemp("dramatiq_shared")
-    with ledger_backends.ledger_target(backend, tmp) as db:
-        yield from _shared(BrokerEnv.new("redis", tmp, db))
+    per_backend: Any, backend: str, tmp_path_factory: pytest.TempPathFactory,
+    redis_available: None,
+) -> Shared:
+    def make(backend: str) -> Iterator[Shared]:
+        tmp = tmp_path_factory.mktemp("dramatiq_shared")
+        with ledger_backends.ledger_target(backend, tmp) as db:
+            yield from _shared(BrokerEnv.new("redis", tmp, db))
+
+    return per_backend.get(backend, contextmanager(make))  # type: ignore[no-any-return]
 
 
 def _shared(env: BrokerEnv) -> Iterator[Shared]:
@@ -79,10 +85,9 @@ def _shared(env: BrokerEnv) -> Iterator[Shared]:
 
 
 @pytest.fixture(autouse=True)
-def _healthy_after(request: pytest.FixtureRequest) -> Iterator[None]:
+def _healthy_after(shared: Shared) -> Iterator[None]:
     yield
-    if "shared" in request.fixturenames:
-        assert_healthy(request.getfixturevalue("shared").ledger)
+    assert_healthy(shared.ledger)
 
 
 def test_boot_reconciles_in_every_worker_process(shared: Shared) -> None:
