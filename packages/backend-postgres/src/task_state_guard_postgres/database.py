@@ -31,7 +31,7 @@ from task_state_guard.model import (
     Liveness,
     StorageError,
 )
-from task_state_guard.store import read_clock
+from task_state_guard.store import Layout, read_clock
 
 from . import ddl, driver, owners
 from . import doctor as _doctor
@@ -44,8 +44,6 @@ _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
-    layout_version = ddl.SCHEMA_VERSION
-    outbox_version = ddl.OUTBOX_VERSION
     queries = PostgresQueries()
 
     def __init__(
@@ -90,7 +88,10 @@ class PostgresDatabase:
         """True when opened read-only."""
         return self._read_only
 
-    translate = staticmethod(driver.translate_error)
+    @property
+    def layout(self) -> Layout:
+        """The schema's layout (the PostgreSQL layout 6 added the verdict outbox)."""
+        return Layout.of(self.schema_version, ddl.SCHEMA_VERSION, ddl.OUTBOX_VERSION)
 
     def now(self) -> float:
         """Read the clock; a non-number, non-finite or negative reading is ``InvalidInput``."""

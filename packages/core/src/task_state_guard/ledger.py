@@ -268,7 +268,7 @@ class Ledger:
                 read_only=read_only, check_schema=_check_schema, create=create,
             )
             self._db.conn()  # connect, check and migrate now
-            self.SCHEMA_VERSION = self._db.layout_version
+            self.SCHEMA_VERSION = self._db.layout.current
             return
         self._db = SQLiteDatabase(
             storage.normalize_path(path),
@@ -298,7 +298,7 @@ class Ledger:
     @property
     def schema_version(self) -> int | None:
         """The schema version of the file (after any migration this ledger ran)."""
-        return self._db.schema_version
+        return self._db.layout.version
 
     def _conn(self) -> Any:
         return self._db.conn()

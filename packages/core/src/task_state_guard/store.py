@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from .model import InvalidInput, LedgerError, Liveness
+from .model import InvalidInput, Liveness
 from .queries import Queries
 
 
@@ -26,6 +27,25 @@ def read_clock(clock: Callable[[], float]) -> float:
     if not math.isfinite(now) or now < 0:
         raise InvalidInput("clock returned an invalid time")
     return now
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A ledger's layout: ``version``, the schema version it stores (None: not yet opened, or
+    not a ledger this release knows); ``current``, the version its backend writes (each backend
+    versions its own layout); ``has_outbox``, whether it has the verdict outbox (an older
+    layout a read-only open reads in place has none: it owes no verdicts)."""
+
+    version: int | None
+    current: int
+    has_outbox: bool
+
+    @classmethod
+    def of(cls, version: int | None, current: int, first_with_outbox: int) -> Layout:
+        """The layout of a ledger at ``version`` of a backend that writes ``current`` and
+        added the outbox in ``first_with_outbox``."""
+        return cls(version, current,
+                   version is not None and first_with_outbox <= version <= current)
 
 
 #: A backend's one-statement write (see :attr:`Database.write_one`).
@@ -65,20 +85,10 @@ class Database(Protocol):
         """Tune this thread's connection for one large write (reconcile, prune)."""
         ...
 
-    def translate(self, exc: BaseException) -> LedgerError:
-        """Map a backend error to a ledger error (busy -> ``LedgerBusy``)."""
-        ...
-
     @property
-    def schema_version(self) -> int | None:
-        """The schema version of the ledger (after any migration this object ran)."""
+    def layout(self) -> Layout:
+        """The ledger's layout as opened (after any migration this object ran)."""
         ...
-
-    #: The schema version this backend writes (each backend versions its own layout).
-    layout_version: int
-
-    #: The first of this backend's schema versions with the verdict outbox.
-    outbox_version: int
 
     @property
     def queries(self) -> Queries:
@@ -141,4 +151,4 @@ class Database(Protocol):
 
 
 
-__all__ = ["Database", "WriteOne", "read_clock"]
+__all__ = ["Database", "Layout", "WriteOne", "read_clock"]

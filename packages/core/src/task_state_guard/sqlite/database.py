@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError
-from ..store import WriteOne, read_clock
+from ..store import Layout, WriteOne, read_clock
 from . import connections, doctor, owners, schema, storage
 from .queries import SQLiteQueries
 
@@ -59,8 +59,6 @@ def integrity_ok(conn: sqlite3.Connection) -> bool:
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
-    layout_version = schema.SCHEMA_VERSION
-    outbox_version = schema.STORED_VERSION[schema.V5]
     queries = SQLiteQueries()
 
     def __init__(
@@ -127,7 +125,11 @@ class SQLiteDatabase:
         """True when opened read-only."""
         return self._read_only
 
-    translate = staticmethod(connections.translate)
+    @property
+    def layout(self) -> Layout:
+        """The file's layout (SQLite's layout 5 added the verdict outbox)."""
+        return Layout.of(self.schema_version, schema.SCHEMA_VERSION,
+                         schema.STORED_VERSION[schema.V5])
 
     # ----------------------------------------------------------------- connections
     def conn(self) -> sqlite3.Connection:
