@@ -30,6 +30,7 @@ from task_state_guard.model import (
     LedgerError,
     Liveness,
     StorageError,
+    check_snapshot_limit,
 )
 from task_state_guard.store import Layout, read_clock
 
@@ -295,20 +296,27 @@ class PostgresDatabase:
 
 
 def open_database(
-    url: str,
+    url: object,
     *,
     clock: Callable[[], float],
     busy_timeout_ms: int,
     read_only: bool,
     check_schema: bool = True,
     create: bool = True,
+    snapshot_max_bytes: object = 1 << 30,
+    allow_external_acl: bool = False,
+    transient_sidecars: bool = True,
+    verify_integrity: bool = False,
 ) -> PostgresDatabase:
     """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet.
-    ``create=False``: a schema that holds no ledger is ``database_missing``, never created."""
+    ``create=False``: a schema that holds no ledger is ``database_missing``, never created.
+    ``snapshot_max_bytes`` is checked as for a SQLite ledger and unused here, like the other
+    options only a SQLite file has."""
+    check_snapshot_limit(snapshot_max_bytes)
     if not callable(clock):
         raise InvalidInput("clock must be callable")
     return PostgresDatabase(
-        url, clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
+        str(url), clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
         check_schema=check_schema, create=create,
     )
 

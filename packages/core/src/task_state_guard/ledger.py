@@ -48,8 +48,7 @@ from .model import (
     is_valid_name,
 )
 from .placeholders import positional, positional_rows
-from .sqlite import connections, schema, storage
-from .sqlite.database import SQLiteDatabase
+from .sqlite import connections, schema
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
@@ -259,30 +258,14 @@ class Ledger:
         for flag in (allow_external_acl, read_only, transient_sidecars, create):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
-        self._db: store.Database
-        if backends.is_url(path):
-            # The PostgreSQL backend (an optional package): same transitions, same aggregates.
-            connections.check_snapshot_limit(snapshot_max_bytes)  # checked, unused there
-            self._db = backends.open_database(
-                str(path), clock=clock or time.time, busy_timeout_ms=busy_timeout_ms,
-                read_only=read_only, check_schema=_check_schema, create=create,
-            )
-            self._db.conn()  # connect, check and migrate now
-            self.SCHEMA_VERSION = self._db.layout.current
-            return
-        self._db = SQLiteDatabase(
-            storage.normalize_path(path),
-            clock=clock or time.time,
-            busy_timeout_ms=busy_timeout_ms,
-            allow_external_acl=allow_external_acl,
-            read_only=read_only,
-            transient_sidecars=transient_sidecars,
-            snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
-            check_schema=_check_schema,
-            create=create,
-            verify_integrity=_verify_integrity,
+        self._db: store.Database = backends.open_store(
+            path, clock=clock or time.time, busy_timeout_ms=busy_timeout_ms,
+            allow_external_acl=allow_external_acl, read_only=read_only,
+            transient_sidecars=transient_sidecars, snapshot_max_bytes=snapshot_max_bytes,
+            check_schema=_check_schema, create=create, verify_integrity=_verify_integrity,
         )
-        self._db.conn()  # run every safety check now
+        self._db.conn()  # connect and run every safety check (and migration) now
+        self.SCHEMA_VERSION = self._db.layout.current
 
     # ----------------------------------------------------------------- connections
     @property

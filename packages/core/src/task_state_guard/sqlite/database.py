@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from .. import reasons as r
-from ..model import LedgerBusy, Liveness, StorageError
+from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
 from ..store import Layout, WriteOne, read_clock
 from . import connections, doctor, owners, schema, storage
 from .queries import SQLiteQueries
@@ -499,4 +499,32 @@ class SQLiteDatabase:
         return info
 
 
-__all__ = ["SQLiteDatabase", "integrity_ok", "writer_lock"]
+def open_database(
+    target: object,
+    *,
+    clock: Callable[[], float],
+    busy_timeout_ms: int,
+    allow_external_acl: bool,
+    read_only: bool,
+    transient_sidecars: bool,
+    snapshot_max_bytes: object,
+    check_schema: bool,
+    create: bool,
+    verify_integrity: bool,
+) -> SQLiteDatabase:
+    """The database object of the SQLite ledger at ``target`` (a path; nothing opened yet)."""
+    return SQLiteDatabase(
+        storage.normalize_path(target),
+        clock=clock,
+        busy_timeout_ms=busy_timeout_ms,
+        allow_external_acl=allow_external_acl,
+        read_only=read_only,
+        transient_sidecars=transient_sidecars,
+        snapshot_max_bytes=check_snapshot_limit(snapshot_max_bytes),
+        check_schema=check_schema,
+        create=create,
+        verify_integrity=verify_integrity,
+    )
+
+
+__all__ = ["SQLiteDatabase", "integrity_ok", "open_database", "writer_lock"]
