@@ -96,6 +96,51 @@ def test_sigkill_mid_message_rabbitmq(rabbit_env: BrokerEnv) -> None:
     _sigkill_mid_message(rabbit_env, redelivery_extra={})
 
 
+def test_killed_between_body_and_ack_redis(redis_env: BrokerEnv) -> None:
+    """The attempt's outcome is written at the ack: a process killed after the actor returned
+    and before the ack leaves its attempt running, reconcile closes it ``owner_lost`` and the
+    redelivered message runs again and settles the logical task."""
+    common = {
+        "TSG_ACTIVE_GRACE_SECONDS": "600",
+        "TSG_HEARTBEAT_SECONDS": "0.5",
+        "TSG_TEST_REDIS_HEARTBEAT_MS": "2000",
+    }
+    first = CliWorker(redis_env, extra_env=common).start()
+    producer = Producer(redis_env)
+    ledger = Ledger(str(redis_env.db))
+    second: CliWorker | None = None
+    try:
+        tag = uuid.uuid4().hex
+        mid = producer.send("die_before_ack", tag)
+        wait_for((redis_env.scratch / f"killed-{tag}").exists, 20, "the kill before the ack")
+        assert first.wait_exit(30) != 0  # the CLI notices and stops its other process
+        assert (redis_env.scratch / f"run-{tag}").read_text() == "1"  # the body had returned
+        lost_id = attempt_task_id(mid, 0)
+        lost = ledger.get_task(lost_id)
+        assert lost.status == "running" and lost.has_owner  # its outcome was never written
+
+        second = CliWorker(
+            redis_env, extra_env={**common, "TSG_TEST_REDIS_MAINTENANCE": "1000000"}
+        ).start(wait=False)
+        parent = wait_closed(ledger, mid, timeout=60)
+        second.wait_ready()
+        assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")
+        assert (redis_env.scratch / f"run-{tag}").read_text() == "2"  # redelivered, ran again
+        lost = ledger.get_task(lost_id)
+        assert (lost.status, lost.terminal_code) == ("timed_out", "owner_lost")
+        attempts = attempts_of(ledger, mid)
+        assert sorted(outcomes(attempts)) == [
+            ("succeeded", "worker_completed"), ("timed_out", "owner_lost")]
+        assert "task-state-guard: ledger error" not in second.log()
+        assert_healthy(ledger)
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
+        producer.close()
+        ledger.close()
+
+
 def test_same_message_in_flight_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
     """Two deliveries of one message_id at once (as after a RabbitMQ consumer timeout)."""
     worker = CliWorker(rabbit_env, extra_env={"TSG_HEARTBEAT_SECONDS": "0.2"}).start()

@@ -16,7 +16,7 @@ import pytest
 from _dramatiq_helpers import assert_healthy, attempts_of, outcomes, parent_of, wait_for
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import AsyncIO, Retries
-from task_state_guard import Ledger, StorageError
+from task_state_guard import Ledger
 from task_state_guard_dramatiq import (
     TaskStateGuardMiddleware,
     attempt_task_id,
@@ -438,15 +438,14 @@ def test_start_and_retry_are_each_one_transaction(
         if ran["n"] == 2:
             raise ValueError("once")
 
-    led = application.guard.ledger
-    real_start = led._start_quiet  # what the integration layer starts tasks with
-
-    def refuse_attempts(task_id: Any, *, owner: bool, **kwargs: Any) -> Any:
-        if owner:  # attempts are started with an owner, logical tasks without
-            raise StorageError("disk full")
-        return real_start(task_id, owner=owner, **kwargs)
-
-    monkeypatch.setattr(led, "_start_quiet", refuse_attempts)
+    # The writer connection of the worker's ledger refuses every attempt (a child row) as a
+    # full disk would, after the logical task's rows were written in the same transaction
+    # (a temporary trigger: the file's schema is not touched).
+    writer = application.guard.ledger._db.writer()  # type: ignore[attr-defined]
+    writer.execute(
+        "CREATE TEMP TRIGGER refuse_attempts BEFORE INSERT ON main.tsg_tasks "
+        "WHEN NEW.parent_id IS NOT NULL BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+    )
     try:
         application.start()
         lost = work.send().message_id
@@ -456,7 +455,7 @@ def test_start_and_retry_are_each_one_transaction(
         assert parent_of(ledger, lost) is None
         assert application.guard.stats()["errors"] == {"before_process_message:StorageError": 1}
 
-        monkeypatch.setattr(led, "_start_quiet", real_start)
+        writer.execute("DROP TRIGGER temp.refuse_attempts")
         mid = again.send().message_id
         application.join()
     finally:

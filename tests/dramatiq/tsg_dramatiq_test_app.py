@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,20 @@ class SkipByName(Middleware):
             raise SkipMessage("skipped by test middleware")
 
 
+class DieBeforeAck(Middleware):
+    """Kills its own worker process (SIGKILL) before the ack of the first run of a
+    ``die_before_ack`` message: after the actor returned, before the broker settled it."""
+
+    def before_ack(self, broker: Any, message: Any) -> None:
+        if message.actor_name != "die_before_ack":
+            return
+        tag = message.args[0]
+        killed = SCRATCH / f"killed-{tag}"
+        if not killed.exists():
+            killed.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _broker() -> dramatiq.Broker:
     kind = os.environ["TSG_TEST_BROKER"]
     url = os.environ["TSG_TEST_URL"]
@@ -66,6 +81,7 @@ def _broker() -> dramatiq.Broker:
     broker.add_middleware(AsyncIO())
     broker.add_middleware(CurrentMessage())
     broker.add_middleware(SkipByName())
+    broker.add_middleware(DieBeforeAck())
     if RESULTS:
         from dramatiq.results import Results
         from dramatiq.results.backends import RedisBackend
@@ -197,6 +213,13 @@ def crash_once(tag: str, seconds: float) -> None:
     marker.write_text(str(runs + 1))
     _touch(f"pid-{tag}-{runs + 1}", str(os.getpid()))
     _sleep(seconds if runs == 0 else min(seconds, 0.2))
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def die_before_ack(tag: str) -> None:
+    """Counts its runs; DieBeforeAck kills the process before the first run's ack."""
+    marker = SCRATCH / f"run-{tag}"
+    marker.write_text(str(int(marker.read_text()) + 1 if marker.exists() else 1))
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)

@@ -11,6 +11,7 @@ the outcome signals.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from celery.exceptions import (  # type: ignore[import-untyped]
@@ -82,16 +83,10 @@ class ChildReceivers:
             owner = not acks_late(task) or bool(getattr(ctx, "is_eager", False))
             name = name_label(getattr(task, "name", None))
 
-            def open_parent() -> None:
-                rt.open_logical(
-                    parent, delivery_required=delivers(task), name=name, owner=owner,
-                    framework_id=celery_id,
-                )
-
-            def claim() -> str:
-                return rt.claim_attempt(
-                    parent,
-                    name=name,
+            def begin(open_logical: bool) -> str:
+                return rt.begin_attempt(
+                    parent, delivery_required=delivers(task), name=name,
+                    framework_id=celery_id, open_logical=open_logical, logical_owner=owner,
                     timeout_seconds=attempt_timeout(task),
                     expected=expected_attempts(ctx, celery_id),
                     fresh_id=fresh_attempt_id(ctx),
@@ -99,25 +94,33 @@ class ChildReceivers:
                 )
 
             waiting = self.links.waiting(ctx, celery_id) if replaced_ids(ctx) else []
-            with rt.ledger.atomic():  # the parent and the attempts: one writer-lock round
-                # A replacement's last task runs under the replaced task's id, whose parent
-                # exists; the other tasks of a replacement (a stage: they carry the replaced
-                # ids) are logical tasks of their own.
-                if retries(ctx) == 0 and (nesting(ctx) == 0 or replaced_ids(ctx)):
-                    open_parent()
-                try:
-                    attempt = claim()
-                except TaskNotFound:
-                    # A retry or replacement whose parent was never recorded (the ledger was
-                    # unavailable when the first attempt ran): record the parent now.
-                    open_parent()
-                    attempt = claim()
-                stages = self.links.claim(
-                    ctx, celery_id, attempt, waiting, name=name,
-                    timeout_seconds=attempt_timeout(task),
-                )
+            # A replacement's last task runs under the replaced task's id, whose parent
+            # exists; the other tasks of a replacement (a stage: they carry the replaced ids)
+            # are logical tasks of their own.
+            opens = retries(ctx) == 0 and (nesting(ctx) == 0 or bool(replaced_ids(ctx)))
+            attempt: str | None = None
+            stages: dict[str, str] = {}
+            try:
+                # One write; with stages to claim, one transaction with their claims.
+                with rt.ledger.atomic() if waiting else nullcontext():
+                    try:
+                        attempt = begin(opens)
+                    except TaskNotFound:
+                        # A retry or replacement whose parent was never recorded (the ledger
+                        # was unavailable when the first attempt ran): record the parent now.
+                        attempt = begin(True)
+                    if waiting:
+                        stages = self.links.claim(
+                            ctx, celery_id, attempt, waiting, name=name,
+                            timeout_seconds=attempt_timeout(task),
+                        )
+            except BaseException:
+                if attempt is not None:
+                    rt.release(attempt, parent)
+                raise
             set_attempt(ctx, Attempt(attempt, parent, stages=stages))
-            rt.hold(attempt, parent, *stages.values())
+            if stages:
+                rt.hold(*stages.values())
 
     # ------------------------------------------------------------------ outcomes
 
@@ -129,28 +132,28 @@ class ChildReceivers:
         code: str,
         *,
         parent_close: bool = True,
-        placeholder: Callable[[], object] | None = None,
+        retry: tuple[str, str | None, float | None] | None = None,
     ) -> None:
+        """One write (``end_attempt``): ``retry``'s queued attempt first (a scheduled retry or
+        requeue), the attempt, its stages and, with ``parent_close``, the logical task."""
         att = attempt_of(ctx)
         if att is None or att.closed:
             return
         att.closed = True
-        closings = [
-            (att.attempt_id, status, code, True),
-            *self.links.stage_closings(att.stages, status, code),
-        ]
-        if parent_close:
-            closings.append((att.parent_id, status, code, False))
+        also = self.links.stage_closings(att.stages, status, code)
         try:
             with self.rt.guarded(hook):
                 if parent_close and status != c.SUCCEEDED and att.stages:
                     # Celery fails the rest of the chain and the chord's body with this task:
                     # the replaced tasks waiting on it end with it.
-                    closings += self.links.end_replaced(att.stages, status, code)
-                with self.rt.ledger.atomic():
-                    if placeholder is not None:
-                        placeholder()
-                    self.rt.close_tasks(closings, where=hook)
+                    also += self.links.end_replaced(att.stages, status, code)
+                att.released = True  # end_attempt releases the attempt and its logical task
+                self.rt.release(*att.stages.values())
+                self.rt.end_attempt(
+                    att.attempt_id, (status, code), logical_id=att.parent_id,
+                    settled=(status, code) if parent_close else None, retry=retry,
+                    also=also, where=hook,
+                )
         finally:
             self._release(att)
 
@@ -182,10 +185,8 @@ class ChildReceivers:
             c.FAILED,
             c.RETRY_SCHEDULED,
             parent_close=False,
-            placeholder=lambda: self.rt.queue_attempt(
-                placeholder, att.parent_id, name=name_label(getattr(sender, "name", None)),
-                timeout_seconds=attempt_timeout(sender),
-            ),
+            retry=(placeholder, name_label(getattr(sender, "name", None)),
+                   attempt_timeout(sender)),
         )
 
     def on_postrun(
@@ -241,12 +242,7 @@ class ChildReceivers:
             c.CANCELLED,
             c.REJECTED,
             parent_close=not requeue,
-            placeholder=(
-                lambda: self.rt.queue_attempt(
-                    placeholder, att.parent_id, name=name_label(getattr(task, "name", None)),
-                    timeout_seconds=attempt_timeout(task),
-                )
-            )
+            retry=(placeholder, name_label(getattr(task, "name", None)), attempt_timeout(task))
             if requeue
             else None,
         )

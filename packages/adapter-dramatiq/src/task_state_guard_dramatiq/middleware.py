@@ -82,8 +82,12 @@ class _Attempt:
     name: str | None
     retry_enqueued: bool = False
     next_retries: int | None = None
+    #: Decided when the body's hooks end, written at the ack (or nack): the attempt's outcome,
+    #: the logical task's (None: a retry was scheduled, it stays open) and the retry's attempt.
+    outcome: c.Outcome | None = None
     parent_outcome: c.Outcome | None = None
-    held: bool = True
+    retry_id: str | None = None
+    open: bool = True
 
 
 class TaskStateGuardMiddleware(Middleware, AdapterSurface):
@@ -243,8 +247,9 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         """Open (or find) the logical task and record a new running attempt under it.
 
-        One ledger transaction, committed before the actor runs: the logical task's creation
-        and start (first delivery) and the attempt's creation (or claim) and start.
+        One ledger write, committed before the actor runs (``begin_attempt``): the logical
+        task's creation and start (first delivery) and the attempt's creation (or claim) and
+        start.
         """
         self._local.current = None
         with self.runtime.guarded("before_process_message"):
@@ -265,17 +270,13 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         name = name_label(message.actor_name)
         parent_id = logical_task_id(message_id)
         retries = int(options.get("retries") or 0)
-        with rt.ledger.atomic():
-            # owner=False: the broker redelivers an unacked message after a crash, so the
-            # logical task outlives the process that happens to run an attempt.
-            rt.open_logical(
-                parent_id, delivery_required=bool(delivery), name=name, framework_id=message_id
-            )
-            attempt_id = rt.claim_attempt(
-                parent_id, name=name, expected=((attempt_task_id(message_id, retries), True),),
-                redelivery_window=self._redelivery_window(broker),
-            )
-        rt.hold(attempt_id, parent_id)
+        # No owner for the logical task: the broker redelivers an unacked message after a
+        # crash, so the logical task outlives the process that happens to run an attempt.
+        attempt_id = rt.begin_attempt(
+            parent_id, delivery_required=bool(delivery), name=name, framework_id=message_id,
+            expected=((attempt_task_id(message_id, retries), True),),
+            redelivery_window=self._redelivery_window(broker),
+        )
         return _Attempt(message_id, parent_id, attempt_id, name)
 
     def _redelivery_window(self, broker: Broker) -> float | None:
@@ -303,12 +304,11 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
-        """Close the attempt; with it, in one transaction, queue the next attempt of a retry."""
+        """Decide the attempt's outcome (and the retry's attempt); the ack writes it."""
         self._local.current = None
         state: _Attempt | None = getattr(message, _STATE_ATTR, None)
         if state is None:
             return
-        self._release(state)
         retry_id: str | None = None
         if exception is None:
             attempt: c.Outcome = (c.SUCCEEDED, c.WORKER_COMPLETED)
@@ -329,8 +329,7 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
                 if retries is None:
                     retries = int(message.options.get("retries") or 0)
                 retry_id = attempt_task_id(state.message_id, retries)
-        state.parent_outcome = parent
-        self._close_attempt(state, attempt, retry_id)
+        state.outcome, state.parent_outcome, state.retry_id = attempt, parent, retry_id
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         """SkipMessage (e.g. AgeLimit): the attempt is ``cancelled/skipped``."""
@@ -338,46 +337,36 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         state: _Attempt | None = getattr(message, _STATE_ATTR, None)
         if state is None:
             return
-        self._release(state)
         # A failed skip (AgeLimit) is dead-lettered; a plain skip is acked.
+        state.outcome = (c.CANCELLED, c.SKIPPED)
         state.parent_outcome = (c.FAILED, None) if message.failed else (c.CANCELLED, c.SKIPPED)
-        self._close_attempt(state, (c.CANCELLED, c.SKIPPED), None)
-
-    def _release(self, state: _Attempt) -> None:
-        if state.held:
-            state.held = False
-            self.runtime.release(state.attempt_id, state.parent_id)
-
-    def _close_attempt(self, state: _Attempt, outcome: c.Outcome, retry_id: str | None) -> None:
-        """Close the attempt and, for a scheduled retry, queue its successor: one transaction.
-
-        The successor goes first, so the logical task never has a moment without an open
-        child. A failure to queue it does not stop the close.
-        """
-        rt = self.runtime
-        where = "after_process_message"
-        with rt.guarded(where), rt.ledger.atomic():
-            if retry_id is not None:
-                try:
-                    rt.queue_attempt(retry_id, state.parent_id, name=state.name)
-                except LedgerError as exc:
-                    rt.policy.error(where, exc)
-            rt.close_tasks(((state.attempt_id, outcome[0], outcome[1], True),), where=where)
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:
-        """The message is settled and will not come back: close the logical task."""
+        """The message is settled and will not come back: close the attempt and the logical
+        task (for a scheduled retry: the attempt, and queue the next one)."""
         self._settle(message, "after_ack")
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
-        """The message is dead-lettered: close the logical task (failed)."""
+        """The message is dead-lettered: close the attempt and the logical task (failed)."""
         self._settle(message, "after_nack")
 
     def _settle(self, message: MessageProxy, where: str) -> None:
+        """One write (``end_attempt``): for a scheduled retry its queued attempt first, then
+        the attempt's close and, unless a retry was scheduled, the logical task's. A process
+        that dies before it (after the body, before the ack) leaves the attempt running: it
+        is closed ``timed_out/owner_lost`` and the broker redelivers the message."""
         state: _Attempt | None = getattr(message, _STATE_ATTR, None)
-        if state is None:
+        if state is None or not state.open:
             return  # not an attempt of ours (e.g. the ConsumerThread ack of a delay copy)
-        outcome = state.parent_outcome
-        if outcome is None:  # a retry was scheduled: the logical task stays open
-            self.runtime.drop_deferred_mark(state.parent_id)
-            return
-        self.runtime.close_tasks(((state.parent_id, outcome[0], outcome[1], False),), where=where)
+        state.open = False
+        outcome = state.outcome
+        if outcome is None:  # no outcome hook ran (a middleware failed before ours)
+            outcome = (c.FAILED, c.WORKER_FAILED) if message.failed else (
+                c.CANCELLED, c.SKIPPED)
+            state.parent_outcome = (c.FAILED, c.WORKER_FAILED) if message.failed else outcome
+        retry = None if state.retry_id is None else (state.retry_id, state.name, None)
+        with self.runtime.guarded(where):
+            self.runtime.end_attempt(
+                state.attempt_id, outcome, logical_id=state.parent_id,
+                settled=state.parent_outcome, retry=retry, where=where,
+            )

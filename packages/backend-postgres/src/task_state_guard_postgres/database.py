@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from task_state_guard import reasons as r
+from task_state_guard.attempts import Begin, End, Ended
 from task_state_guard.model import (
     InvalidInput,
     LedgerError,
@@ -34,6 +35,7 @@ from task_state_guard.model import (
 )
 from task_state_guard.store import Layout, read_clock
 
+from . import attempts as _attempts
 from . import ddl, driver, owners
 from . import doctor as _doctor
 from .queries import PASS_KIND, PostgresQueries
@@ -252,6 +254,33 @@ class PostgresDatabase:
         # takes its locks back.
         owners.keep_locks(self._target, self.busy_timeout_ms)
         return row
+
+    # ----------------------------------------------------------------- a guarded job's writes
+    def begin_attempt(self, spec: Begin) -> str | None:
+        """*Begin attempt* as one statement (its own transaction outside a group): the
+        attempt's id, or None when no attempt was started (the ledger explains)."""
+        conn = self._write_conn()
+        begun = _attempts.begin(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return begun
+
+    def end_attempt(self, spec: End) -> Ended:
+        """*End attempt* as one statement (its own transaction outside a group)."""
+        conn = self._write_conn()
+        ended = _attempts.end(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return ended
+
+    def _write_conn(self) -> driver.Conn:
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        return self.conn()
+
+    def _after_autocommit(self, conn: driver.Conn) -> None:
+        # The server answered: as after a write's BEGIN, an owner whose lock connection broke
+        # takes its locks back.
+        if not conn.in_transaction:
+            owners.keep_locks(self._target, self.busy_timeout_ms)
 
     # ----------------------------------------------------------------- owners and reports
     def own_token(self) -> str:

@@ -172,12 +172,7 @@ class Conn:
         """Run one statement with numbered placeholders as a server-side prepared statement
         (parsed and planned once per connection, values bound by the server, strings typed
         ``text``); return its first row. Driver errors become ledger errors."""
-        cursor = self._typed
-        if cursor is None:
-            cursor = self._typed = psycopg.Cursor(self.raw)
-            cursor.adapters.register_dumper(str, StrDumper)
-            # Only statements run with ``prepare=True`` are prepared (ClientCursor never is).
-            self.raw.prepare_threshold = 1 << 30
+        cursor = self._typed_cursor()
         text = translate_typed(sql, tuple(value is None for value in params))
         bound = {f"p{index}": value for index, value in enumerate(params, 1) if value is not None}
         try:
@@ -190,6 +185,29 @@ class Conn:
                 self.total_changes += cursor.rowcount
             return row
         raise error
+
+    def fetch_named(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run one statement written with psycopg's named placeholders (every one cast to its
+        type) as a server-side prepared statement; return its rows. Driver errors become
+        ledger errors."""
+        cursor = self._typed_cursor()
+        try:
+            cursor.execute(sql, params, prepare=True)
+            rows = cursor.fetchall()
+        except psycopg.Error as exc:
+            error = translate_error(exc)
+        else:
+            return rows
+        raise error
+
+    def _typed_cursor(self) -> psycopg.Cursor[Any]:
+        cursor = self._typed
+        if cursor is None:
+            cursor = self._typed = psycopg.Cursor(self.raw)
+            cursor.adapters.register_dumper(str, StrDumper)
+            # Only statements run with ``prepare=True`` are prepared (ClientCursor never is).
+            self.raw.prepare_threshold = 1 << 30
+        return cursor
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement per parameter row."""

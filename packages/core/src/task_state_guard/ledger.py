@@ -8,11 +8,11 @@ import sqlite3
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from typing import Any, NoReturn
 
-from . import backends, store, task_list
+from . import attempts, backends, store, task_list
 from . import events as _events
 from . import history as _history
 from . import prune as _prune
@@ -375,15 +375,18 @@ class Ledger:
         name: str | None = None,
         payload_hash: str | None = None,
         framework_id: str | uuid.UUID | None = None,
+        framework: str | None = None,
     ) -> Task:
         """Create a queued task; with an explicit ``task_id`` an identical repeat is a no-op.
 
         ``framework_id``: the framework's own id of the job (a Celery task id, a Dramatiq message
         id), stored so that an operator or a callback can map the task back; only a canonical
         UUID is accepted (an id that is not one may carry user data and is never stored).
+        ``framework``: the label of the adapter that opens this job (one of
+        ``model.FRAMEWORK_LABELS``): a close declaring it lost owes that framework a verdict.
         """
         task = self._create(task_id, parent_id, timeout_seconds, delivery_required, name,
-                            payload_hash, framework_id, quiet=False)
+                            payload_hash, framework_id, quiet=False, framework=framework)
         assert isinstance(task, Task)
         return task
 
@@ -450,15 +453,24 @@ class Ledger:
             terminal_code=None, delivery_code=None, version=0, name=label, framework_id=fid,
         )
 
-    def start_task(self, task_id: str | uuid.UUID, *, owner: bool = True) -> Task:
+    def start_task(
+        self, task_id: str | uuid.UUID, *, owner: bool = True,
+        redelivery_seconds: float | None = None,
+    ) -> Task:
         """Move a queued task to running; ``owner=True`` records this process as its owner.
 
         The owner lock directory (``<db>-owners``) is created only for a start with an owner,
         and only once the task was found queued: a refused start creates nothing.
+        ``redelivery_seconds``: for an attempt whose broker redelivers the job if its worker
+        dies, how long after its last sign of life that may still happen (reconcile keeps the
+        logical task fresh that long once the attempt is lost).
         """
         tid = canonical_id(task_id)
         if not isinstance(owner, bool):
             raise InvalidInput("owner must be a boolean")
+        bound = None if redelivery_seconds is None else check_seconds(
+            redelivery_seconds, "redelivery_seconds", allow_zero=True
+        )
         if self._db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         token = self._db.held_token() if owner else None
@@ -470,7 +482,7 @@ class Ledger:
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
             token = self._db.own_token()
-        updated, now, row = self._guarded(_START, tid, token, _FLOAT_MAX, None)
+        updated, now, row = self._guarded(_START, tid, token, _FLOAT_MAX, bound)
         if updated is not None:
             return row_to_task(updated)
         _explain_start(row, now)
@@ -635,6 +647,155 @@ class Ledger:
         if row[7] != state:  # a pending delivery with a valid code and clock would have closed
             raise StateConflict("the delivery could not be closed")
         return row_to_task(row)  # identical repeat: the original is kept
+
+    # ----------------------------------------------------------------- a guarded job's writes
+    def begin_attempt(
+        self,
+        logical_id: str | uuid.UUID,
+        *,
+        name: str | None = None,
+        delivery_required: bool = False,
+        framework_id: str | uuid.UUID | None = None,
+        framework: str | None = None,
+        open_logical: bool = True,
+        logical_owner: bool = False,
+        candidates: Iterable[tuple[str | uuid.UUID, bool]] = (),
+        attempt_id: str | uuid.UUID | None = None,
+        timeout_seconds: float | None = None,
+        redelivery_seconds: float | None = None,
+    ) -> str:
+        """Begin the attempt a delivery of a framework job runs as, in one write committed
+        before the job's body runs (SQLite: one transaction; PostgreSQL: one statement); return
+        the attempt's id.
+
+        With ``open_logical`` the logical task ``logical_id`` is created when missing (with
+        ``delivery_required``, ``name``, ``framework_id``, ``framework``) and started when
+        queued (owned by this process with ``logical_owner``); one recorded earlier with other
+        attributes, or started or closed already, is left as it is. The attempt, a child owing
+        no delivery, owned by this process, named ``name``, with ``timeout_seconds`` and
+        ``redelivery_seconds`` (see :meth:`start_task`), is the first of ``candidates``
+        (``(id, create)``: a queued placeholder such as a scheduled retry's, recorded first when
+        ``create`` and missing) that can still be started, else a new one, ``attempt_id``
+        (random when None): two deliveries never share an attempt. Events and totals are those
+        of creating and starting each task. ``TaskNotFound`` when the logical task does not
+        exist, ``StateConflict`` when ``attempt_id`` exists and is not queued.
+        """
+        lid = canonical_id(logical_id)
+        for flag in (delivery_required, open_logical, logical_owner):
+            if not isinstance(flag, bool):
+                raise InvalidInput("flags must be booleans")
+        if isinstance(candidates, str | bytes) or not isinstance(candidates, Iterable):
+            raise InvalidInput("candidates must be an iterable of (task id, create) pairs")
+        picks: list[tuple[str, bool]] = []
+        for candidate, create in candidates:
+            if not isinstance(create, bool):
+                raise InvalidInput("flags must be booleans")
+            picks.append((canonical_id(candidate), create))
+        timeout = None if timeout_seconds is None else check_seconds(
+            timeout_seconds, "timeout_seconds", allow_zero=True, maximum=None
+        )
+        bound = None if redelivery_seconds is None else check_seconds(
+            redelivery_seconds, "redelivery_seconds", allow_zero=True
+        )
+        db = self._db
+        if db.read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        token = db.held_token() or db.own_token()
+        spec = attempts.Begin(
+            logical_id=lid, name=check_name(name), delivery_required=delivery_required,
+            framework_id=None if framework_id is None else _framework_id(framework_id),
+            framework=check_framework(framework), open_logical=open_logical,
+            logical_owner=token if logical_owner else None, candidates=tuple(picks),
+            attempt_id=str(uuid.uuid4()) if attempt_id is None else canonical_id(attempt_id),
+            timeout_seconds=timeout, owner=token, redelivery_seconds=bound,
+        )
+        begun = db.begin_attempt(spec)
+        if begun is not None:
+            return begun
+        with db.group():  # a step was refused: the one-task transitions explain (or do it)
+            return self._begin_steps(spec)
+
+    def _begin_steps(self, spec: attempts.Begin) -> str:
+        """:meth:`begin_attempt` one transition at a time (inside a group)."""
+        lid, name, bound = spec.logical_id, spec.name, spec.redelivery_seconds
+        if spec.open_logical:
+            try:
+                queued = self._create(
+                    lid, None, None, spec.delivery_required, name, None, spec.framework_id,
+                    quiet=True, framework=spec.framework,
+                ) == "queued"
+            except StateConflict:
+                queued = True
+            if queued:
+                with suppress(StateConflict):  # started by a concurrent delivery
+                    self._start_quiet(lid, owner=spec.logical_owner is not None)
+        for candidate, create in spec.candidates:
+            try:
+                if create:
+                    self._create(candidate, lid, spec.timeout_seconds, False, name, None, None,
+                                 quiet=True)
+                self._start_quiet(candidate, owner=True, redelivery_seconds=bound)
+                return candidate
+            except (StateConflict, TaskNotFound):
+                continue
+        fresh = spec.attempt_id
+        self._create(fresh, lid, spec.timeout_seconds, False, name, None, None, quiet=True)
+        self._start_quiet(fresh, owner=True, redelivery_seconds=bound)
+        return fresh
+
+    def end_attempt(
+        self,
+        closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
+        *,
+        marks: Mapping[str, tuple[str, str | None]] | None = None,
+        queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]] = (),
+    ) -> attempts.Ended:
+        """End an attempt in one write (SQLite: one transaction; PostgreSQL: one statement):
+        record each of ``queue`` (``(task_id, parent_id, name, timeout_seconds)``: the queued
+        attempt of a scheduled retry, owing no delivery), then close each of ``closes``
+        (``(task_id, status, code)``, innermost first: the attempt, the logical task when the
+        framework has settled it). A task that owes no delivery has its delivery closed
+        ``not_applicable/internal_task`` in the same change; a task in ``marks`` (``task_id ->
+        (state, code)``, ``delivered`` or ``failed``: the job's own delivery mark) has its
+        delivery closed so.
+
+        Each step is judged on its own and one the ledger refuses changes nothing: a task
+        closed already or missing, a clock behind its stored times, a code that does not
+        belong to the state, a queued attempt that exists already. The returned
+        :class:`~task_state_guard.attempts.Ended` lists what was written; for the others,
+        :meth:`close_task_settled`, :meth:`set_delivery` and :meth:`create_task` explain (or
+        do it). ``InvalidInput`` (nothing written) for an id that is not one, a status that is
+        not terminal, a name or timeout that is not valid.
+        """
+        marked = {} if marks is None else {canonical_id(k): v for k, v in marks.items()}
+        rows: list[tuple[str, str, str | None, tuple[str, str | None] | None]] = []
+        for task_id, status, code in closes:
+            tid = canonical_id(task_id)
+            state = check_state(status, TERMINAL_STATES, "terminal task status")
+            reason = check_code_shape(code)
+            mark = marked.get(tid)
+            if mark is not None:
+                mstate = check_state(mark[0], DELIVERY_CLOSED, "delivery status")
+                mcode = check_code_shape(mark[1])
+                if mstate == "not_applicable" or (
+                    mcode is not None and mcode not in DELIVERY_CODES[mstate]
+                ):
+                    continue  # left to set_delivery, which explains
+                mark = (mstate, mcode)
+            if reason is None or reason in TASK_CODES[state]:
+                rows.append((tid, state, reason, mark))
+        queued: list[tuple[str, str, str | None, float | None]] = []
+        for attempt, parent, name, timeout in queue:
+            queued.append((
+                canonical_id(attempt), canonical_id(parent, "parent id"), check_name(name),
+                None if timeout is None else check_seconds(
+                    timeout, "timeout_seconds", allow_zero=True, maximum=None),
+            ))
+        if not rows and not queued:
+            return attempts.Ended(frozenset(), frozenset(), frozenset())
+        if self._db.read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        return self._db.end_attempt(attempts.End(tuple(rows), tuple(queued)))
 
     # ----------------------------------------------------------------- reads
     def get_task(self, task_id: str | uuid.UUID) -> Task:

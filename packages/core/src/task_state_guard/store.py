@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
+from . import attempts
 from .model import InvalidInput, Liveness
 from .queries import Queries
 
@@ -118,6 +119,15 @@ class Database(Protocol):
         None when the guard refused. The clock is read before the call, so a refusal proves
         nothing: the ledger then runs the locked path, which re-reads the clock and explains.
         """
+        ...
+
+    def begin_attempt(self, spec: attempts.Begin) -> str | None:
+        """*Begin attempt* as one write (its own transaction, or the open group's): the
+        attempt's id, or None when a step was refused (the ledger then explains it)."""
+        ...
+
+    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
+        """*End attempt* as one write (its own transaction, or the open group's)."""
         ...
 
     def own_token(self) -> str:

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -63,6 +62,11 @@ from .settings import Settings
 
 #: One close: ``(task_id, status, code, internal)``; ``internal`` marks an attempt.
 Closing = tuple[str, str, "str | None", bool]
+
+
+def _stored_id(framework_id: str | None) -> str | None:
+    """A framework id as the ledger stores it: only a canonical UUID (else None)."""
+    return framework_id if type(framework_id) is str and is_canonical(framework_id) else None
 
 _BOOT_RECONCILE_TRIES = 5
 # The report keys that count changes a pass made (the others count what it examined or kept).
@@ -385,20 +389,18 @@ class AdapterRuntime:
         ``framework_id`` is stored only when it is a canonical UUID (Celery's default task ids,
         Dramatiq message ids); any other id may carry user data and is never stored.
         """
-        fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
         with led.atomic():
             try:
-                state = led._create(
-                    task_id, None, None, delivery_required, name, None, fid, quiet=True,
-                    framework=self.framework,
-                )
-                queued = state == codes.QUEUED
+                queued = led.create_task(
+                    task_id=task_id, delivery_required=delivery_required, name=name,
+                    framework_id=_stored_id(framework_id), framework=self.framework,
+                ).status == codes.QUEUED
             except StateConflict:
                 queued = True
             if start and queued:
                 with suppress(StateConflict):  # already started by a concurrent delivery
-                    led._start_quiet(task_id, owner=owner)
+                    led.start_task(task_id, owner=owner)
 
     def start_task(
         self,
@@ -422,16 +424,16 @@ class AdapterRuntime:
         ``redelivery_seconds``: the attempt's redelivery window, recorded with the start (see
         :meth:`claim_attempt`).
         """
-        fid = framework_id if type(framework_id) is str and is_canonical(framework_id) else None
         led = self.ledger
         with led.atomic():
-            led._create(
-                task_id, parent_id, timeout_seconds, delivery_required, name, None, fid,
-                quiet=True,
+            led.create_task(
+                task_id=task_id, parent_id=parent_id, timeout_seconds=timeout_seconds,
+                delivery_required=delivery_required, name=name,
+                framework_id=_stored_id(framework_id),
                 # a job carries the framework's label (see open_logical); an attempt does not
                 framework=self.framework if parent_id is None or delivery_required else None,
             )
-            led._start_quiet(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
+            led.start_task(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
 
     def queue_attempt(
         self,
@@ -443,8 +445,9 @@ class AdapterRuntime:
     ) -> None:
         """Record a queued attempt under ``parent_id`` (idempotent): a retry or requeue that the
         broker will deliver later. It keeps the logical task fresh until a delivery claims it."""
-        self.ledger._create(
-            attempt_id, parent_id, timeout_seconds, False, name, None, None, quiet=True
+        self.ledger.create_task(
+            task_id=attempt_id, parent_id=parent_id, timeout_seconds=timeout_seconds,
+            delivery_required=False, name=name,
         )
 
     def claim_attempt(
@@ -464,7 +467,7 @@ class AdapterRuntime:
         yet). The first one that can still be started is claimed. When none can (another
         delivery of the same message has it: two deliveries never share an attempt), a fresh
         attempt is recorded, with id ``fresh_id`` or a random one. ``TaskNotFound`` when the
-        logical task does not exist. One transaction.
+        logical task does not exist. One write (``Ledger.begin_attempt``).
 
         ``redelivery_window``: when the broker hands this delivery's job to another worker if
         this one dies (late acknowledgement, visibility timeout), how long after the attempt's
@@ -474,45 +477,98 @@ class AdapterRuntime:
         that window plus its active grace (for the requeued job to reach a free worker), so a
         job that will run again is not declared lost before then.
         """
-        bound = redelivery_window
-        led = self.ledger
-        with led.atomic():
-            for candidate, create in expected:
-                try:
-                    if create:
-                        self.queue_attempt(
-                            candidate, parent_id, name=name, timeout_seconds=timeout_seconds
-                        )
-                    led._start_quiet(candidate, owner=True, redelivery_seconds=bound)
-                    return candidate
-                except (StateConflict, TaskNotFound):
-                    continue
-            attempt = fresh_id or str(uuid.uuid4())
-            self.start_task(
-                attempt,
-                parent_id=parent_id,
-                delivery_required=False,
-                name=name,
-                timeout_seconds=timeout_seconds,
-                redelivery_seconds=bound,
-            )
-            return attempt
+        return self.ledger.begin_attempt(
+            parent_id, name=name, open_logical=False, candidates=expected, attempt_id=fresh_id,
+            timeout_seconds=timeout_seconds, redelivery_seconds=redelivery_window,
+        )
+
+    def begin_attempt(
+        self,
+        logical_id: str,
+        *,
+        delivery_required: bool,
+        name: str | None,
+        framework_id: str | None = None,
+        open_logical: bool = True,
+        logical_owner: bool = False,
+        expected: Iterable[tuple[str, bool]] = (),
+        fresh_id: str | None = None,
+        timeout_seconds: float | None = None,
+        redelivery_window: float | None = None,
+    ) -> str:
+        """A delivery of a job begins: one write, committed before the body runs
+        (``Ledger.begin_attempt``), then the attempt and its logical task are held
+        (heartbeaten) until :meth:`end_attempt`; returns the attempt's id.
+
+        With ``open_logical`` the logical task is recorded (with this runtime's framework
+        label; ``framework_id`` stored only when it is a canonical UUID) and started if still
+        queued (``logical_owner``: see :meth:`open_logical`); then the attempt is claimed as
+        :meth:`claim_attempt` does (``expected``, ``fresh_id``, ``redelivery_window``).
+        ``TaskNotFound`` when the logical task does not exist (and is not opened).
+        """
+        attempt = self.ledger.begin_attempt(
+            logical_id, name=name, delivery_required=delivery_required,
+            framework_id=_stored_id(framework_id), framework=self.framework,
+            open_logical=open_logical, logical_owner=logical_owner, candidates=expected,
+            attempt_id=fresh_id, timeout_seconds=timeout_seconds,
+            redelivery_seconds=redelivery_window,
+        )
+        self.hold(attempt, logical_id)
+        return attempt
 
     # ------------------------------------------------------------------ closing
 
-    def close_tasks(self, closings: Sequence[Closing], *, where: str = "close") -> int:
-        """Close several tasks in one transaction, in the given order (innermost first).
+    def end_attempt(
+        self,
+        attempt_id: str,
+        outcome: codes.Outcome,
+        *,
+        logical_id: str,
+        settled: codes.Outcome | None,
+        retry: tuple[str, str | None, float | None] | None = None,
+        also: Sequence[Closing] = (),
+        where: str = "close",
+    ) -> int:
+        """A delivery of a job ended: one write (``Ledger.end_attempt``) that closes the
+        attempt with ``outcome`` (its delivery ``not_applicable/internal_task``), the tasks of
+        ``also`` (after it), and, when the framework has ``settled`` the job, the logical task
+        with that outcome and the delivery mark its job made, if any; a scheduled ``retry``
+        (``(attempt_id, name, timeout_seconds)``) is queued first. A job that ends without
+        settling drops its delivery mark (counted). Releases the attempt and the logical task
+        (held by :meth:`begin_attempt`). Conflicts and errors as :meth:`close_tasks`; returns
+        how many tasks this call closed.
+        """
+        self.release(attempt_id, logical_id)
+        closings: list[Closing] = [(attempt_id, outcome[0], outcome[1], True), *also]
+        if settled is not None:
+            closings.append((logical_id, settled[0], settled[1], False))
+        queue = () if retry is None else ((retry[0], logical_id, retry[1], retry[2]),)
+        closed = self.close_tasks(closings, where=where, queue=queue)
+        if settled is None:
+            self.drop_deferred_mark(logical_id)
+        return closed
+
+    def close_tasks(
+        self,
+        closings: Sequence[Closing],
+        *,
+        where: str = "close",
+        queue: Sequence[tuple[str, str, str | None, float | None]] = (),
+    ) -> int:
+        """Close several tasks in one write (``Ledger.end_attempt``), in the given order
+        (innermost first), after recording the queued attempts of ``queue`` (``(attempt_id,
+        parent_id, name, timeout_seconds)``: a scheduled retry, idempotent).
 
         A task that owes no delivery (every attempt, and a logical task without a delivery
         obligation) has its delivery closed ``not_applicable/internal_task`` in the same
-        transaction; ``internal`` marks an attempt (it names the conflict kind). A logical task
+        change; ``internal`` marks an attempt (it names the conflict kind). A logical task
         gets the delivery mark its running job made (:meth:`mark_delivered` from inside the
-        job), also in the same transaction. Each close is judged on its own: a refused close
+        job), also in the same change. Each close is judged on its own: a refused close
         (a terminal record is never rewritten) is counted as a conflict and does not undo the
-        others; any other error goes through the error policy under ``where`` once the block
-        is over. Returns how many tasks this call closed.
+        others; any other error goes through the error policy under ``where`` once the write is
+        over. Returns how many tasks this call closed.
         """
-        if not closings:
+        if not closings and not queue:
             return 0
         proc = self._state()
         errors: list[BaseException] = []
@@ -521,15 +577,27 @@ class AdapterRuntime:
             marks = {c[0]: proc.deferred.pop(c[0]) for c in closings if c[0] in proc.deferred}
         try:
             led = self.ledger
-            with led.atomic():
-                for task_id, status, code, internal in closings:
+            ended = led.end_attempt(
+                [(c[0], c[1], c[2]) for c in closings], marks=marks, queue=queue
+            )
+            closed = len(ended.closed)
+            # What the write refused is explained (or done) one task at a time.
+            for attempt, parent, name, timeout in queue:
+                if attempt not in ended.queued:
                     try:
-                        closed += self._close_one(led, task_id, status, code, internal)
-                        mark = marks.get(task_id)
-                        if mark is not None:
-                            led.set_delivery(task_id, mark[0], code=mark[1])
+                        self.queue_attempt(attempt, parent, name=name, timeout_seconds=timeout)
                     except LedgerError as exc:
                         errors.append(exc)
+            for task_id, status, code, internal in closings:
+                if task_id in ended.closed:
+                    continue
+                try:
+                    closed += self._close_one(led, task_id, status, code, internal)
+                    mark = marks.get(task_id)
+                    if mark is not None:
+                        led.set_delivery(task_id, mark[0], code=mark[1])
+                except LedgerError as exc:
+                    errors.append(exc)
         except Exception as exc:
             errors.append(exc)
         for error in errors:
@@ -541,7 +609,7 @@ class AdapterRuntime:
     ) -> int:
         try:
             # One statement closes the task and, when it owes no delivery, its delivery too.
-            led._close_settled_quiet(task_id, status, code)
+            led.close_task_settled(task_id, status, code=code)
         except StateConflict:
             self.policy.conflict("attempt_close" if internal else "logical_close")
             # Closed otherwise (e.g. by a reconcile): an internal task still owes nobody a

@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from .. import attempts
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
 from ..store import Layout, WriteOne, read_clock
+from . import attempts as sqlite_attempts
 from . import connections, doctor, owners, schema, storage
 from .queries import SQLiteQueries
 
@@ -54,6 +56,10 @@ def integrity_ok(conn: sqlite3.Connection) -> bool:
         if isinstance(exc, sqlite3.OperationalError) and connections.is_busy(exc):
             raise
         return False  # damaged beyond what the check itself can read
+
+
+class _Refused(Exception):
+    """A step of a one-transaction write was refused: roll the transaction back."""
 
 
 class SQLiteDatabase:
@@ -455,6 +461,22 @@ class SQLiteDatabase:
 
     def lock_task(self, conn: Any, task_id: str) -> None:
         """Nothing to do: an IMMEDIATE transaction already holds the database's write lock."""
+
+    def begin_attempt(self, spec: attempts.Begin) -> str | None:
+        """*Begin attempt* in one transaction (all of it, or nothing and None)."""
+        try:
+            with self.write() as conn:
+                begun = sqlite_attempts.sqlite_begin(conn, spec, self.now())
+                if begun is None:
+                    raise _Refused
+                return begun
+        except _Refused:
+            return None
+
+    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
+        """*End attempt* in one transaction."""
+        with self.write() as conn:
+            return sqlite_attempts.sqlite_end(conn, spec, self.now())
 
     def own_token(self) -> str:
         """This process's owner token (its lock file beside the database, made once)."""

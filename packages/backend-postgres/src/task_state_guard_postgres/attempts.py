@@ -1,0 +1,154 @@
+"""A guarded job's two writes on PostgreSQL: *begin attempt* and *end attempt*, one statement
+each (a data-modifying CTE, prepared on the server, no row lock taken before it).
+
+At READ COMMITTED each sub-statement's guard is judged on the row it changes, re-checked
+against a row committed meanwhile when it waited for that row's lock. Rows inserted already
+running get their ``started`` event from the statement itself (the row trigger writes the
+``created`` one); every update leaves its events, totals and verdicts to the row trigger.
+A step the statement refused is reported, and the ledger explains it one task at a time.
+"""
+
+from __future__ import annotations
+
+from task_state_guard import rules
+from task_state_guard.attempts import FLOAT_MAX, Begin, End, Ended
+
+from .driver import Conn
+
+_NOW = "%(now)s::float8"
+_RUNNING_COLUMNS = (
+    "id, parent_id, name, status, delivery_required, delivery_status, timeout_seconds, "
+    "deadline_at, created_at, started_at, delivery_updated_at, updated_at, owner, "
+    "redelivery_seconds, version"
+)
+# An attempt inserted already running (as created, then started: version 1).
+_ATTEMPT_VALUES = (
+    "%(lid)s::text, %(name)s::text, 'running', 0, 'pending', %(timeout)s::float8, "
+    f"{_NOW} + %(timeout)s::float8, {_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, "
+    "%(redelivery)s::float8, 1"
+)
+# The started event of every row inserted already running (the rule's own values).
+_STARTED = rules.event_insert_select(
+    rules.EVENTS_BY_KIND["started"],
+    "(SELECT seq, started_at FROM lg UNION ALL SELECT seq, started_at FROM ci "
+    "UNION ALL SELECT seq, started_at FROM fr) AS s",
+)
+
+BEGIN = f"""WITH
+lg AS (
+    INSERT INTO tsg_tasks(id, name, status, delivery_required, delivery_status, created_at,
+        started_at, delivery_updated_at, updated_at, owner, version, framework_id, framework)
+    SELECT %(lid)s::text, %(name)s::text, 'running', %(ldr)s::int, 'pending', {_NOW}, {_NOW},
+        {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text, %(lfw)s::text
+    WHERE %(open)s::boolean
+    ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
+lgu AS (
+    UPDATE tsg_tasks SET status = 'running', started_at = {_NOW},
+        deadline_at = {_NOW} + timeout_seconds, owner = %(lowner)s::text,
+        redelivery_seconds = NULL, updated_at = {_NOW}, version = version + 1
+    WHERE %(open)s::boolean AND id = %(lid)s::text AND status = 'queued'
+        AND {_NOW} >= updated_at
+        AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW})
+    RETURNING seq),
+par AS (
+    SELECT seq FROM lg
+    UNION ALL SELECT seq FROM tsg_tasks WHERE id = %(lid)s::text AND created_at <= {_NOW}),
+cand AS (
+    SELECT c.id, c.make, c.ord, t.status, t.updated_at, t.timeout_seconds,
+        (t.parent_id = %(lid)s::text AND t.delivery_required = 0
+         AND t.name IS NOT DISTINCT FROM %(name)s::text
+         AND t.timeout_seconds IS NOT DISTINCT FROM %(timeout)s::float8
+         AND t.payload_hash IS NULL AND t.framework_id IS NULL) AS same
+    FROM unnest(%(cids)s::text[], %(cmake)s::boolean[]) WITH ORDINALITY AS c(id, make, ord)
+    LEFT JOIN tsg_tasks t ON t.id = c.id),
+pick AS (
+    SELECT id, status FROM cand
+    WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par))
+       OR (status = 'queued' AND (NOT make OR same) AND {_NOW} >= updated_at
+           AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW}))
+    ORDER BY ord LIMIT 1),
+ci AS (
+    INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
+    SELECT pick.id, {_ATTEMPT_VALUES} FROM pick WHERE pick.status IS NULL
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
+cu AS (
+    UPDATE tsg_tasks t SET status = 'running', started_at = {_NOW},
+        deadline_at = {_NOW} + t.timeout_seconds, owner = %(owner)s::text,
+        redelivery_seconds = %(redelivery)s::float8, updated_at = {_NOW},
+        version = t.version + 1
+    FROM pick WHERE pick.status = 'queued' AND t.id = pick.id AND t.status = 'queued'
+        AND {_NOW} >= t.updated_at
+    RETURNING t.id),
+fr AS (
+    INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
+    SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
+    WHERE NOT EXISTS (SELECT 1 FROM pick) AND EXISTS (SELECT 1 FROM par)
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
+ev AS ({_STARTED})
+SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL SELECT id FROM fr"""
+
+END = f"""WITH
+q AS (
+    INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
+        timeout_seconds, created_at, delivery_updated_at, updated_at)
+    SELECT u.id, u.parent, u.name, 'queued', 0, 'pending', u.timeout, {_NOW}, {_NOW}, {_NOW}
+    FROM unnest(%(qids)s::text[], %(qparents)s::text[], %(qnames)s::text[],
+        %(qtimeouts)s::float8[]) AS u(id, parent, name, timeout)
+    WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent AND p.created_at <= {_NOW})
+    ON CONFLICT (id) DO NOTHING RETURNING id),
+c AS (
+    UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {_NOW},
+        updated_at = {_NOW},
+        delivery_status = CASE WHEN t.delivery_required = 0 THEN 'not_applicable'
+            WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END,
+        delivery_code = CASE WHEN t.delivery_required = 0 THEN 'internal_task'
+            WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END,
+        delivery_updated_at = CASE WHEN t.delivery_required = 0 OR v.mstate IS NOT NULL
+            THEN {_NOW} ELSE t.delivery_updated_at END,
+        version = t.version
+            + CASE WHEN t.delivery_required = 0 OR v.mstate IS NOT NULL THEN 2 ELSE 1 END
+    FROM unnest(%(ids)s::text[], %(states)s::text[], %(codes)s::text[], %(mstates)s::text[],
+        %(mcodes)s::text[]) AS v(id, status, code, mstate, mcode)
+    WHERE t.id = v.id AND t.status IN ('queued','running') AND t.delivery_status = 'pending'
+        AND (v.mstate IS NULL OR t.delivery_required = 1) AND {_NOW} >= t.updated_at
+        AND {_NOW} >= t.delivery_updated_at AND {_NOW} >= coalesce(t.heartbeat_at, 0)
+    RETURNING t.id, (v.mstate IS NOT NULL) AS marked)
+SELECT id, false, false FROM q UNION ALL SELECT id, true, marked FROM c"""
+
+
+def begin(conn: Conn, spec: Begin, now: float) -> str | None:
+    """Run *begin attempt* as one statement: the attempt's id, or None when no attempt was
+    started (the caller explains)."""
+    rows = conn.fetch_named(BEGIN, {
+        "now": now, "lid": spec.logical_id, "name": spec.name,
+        "ldr": int(spec.delivery_required), "lowner": spec.logical_owner,
+        "lfid": spec.framework_id, "lfw": spec.framework, "open": spec.open_logical,
+        "fmax": FLOAT_MAX, "cids": [c[0] for c in spec.candidates],
+        "cmake": [c[1] for c in spec.candidates], "timeout": spec.timeout_seconds,
+        "owner": spec.owner, "redelivery": spec.redelivery_seconds, "fresh": spec.attempt_id,
+    })
+    return str(rows[0][0]) if rows else None
+
+
+def end(conn: Conn, spec: End, now: float) -> Ended:
+    """Run *end attempt* as one statement."""
+    closes = spec.closes
+    if len({c[0] for c in closes}) != len(closes):  # a task closed twice: the first close
+        first = {c[0]: c for c in reversed(closes)}  # wins, the repeat is explained after
+        closes = tuple(first[tid] for tid in dict.fromkeys(c[0] for c in closes))
+    rows = conn.fetch_named(END, {
+        "now": now,
+        "qids": [q[0] for q in spec.queue], "qparents": [q[1] for q in spec.queue],
+        "qnames": [q[2] for q in spec.queue], "qtimeouts": [q[3] for q in spec.queue],
+        "ids": [c[0] for c in closes], "states": [c[1] for c in closes],
+        "codes": [c[2] for c in closes],
+        "mstates": [None if c[3] is None else c[3][0] for c in closes],
+        "mcodes": [None if c[3] is None else c[3][1] for c in closes],
+    })
+    closed = frozenset(str(r[0]) for r in rows if r[1])
+    marked = frozenset(str(r[0]) for r in rows if r[1] and r[2])
+    queued = frozenset(str(r[0]) for r in rows if not r[1])
+    return Ended(closed, marked, queued)
+
+
+__all__ = ["BEGIN", "END", "begin", "end"]

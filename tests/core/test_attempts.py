@@ -1,0 +1,218 @@
+"""Ledger.begin_attempt / end_attempt: a guarded job's two writes give the same tasks, events,
+totals and doctor report as the one-task transitions they stand for, on each backend."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from task_state_guard import InvalidInput, Ledger, StateConflict, StorageError, TaskNotFound, rules
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def shape(led: Ledger, task_id: str) -> tuple[Any, ...]:
+    """Everything observable of a task but its ids."""
+    t = led.get_task(task_id)
+    events = [(e.kind, e.state, e.code, e.at) for e in led.events_of(task_id)]
+    return (
+        t.status, t.terminal_code, t.delivery_status, t.delivery_code, t.delivery_required,
+        t.name, t.timeout_seconds, t.created_at, t.started_at, t.deadline_at, t.ended_at,
+        t.updated_at, t.delivery_updated_at, t.version, t.has_owner, t.framework_id is not None,
+        events,
+    )
+
+
+def flat(value: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+    if isinstance(value, dict):
+        out: dict[tuple[str, ...], int] = {}
+        for key, inner in value.items():
+            out.update(flat(inner, (*prefix, str(key))))
+        return out
+    return {prefix: int(value)}
+
+
+def totals(led: Ledger) -> dict[tuple[str, ...], int]:
+    status = led.status()
+    return flat({"outcomes": status["outcomes_total"],
+                 "deliveries": status["delivery_outcomes_total"]})
+
+
+def stepwise_job(led: Ledger, *, delivery: bool, retry: bool = False) -> tuple[str, str]:
+    """A job written one transition at a time, as the adapters wrote it before."""
+    logical = new_id()
+    led.create_task(task_id=logical, delivery_required=delivery, name="job",
+                    framework_id=logical, framework="dramatiq")
+    led.start_task(logical, owner=False)
+    attempt = new_id()
+    led.create_task(task_id=attempt, parent_id=logical, delivery_required=False, name="job",
+                    timeout_seconds=30.0)
+    led.start_task(attempt, owner=True, redelivery_seconds=5.0)
+    return logical, attempt
+
+
+def test_begin_and_end_write_what_the_transitions_write(ledger: Ledger, clock) -> None:
+    a_logical, a_attempt = stepwise_job(ledger, delivery=True)
+    b_logical = new_id()
+    b_attempt = ledger.begin_attempt(
+        b_logical, name="job", delivery_required=True, framework_id=b_logical,
+        framework="dramatiq", timeout_seconds=30.0, redelivery_seconds=5.0,
+    )
+    assert ledger.get_task(b_attempt).parent_id == b_logical
+    assert shape(ledger, a_logical) == shape(ledger, b_logical)
+    assert shape(ledger, a_attempt) == shape(ledger, b_attempt)
+
+    clock.advance(2)
+    before = totals(ledger)
+    ledger.close_task_settled(a_attempt, "succeeded", code="worker_completed")
+    ledger.close_task_settled(a_logical, "succeeded", code="worker_completed")
+    ledger.set_delivery(a_logical, "delivered", code="transport_acknowledged")
+    once = totals(ledger)
+    ended = ledger.end_attempt(
+        [(b_attempt, "succeeded", "worker_completed"), (b_logical, "succeeded",
+                                                         "worker_completed")],
+        marks={b_logical: ("delivered", "transport_acknowledged")},
+    )
+    assert ended.closed == {b_attempt, b_logical} and ended.marked == {b_logical}
+    assert not ended.queued
+    assert shape(ledger, a_logical) == shape(ledger, b_logical)
+    assert shape(ledger, a_attempt) == shape(ledger, b_attempt)
+    twice = totals(ledger)
+    # the second job added to the totals what the first one did
+    assert {k: v - before.get(k, 0) for k, v in twice.items()} == {
+        k: 2 * (once.get(k, 0) - before.get(k, 0)) for k in twice}
+    assert any(once.get(k, 0) > before.get(k, 0) for k in once)
+    assert ledger.doctor()["healthy"] is True
+
+
+def test_candidates_claim_the_first_startable_placeholder(ledger: Ledger, clock) -> None:
+    logical = new_id()
+    first = ledger.begin_attempt(logical, name="job")
+    clock.advance(1)
+    retry = new_id()
+    ended = ledger.end_attempt([(first, "failed", "retry_scheduled")],
+                               queue=[(retry, logical, "job", None)])
+    assert ended.closed == {first} and ended.queued == {retry}
+    assert ledger.get_task(retry).status == "queued"
+    clock.advance(1)
+    # The retry's delivery claims the queued attempt (a missing one listed first is skipped).
+    claimed = ledger.begin_attempt(logical, name="job", candidates=[(new_id(), False),
+                                                                    (retry, True)])
+    assert claimed == retry and ledger.get_task(retry).status == "running"
+    # A second delivery of the same message gets an attempt of its own.
+    other = ledger.begin_attempt(logical, name="job", candidates=[(retry, True)])
+    assert other != retry and ledger.get_task(other).status == "running"
+    # A placeholder recorded with other attributes is not this delivery's.
+    odd = new_id()
+    ledger.create_task(task_id=odd, parent_id=logical, delivery_required=False, name="other")
+    fresh = ledger.begin_attempt(logical, name="job", candidates=[(odd, True)])
+    assert fresh != odd and ledger.get_task(odd).status == "queued"
+    # create=True records a missing placeholder and starts it.
+    made = new_id()
+    assert ledger.begin_attempt(logical, name="job", candidates=[(made, True)]) == made
+    assert [c.status for c in ledger.children_of(logical)].count("running") == 4
+    assert ledger.get_task(logical).version == 1  # started once, by the first delivery
+    assert ledger.doctor()["healthy"] is True
+
+
+def test_begin_refusals(ledger: Ledger, clock) -> None:
+    missing = new_id()
+    with pytest.raises(TaskNotFound):
+        ledger.begin_attempt(missing, open_logical=False)
+    logical = new_id()
+    taken = ledger.begin_attempt(logical)
+    with pytest.raises(StateConflict):
+        ledger.begin_attempt(logical, attempt_id=taken)
+    with pytest.raises(InvalidInput):
+        ledger.begin_attempt("not-a-uuid")
+    with pytest.raises(InvalidInput):
+        ledger.begin_attempt(new_id(), candidates=[("nope", True)])
+    with pytest.raises(InvalidInput):
+        ledger.begin_attempt(new_id(), timeout_seconds=-1)
+    with pytest.raises(InvalidInput):
+        ledger.begin_attempt(new_id(), candidates=[(new_id(), "yes")])  # type: ignore[list-item]
+    assert ledger.status()["tasks"]["running"] == 2  # the refusals wrote nothing
+    # A logical task closed already is left as it is; its attempt still runs under it.
+    clock.advance(1)
+    ledger.close_task_settled(logical, "cancelled", code="revoked")
+    late = ledger.begin_attempt(logical)
+    assert ledger.get_task(logical).status == "cancelled"
+    assert ledger.get_task(late).status == "running"
+
+
+def test_end_reports_what_it_refused(ledger: Ledger, clock) -> None:
+    logical = new_id()
+    attempt = ledger.begin_attempt(logical, delivery_required=False)
+    clock.advance(1)
+    ledger.close_task_settled(attempt, "timed_out", code="owner_lost")  # a reconcile's close
+    events = [e.kind for e in ledger.events_of(attempt)]
+    retry = new_id()
+    ledger.create_task(task_id=retry, parent_id=logical, delivery_required=False, name="job")
+    clock.advance(1)
+    ended = ledger.end_attempt(
+        [(attempt, "succeeded", "worker_completed"), (logical, "succeeded", None),
+         (new_id(), "failed", None)],
+        # a mark on a task that owes no delivery is refused with its close
+        marks={logical: ("delivered", "transport_acknowledged")},
+        queue=[(retry, logical, "job", None)],
+    )
+    assert ended.closed == ended.marked == ended.queued == frozenset()
+    assert ledger.get_task(attempt).status == "timed_out"
+    assert [e.kind for e in ledger.events_of(attempt)] == events
+    assert ledger.get_task(logical).status == "running"
+    # A code of another state is left to close_task_settled, which explains it.
+    ended = ledger.end_attempt([(logical, "succeeded", "worker_failed")])
+    assert ended.closed == frozenset()
+    with pytest.raises(InvalidInput):
+        ledger.close_task_settled(logical, "succeeded", code="worker_failed")
+    with pytest.raises(InvalidInput):
+        ledger.end_attempt([(logical, "running", None)])
+    with pytest.raises(InvalidInput):
+        ledger.end_attempt([("nope", "failed", None)])
+    assert ledger.get_task(logical).status == "running"
+    ended = ledger.end_attempt([(logical, "succeeded", "worker_completed")])
+    assert ended.closed == {logical}
+    assert ledger.get_task(logical).delivery_status == "not_applicable"
+    assert ledger.doctor()["healthy"] is True
+
+
+def test_read_only_ledger_refuses_both(db: str, ledger: Ledger) -> None:
+    logical = new_id()
+    attempt = ledger.begin_attempt(logical)
+    with Ledger(db, read_only=True) as reader:
+        with pytest.raises(StorageError):
+            reader.begin_attempt(new_id())
+        with pytest.raises(StorageError):
+            reader.end_attempt([(attempt, "failed", None)])
+    assert ledger.get_task(attempt).status == "running"
+
+
+def test_begin_and_end_write_the_ruled_events(ledger: Ledger, clock) -> None:
+    """Rows inserted already running carry the events the domain rules say, whoever writes
+    the started event (a trigger, or the statement itself)."""
+    ids: list[str] = []
+    for delivery in (True, False):
+        logical = new_id()
+        queued = new_id()
+        ledger.create_task(task_id=queued, parent_id=None, delivery_required=delivery)
+        first = ledger.begin_attempt(logical, delivery_required=delivery, timeout_seconds=9.0)
+        again = ledger.begin_attempt(queued, delivery_required=delivery)  # started, not made
+        clock.advance(1)
+        retry = new_id()
+        ledger.end_attempt([(first, "failed", "retry_scheduled")],
+                           queue=[(retry, logical, None, 9.0)])
+        claimed = ledger.begin_attempt(logical, candidates=[(retry, True)],
+                                       timeout_seconds=9.0)
+        clock.advance(1)
+        marks = {logical: ("delivered", "transport_acknowledged")} if delivery else None
+        ledger.end_attempt([(claimed, "succeeded", None), (logical, "succeeded", None),
+                            (again, "cancelled", "revoked")], marks=marks)
+        ids += [logical, queued, first, again, retry, claimed]
+    for tid in ids:
+        task = ledger.get_task(tid)
+        chain = [(e.kind, e.state, e.code, e.at) for e in ledger.events_of(tid)]
+        assert chain == rules.expected_events(task.to_dict()), task.to_dict()
+    assert ledger.doctor()["healthy"] is True
