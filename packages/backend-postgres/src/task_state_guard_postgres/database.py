@@ -44,6 +44,29 @@ from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
 _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 
 
+class AdvisoryLocks:
+    """A PostgreSQL ledger's owner liveness (``Database.owners``): session-level advisory
+    locks (``task_state_guard_postgres.owners``)."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    def own(self) -> str:
+        """This process's owner token (see :meth:`PostgresDatabase.own_token`)."""
+        return self._db.own_token()
+
+    def held(self) -> str | None:
+        """This process's owner token while its lock connection is usable."""
+        return self._db.held_token()
+
+    def probe(self, token: str) -> Liveness:
+        """See :meth:`PostgresDatabase.probe_owner`."""
+        return self._db.probe_owner(token)
+
+    def cleanup(self, is_referenced: Callable[[str], bool]) -> None:
+        """Nothing to clean: an advisory lock ends with its session."""
+
+
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
@@ -283,6 +306,11 @@ class PostgresDatabase:
             owners.keep_locks(self._target, self.busy_timeout_ms)
 
     # ----------------------------------------------------------------- owners and reports
+    @property
+    def owners(self) -> AdvisoryLocks:
+        """Owner liveness through session-level advisory locks."""
+        return AdvisoryLocks(self)
+
     def own_token(self) -> str:
         """This process's owner token, its session-level advisory lock held (taken on first
         use, taken again on the same token after the lock connection broke)."""
@@ -298,9 +326,6 @@ class PostgresDatabase:
         """Whether the owner of ``token`` is alive (its advisory lock held), dead, or unknown
         (lock free within ``owner_reconnect_seconds`` of a server restart; see ``owners``)."""
         return owners.probe(self.conn(), self._target, token)
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Nothing to clean: an advisory lock ends with its session."""
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report (the core's report keys)."""

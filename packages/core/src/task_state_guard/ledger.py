@@ -473,7 +473,7 @@ class Ledger:
         )
         if self._db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        token = self._db.held_token() if owner else None
+        token = self._db.owners.held() if owner else None
         if owner and token is None:
             # Judged before the lock file exists; the guarded update below decides for real.
             # The lock file is made outside the write transaction: its creation never waits
@@ -481,7 +481,7 @@ class Ledger:
             # refused start creates nothing, so no look ahead is needed.
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
-            token = self._db.own_token()
+            token = self._db.owners.own()
         updated, now, row = self._guarded(_START, tid, token, _FLOAT_MAX, bound)
         if updated is not None:
             return row_to_task(updated)
@@ -502,14 +502,14 @@ class Ledger:
         bound = None if redelivery_seconds is None else check_seconds(
             redelivery_seconds, "redelivery_seconds", allow_zero=True
         )
-        token = self._db.held_token() if owner else None
+        token = self._db.owners.held() if owner else None
         if owner and token is None:
             # Judged before the lock file exists (see start_task); the guarded update decides.
             if self._db.read_only:
                 raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
-            token = self._db.own_token()
+            token = self._db.owners.own()
         updated, now, row = self._guarded(_START_QUIET, tid, token, _FLOAT_MAX, bound)
         if updated is not None:
             return
@@ -700,7 +700,7 @@ class Ledger:
         db = self._db
         if db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        token = db.held_token() or db.own_token()
+        token = db.owners.held() or db.owners.own()
         spec = attempts.Begin(
             logical_id=lid, name=check_name(name), delivery_required=delivery_required,
             framework_id=None if framework_id is None else _framework_id(framework_id),

@@ -53,6 +53,28 @@ class Layout:
 WriteOne: TypeAlias = Callable[[str, tuple[Any, ...]], tuple[Any, ...] | None]
 
 
+class Owners(Protocol):
+    """Owner liveness: a process that starts a task records its token; a probe of the token
+    tells whether that process still lives (SQLite: lock files beside the database;
+    PostgreSQL: session-level advisory locks)."""
+
+    def own(self) -> str:
+        """This process's owner token, its liveness lock taken on first use."""
+        ...
+
+    def held(self) -> str | None:
+        """This process's owner token if it holds one already, else None."""
+        ...
+
+    def probe(self, token: str) -> Liveness:
+        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
+        ...
+
+    def cleanup(self, is_referenced: Callable[[str], bool]) -> None:
+        """Drop what dead owners left behind (lock files); best effort."""
+        ...
+
+
 class Database(Protocol):
     """What the ledger and its aggregates need from a storage backend."""
 
@@ -130,20 +152,9 @@ class Database(Protocol):
         """*End attempt* as one write (its own transaction, or the open group's)."""
         ...
 
-    def own_token(self) -> str:
-        """This process's owner token, its liveness lock taken on first use."""
-        ...
-
-    def held_token(self) -> str | None:
-        """This process's owner token if it holds one already, else None."""
-        ...
-
-    def probe_owner(self, token: str) -> Liveness:
-        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
-        ...
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Drop what dead owners left behind (lock files); best effort."""
+    @property
+    def owners(self) -> Owners:
+        """Owner liveness: this process's token, and whether another token's process lives."""
         ...
 
     def doctor(self) -> dict[str, Any]:
@@ -161,4 +172,4 @@ class Database(Protocol):
 
 
 
-__all__ = ["Database", "Layout", "WriteOne", "read_clock"]
+__all__ = ["Database", "Layout", "Owners", "WriteOne", "read_clock"]

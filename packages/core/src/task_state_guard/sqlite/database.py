@@ -62,6 +62,30 @@ class _Refused(Exception):
     """A step of a one-transaction write was refused: roll the transaction back."""
 
 
+class LockFiles:
+    """A SQLite ledger's owner liveness (``Database.owners``): lock files beside the database
+    (``task_state_guard.sqlite.owners``), found through its real path."""
+
+    def __init__(self, db: SQLiteDatabase) -> None:
+        self._db = db
+
+    def own(self) -> str:
+        """This process's owner token (its lock file beside the database, made once)."""
+        return owners.own_token(self._db.path)
+
+    def held(self) -> str | None:
+        """This process's owner token if its lock file exists already."""
+        return owners.held_token(self._db.path)
+
+    def probe(self, token: str) -> Liveness:
+        """Probe the owner's lock file."""
+        return owners.probe(self._db.path, token)
+
+    def cleanup(self, is_referenced: Callable[[str], bool]) -> None:
+        """Delete lock files of dead owners that no running task references."""
+        owners.remove_dead(self._db.path, is_referenced)
+
+
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
@@ -478,21 +502,10 @@ class SQLiteDatabase:
         with self.write() as conn:
             return sqlite_attempts.sqlite_end(conn, spec, self.now())
 
-    def own_token(self) -> str:
-        """This process's owner token (its lock file beside the database, made once)."""
-        return owners.own_token(self.path)
-
-    def held_token(self) -> str | None:
-        """This process's owner token if its lock file exists already."""
-        return owners.held_token(self.path)
-
-    def probe_owner(self, token: str) -> Liveness:
-        """Probe the owner's lock file."""
-        return owners.probe(self.path, token)
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Delete lock files of dead owners that no running task references."""
-        owners.remove_dead(self.path, is_referenced)
+    @property
+    def owners(self) -> LockFiles:
+        """Owner liveness through lock files beside the database."""
+        return LockFiles(self)
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report of the SQLite file."""
