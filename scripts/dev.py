@@ -142,7 +142,9 @@ class Leg:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", **extra)
+    # TSG_UV: the uv this script uses (./.tools/bin/uv on a fresh machine, not on PATH), for
+    # the tests that build the packages' wheels.
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", TSG_UV=uv(), **extra)
     env.pop("VIRTUAL_ENV", None)
     return env
 

@@ -228,9 +228,17 @@ class _CountingLedger(Ledger):
         self._count()
         return super().create_task(**kwargs)
 
-    def start_task(self, task_id: Any, *, owner: bool = True) -> Task:
+    def start_task(self, task_id: Any, **kwargs: Any) -> Task:
         self._count()
-        return super().start_task(task_id, owner=owner)
+        return super().start_task(task_id, **kwargs)
+
+    def begin_attempt(self, logical_id: Any, **kwargs: Any) -> str:
+        self._count()
+        return super().begin_attempt(logical_id, **kwargs)
+
+    def end_attempt(self, closes: Any, **kwargs: Any) -> Any:
+        self._count()
+        return super().end_attempt(closes, **kwargs)
 
     def close_task(self, task_id: Any, status: str, *, code: str | None = None) -> Task:
         self._count()

@@ -1,8 +1,9 @@
 """The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
 
 Transitions share one ledger transaction per node boundary: the close of a node attempt that
-just ended (and its ``not_applicable`` delivery) is committed together with the start of the
-next attempt, or with the invocation's close. A starting attempt is always committed before its
+just ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed
+together with the start of the next attempt (the core's *begin attempt*), or with the
+invocation's close. A starting attempt is always committed before its
 node runs, so after a crash the ledger shows which attempt was running; an attempt that had
 ended but whose close was still waiting for the next boundary shows as running too (never as
 succeeded). Each commit on the caller's thread hands the GIL to the checkpointer's background
@@ -24,14 +25,18 @@ from task_state_guard.integration import AdapterRuntime, Closing, name_label
 
 T = TypeVar("T")
 
-#: Threads that run the ledger writes of async runs (per guarded graph and process).
-WRITER_THREADS = 4
+#: At most this many threads run the ledger writes of async runs (per guarded graph and
+#: process). They start only as lanes need them (an idle one is reused first), so there are as
+#: many as invocations had a write in flight at once: each its own database connection, no
+#: shared writer that unrelated requests queue behind.
+WRITER_THREADS = 32
 
 
 class Lane:
     """Ledger calls of one async invocation: run in submission order, one at a time, on the
-    recorder's writer threads. Different invocations' lanes run side by side, so one slow
-    write (a ledger locked by another process) holds up its own invocation only."""
+    recorder's writer threads. Different invocations' lanes run side by side, each on a thread
+    (and connection) of its own while it has a write in flight, so one slow write (a row or
+    ledger locked by another process) holds up its own invocation only."""
 
     def __init__(self, recorder: Recorder) -> None:
         self._rec = recorder
@@ -94,8 +99,9 @@ class Recorder:
     # -- the writer threads of async runs ---------------------------------------------------
 
     def pool(self) -> ThreadPoolExecutor:
-        """The writer threads of this process (started on first use): async entry points
-        never touch the ledger on the event loop."""
+        """The writer threads of this process (started as lanes need them, up to
+        :data:`WRITER_THREADS`): async entry points never touch the ledger on the event
+        loop."""
         with self._writer_lock:
             if self._writer is None or self._writer_pid != os.getpid():
                 # A forked child never uses the parent's (dead) threads.
@@ -187,6 +193,13 @@ class Recorder:
         name: object,
         framework_id: str | None = None,
     ) -> None:
+        if parent_id is not None and not delivery_required and self.owner:
+            # A node attempt: the core's *begin attempt* under its parent, which exists and is
+            # running already (one statement on PostgreSQL).
+            self.rt.ledger.begin_attempt(
+                parent_id, name=name_label(name), open_logical=False, attempt_id=task_id
+            )
+            return
         self.rt.start_task(
             task_id,
             parent_id=parent_id,

@@ -2,10 +2,12 @@
 each (a data-modifying CTE, prepared on the server, no row lock taken before it).
 
 At READ COMMITTED each sub-statement's guard is judged on the row it changes, re-checked
-against a row committed meanwhile when it waited for that row's lock. Rows inserted already
-running get their ``started`` event from the statement itself (the row trigger writes the
-``created`` one); every update leaves its events, totals and verdicts to the row trigger.
-A step the statement refused is reported, and the ledger explains it one task at a time.
+against a row committed meanwhile when it waited for that row's lock. Every lookup of a task
+names its id (``id = ANY(...)`` beside each join), so a plan cached while the table was small
+never scans open work. Rows inserted already running get their ``started`` event from the
+statement itself (the row trigger writes the ``created`` one); every update leaves its
+events, totals and verdicts to the row trigger. A step the statement refused is reported, and
+the ledger explains it one task at a time.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ cand AS (
          AND t.timeout_seconds IS NOT DISTINCT FROM %(timeout)s::float8
          AND t.payload_hash IS NULL AND t.framework_id IS NULL) AS same
     FROM unnest(%(cids)s::text[], %(cmake)s::boolean[]) WITH ORDINALITY AS c(id, make, ord)
-    LEFT JOIN tsg_tasks t ON t.id = c.id),
+    LEFT JOIN tsg_tasks t ON t.id = c.id AND t.id = ANY(%(cids)s::text[])),
 pick AS (
     SELECT id, status FROM cand
     WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par))
@@ -94,7 +96,8 @@ q AS (
     SELECT u.id, u.parent, u.name, 'queued', 0, 'pending', u.timeout, {_NOW}, {_NOW}, {_NOW}
     FROM unnest(%(qids)s::text[], %(qparents)s::text[], %(qnames)s::text[],
         %(qtimeouts)s::float8[]) AS u(id, parent, name, timeout)
-    WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent AND p.created_at <= {_NOW})
+    WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent
+        AND p.id = ANY(%(qparents)s::text[]) AND p.created_at <= {_NOW})
     ON CONFLICT (id) DO NOTHING RETURNING id),
 c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {_NOW},
@@ -109,7 +112,8 @@ c AS (
             + CASE WHEN t.delivery_required = 0 OR v.mstate IS NOT NULL THEN 2 ELSE 1 END
     FROM unnest(%(ids)s::text[], %(states)s::text[], %(codes)s::text[], %(mstates)s::text[],
         %(mcodes)s::text[]) AS v(id, status, code, mstate, mcode)
-    WHERE t.id = v.id AND t.status IN ('queued','running') AND t.delivery_status = 'pending'
+    WHERE t.id = ANY(%(ids)s::text[]) AND t.id = v.id AND t.status IN ('queued','running')
+        AND t.delivery_status = 'pending'
         AND (v.mstate IS NULL OR t.delivery_required = 1) AND {_NOW} >= t.updated_at
         AND {_NOW} >= t.delivery_updated_at AND {_NOW} >= coalesce(t.heartbeat_at, 0)
     RETURNING t.id, (v.mstate IS NOT NULL) AS marked)
