@@ -16,12 +16,9 @@ from task_state_guard import Ledger
 from .conftest import load_script
 
 
-# On PostgreSQL the soak finds a product race (1-2 in 50 kills): prune reads a closed tree and
-# deletes it in one READ COMMITTED transaction while another connection commits a new child
-# under one of its tasks; the DELETE then fails the foreign key and prune raises StorageError
-# (database_unusable) where SQLite, whose writers are serialized, keeps the tree. Until prune
-# locks the trees it deletes, this test runs on SQLite only (remove the marker with the fix).
-@pytest.mark.sqlite_only
+# On PostgreSQL the soak also proves prune's hold on the trees it deletes: a child committed
+# under one of their tasks by another connection keeps the tree, a child added meanwhile finds
+# its parent gone (TaskNotFound), never a foreign-key failure.
 def test_fifty_sigkills_lose_nothing_and_leave_no_partial_transition(
     backend: str, ledger_target: str
 ) -> None:

@@ -28,7 +28,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.types.string import StrDumper
 from task_state_guard import reasons as r
-from task_state_guard.model import LedgerBusy, LedgerError, StorageError
+from task_state_guard.model import LedgerBusy, LedgerError, StorageError, TaskNotFound
 
 from .url import SERVER_KEEPALIVE, Target
 
@@ -88,6 +88,10 @@ def translate_error(exc: BaseException) -> LedgerError:
         return LedgerBusy(
             "another connection held the ledger past the busy timeout", reason=r.DATABASE_BUSY
         )
+    if isinstance(exc, pg_errors.ForeignKeyViolation):
+        # Every foreign key points at a task row: the task a write named (a new child's
+        # parent) was deleted meanwhile by a prune that held it.
+        return TaskNotFound("task not found")
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         return StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
     if isinstance(exc, pg_errors.InsufficientPrivilege):

@@ -92,6 +92,8 @@ class PostgresQueries:
     """The PostgreSQL backend's :class:`~task_state_guard.queries.Queries`."""
 
     claim_lock = HOLD
+    #: Prune's rows: held against new children (a child's foreign-key check waits for it).
+    delete_lock = " FOR UPDATE SKIP LOCKED"
 
     @staticmethod
     def status_groups(conn: Conn, now: float, stale_before: float,

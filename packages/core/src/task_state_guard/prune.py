@@ -56,10 +56,10 @@ def _trees_sql(count: int, outbox: bool) -> str:
 
 def _closed_trees(
     conn: Any, roots: list[int], cutoff: float, outbox: bool
-) -> tuple[list[list[int]], int, int]:
-    """Return the task seqs of every fully closed tree, the number of their events, and how
-    many trees must stay because some task in them is still open or recent, or still owes its
-    framework a verdict (a pending verdict is never pruned before it was published)."""
+) -> tuple[dict[int, tuple[list[int], int]], int]:
+    """Return every fully closed tree (root -> its task seqs and its number of events), and
+    how many trees must stay because some task in them is still open or recent, or still owes
+    its framework a verdict (a pending verdict is never pruned before it was published)."""
     members: dict[int, list[int]] = defaultdict(list)
     events: dict[int, int] = defaultdict(int)
     keep: set[int] = set()
@@ -71,8 +71,35 @@ def _closed_trees(
         if (status not in TERMINAL_STATES or delivery == "pending" or not updated <= cutoff
                 or owed):
             keep.add(root)
-    trees = [members[r] for r in roots if r in members and r not in keep]
-    return trees, sum(events[r] for r in roots if r in members and r not in keep), len(keep)
+    trees = {r: (members[r], events[r]) for r in roots if r in members and r not in keep}
+    return trees, len(keep)
+
+
+_HOLD_CHUNK = 1000
+
+
+def _hold(
+    conn: Any, lock: str, roots: list[int], trees: dict[int, tuple[list[int], int]],
+    cutoff: float, outbox: bool,
+) -> tuple[dict[int, tuple[list[int], int]], int]:
+    """Where other writers run beside a pass (``lock`` is not empty): lock the rows of the
+    closed trees, then judge them again. A child committed under one of them before the lock
+    shows in the second reading (its tree stays); a child added after it waits for this
+    transaction and then finds its parent gone; a tree with a row held elsewhere stays for
+    the next pass. Return the trees that may go and how many more stay."""
+    wanted = [seq for members, _ in trees.values() for seq in members]
+    held: set[int] = set()
+    for start in range(0, len(wanted), _HOLD_CHUNK):
+        part = wanted[start : start + _HOLD_CHUNK]
+        marks = ",".join("?" * len(part))
+        held.update(row[0] for row in conn.execute(
+            f"SELECT seq FROM tsg_tasks WHERE seq IN ({marks}) ORDER BY seq{lock}", part))
+    whole = [r for r in roots if r in trees and set(trees[r][0]) <= held]
+    if not whole:
+        return {}, len(trees)
+    again, _ = _closed_trees(conn, whole, cutoff, outbox)
+    final = {r: tree for r, tree in again.items() if set(tree[0]) <= held}
+    return final, len(trees) - len(final)
 
 
 def prune(
@@ -111,8 +138,15 @@ def prune(
                 if not roots:
                     break
                 last_seq, last_updated = roots[-1]
-                trees, events, kept = _closed_trees(conn, [r[0] for r in roots], cutoff, outbox)
-                doomed = sorted((seq for tree in trees for seq in tree), reverse=True)
+                seqs = [r[0] for r in roots]
+                trees, kept = _closed_trees(conn, seqs, cutoff, outbox)
+                lock = db.queries.delete_lock
+                if not dry_run and trees and lock:
+                    trees, also_kept = _hold(conn, lock, seqs, trees, cutoff, outbox)
+                    kept += also_kept
+                doomed = sorted((seq for members, _ in trees.values() for seq in members),
+                                reverse=True)
+                events = sum(count for _, count in trees.values())
                 if not dry_run and doomed:
                     keys = [(seq,) for seq in doomed]  # children first: they reference parents
                     conn.executemany("DELETE FROM tsg_events WHERE task_seq = ?", keys)

@@ -115,6 +115,10 @@ class Queries(Protocol):
 
     #: Appended to the verdict claim's selection (a row lock that skips held rows, or "").
     claim_lock: str
+    #: Appended to prune's selection of the rows it is about to delete: a lock that also
+    #: holds off new children's foreign-key checks and skips rows held elsewhere, or "" where
+    #: a write transaction already holds the whole database.
+    delete_lock: str
 
 
 __all__ = [

@@ -53,6 +53,7 @@ class SQLiteQueries:
     """The SQLite backend's :class:`~task_state_guard.queries.Queries`."""
 
     claim_lock = ""  # a write transaction already holds the whole database
+    delete_lock = ""
 
     @staticmethod
     def status_groups(conn: sqlite3.Connection, now: float, stale_before: float,
