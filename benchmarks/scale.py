@@ -38,7 +38,10 @@ except ImportError:
     sys.path.insert(0, CORE_SRC)
     from task_state_guard import Ledger
 
-from task_state_guard.sqlite import owners  # noqa: E402
+try:
+    from task_state_guard.sqlite import owners
+except ImportError:  # a tree from before the SQLite backend's own package
+    from task_state_guard import owners  # type: ignore[no-redef]
 
 DAY = 86400.0
 NAMES = ("app.tasks.fetch", "app.tasks.render", "agent.plan", "agent.tool_call")

@@ -279,7 +279,10 @@ _BUILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[3])
 import scale
-from task_state_guard.sqlite import owners
+try:
+    from task_state_guard.sqlite import owners
+except ImportError:  # a tree from before the SQLite backend's own package
+    from task_state_guard import owners
 db, size = sys.argv[1], int(sys.argv[2])
 start = time.perf_counter()
 now = scale.build_sql(db, size)

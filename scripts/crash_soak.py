@@ -19,6 +19,11 @@ random moment and then checks:
 * the worker logged no unexpected error.
 
     python scripts/crash_soak.py --kills 1000          # prints one JSON line
+    python scripts/crash_soak.py --db postgresql://...?schema=soak   # a PostgreSQL ledger
+
+Without ``--db`` the ledger is a fresh SQLite file in a private temporary directory; with it,
+the ledger at that location (a fresh PostgreSQL schema: the audit reads its ``tsg_tasks`` rows
+directly, as it reads the SQLite file's).
 """
 
 from __future__ import annotations
@@ -153,6 +158,9 @@ def _worker_thread(ledger: Any, log: _Log, rng: random.Random, pool: list[str],
         except LedgerError as exc:
             name = type(exc).__name__
             if name not in EXPECTED_ERRORS:
+                reason = getattr(exc, "reason", None)  # the fixed reason, if any
+                if reason:
+                    name += f"({reason})"
                 log.write({"k": "error", "e": name, "op": op})
         except Exception as exc:
             log.write({"k": "error", "e": "NonLedger:" + type(exc).__name__, "op": op})
@@ -257,8 +265,6 @@ class Checker:
             cur["hb"] = rec["hb"]
 
     def check(self) -> dict[str, Any]:
-        import sqlite3
-
         from task_state_guard import Ledger, LedgerError
 
         self._read_new()
@@ -270,15 +276,7 @@ class Checker:
             return {}
         if not report["healthy"]:
             self.failures.append("doctor unhealthy: " + json.dumps(report))
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            rows = {
-                r[0]: r for r in conn.execute(
-                    "SELECT id, status, terminal_code, delivery_status, delivery_code, "
-                    "heartbeat_at, parent_id, delivery_required FROM tsg_tasks")
-            }
-        finally:
-            conn.close()
+        rows = {r[0]: r for r in _task_rows(self.db)}
         # A group of transitions in one Ledger.atomic() block whose end was not logged: all of it
         # committed or none of it (only this thread knew the ids until the end was logged).
         for ids in self.open_groups:
@@ -314,13 +312,39 @@ class Checker:
         return report
 
 
+_TASK_ROWS = ("SELECT id, status, terminal_code, delivery_status, delivery_code, heartbeat_at, "
+              "parent_id, delivery_required FROM tsg_tasks")
+
+
+def _task_rows(db: str) -> list[tuple[Any, ...]]:
+    """Every task row of the ledger at ``db``, read directly (never through the ledger)."""
+    if db.startswith(("postgresql://", "postgres://")):
+        from urllib.parse import parse_qs, urlsplit
+
+        import psycopg
+
+        schema = parse_qs(urlsplit(db).query)["schema"][0]
+        with psycopg.connect(db.split("?", 1)[0], autocommit=True) as pg:
+            pg.execute(f'SET search_path TO "{schema}"')
+            return [tuple(r) for r in pg.execute(_TASK_ROWS).fetchall()]
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return list(conn.execute(_TASK_ROWS))
+    finally:
+        conn.close()
+
+
 def run_soak(kills: int, *, seed: int = 0, threads: int = 4, min_delay: float = 0.02,
-             max_delay: float = 0.6, workdir: str | None = None) -> dict[str, Any]:
-    """Run ``kills`` kill/check cycles; return the JSON-ready summary."""
+             max_delay: float = 0.6, workdir: str | None = None,
+             db: str | None = None) -> dict[str, Any]:
+    """Run ``kills`` kill/check cycles; return the JSON-ready summary. ``db``: the ledger
+    (default: a fresh SQLite file in a private temporary directory)."""
     rng = random.Random(seed)
     base = tempfile.mkdtemp(prefix="tsg-crash-", dir=workdir)
     os.chmod(base, 0o700)
-    db = os.path.join(base, "ledger", "tasks.sqlite")
+    db = db or os.path.join(base, "ledger", "tasks.sqlite")
     log_path = os.path.join(base, "transitions.log")
     checker = Checker(db, log_path)
     started = time.monotonic()
@@ -385,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--db", default=None,
+                        help="the ledger (default: a fresh SQLite file in a temporary directory)")
     args = parser.parse_args(argv)
-    summary = run_soak(args.kills, seed=args.seed, threads=args.threads)
+    summary = run_soak(args.kills, seed=args.seed, threads=args.threads, db=args.db)
     summary["seed"] = args.seed
     print(json.dumps(summary, sort_keys=True))
     return 0 if summary["failures"] == 0 else 1

@@ -18,13 +18,29 @@ skip). It also puts Prometheus (and promtool) from Debian's ``prometheus`` packa
 * each adapter's suite (and the PostgreSQL backend's, ``tests/postgres``) against the lowest
   framework (driver) versions its pyproject declares, on the newest interpreter found (uv's
   ``lowest-direct`` resolution into ./.venv-lowest-<name>; uv.lock is not touched), with a
-  check that the resolved versions are exactly the declared lower bounds;
+  check that the resolved versions are exactly the declared lower bounds; there an adapter's
+  suite runs on the SQLite ledger (``--backend sqlite``; its few rows that name a PostgreSQL
+  ledger in their id run too);
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
-  versions; here the conformance suite (tests/core, tests/contract) runs on both ledger
-  backends, SQLite and PostgreSQL (``pytest --backend``, default ``all``), tests/reliability
-  runs (once, here), tests/fleet runs workers of several "hosts" on one PostgreSQL ledger, and
-  tests/web loads ``tsg serve``'s pages in headless Chromium (Debian's ``chromium`` package,
-  installed with ``apt-get`` when missing and this runs as root; otherwise the web tests fail).
+  versions, every ledger-backed test on both backends, SQLite and PostgreSQL (``pytest
+  --backend``, default ``all``; the test id names the backend: ``[sqlite]``,
+  ``[postgresql]``): the conformance suite (tests/core, tests/contract), the Celery, Dramatiq
+  and LangGraph suites with their real workers (a PostgreSQL row's workers get a ledger URL
+  naming a schema of the test's own), the crash-consistency audit of tests/reliability (which
+  runs once, here; its SIGKILL soak on SQLite only until the PostgreSQL prune race it found is
+  fixed) and the example projects; tests/fleet runs workers of several "hosts" on one
+  PostgreSQL ledger, and tests/web loads ``tsg serve``'s pages in headless Chromium (Debian's
+  ``chromium`` package, installed with ``apt-get`` when missing and this runs as root;
+  otherwise the web tests fail).
+
+Why the legs are split so: the whole suite on both backends is the long leg (the adapters'
+real-worker rows wait out real broker and grace windows; PostgreSQL roughly doubles them), and
+the machine has 2 cores. The ledger backend is the same code at both ends of a framework's
+range, so the lowest-version legs prove the framework side on one backend (SQLite, the
+default ledger) and the whole-suite leg proves both backends with the newest frameworks; the
+other CPythons prove the interpreter-dependent part (the conformance suite) on SQLite, since
+the PostgreSQL half depends on the driver, not on the interpreter. Measured wall times of each
+leg are printed on its ``matrix:`` line.
 
 Before its tests each environment's site-packages and the workspace's sources are compiled to
 bytecode, so the many processes the suites start never compile their imports again.
@@ -100,6 +116,8 @@ def package_dir(name: str) -> str:
     """The package directory of an adapter or a backend."""
     return os.path.join(ROOT, "packages", f"backend-{name}" if name in BACKENDS
                         else f"adapter-{name}")
+# The ledger backend of the adapters' lowest-version legs (the whole-suite leg runs both).
+LOWEST_LEG_BACKEND = "sqlite"
 # What each other CPython runs: the conformance suite on SQLite (the interpreter-dependent part:
 # sqlite3, fork, signals, the CLI, the adapters' in-process contract). tests/reliability
 # (faults, hostile input, privacy, load, release) runs once, in the whole-suite leg.
@@ -142,7 +160,9 @@ class Leg:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", **extra)
+    # TSG_UV: the uv this script uses (./.tools/bin/uv on a fresh machine, not on PATH), for
+    # the tests that build the packages' wheels.
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", TSG_UV=uv(), **extra)
     env.pop("VIRTUAL_ENV", None)
     return env
 
@@ -311,7 +331,9 @@ def _venv_version(env_dir: str) -> str | None:
 
 def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
     """The adapter's suite against the lowest framework versions its pyproject declares."""
-    leg = Leg(f"{adapter} lowest declared versions on CPython {version}, tests/{adapter}")
+    on_backend = adapter in ADAPTERS  # tests/postgres is PostgreSQL's own suite
+    leg = Leg(f"{adapter} lowest declared versions on CPython {version}, tests/{adapter}"
+              + (f" on the {LOWEST_LEG_BACKEND} ledger" if on_backend else ""))
     env_dir = os.path.join(ROOT, f".venv-lowest-{adapter}")
     python = os.path.join(env_dir, "bin", "python")
     if _venv_version(env_dir) != version or not os.path.exists(python):
@@ -340,18 +362,29 @@ def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
     wrong = [f"{name} {installed.get(name)} is not the declared lower bound {bound}"
              for name, bound in declared_lower_bounds(adapter).items()
              if name not in installed or _release(installed[name]) != _release(bound)]
-    _pytest(leg, python, [*LEG_PYTEST, f"tests/{adapter}"])
+    backend = ["--backend", LOWEST_LEG_BACKEND] if on_backend else []
+    _pytest(leg, python, [*LEG_PYTEST, *backend, f"tests/{adapter}"])
     if wrong:
         leg.status = 1
         leg.closing += "; " + "; ".join(wrong)
     return leg
 
 
+def case_backend(name: str) -> str:
+    """The ledger backend a test id names (``test_x[postgresql]``, ``test_y[redis-broker-sqlite-
+    ledger]``), or ``""`` for a test that takes no ledger backend."""
+    params = name.partition("[")[2]
+    return next((b for b in ("postgresql", "sqlite") if b in params), "")
+
+
 def newest_lines(junit: str, python: str) -> list[str]:
-    """Per-adapter pass counts of the whole-suite run (uv.lock's, i.e. the newest, versions)."""
+    """Per-adapter pass counts of the whole-suite run (uv.lock's, i.e. the newest, versions),
+    with the rows that passed on each ledger backend; an adapter's suite that passed no row on
+    one of the backends fails its line (both must be proven here)."""
     import xml.etree.ElementTree as ET
 
-    counts = {a: {"passed": 0, "failed": 0, "skipped": 0} for a in (*ADAPTERS, *BACKENDS)}
+    counts = {a: {"passed": 0, "failed": 0, "skipped": 0, "sqlite": 0, "postgresql": 0}
+              for a in (*ADAPTERS, *BACKENDS)}
     try:
         cases = list(ET.parse(junit).getroot().iter("testcase"))
     except (OSError, ET.ParseError):
@@ -367,15 +400,22 @@ def newest_lines(junit: str, python: str) -> list[str]:
             counts[adapter]["failed"] += 1
         else:
             counts[adapter]["passed"] += 1
+            backend = case_backend(case.get("name", ""))
+            if backend:
+                counts[adapter][backend] += 1
     lines = []
     for adapter in (*ADAPTERS, *BACKENDS):
         installed = _installed(python, FRAMEWORK_DISTS[adapter])
         versions = ", ".join(f"{k} {v}" for k, v in installed.items())
         c = counts[adapter]
-        verdict = "ok" if c["passed"] and not c["failed"] and not c["skipped"] else "FAILED"
+        both = adapter not in ADAPTERS or (c["sqlite"] and c["postgresql"])
+        verdict = ("ok" if c["passed"] and not c["failed"] and not c["skipped"] and both
+                   else "FAILED")
+        rows = (f" (ledger rows passed: sqlite {c['sqlite']}, postgresql {c['postgresql']})"
+                if adapter in ADAPTERS else "")
         lines.append(f"matrix: {adapter} newest (uv.lock: {versions}), tests/{adapter} in the "
                      f"whole suite: {c['passed']} passed, {c['failed']} failed, "
-                     f"{c['skipped']} skipped [{verdict}]")
+                     f"{c['skipped']} skipped{rows} [{verdict}]")
     return lines
 
 

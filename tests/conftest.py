@@ -2,16 +2,19 @@
 ledgers (``pg_url``, see ``pg_fixtures``) for any test directory.
 
 Every test that uses the ``backend`` fixture, directly or through ``ledger_target`` (or a
-directory's ``db`` fixture built on it), runs once per selected backend. A test that checks
+directory's ``db`` fixture built on it), runs once per selected backend; its test id names the
+backend (``test_x[sqlite]``, ``test_x[postgresql]``). A test that checks
 something only the SQLite file has (file modes, sidecars, snapshots of the directory, the raw
 file) carries ``@pytest.mark.sqlite_only`` and runs on SQLite alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +79,28 @@ def ledger_target(backend: str, tmp_path: Path) -> Iterator[str]:
     """A fresh ledger location on the test's backend (a path, or a URL with its own schema)."""
     with ledger_backends.ledger_target(backend, tmp_path) as target:
         yield target
+
+
+class PerBackend:
+    """Resources a module's tests share, built once per ledger backend on first use."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._made: dict[str, Any] = {}
+
+    def get(
+        self, backend: str, make: Callable[[str], contextlib.AbstractContextManager[Any]]
+    ) -> Any:
+        """The module's resource on ``backend`` (``make(backend)`` entered the first time);
+        it is left when the module's tests are done."""
+        if backend not in self._made:
+            self._made[backend] = self._stack.enter_context(make(backend))
+        return self._made[backend]
+
+
+@pytest.fixture(scope="module")
+def per_backend() -> Iterator[PerBackend]:
+    """One real worker (or another costly resource) per backend for a module's tests: a
+    test's function-scoped fixture asks ``per_backend.get(backend, make)``."""
+    with contextlib.ExitStack() as stack:
+        yield PerBackend(stack)

@@ -156,6 +156,37 @@ def stored_state(target: str) -> dict[str, str]:
     return digests
 
 
+def stored_bytes(target: str) -> bytes:
+    """Everything stored for the ledger at ``target``, raw: for SQLite the database file and
+    its sidecars byte for byte, for PostgreSQL every row of every table of its schema as
+    text. A privacy check asserts that a secret is not among these bytes."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        data = b""
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path = Path(target + suffix)
+            if path.exists():
+                data += path.read_bytes()
+        return data
+    match = _SCHEMA.search(target)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    schema = match.group(1)
+    conn = _connect()
+    try:
+        tables = [row[0] for row in conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY relname", (schema,)
+        ).fetchall()]
+        assert tables, f"no tables in schema {schema}"
+        parts = []
+        for table in tables:
+            rows = conn.execute(f'SELECT t::text FROM "{schema}"."{table}" t').fetchall()
+            parts += [f"{table}:{row[0]}" for row in rows]
+    finally:
+        conn.close()
+    return "\n".join(parts).encode()
+
+
 @contextmanager
 def ledger_target(backend: str, directory: Path) -> Iterator[str]:
     """A fresh, empty ledger location on ``backend``: a path under ``directory`` (not created)

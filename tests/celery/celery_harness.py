@@ -2,8 +2,11 @@
 
 Redis must listen on 127.0.0.1:6379 (CI starts it); a missing Redis fails the suite. A
 scenario can use RabbitMQ (127.0.0.1:5672) as its broker instead; results stay in Redis.
-Every test gets its own queue name, ledger directory and worker(s); the suite uses
-Redis DB 5 so that other suites sharing the server never see its keys.
+Every test gets its own queue name, ledger and worker(s); the suite uses Redis DB 5 so that
+other suites sharing the server never see its keys. A test whose scenario comes from the
+``scenario``/``any_broker`` fixtures (or ``ledger_on``) runs once per ledger backend
+(``[sqlite]``: a file in a private directory, ``[postgresql]``: a URL naming a schema of the
+test's own); the workers get it through ``TSG_DB``.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import ledger_backends
 import pytest
 import redis
 from task_state_guard import Ledger, ReconcilePolicy, Task
@@ -43,6 +47,16 @@ def require_service(port: int, what: str) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     except OSError as exc:
         pytest.fail(f"{what} is required at 127.0.0.1:{port} for tests/celery: {exc!r}")
+
+
+@contextlib.contextmanager
+def ledger_on(backend: str, tmp: Path) -> Iterator[str]:
+    """A fresh ledger on ``backend`` for a scenario: a path in a private (0700) directory, or a
+    PostgreSQL URL with a schema of its own (dropped afterwards)."""
+    with ledger_backends.ledger_target(backend, tmp) as target:
+        if backend == "sqlite":
+            Path(target).parent.mkdir(mode=0o700)
+        yield target
 
 
 def wait_for(

@@ -1,4 +1,7 @@
-"""Fixtures of the Celery adapter tests (helpers live in celery_harness.py)."""
+"""Fixtures of the Celery adapter tests (helpers live in celery_harness.py).
+
+``scenario`` and ``any_broker`` run their test once per ledger backend (``[sqlite]``,
+``[postgresql]``): the scenario's workers and the test share that ledger."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from celery_harness import BROKER, REDIS_DB, Scenario
+from celery_harness import BROKER, REDIS_DB, Scenario, ledger_on
 
 RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -30,16 +33,17 @@ def _redis_required() -> None:
 
 
 @pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    sc = Scenario(tmp_path)
-    try:
-        yield sc
-    finally:
-        sc.close()
+def scenario(tmp_path: Path, backend: str) -> Iterator[Scenario]:
+    with ledger_on(backend, tmp_path) as db:
+        sc = Scenario(tmp_path, db=db)
+        try:
+            yield sc
+        finally:
+            sc.close()
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])
-def any_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
+def any_broker(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> Iterator[Scenario]:
     """A scenario on Redis, then the same on RabbitMQ (py-amqp), where the broker itself
     redelivers unacknowledged messages the moment a consumer's connection dies."""
     broker = BROKER
@@ -49,8 +53,9 @@ def any_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scena
         except OSError as exc:
             pytest.fail(f"RabbitMQ is required at 127.0.0.1:5672 for tests/celery: {exc!r}")
         broker = RABBIT_BROKER
-    sc = Scenario(tmp_path, broker=broker)
-    try:
-        yield sc
-    finally:
-        sc.close()
+    with ledger_on(backend, tmp_path) as db:
+        sc = Scenario(tmp_path, db=db, broker=broker)
+        try:
+            yield sc
+        finally:
+            sc.close()

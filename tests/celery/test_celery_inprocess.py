@@ -43,10 +43,12 @@ def _eager_app(name: str = "eager") -> Celery:
 
 
 @pytest.fixture
-def ledger_path(tmp_path: Path) -> str:
-    directory = tmp_path / "ledger"
-    directory.mkdir(mode=0o700)
-    return str(directory / "tasks.sqlite")
+def ledger_path(ledger_target: str, backend: str) -> str:
+    """The test's ledger on its backend (``[sqlite]``: a path in a private directory,
+    ``[postgresql]``: a URL naming a schema of its own)."""
+    if backend == "sqlite":
+        Path(ledger_target).parent.mkdir(mode=0o700)
+    return ledger_target
 
 
 def _outcome(guard: tsgc.CeleryGuard, celery_id: str) -> tuple[Any, list[Any]]:

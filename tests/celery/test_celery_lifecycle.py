@@ -1,8 +1,9 @@
 """Scenario rows: revoke/expire, time limits, Reject/Ignore, long task with periodic
 reconcile, late completion after a timeout.
 
-Most rows share one prefork worker (started once for this module, consuming one queue
-per test) to keep the suite fast; each test still has its own queue and task ids.
+Most rows share one prefork worker (started once for this module and ledger backend,
+consuming one queue per test) to keep the suite fast; each test still has its own queue and
+task ids.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
-from celery_harness import Scenario, wait_for
+from celery_harness import Scenario, ledger_on, wait_for
 from task_state_guard import Ledger, ReconcilePolicy
 
 ROWS = [
@@ -30,17 +34,28 @@ ROWS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scenario, dict[str, str]]]:
-    tmp = tmp_path_factory.mktemp("lifecycle")
+@contextmanager
+def _shared_worker(
+    tmp: Path, backend: str
+) -> Iterator[tuple[Scenario, dict[str, str]]]:
     queues = {row: f"tsgt-{uuid.uuid4().hex[:10]}-{row}" for row in ROWS}
-    base = Scenario(tmp, queues=list(queues.values()))
-    base.heartbeat = 0.3
-    base.start_worker()
-    try:
-        yield base, queues
-    finally:
-        base.close()
+    with ledger_on(backend, tmp) as db:
+        base = Scenario(tmp, db=db, queues=list(queues.values()))
+        base.heartbeat = 0.3
+        base.start_worker()
+        try:
+            yield base, queues
+        finally:
+            base.close()
+
+
+@pytest.fixture
+def shared(
+    per_backend: Any, backend: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Scenario, dict[str, str]]:
+    """The module's worker on the test's ledger backend (started on first use)."""
+    return per_backend.get(  # type: ignore[no-any-return]
+        backend, lambda b: _shared_worker(tmp_path_factory.mktemp("lifecycle"), b))
 
 
 def use(shared: tuple[Scenario, dict[str, str]], row: str) -> Scenario:
@@ -232,8 +247,12 @@ def test_late_completion_after_timeout_is_a_counted_conflict(scenario: Scenario)
     scenario.wait_parent(result.id, "succeeded")
     attempt = scenario.ledger.get_task(attempt_id)
     assert (str(attempt.status), attempt.terminal_code) == ("timed_out", "deadline_exceeded")
+    # The pool child logs the refusal after its close transaction: the ledger may show the
+    # outcome before the line reaches the worker's log.
+    refused = "task-state-guard: attempt_close refused"
+    wait_for(lambda: refused in worker.log(), timeout=20, what="the refusal in the log")
     log = worker.log()
-    assert log.count("task-state-guard: attempt_close refused") == 1, log
+    assert log.count(refused) == 1, log
     # The timed-out attempt still owed nobody a delivery: closed with the refused completion.
     assert (str(attempt.delivery_status), attempt.delivery_code) == (
         "not_applicable", "internal_task"

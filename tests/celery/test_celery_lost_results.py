@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from celery import states  # type: ignore[import-untyped]
 from celery.exceptions import TaskRevokedError, WorkerLostError  # type: ignore[import-untyped]
-from celery_harness import BROKER, Scenario, require_service, wait_for
+from celery_harness import BROKER, Scenario, ledger_on, require_service, wait_for
 from task_state_guard_celery import TaskLostError
 
 SQL_BACKEND = "db+postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -29,30 +29,34 @@ RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
     ids=["redis-broker-redis-backend", "rabbitmq-broker-redis-backend",
          "redis-broker-sql-backend", "rabbitmq-broker-sql-backend"],
 )
-def lost_scenario(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
+def lost_scenario(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> Iterator[Scenario]:
     broker_kind, backend_kind = request.param
     broker = BROKER
     if broker_kind == "rabbitmq":
         require_service(5672, "RabbitMQ")
         broker = RABBIT_BROKER
-    backend = None
+    results = None
     if backend_kind == "sql":
         require_service(5432, "PostgreSQL")
-        backend = SQL_BACKEND
-    sc = Scenario(tmp_path, broker=broker, backend=backend, track_started=True)
-    try:
-        yield sc
-    finally:
-        sc.close()
+        results = SQL_BACKEND
+    with ledger_on(backend, tmp_path) as db:
+        sc = Scenario(tmp_path, db=db, broker=broker, backend=results, track_started=True)
+        try:
+            yield sc
+        finally:
+            sc.close()
 
 
 @pytest.fixture
-def tracked(tmp_path: Path) -> Iterator[Scenario]:
-    sc = Scenario(tmp_path, track_started=True)
-    try:
-        yield sc
-    finally:
-        sc.close()
+def tracked(tmp_path: Path, backend: str) -> Iterator[Scenario]:
+    with ledger_on(backend, tmp_path) as db:
+        sc = Scenario(tmp_path, db=db, track_started=True)
+        try:
+            yield sc
+        finally:
+            sc.close()
 
 
 def _started(scenario: Scenario, result: Any, marker: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from celery_harness import REPO, Scenario, wait_for
 
 sys.path.insert(0, str(REPO / "tests" / "core"))
@@ -20,6 +21,7 @@ READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@
 JOBS = 8
 
 
+@pytest.mark.sqlite_only  # the ledger's directory mounted read-only for the worker
 def test_error_counters_of_two_prefork_children_in_one_scrape(scenario: Scenario) -> None:
     metrics_dir = scenario.tmp / "metrics"
     scenario.ledger.create_task(name="seed")  # a healthy ledger, read-only for the worker

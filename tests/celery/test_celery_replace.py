@@ -13,11 +13,13 @@ import os
 import signal
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.exceptions import ChordError, WorkerLostError  # type: ignore[import-untyped]
-from celery_harness import Scenario, wait_for
+from celery_harness import Scenario, ledger_on, wait_for
 from task_state_guard import Task
 
 IGNORED = ("cancelled", "ignored")
@@ -25,14 +27,22 @@ DONE = ("succeeded", "worker_completed")
 FAILED = ("failed", "worker_failed")
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
-    sc = Scenario(tmp_path_factory.mktemp("replace"))
-    sc.start_worker(concurrency=2)
-    try:
-        yield sc
-    finally:
-        sc.close()
+@contextmanager
+def _shared_worker(tmp: Path, backend: str) -> Iterator[Scenario]:
+    with ledger_on(backend, tmp) as db:
+        sc = Scenario(tmp, db=db)
+        sc.start_worker(concurrency=2)
+        try:
+            yield sc
+        finally:
+            sc.close()
+
+
+@pytest.fixture
+def shared(per_backend: Any, backend: str, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    """The module's worker on the test's ledger backend (started on first use)."""
+    return per_backend.get(  # type: ignore[no-any-return]
+        backend, lambda b: _shared_worker(tmp_path_factory.mktemp("replace"), b))
 
 
 def settled(sc: Scenario, celery_id: str) -> list[Task]:
@@ -144,28 +154,25 @@ def test_pool_child_killed_during_a_stage_fails_the_replaced_task(shared: Scenar
     shared.assert_healthy()
 
 
-def test_worker_killed_while_the_replacement_runs(tmp_path: Path) -> None:
+def test_worker_killed_while_the_replacement_runs(scenario: Scenario) -> None:
     """SIGKILL of the whole worker while a chain replacement's first task runs: the logical task
     stays open while it runs, and the restarted worker's boot reconcile closes it lost
     (``owner_lost``; FAILURE in the result backend), never ``cancelled/ignored``."""
-    sc = Scenario(tmp_path)
-    try:
-        worker = sc.start_worker(concurrency=2)
-        result = sc.send("tsgt.replace_with", "chain_sleep", 30, "replacement-runs")
-        sc.marker("replacement-runs")
-        running = sc.wait_attempts(
-            result.id, lambda found: any(str(a.status) == "running" for a in found)
-        )
-        assert [str(a.name) for a in running if str(a.status) == "running"] == ["tsgt.sleep"]
-        assert str(sc.parent(result.id).status) == "running"
-        worker.sigkill()
-        sc.start_worker(concurrency=1)  # its boot step reconciles before consuming
-        parent = sc.wait_parent(result.id, "timed_out")
-        assert parent.terminal_code == "owner_lost"
-        assert outcomes(sc.attempts(result.id)) == Counter(
-            {IGNORED: 1, ("timed_out", "owner_lost"): 1}
-        )
-        wait_for(lambda: result.state == "FAILURE", what="FAILURE in the result backend")
-        sc.assert_healthy()
-    finally:
-        sc.close()
+    sc = scenario
+    worker = sc.start_worker(concurrency=2)
+    result = sc.send("tsgt.replace_with", "chain_sleep", 30, "replacement-runs")
+    sc.marker("replacement-runs")
+    running = sc.wait_attempts(
+        result.id, lambda found: any(str(a.status) == "running" for a in found)
+    )
+    assert [str(a.name) for a in running if str(a.status) == "running"] == ["tsgt.sleep"]
+    assert str(sc.parent(result.id).status) == "running"
+    worker.sigkill()
+    sc.start_worker(concurrency=1)  # its boot step reconciles before consuming
+    parent = sc.wait_parent(result.id, "timed_out")
+    assert parent.terminal_code == "owner_lost"
+    assert outcomes(sc.attempts(result.id)) == Counter(
+        {IGNORED: 1, ("timed_out", "owner_lost"): 1}
+    )
+    wait_for(lambda: result.state == "FAILURE", what="FAILURE in the result backend")
+    sc.assert_healthy()

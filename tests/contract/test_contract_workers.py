@@ -1,6 +1,7 @@
 """Contract rows that need real worker processes and a real broker (Redis): Celery's prefork
-``celery worker`` and Dramatiq's CLI (2 processes x 2 threads). LangGraph runs in the caller's
-process and has no broker: its rows are in test_contract.py."""
+``celery worker`` and Dramatiq's CLI (2 processes x 2 threads), on each ledger backend (the
+workers get the ledger, a SQLite path or a PostgreSQL URL, through ``TSG_DB``). LangGraph runs
+in the caller's process and has no broker: its rows are in test_contract.py."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from prom_text import parse  # noqa: E402
 class CeleryRow:
     """A real prefork ``celery worker`` on Redis; marks from here are another process's."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.scenario = Scenario(tmp)
+    def __init__(self, tmp: Path, db: str) -> None:
+        self.scenario = Scenario(tmp, db=db)
         self.scenario.start_worker()
         self.ledger = self.scenario.ledger
         import task_state_guard_celery
@@ -63,10 +64,10 @@ class CeleryRow:
 class DramatiqRow:
     """A real ``dramatiq`` CLI on Redis; marks from here are another process's."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, db: str) -> None:
         from task_state_guard_dramatiq import TaskStateGuardMiddleware
 
-        self.env = BrokerEnv.new("redis", tmp)
+        self.env = BrokerEnv.new("redis", tmp, db)
         self.worker = CliWorker(self.env).start()
         self.producer = Producer(self.env)
         self.ledger = Ledger(str(self.env.db))
@@ -94,12 +95,12 @@ class DramatiqRow:
 
 
 @pytest.fixture(params=["celery", "dramatiq"])
-def row(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+def row(request: pytest.FixtureRequest, tmp_path: Path, db: str) -> Iterator[Any]:
     try:  # required (CI starts it): a missing broker fails, never skips
         socket.create_connection(("127.0.0.1", 6379), timeout=2).close()
     except OSError as exc:
         pytest.fail(f"Redis is required at 127.0.0.1:6379: {exc!r}")
-    made = (CeleryRow if request.param == "celery" else DramatiqRow)(tmp_path)
+    made = (CeleryRow if request.param == "celery" else DramatiqRow)(tmp_path, db)
     try:
         yield made
     finally:

@@ -46,17 +46,19 @@ def wait_for(fn: Callable[[], T | None], timeout: float, what: str, interval: fl
 
 @dataclass
 class BrokerEnv:
-    """One test's isolated broker namespace/queue and ledger."""
+    """One test's isolated broker namespace/queue and ledger (``db``: a SQLite path or a
+    PostgreSQL URL with a schema of its own, see ``ledger_backends.ledger_target``)."""
 
     kind: str
     url: str
     queue: str
     namespace: str
     scratch: Path
-    db: Path
+    db: str
 
     @classmethod
-    def new(cls, kind: str, tmp: Path) -> BrokerEnv:
+    def new(cls, kind: str, tmp: Path, db: str | None = None) -> BrokerEnv:
+        """A fresh namespace and queue; ``db`` defaults to a SQLite file under ``tmp``."""
         suffix = uuid.uuid4().hex[:12]
         scratch = tmp / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)
@@ -66,7 +68,7 @@ class BrokerEnv:
             queue=f"tsg_dramatiq_{suffix}",
             namespace=f"tsg-dramatiq-test-{suffix}",
             scratch=scratch,
-            db=tmp / "ledger" / "tasks.sqlite",
+            db=db or str(tmp / "ledger" / "tasks.sqlite"),
         )
 
     def app_environ(self, **extra: str) -> dict[str, str]:
@@ -78,7 +80,7 @@ class BrokerEnv:
                 "TSG_TEST_NAMESPACE": self.namespace,
                 "TSG_TEST_QUEUE": self.queue,
                 "TSG_TEST_DIR": str(self.scratch),
-                "TSG_DB": str(self.db),
+                "TSG_DB": self.db,
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -274,7 +276,7 @@ def assert_healthy(ledger: Ledger) -> None:
 class BackgroundReconciler:
     """Runs ``reconcile`` with a short active grace in a thread, as an operator's cron would."""
 
-    def __init__(self, db: Path, active_grace: float, interval: float = 0.2) -> None:
+    def __init__(self, db: str, active_grace: float, interval: float = 0.2) -> None:
         self.db = db
         self.policy = ReconcilePolicy(
             active_grace_seconds=active_grace, delivery_grace_seconds=600.0
@@ -287,7 +289,7 @@ class BackgroundReconciler:
         self.error: BaseException | None = None
 
     def _run(self) -> None:
-        ledger = Ledger(str(self.db))
+        ledger = Ledger(self.db)
         try:
             while not self._stop.wait(self.interval):
                 self.reports.append(ledger.reconcile(self.policy))
@@ -306,16 +308,6 @@ class BackgroundReconciler:
         self._thread.join(10)
         if self.error is not None:
             raise self.error
-
-
-def db_bytes(db: Path) -> bytes:
-    """The raw bytes of the ledger and its SQLite sidecars."""
-    data = b""
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        path = Path(str(db) + suffix)
-        if path.exists():
-            data += path.read_bytes()
-    return data
 
 
 def iter_lines(text: str, needle: str) -> Iterator[str]:

@@ -1,4 +1,8 @@
-"""Fixtures of the Dramatiq adapter suite: real Redis and RabbitMQ on 127.0.0.1 (never skipped)."""
+"""Fixtures of the Dramatiq adapter suite: real Redis and RabbitMQ on 127.0.0.1 (never skipped).
+
+A test that takes ``redis_env`` or ``rabbit_env`` runs once per ledger backend (``[sqlite]``,
+``[postgresql]``): its workers get the ledger through ``TSG_DB``, a SQLite path or a
+PostgreSQL URL naming a schema of the test's own."""
 
 from __future__ import annotations
 
@@ -32,14 +36,14 @@ def rabbit_available() -> None:
 
 
 @pytest.fixture
-def redis_env(tmp_path: Path, redis_available: None) -> Iterator[BrokerEnv]:
-    env = BrokerEnv.new("redis", tmp_path)
+def redis_env(tmp_path: Path, ledger_target: str, redis_available: None) -> Iterator[BrokerEnv]:
+    env = BrokerEnv.new("redis", tmp_path, ledger_target)
     yield env
     env.cleanup()
 
 
 @pytest.fixture
-def rabbit_env(tmp_path: Path, rabbit_available: None) -> Iterator[BrokerEnv]:
-    env = BrokerEnv.new("rabbitmq", tmp_path)
+def rabbit_env(tmp_path: Path, ledger_target: str, rabbit_available: None) -> Iterator[BrokerEnv]:
+    env = BrokerEnv.new("rabbitmq", tmp_path, ledger_target)
     yield env
     env.cleanup()

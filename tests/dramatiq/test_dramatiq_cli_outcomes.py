@@ -1,7 +1,9 @@
 """Issue rows against one real ``dramatiq`` CLI (2 processes x 2 threads) on Redis.
 
-One worker serves the whole module (its boot is the slow part); every test uses its own
-messages, and every test ends with a healthy ``doctor``.
+One worker per ledger backend serves the whole module (its boot is the slow part): the
+``[sqlite]`` rows run against a SQLite file, the ``[postgresql]`` rows against a PostgreSQL
+ledger of their own; every test uses its own messages, and every test ends with a healthy
+``doctor``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+import ledger_backends
 import pytest
 import redis
 from _dramatiq_helpers import (
@@ -20,7 +25,6 @@ from _dramatiq_helpers import (
     Producer,
     assert_healthy,
     attempts_of,
-    db_bytes,
     outcomes,
     parent_of,
     wait_closed,
@@ -38,15 +42,26 @@ class Shared:
         self.env = env
         self.worker = worker
         self.producer = Producer(env)
-        self.ledger = Ledger(str(env.db))
+        self.ledger = Ledger(env.db)
 
     def send(self, actor: str, *args: object, **options: object) -> str:
         return self.producer.send(actor, *args, **options)
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, redis_available: None) -> Iterator[Shared]:
-    env = BrokerEnv.new("redis", tmp_path_factory.mktemp("dramatiq_shared"))
+@pytest.fixture
+def shared(
+    per_backend: Any, backend: str, tmp_path_factory: pytest.TempPathFactory,
+    redis_available: None,
+) -> Shared:
+    def make(backend: str) -> Iterator[Shared]:
+        tmp = tmp_path_factory.mktemp("dramatiq_shared")
+        with ledger_backends.ledger_target(backend, tmp) as db:
+            yield from _shared(BrokerEnv.new("redis", tmp, db))
+
+    return per_backend.get(backend, contextmanager(make))  # type: ignore[no-any-return]
+
+
+def _shared(env: BrokerEnv) -> Iterator[Shared]:
     worker = CliWorker(
         env,
         extra_env={
@@ -70,10 +85,9 @@ def shared(tmp_path_factory: pytest.TempPathFactory, redis_available: None) -> I
 
 
 @pytest.fixture(autouse=True)
-def _healthy_after(request: pytest.FixtureRequest) -> Iterator[None]:
+def _healthy_after(shared: Shared) -> Iterator[None]:
     yield
-    if "shared" in request.fixturenames:
-        assert_healthy(request.getfixturevalue("shared").ledger)
+    assert_healthy(shared.ledger)
 
 
 def test_boot_reconciles_in_every_worker_process(shared: Shared) -> None:
@@ -254,7 +268,7 @@ def test_nothing_private_reaches_the_ledger(shared: Shared) -> None:
     with_arg = shared.send("crash_once", secret, 0.0)
     wait_closed(ledger, msg.message_id)
     wait_closed(ledger, with_arg)
-    raw = db_bytes(shared.env.db)
+    raw = ledger_backends.stored_bytes(shared.env.db)
     assert secret.encode() not in raw
     assert b"planned failure" not in raw  # the exception text
     host = socket.gethostname().encode()

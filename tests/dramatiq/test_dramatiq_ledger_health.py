@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from _dramatiq_helpers import BrokerEnv, CliWorker, Producer, wait_for
 
 UNUSABLE = ("task-state-guard: the ledger cannot be used at worker start (UnsafeLocation, "
@@ -20,6 +21,7 @@ def _unusable(env: BrokerEnv, tmp_path: Path) -> str:
     return str(directory / "tasks.sqlite")
 
 
+@pytest.mark.sqlite_only  # a SQLite directory others could write
 def test_an_unusable_ledger_is_logged_once_per_process(redis_env: BrokerEnv,
                                                        tmp_path: Path) -> None:
     db = _unusable(redis_env, tmp_path)
@@ -40,6 +42,7 @@ def test_an_unusable_ledger_is_logged_once_per_process(redis_env: BrokerEnv,
         worker.stop()
 
 
+@pytest.mark.sqlite_only  # a SQLite directory others could write
 def test_require_ledger_refuses_to_start_the_worker(redis_env: BrokerEnv,
                                                     tmp_path: Path) -> None:
     db = _unusable(redis_env, tmp_path)

@@ -28,13 +28,14 @@ from task_state_guard_dramatiq import (
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "ledger" / "tasks.sqlite"
+def db(ledger_target: str) -> str:
+    """The test's ledger on its backend (``[sqlite]``: a path, ``[postgresql]``: a URL)."""
+    return ledger_target
 
 
 @pytest.fixture
-def ledger(db: Path) -> Iterator[Ledger]:
-    led = Ledger(str(db))
+def ledger(db: str) -> Iterator[Ledger]:
+    led = Ledger(db)
     yield led
     assert_healthy(led)
     led.close()
@@ -43,7 +44,7 @@ def ledger(db: Path) -> Iterator[Ledger]:
 class App:
     """A StubBroker app with the guard installed and a programmatic Worker."""
 
-    def __init__(self, db: Path, **settings: Any) -> None:
+    def __init__(self, db: str | Path, **settings: Any) -> None:
         self.broker = StubBroker(fail_fast_default=False)
         self.broker.add_middleware(AsyncIO())
         settings.setdefault("heartbeat_seconds", 0.1)
@@ -69,7 +70,7 @@ class App:
 
 
 @pytest.fixture
-def app(db: Path) -> Iterator[App]:
+def app(db: str) -> Iterator[App]:
     application = App(db, strict=True)
     yield application
     application.stop()
@@ -187,7 +188,7 @@ def test_mark_delivered_inside_actor_and_delivery_failed_outside(app: App, ledge
 
 
 def test_late_completion_is_logged_and_counted_never_rewritten(
-    app: App, ledger: Ledger, db: Path, caplog: pytest.LogCaptureFixture
+    app: App, ledger: Ledger, db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     guard = app.guard
 
@@ -196,7 +197,7 @@ def test_late_completion_is_logged_and_counted_never_rewritten(
         attempt = guard.current_attempt_id()
         assert attempt is not None
         # Meanwhile, somebody else's reconcile timed this attempt out.
-        other = Ledger(str(db))
+        other = Ledger(db)
         other.close_task(attempt, "timed_out", code="restart_stale")
         other.close()
 
@@ -211,7 +212,7 @@ def test_late_completion_is_logged_and_counted_never_rewritten(
     assert guard.stats()["errors"] == {}
 
 
-def test_install_is_idempotent_outermost_and_symmetric(db: Path) -> None:
+def test_install_is_idempotent_outermost_and_symmetric(db: str) -> None:
     broker = StubBroker()
     before = list(broker.middleware)
     guard = install(broker, db=db)
@@ -241,8 +242,9 @@ def test_install_is_idempotent_outermost_and_symmetric(db: Path) -> None:
 
 
 def test_settings_from_arguments_then_environment(
-    db: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    db = tmp_path / "ledger" / "tasks.sqlite"  # settings only: nothing is opened
     monkeypatch.setenv("TSG_DB", str(db))
     monkeypatch.setenv("TSG_ACTIVE_GRACE_SECONDS", "120")
     monkeypatch.setenv("TSG_DELIVERY_GRACE_SECONDS", "30")
@@ -376,7 +378,7 @@ def test_no_connection_crosses_fork(app: App, ledger: Ledger) -> None:
     assert app.guard.ledger is parent_ledger  # the parent keeps its own
 
 
-def test_misplaced_middleware_warns(db: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_misplaced_middleware_warns(db: str, caplog: pytest.LogCaptureFixture) -> None:
     broker = StubBroker()
     broker.add_middleware(TaskStateGuardMiddleware(db=db))  # appended: after Retries
     worker = dramatiq.Worker(broker, worker_timeout=50)
@@ -420,8 +422,9 @@ def test_delivery_obligation_per_message(app: App, ledger: Ledger) -> None:
     assert parent is not None and parent.delivery_required is False
 
 
+@pytest.mark.sqlite_only  # the failure is injected with a SQLite temporary trigger
 def test_start_and_retry_are_each_one_transaction(
-    db: Path, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    db: str, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure late in the start leaves no half-recorded message; a retry's queued
     successor and the attempt close commit together."""

@@ -26,11 +26,13 @@ BIN = str(Path(sys.executable).parent)
 @dataclass
 class Ledgers:
     data: Path
+    #: a PostgreSQL ledger URL (a schema of the test's own) instead of the volume's file
+    url: str | None = None
 
     @property
     def db(self) -> str:
-        """The ledger one directory below the volume, as the manifests place it."""
-        return str(self.data / "tsg" / "tasks.sqlite")
+        """The ledger: on SQLite one directory below the volume, as the manifests place it."""
+        return self.url or str(self.data / "tsg" / "tasks.sqlite")
 
 
 def base_env(**extra: str) -> dict[str, str]:

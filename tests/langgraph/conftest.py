@@ -1,4 +1,7 @@
-"""Fixtures for the LangGraph adapter tests (real graphs, real SqliteSaver, real ledger)."""
+"""Fixtures for the LangGraph adapter tests (real graphs, real SqliteSaver, real ledger).
+
+A test that takes ``db`` or ``stores`` runs once per ledger backend (``[sqlite]``: a file in
+the test's private directory, ``[postgresql]``: a URL naming a schema of its own)."""
 
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ def work(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def db(work: Path) -> str:
-    return str(work / "tasks.sqlite")
+def db(backend: str, work: Path, ledger_target: str) -> str:
+    """The test's ledger on its backend (the checkpointer stays SQLite: ``saver``)."""
+    return str(work / "tasks.sqlite") if backend == "sqlite" else ledger_target
 
 
 @pytest.fixture

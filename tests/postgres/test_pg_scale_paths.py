@@ -4,6 +4,8 @@ checks streamed through a server-side cursor."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,27 +62,44 @@ class _PerRow(PostgresQueries):
 
 
 @pytest.mark.parametrize("grace", [0.0, 30.0, 10_000.0])
-def test_status_grouped_on_the_server_equals_the_streamed_count(
-    pg_url: str, grace: float, monkeypatch: pytest.MonkeyPatch
+def test_status_grouped_on_the_server_equals_sqlites_streamed_count(
+    pg_url: str, grace: float, tmp_path: Path
 ) -> None:
+    """The same ledger history on both backends gives the same status: PostgreSQL groups on
+    the server, SQLite streams the rows and counts them (each backend's own queries)."""
+    directory = tmp_path / "ledger"
+    directory.mkdir(mode=0o700)
+    path = str(directory / "tasks.sqlite")
+    reports = []
+    for target in (pg_url, path):
+        clock = Clock()
+        _mixed_ledger(target, clock)
+        clock.now += 40
+        if target == pg_url:
+            sql(pg_url, "UPDATE tsg_tasks SET name = 'bad name!' WHERE name = 'app.queued1'")
+        else:
+            with sqlite3.connect(path) as conn:
+                conn.execute("UPDATE tsg_tasks SET name = 'bad name!' WHERE name = 'app.queued1'")
+            conn.close()
+        with Ledger(target, read_only=True, clock=clock) as ledger:
+            reports.append(ledger.status(active_grace_seconds=grace))
+    assert reports[0] == reports[1]
+    assert reports[0]["by_name"][core_status.INVALID_LABEL]["queued"] == 1
+    assert reports[0]["running_past_deadline"] == 1
+    assert reports[0]["oldest_owed_delivery_age_seconds"] is not None
+
+
+def test_status_on_the_server_orders_nan_as_sql_min_does(pg_url: str) -> None:
     clock = Clock()
     _mixed_ledger(pg_url, clock)
     clock.now += 40
-    sql(pg_url, "UPDATE tsg_tasks SET name = 'bad name!' WHERE name = 'app.queued1'")
     # a tampered time: SQL's min orders NaN above every number, so must the grouped path
     sql(pg_url, "UPDATE tsg_tasks SET started_at = 'NaN' WHERE name = 'app.late'")
     with Ledger(pg_url, read_only=True, clock=clock) as ledger:
-        db: Any = ledger._db
-        assert isinstance(db.queries, PostgresQueries)
-        grouped = ledger.status(active_grace_seconds=grace)
-        # this object only: SQLite's path (rows streamed and counted here, at-risk figures
-        # read one by one), run on the PostgreSQL ledger
-        monkeypatch.setattr(db, "queries", SQLiteQueries())
-        streamed = ledger.status(active_grace_seconds=grace)
-    assert grouped == streamed
-    assert grouped["by_name"][core_status.INVALID_LABEL]["queued"] == 1
-    assert grouped["running_past_deadline"] == 1
-    assert grouped["oldest_owed_delivery_age_seconds"] is not None
+        assert isinstance(ledger._db.queries, PostgresQueries)  # type: ignore[attr-defined]
+        report = ledger.status(active_grace_seconds=30.0)
+    assert report["oldest_running_age_seconds"] == 110.0  # the stale tasks' start, not NaN
+    assert report["running_past_deadline"] == 1
 
 
 def test_status_on_the_server_folds_names_beyond_the_group_bound(

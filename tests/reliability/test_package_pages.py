@@ -5,6 +5,7 @@ directory or heading that exists here. The wheels are built for real (``uv build
 from __future__ import annotations
 
 import email
+import os
 import re
 import shutil
 import subprocess
@@ -35,8 +36,9 @@ def _anchors(markdown: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    uv = shutil.which("uv")
-    assert uv, "uv builds the wheels (scripts/dev.py installs it)"
+    # scripts/dev.py names the uv it installed (./.tools/bin/uv when uv is not on PATH).
+    uv = os.environ.get("TSG_UV") or shutil.which("uv")
+    assert uv, "uv builds the wheels (scripts/dev.py installs it and sets TSG_UV)"
     out = tmp_path_factory.mktemp("wheels")
     built = {}
     for package in PACKAGES:

@@ -31,8 +31,9 @@ from task_state_guard.model import (
     LedgerError,
     Liveness,
     StorageError,
+    check_snapshot_limit,
 )
-from task_state_guard.store import read_clock
+from task_state_guard.store import Layout, read_clock
 
 from . import attempts as _attempts
 from . import ddl, driver, owners
@@ -43,11 +44,32 @@ from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
 _LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 
 
+class AdvisoryLocks:
+    """A PostgreSQL ledger's owner liveness (``Database.owners``): session-level advisory
+    locks (``task_state_guard_postgres.owners``)."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    def own(self) -> str:
+        """This process's owner token (see :meth:`PostgresDatabase.own_token`)."""
+        return self._db.own_token()
+
+    def held(self) -> str | None:
+        """This process's owner token while its lock connection is usable."""
+        return self._db.held_token()
+
+    def probe(self, token: str) -> Liveness:
+        """See :meth:`PostgresDatabase.probe_owner`."""
+        return self._db.probe_owner(token)
+
+    def cleanup(self, is_referenced: Callable[[str], bool]) -> None:
+        """Nothing to clean: an advisory lock ends with its session."""
+
+
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
-    layout_version = ddl.SCHEMA_VERSION
-    outbox_version = ddl.OUTBOX_VERSION
     queries = PostgresQueries()
 
     def __init__(
@@ -92,7 +114,10 @@ class PostgresDatabase:
         """True when opened read-only."""
         return self._read_only
 
-    translate = staticmethod(driver.translate_error)
+    @property
+    def layout(self) -> Layout:
+        """The schema's layout (the PostgreSQL layout 6 added the verdict outbox)."""
+        return Layout.of(self.schema_version, ddl.SCHEMA_VERSION, ddl.OUTBOX_VERSION)
 
     def now(self) -> float:
         """Read the clock; a non-number, non-finite or negative reading is ``InvalidInput``."""
@@ -281,6 +306,11 @@ class PostgresDatabase:
             owners.keep_locks(self._target, self.busy_timeout_ms)
 
     # ----------------------------------------------------------------- owners and reports
+    @property
+    def owners(self) -> AdvisoryLocks:
+        """Owner liveness through session-level advisory locks."""
+        return AdvisoryLocks(self)
+
     def own_token(self) -> str:
         """This process's owner token, its session-level advisory lock held (taken on first
         use, taken again on the same token after the lock connection broke)."""
@@ -296,9 +326,6 @@ class PostgresDatabase:
         """Whether the owner of ``token`` is alive (its advisory lock held), dead, or unknown
         (lock free within ``owner_reconnect_seconds`` of a server restart; see ``owners``)."""
         return owners.probe(self.conn(), self._target, token)
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Nothing to clean: an advisory lock ends with its session."""
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report (the core's report keys)."""
@@ -323,20 +350,27 @@ class PostgresDatabase:
 
 
 def open_database(
-    url: str,
+    url: object,
     *,
     clock: Callable[[], float],
     busy_timeout_ms: int,
     read_only: bool,
     check_schema: bool = True,
     create: bool = True,
+    snapshot_max_bytes: object = 1 << 30,
+    allow_external_acl: bool = False,
+    transient_sidecars: bool = True,
+    verify_integrity: bool = False,
 ) -> PostgresDatabase:
     """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet.
-    ``create=False``: a schema that holds no ledger is ``database_missing``, never created."""
+    ``create=False``: a schema that holds no ledger is ``database_missing``, never created.
+    ``snapshot_max_bytes`` is checked as for a SQLite ledger and unused here, like the other
+    options only a SQLite file has."""
+    check_snapshot_limit(snapshot_max_bytes)
     if not callable(clock):
         raise InvalidInput("clock must be callable")
     return PostgresDatabase(
-        url, clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
+        str(url), clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
         check_schema=check_schema, create=create,
     )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -153,6 +153,20 @@ class Conn:
                 self.total_changes += cursor.rowcount
             return cursor
         raise error  # outside the handler: the driver's text is not even chained
+
+    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        """Run one statement written in psycopg's own placeholders (``%(name)s``), as it is:
+        the backend's own SQL, nothing rewritten; driver errors become ledger errors."""
+        cursor = self.raw.cursor()
+        try:
+            cursor.execute(sql, params)
+        except psycopg.Error as exc:
+            error = translate_error(exc)
+        else:
+            if cursor.rowcount > 0 and _is_write(sql):
+                self.total_changes += cursor.rowcount
+            return cursor
+        raise error
 
     def fetch_prepared(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         """Run one statement with numbered placeholders as a server-side prepared statement

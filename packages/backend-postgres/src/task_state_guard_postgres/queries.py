@@ -27,6 +27,7 @@ from task_state_guard.queries import (
     StatusGroups,
     add_group,
     before,
+    render,
 )
 
 from . import ddl
@@ -35,26 +36,31 @@ from .driver import Conn
 PASS_KIND = "tsg-pass"
 #: Rows a pass reads stay its own until it commits; rows a worker holds now are skipped.
 HOLD = " FOR NO KEY UPDATE SKIP LOCKED"
-_STATUS_GROUPS = (
+
+
+def _mark(name: str) -> str:
+    return f"%({name})s"  # psycopg's named parameters
+
+
+_STATUS_GROUPS = render(
     f"SELECT {STATUS_KEY}, count(*), "
     + ", ".join(f"{agg}({column}) FILTER (WHERE {OPEN_WORK} AND {cond})"
                 for agg, column, cond in AT_RISK.values())
-    + " FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5"
-)
-_ROOT_CLOSES = (
-    f"SELECT floor((ended_at - ?) / ?), status, terminal_code, count(*) {ROOT_CLOSES} "
-    "GROUP BY 1, 2, 3"
-)
+    + " FROM tsg_tasks GROUP BY 1, 2, 3, 4, 5", _mark, "now", "stale_before")
+_ROOT_CLOSES = render(
+    "SELECT floor((ended_at - {start}) / {width}), status, terminal_code, count(*) "
+    f"{ROOT_CLOSES} GROUP BY 1, 2, 3", _mark, "start", "width", "end")
+_OPEN_BATCH = render(OPEN_BATCH, _mark, "before", "limit")
 # Reconcile's per-row statements (last parameter: the row's seq) as one statement per batch
 # and set of values, writing what the event trigger writes for the same rows (the trigger
 # steps aside while ``ddl.PASS_EVENTS`` is on). The guards (still active / still pending)
 # hold for every row a pass sends, since it holds them; they keep events exact regardless.
-_TASKS_SEQ = "seq = ANY(?::bigint[])"
+_TASKS_SEQ = "seq = ANY(%(seqs)s::bigint[])"
 _DELIVERED = rules.EVENTS_BY_KIND["delivery"]
 PASS_WRITES = {
     "time_out": (
-        "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, "
-        f"updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
+        "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = %(code)s, "
+        f"ended_at = %(at)s, updated_at = %(at)s, version = version + 1 WHERE {_TASKS_SEQ} "
         f"AND status IN {rules.ACTIVE_SQL} "
         "RETURNING seq, status, terminal_code, ended_at, parent_id, delivery_required, "
         "framework), "
@@ -68,8 +74,8 @@ PASS_WRITES = {
         "coalesce(terminal_code, ''), count(*) FROM u GROUP BY 2, 3, 4"
     ),
     "close_delivery": (
-        "WITH u AS (UPDATE tsg_tasks SET delivery_status = ?, delivery_code = ?, "
-        f"delivery_updated_at = ?, version = version + 1 WHERE {_TASKS_SEQ} "
+        "WITH u AS (UPDATE tsg_tasks SET delivery_status = %(state)s, delivery_code = %(code)s, "
+        f"delivery_updated_at = %(at)s, version = version + 1 WHERE {_TASKS_SEQ} "
         "AND delivery_status = 'pending' "
         "RETURNING seq, delivery_status, delivery_code, delivery_updated_at, delivery_required), "
         f"c AS (SELECT * FROM u WHERE {_DELIVERED.present.sql()}), "
@@ -79,7 +85,7 @@ PASS_WRITES = {
         "delivery_status, coalesce(delivery_code, ''), count(*) FROM c GROUP BY 2, 3, 4"
     ),
 }
-_PASS_EVENTS = f"SELECT set_config('{ddl.PASS_EVENTS}', ?, true)"
+_PASS_EVENTS = f"SELECT set_config('{ddl.PASS_EVENTS}', %(on)s, true)"
 
 
 class PostgresQueries:
@@ -93,7 +99,7 @@ class PostgresQueries:
         counts: Counter[GroupKey] = Counter()
         least: dict[str, Any] = dict.fromkeys(("queued", "running", "owed"))
         past_deadline = stale = 0
-        cursor = conn.execute(_STATUS_GROUPS, (now, stale_before))
+        cursor = conn.run(_STATUS_GROUPS, {"now": now, "stale_before": stale_before})
         while rows := cursor.fetchmany(4096):
             for status, delivery, name, root, owed, count, *risk in rows:
                 add_group(counts, (status, delivery, name, bool(root), bool(owed)), count, bound)
@@ -107,29 +113,32 @@ class PostgresQueries:
     @staticmethod
     def root_closes(conn: Conn, start: float, width: float,
                     end: float) -> list[tuple[Any, Any, Any, int]]:
-        return [tuple(row) for row in
-                conn.execute(_ROOT_CLOSES, (start, width, start, end)).fetchall()]
+        params = {"start": start, "width": width, "end": end}
+        return [tuple(row) for row in conn.run(_ROOT_CLOSES, params).fetchall()]
 
     @staticmethod
     def open_batch(conn: Conn, before_seq: int, limit: int,
                    hold: bool) -> list[tuple[Any, ...]]:
-        sql = OPEN_BATCH + HOLD if hold else OPEN_BATCH
-        return [tuple(row) for row in conn.execute(sql, (before_seq, limit)).fetchall()]
+        sql = _OPEN_BATCH + HOLD if hold else _OPEN_BATCH
+        params = {"before": before_seq, "limit": limit}
+        return [tuple(row) for row in conn.run(sql, params).fetchall()]
 
     @staticmethod
     def close_lost(conn: Conn, timeouts: list[tuple[str, float, int]],
                    deliveries: list[tuple[str, str, float, int]]) -> None:
-        batches: list[tuple[str, dict[tuple[Any, ...], list[int]]]] = [
-            ("time_out", {}), ("close_delivery", {})]
+        closes: dict[tuple[str, float], list[int]] = {}
+        settles: dict[tuple[str, str, float], list[int]] = {}
         for code, at, seq in timeouts:
-            batches[0][1].setdefault((code, at, at), []).append(seq)
-        for state, code, at, seq in deliveries:
-            batches[1][1].setdefault((state, code, at), []).append(seq)
-        conn.execute(_PASS_EVENTS, ("on",))
-        for name, groups in batches:
-            for values, seqs in groups.items():
-                conn.execute(PASS_WRITES[name], (*values, seqs))
-        conn.execute(_PASS_EVENTS, ("off",))  # a failure above aborts the transaction: no reset
+            closes.setdefault((code, at), []).append(seq)
+        for state, dcode, at, seq in deliveries:
+            settles.setdefault((state, dcode, at), []).append(seq)
+        conn.run(_PASS_EVENTS, {"on": "on"})
+        for (code, at), seqs in closes.items():
+            conn.run(PASS_WRITES["time_out"], {"code": code, "at": at, "seqs": seqs})
+        for (state, dcode, at), seqs in settles.items():
+            conn.run(PASS_WRITES["close_delivery"],
+                     {"state": state, "code": dcode, "at": at, "seqs": seqs})
+        conn.run(_PASS_EVENTS, {"on": "off"})  # a failure above aborts the transaction
 
 
 __all__ = ["HOLD", "PASS_KIND", "PASS_WRITES", "PostgresQueries"]

@@ -1,7 +1,9 @@
-"""Backend selection: a ``postgresql://`` (or ``postgres://``) URL opens the optional
-PostgreSQL backend (package ``task-state-guard-postgres``); anything else is a SQLite path.
+"""The backend registry: a ``postgresql://`` (or ``postgres://``) URL opens the optional
+PostgreSQL backend (package ``task-state-guard-postgres``); anything else is a SQLite path
+(``task_state_guard.sqlite``). ``Ledger`` opens its database object through :func:`open_store`.
 
-This module only recognises and redacts URLs; it never imports a database driver itself.
+This module recognises and redacts URLs; a backend (and its driver) is imported only when a
+ledger of its kind is opened.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ MISSING_BACKEND = (
     "(pip install task-state-guard-postgres)"
 )
 _BACKEND_MODULE = "task_state_guard_postgres"
+#: Each kind of ledger target and the module whose ``open_database(target, **options)`` makes
+#: its database object (``options``: every ``Ledger`` option; a backend uses those it has).
+BACKENDS = {"postgresql": _BACKEND_MODULE, "sqlite": "task_state_guard.sqlite.database"}
 
 
 def is_url(target: object) -> bool:
@@ -64,6 +69,23 @@ def redact(target: str) -> str:
         f"{scheme}://{location}")
 
 
+def kind_of(target: object) -> str:
+    """The kind of ledger ``target`` names: ``postgresql`` for a URL, else ``sqlite``."""
+    return "postgresql" if is_url(target) else "sqlite"
+
+
+def open_store(target: object, **options: Any) -> Database:
+    """The database object of the ledger at ``target`` from the backend of its kind (nothing
+    is connected yet); ``StorageError`` with :data:`MISSING_BACKEND` when that backend (or its
+    driver) is not installed."""
+    try:
+        backend = importlib.import_module(BACKENDS[kind_of(target)])
+    except ImportError:
+        raise StorageError(MISSING_BACKEND, reason=r.BACKEND_MISSING) from None
+    db: Database = backend.open_database(target, **options)
+    return db
+
+
 def open_database(url: str, **options: Any) -> Database:
     """Open the PostgreSQL backend's database object for ``url``.
 
@@ -78,4 +100,7 @@ def open_database(url: str, **options: Any) -> Database:
     return db
 
 
-__all__ = ["MISSING_BACKEND", "URL_PREFIXES", "is_url", "open_database", "redact"]
+__all__ = [
+    "BACKENDS", "MISSING_BACKEND", "URL_PREFIXES", "is_url", "kind_of", "open_database",
+    "open_store", "redact",
+]

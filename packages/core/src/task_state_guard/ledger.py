@@ -48,8 +48,7 @@ from .model import (
     is_valid_name,
 )
 from .placeholders import positional, positional_rows
-from .sqlite import connections, schema, storage
-from .sqlite.database import SQLiteDatabase
+from .sqlite import connections, schema
 
 TASK_COLUMNS = (
     "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
@@ -259,30 +258,14 @@ class Ledger:
         for flag in (allow_external_acl, read_only, transient_sidecars, create):
             if not isinstance(flag, bool):
                 raise InvalidInput("flags must be booleans")
-        self._db: store.Database
-        if backends.is_url(path):
-            # The PostgreSQL backend (an optional package): same transitions, same aggregates.
-            connections.check_snapshot_limit(snapshot_max_bytes)  # checked, unused there
-            self._db = backends.open_database(
-                str(path), clock=clock or time.time, busy_timeout_ms=busy_timeout_ms,
-                read_only=read_only, check_schema=_check_schema, create=create,
-            )
-            self._db.conn()  # connect, check and migrate now
-            self.SCHEMA_VERSION = self._db.layout_version
-            return
-        self._db = SQLiteDatabase(
-            storage.normalize_path(path),
-            clock=clock or time.time,
-            busy_timeout_ms=busy_timeout_ms,
-            allow_external_acl=allow_external_acl,
-            read_only=read_only,
-            transient_sidecars=transient_sidecars,
-            snapshot_max_bytes=connections.check_snapshot_limit(snapshot_max_bytes),
-            check_schema=_check_schema,
-            create=create,
-            verify_integrity=_verify_integrity,
+        self._db: store.Database = backends.open_store(
+            path, clock=clock or time.time, busy_timeout_ms=busy_timeout_ms,
+            allow_external_acl=allow_external_acl, read_only=read_only,
+            transient_sidecars=transient_sidecars, snapshot_max_bytes=snapshot_max_bytes,
+            check_schema=_check_schema, create=create, verify_integrity=_verify_integrity,
         )
-        self._db.conn()  # run every safety check now
+        self._db.conn()  # connect and run every safety check (and migration) now
+        self.SCHEMA_VERSION = self._db.layout.current
 
     # ----------------------------------------------------------------- connections
     @property
@@ -298,7 +281,7 @@ class Ledger:
     @property
     def schema_version(self) -> int | None:
         """The schema version of the file (after any migration this ledger ran)."""
-        return self._db.schema_version
+        return self._db.layout.version
 
     def _conn(self) -> Any:
         return self._db.conn()
@@ -490,7 +473,7 @@ class Ledger:
         )
         if self._db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        token = self._db.held_token() if owner else None
+        token = self._db.owners.held() if owner else None
         if owner and token is None:
             # Judged before the lock file exists; the guarded update below decides for real.
             # The lock file is made outside the write transaction: its creation never waits
@@ -498,7 +481,7 @@ class Ledger:
             # refused start creates nothing, so no look ahead is needed.
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
-            token = self._db.own_token()
+            token = self._db.owners.own()
         updated, now, row = self._guarded(_START, tid, token, _FLOAT_MAX, bound)
         if updated is not None:
             return row_to_task(updated)
@@ -519,14 +502,14 @@ class Ledger:
         bound = None if redelivery_seconds is None else check_seconds(
             redelivery_seconds, "redelivery_seconds", allow_zero=True
         )
-        token = self._db.held_token() if owner else None
+        token = self._db.owners.held() if owner else None
         if owner and token is None:
             # Judged before the lock file exists (see start_task); the guarded update decides.
             if self._db.read_only:
                 raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
             if self._current(tid)[4] != "queued":
                 raise StateConflict("only a queued task can start")
-            token = self._db.own_token()
+            token = self._db.owners.own()
         updated, now, row = self._guarded(_START_QUIET, tid, token, _FLOAT_MAX, bound)
         if updated is not None:
             return
@@ -717,7 +700,7 @@ class Ledger:
         db = self._db
         if db.read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        token = db.held_token() or db.own_token()
+        token = db.owners.held() or db.owners.own()
         spec = attempts.Begin(
             logical_id=lid, name=check_name(name), delivery_required=delivery_required,
             framework_id=None if framework_id is None else _framework_id(framework_id),

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import adapter_counters
+from .exposition import metrics_text
 from .ledger import Ledger
-from .metrics import check_textfile, format_prometheus, write_textfile
+from .metrics import check_textfile, write_textfile
 from .model import InvalidInput
 from .serve_command import check_serve_options
 
@@ -45,17 +45,6 @@ def check_metrics_dir(metrics_dir: str | None) -> str | None:
     if metrics_dir is not None and (not metrics_dir or "\0" in metrics_dir):
         raise InvalidInput("the metrics directory must be a path")
     return metrics_dir
-
-
-def metrics_text(
-    ledger: Ledger, *, active_grace_seconds: float | None = None, metrics_dir: str | None = None
-) -> str:
-    """What ``tsg metrics`` prints: the ledger's families (``Ledger.status()``) and, with a
-    metrics directory, the adapters' counters summed over every process that counted into it."""
-    text = format_prometheus(ledger.status(active_grace_seconds=active_grace_seconds))
-    if metrics_dir is not None:
-        text += adapter_counters.format_directory(metrics_dir)
-    return text
 
 
 def run_metrics(open_ledger: Callable[[], Ledger], values: dict[str, Any]) -> tuple[Payload, int]:

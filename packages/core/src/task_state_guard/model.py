@@ -221,6 +221,13 @@ def check_seconds(
     return number
 
 
+def check_snapshot_limit(value: object) -> int:
+    """Validate the snapshot size limit (bytes) of a read-only open."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 4096:
+        raise InvalidInput("snapshot_max_bytes must be an integer of at least 4096")
+    return value
+
+
 def check_name(value: object) -> str | None:
     """Return a valid name label (framework task, actor, graph or node name) or None."""
     if value is None:

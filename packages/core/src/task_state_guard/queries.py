@@ -12,6 +12,7 @@ flag or appends a backend's SQL fragment.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,28 +23,36 @@ OPEN_WORK = "delivery_status = 'pending'"
 #: What status counts tasks by: state, delivery state, name, is a root, owes its delivery.
 STATUS_KEY = "status, delivery_status, name, parent_id IS NULL, delivery_required = 1"
 #: The figures of open work at risk, each an aggregate over :data:`OPEN_WORK`: name ->
-#: (aggregate, column, condition). A ``?`` in a condition is the figure's parameter, in this
-#: order: the clock (a deadline passed), the clock minus the active grace (no sign of life).
+#: (aggregate, column, condition). A condition's parameter is a named marker each backend
+#: renders in its own placeholder style (:func:`render`): ``{now}``, the clock (a deadline
+#: passed); ``{stale_before}``, the clock minus the active grace (no sign of life since).
 AT_RISK: dict[str, tuple[str, str, str]] = {
     "queued": ("min", "created_at", "status = 'queued'"),
     "running": ("min", "started_at", "status = 'running'"),
     "owed": ("min", "ended_at", f"delivery_required = 1 AND status IN {rules.TERMINAL_SQL}"),
-    "past_deadline": ("count", "*", "status = 'running' AND deadline_at <= ?"),
-    "stale": ("count", "*", f"status = 'running' AND {rules.RUNNING_IDLE_SINCE_SQL} <= ?"),
+    "past_deadline": ("count", "*", "status = 'running' AND deadline_at <= {now}"),
+    "stale": ("count", "*",
+              f"status = 'running' AND {rules.RUNNING_IDLE_SINCE_SQL} <= {{stale_before}}"),
 }
-#: The root closes in a time window (``?``: the window's start and end), for the history.
+#: The root closes in a time window (``{start}``, ``{end}``), for the history.
 ROOT_CLOSES = (
-    "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= ? AND ended_at < ? "
+    "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= {start} AND ended_at < {end} "
     f"AND status IN {rules.TERMINAL_SQL}"
 )
-#: Open work, newest first, in batches (``?``: the last seq seen, the batch size): what a
+#: Open work, newest first, in batches (``{before}``: the last seq seen; ``{limit}``): what a
 #: reconcile pass reads (children before their parents, so a parent sees this pass's
 #: decisions about its children).
 OPEN_BATCH = (
     "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
     "delivery_required, delivery_status, ended_at, parent_id, name, framework_id FROM tsg_tasks "
-    f"WHERE {OPEN_WORK} AND seq < ? ORDER BY seq DESC LIMIT ?"
+    f"WHERE {OPEN_WORK} AND seq < {{before}} ORDER BY seq DESC LIMIT {{limit}}"
 )
+
+
+def render(template: str, mark: Callable[[str], str], *names: str) -> str:
+    """A shared statement in one backend's dialect: each named marker ``{name}`` of ``names``
+    becomes ``mark(name)`` (SQLite ``:name``, psycopg ``%(name)s``); no other text changes."""
+    return template.format(**{name: mark(name) for name in names})
 
 #: A status group's key: (state, delivery state, name, is a root, owes its delivery).
 GroupKey = tuple[Any, Any, Any, Any, Any]
@@ -110,5 +119,5 @@ class Queries(Protocol):
 
 __all__ = [
     "AT_RISK", "INVALID_LABEL", "MAX_GROUPS", "OPEN_BATCH", "OPEN_WORK", "ROOT_CLOSES",
-    "STATUS_KEY", "GroupKey", "Queries", "StatusGroups", "add_group", "before",
+    "STATUS_KEY", "GroupKey", "Queries", "StatusGroups", "add_group", "before", "render",
 ]

@@ -130,7 +130,7 @@ class _Pass:
             return False
         state = self.liveness.get(token)
         if state is None:
-            state = self.db.probe_owner(token)
+            state = self.db.owners.probe(token)
             self.liveness[token] = state
         return state is Liveness.DEAD
 
@@ -338,4 +338,4 @@ def _remove_dead_owner_files(db: Database) -> None:
             ).fetchone()
             return row is not None
 
-        db.cleanup_owners(referenced)
+        db.owners.cleanup(referenced)

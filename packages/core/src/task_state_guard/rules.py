@@ -3,9 +3,9 @@ columns, the time a task last showed life, and which event each transition write
 
 Both backends render their layout and checks from these tables (SQLite's triggers and columns,
 PostgreSQL's columns, event function and reconcile pass statements, doctor's event-chain check
-in either dialect), and the contract suite drives every transition on both backends and
-compares the events written with :func:`expected_events`, so a backend that drifts from a rule
-fails a test instead of silently breaking doctor.
+in either dialect), and ``tests/core/test_event_rules.py`` drives every transition on both
+backends and compares the events written with :func:`expected_events`, so a backend that
+drifts from a rule fails a test instead of silently breaking doctor.
 
 Changing a rule that a stored layout renders (a column, an event) is a new layout version on
 both backends: SQLite recognises its files by the exact text of their schema.

@@ -70,7 +70,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
             "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
             "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
         ):
-            if db.probe_owner(token) is Liveness.DEAD:
+            if db.owners.probe(token) is Liveness.DEAD:
                 owner_dead += count
     return {
         "tasks": by_status,

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
 from . import attempts
-from .model import InvalidInput, LedgerError, Liveness
+from .model import InvalidInput, Liveness
 from .queries import Queries
 
 
@@ -29,8 +30,49 @@ def read_clock(clock: Callable[[], float]) -> float:
     return now
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A ledger's layout: ``version``, the schema version it stores (None: not yet opened, or
+    not a ledger this release knows); ``current``, the version its backend writes (each backend
+    versions its own layout); ``has_outbox``, whether it has the verdict outbox (an older
+    layout a read-only open reads in place has none: it owes no verdicts)."""
+
+    version: int | None
+    current: int
+    has_outbox: bool
+
+    @classmethod
+    def of(cls, version: int | None, current: int, first_with_outbox: int) -> Layout:
+        """The layout of a ledger at ``version`` of a backend that writes ``current`` and
+        added the outbox in ``first_with_outbox``."""
+        return cls(version, current,
+                   version is not None and first_with_outbox <= version <= current)
+
+
 #: A backend's one-statement write (see :attr:`Database.write_one`).
 WriteOne: TypeAlias = Callable[[str, tuple[Any, ...]], tuple[Any, ...] | None]
+
+
+class Owners(Protocol):
+    """Owner liveness: a process that starts a task records its token; a probe of the token
+    tells whether that process still lives (SQLite: lock files beside the database;
+    PostgreSQL: session-level advisory locks)."""
+
+    def own(self) -> str:
+        """This process's owner token, its liveness lock taken on first use."""
+        ...
+
+    def held(self) -> str | None:
+        """This process's owner token if it holds one already, else None."""
+        ...
+
+    def probe(self, token: str) -> Liveness:
+        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
+        ...
+
+    def cleanup(self, is_referenced: Callable[[str], bool]) -> None:
+        """Drop what dead owners left behind (lock files); best effort."""
+        ...
 
 
 class Database(Protocol):
@@ -66,20 +108,10 @@ class Database(Protocol):
         """Tune this thread's connection for one large write (reconcile, prune)."""
         ...
 
-    def translate(self, exc: BaseException) -> LedgerError:
-        """Map a backend error to a ledger error (busy -> ``LedgerBusy``)."""
-        ...
-
     @property
-    def schema_version(self) -> int | None:
-        """The schema version of the ledger (after any migration this object ran)."""
+    def layout(self) -> Layout:
+        """The ledger's layout as opened (after any migration this object ran)."""
         ...
-
-    #: The schema version this backend writes (each backend versions its own layout).
-    layout_version: int
-
-    #: The first of this backend's schema versions with the verdict outbox.
-    outbox_version: int
 
     @property
     def queries(self) -> Queries:
@@ -120,20 +152,9 @@ class Database(Protocol):
         """*End attempt* as one write (its own transaction, or the open group's)."""
         ...
 
-    def own_token(self) -> str:
-        """This process's owner token, its liveness lock taken on first use."""
-        ...
-
-    def held_token(self) -> str | None:
-        """This process's owner token if it holds one already, else None."""
-        ...
-
-    def probe_owner(self, token: str) -> Liveness:
-        """Whether the process holding ``token`` is alive, provably dead, or unknown."""
-        ...
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Drop what dead owners left behind (lock files); best effort."""
+    @property
+    def owners(self) -> Owners:
+        """Owner liveness: this process's token, and whether another token's process lives."""
         ...
 
     def doctor(self) -> dict[str, Any]:
@@ -151,4 +172,4 @@ class Database(Protocol):
 
 
 
-__all__ = ["Database", "WriteOne", "read_clock"]
+__all__ = ["Database", "Layout", "Owners", "WriteOne", "read_clock"]

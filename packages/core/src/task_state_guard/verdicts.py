@@ -68,8 +68,7 @@ class Verdict:
 def current(db: Database) -> bool:
     """True when the ledger's layout has the outbox (an older layout, read in place by a
     read-only open, has none: it owes no verdicts)."""
-    version = db.schema_version
-    return version is not None and db.outbox_version <= version <= db.layout_version
+    return db.layout.has_outbox
 
 
 _CLAIMABLE = (

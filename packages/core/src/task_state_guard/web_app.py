@@ -36,10 +36,10 @@ from urllib.parse import parse_qs
 
 from . import web_pages as pages
 from .durations import parse_seconds
+from .exposition import metrics_text
 from .http_server import Counters, Request, Response
 from .ledger import Ledger
 from .metrics import CONTENT_TYPE, format_server_counters
-from .metrics_command import metrics_text
 from .model import (
     TASK_STATES,
     InvalidInput,

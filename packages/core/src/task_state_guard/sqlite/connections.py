@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 from enum import StrEnum
 
 from .. import reasons as r
-from ..model import InvalidInput, LedgerBusy, LedgerError, StorageError
+from ..model import LedgerBusy, LedgerError, StorageError
 
 _HEADER = b"SQLite format 3\x00"
 CACHE_KIB = 32768  # page cache per connection, used lazily
@@ -365,10 +365,4 @@ def _connect_read_only(
         raise
     return conn, mode
 
-
-def check_snapshot_limit(value: object) -> int:
-    """Validate the snapshot size limit (bytes)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 4096:
-        raise InvalidInput("snapshot_max_bytes must be an integer of at least 4096")
-    return value
 

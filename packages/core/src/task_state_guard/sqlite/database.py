@@ -17,8 +17,8 @@ from typing import Any
 
 from .. import attempts
 from .. import reasons as r
-from ..model import LedgerBusy, Liveness, StorageError
-from ..store import WriteOne, read_clock
+from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
+from ..store import Layout, WriteOne, read_clock
 from . import attempts as sqlite_attempts
 from . import connections, doctor, owners, schema, storage
 from .queries import SQLiteQueries
@@ -62,11 +62,33 @@ class _Refused(Exception):
     """A step of a one-transaction write was refused: roll the transaction back."""
 
 
+class LockFiles:
+    """A SQLite ledger's owner liveness (``Database.owners``): lock files beside the database
+    (``task_state_guard.sqlite.owners``), found through its real path."""
+
+    def __init__(self, db: SQLiteDatabase) -> None:
+        self._db = db
+
+    def own(self) -> str:
+        """This process's owner token (its lock file beside the database, made once)."""
+        return owners.own_token(self._db.path)
+
+    def held(self) -> str | None:
+        """This process's owner token if its lock file exists already."""
+        return owners.held_token(self._db.path)
+
+    def probe(self, token: str) -> Liveness:
+        """Probe the owner's lock file."""
+        return owners.probe(self._db.path, token)
+
+    def cleanup(self, is_referenced: Callable[[str], bool]) -> None:
+        """Delete lock files of dead owners that no running task references."""
+        owners.remove_dead(self._db.path, is_referenced)
+
+
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
-    layout_version = schema.SCHEMA_VERSION
-    outbox_version = schema.STORED_VERSION[schema.V5]
     queries = SQLiteQueries()
 
     def __init__(
@@ -133,7 +155,11 @@ class SQLiteDatabase:
         """True when opened read-only."""
         return self._read_only
 
-    translate = staticmethod(connections.translate)
+    @property
+    def layout(self) -> Layout:
+        """The file's layout (SQLite's layout 5 added the verdict outbox)."""
+        return Layout.of(self.schema_version, schema.SCHEMA_VERSION,
+                         schema.STORED_VERSION[schema.V5])
 
     # ----------------------------------------------------------------- connections
     def conn(self) -> sqlite3.Connection:
@@ -476,21 +502,10 @@ class SQLiteDatabase:
         with self.write() as conn:
             return sqlite_attempts.sqlite_end(conn, spec, self.now())
 
-    def own_token(self) -> str:
-        """This process's owner token (its lock file beside the database, made once)."""
-        return owners.own_token(self.path)
-
-    def held_token(self) -> str | None:
-        """This process's owner token if its lock file exists already."""
-        return owners.held_token(self.path)
-
-    def probe_owner(self, token: str) -> Liveness:
-        """Probe the owner's lock file."""
-        return owners.probe(self.path, token)
-
-    def cleanup_owners(self, is_referenced: Callable[[str], bool]) -> None:
-        """Delete lock files of dead owners that no running task references."""
-        owners.remove_dead(self.path, is_referenced)
+    @property
+    def owners(self) -> LockFiles:
+        """Owner liveness through lock files beside the database."""
+        return LockFiles(self)
 
     def doctor(self) -> dict[str, Any]:
         """The counts-only health report of the SQLite file."""
@@ -519,4 +534,32 @@ class SQLiteDatabase:
         return info
 
 
-__all__ = ["SQLiteDatabase", "integrity_ok", "writer_lock"]
+def open_database(
+    target: object,
+    *,
+    clock: Callable[[], float],
+    busy_timeout_ms: int,
+    allow_external_acl: bool,
+    read_only: bool,
+    transient_sidecars: bool,
+    snapshot_max_bytes: object,
+    check_schema: bool,
+    create: bool,
+    verify_integrity: bool,
+) -> SQLiteDatabase:
+    """The database object of the SQLite ledger at ``target`` (a path; nothing opened yet)."""
+    return SQLiteDatabase(
+        storage.normalize_path(target),
+        clock=clock,
+        busy_timeout_ms=busy_timeout_ms,
+        allow_external_acl=allow_external_acl,
+        read_only=read_only,
+        transient_sidecars=transient_sidecars,
+        snapshot_max_bytes=check_snapshot_limit(snapshot_max_bytes),
+        check_schema=check_schema,
+        create=create,
+        verify_integrity=verify_integrity,
+    )
+
+
+__all__ = ["SQLiteDatabase", "integrity_ok", "open_database", "writer_lock"]

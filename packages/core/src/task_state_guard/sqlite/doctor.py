@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import doctor
 from ..store import Database
-from . import schema
+from . import connections, schema
 
 
 def _fin(column: str) -> str:
@@ -53,7 +53,7 @@ def run_doctor(db: Database) -> dict[str, Any]:
         try:
             fmt = schema.detect_format(conn, "main")
         except sqlite3.DatabaseError as exc:
-            raise db.translate(exc) from None
+            raise connections.translate(exc) from None
         integrity_ok = integrity == ["ok"]
         findings["integrity_errors"] = 0 if integrity_ok else len(integrity)
         readable = True

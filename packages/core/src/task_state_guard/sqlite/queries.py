@@ -23,12 +23,21 @@ from ..queries import (
     GroupKey,
     StatusGroups,
     add_group,
+    render,
 )
 
+
+def _mark(name: str) -> str:
+    return f":{name}"  # SQLite's named parameters
+
+
 _GROUP_ROWS = f"SELECT {STATUS_KEY} FROM tsg_tasks"
-_AT_RISK = {name: f"SELECT {agg}({column}) FROM tsg_tasks WHERE {OPEN_WORK} AND {cond}"
-            for name, (agg, column, cond) in AT_RISK.items()}
-_CLOSES = f"SELECT ended_at, status, terminal_code {ROOT_CLOSES}"
+_AT_RISK = {
+    name: render(f"SELECT {agg}({column}) FROM tsg_tasks WHERE {OPEN_WORK} AND {cond}",
+                 _mark, "now", "stale_before")
+    for name, (agg, column, cond) in AT_RISK.items()}
+_CLOSES = render(f"SELECT ended_at, status, terminal_code {ROOT_CLOSES}", _mark, "start", "end")
+_OPEN_BATCH = render(OPEN_BATCH, _mark, "before", "limit")
 # The schema's triggers write the matching events, totals and verdicts.
 TIME_OUT = (
     "UPDATE tsg_tasks SET status = 'timed_out', terminal_code = ?, ended_at = ?, updated_at = ?, "
@@ -56,9 +65,8 @@ class SQLiteQueries:
             else:
                 for row in rows:
                     add_group(counts, row, 1, bound)
-        params = {"past_deadline": (now,), "stale": (stale_before,)}
-        found = {name: conn.execute(sql, params.get(name, ())).fetchone()[0]
-                 for name, sql in _AT_RISK.items()}
+        params = {"now": now, "stale_before": stale_before}
+        found = {name: conn.execute(sql, params).fetchone()[0] for name, sql in _AT_RISK.items()}
         least = {name: found[name] for name in ("queued", "running", "owed")}
         return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]))
 
@@ -66,7 +74,7 @@ class SQLiteQueries:
     def root_closes(conn: sqlite3.Connection, start: float, width: float,
                     end: float) -> list[tuple[Any, Any, Any, int]]:
         counts: Counter[tuple[Any, Any, Any]] = Counter()
-        cursor = conn.execute(_CLOSES, (start, end))
+        cursor = conn.execute(_CLOSES, {"start": start, "end": end})
         while batch := cursor.fetchmany(4096):
             for ended, status, code in batch:
                 if isinstance(ended, int | float) and math.isfinite(ended):
@@ -76,7 +84,7 @@ class SQLiteQueries:
     @staticmethod
     def open_batch(conn: sqlite3.Connection, before_seq: int, limit: int,
                    hold: bool) -> list[tuple[Any, ...]]:
-        return conn.execute(OPEN_BATCH, (before_seq, limit)).fetchall()
+        return conn.execute(_OPEN_BATCH, {"before": before_seq, "limit": limit}).fetchall()
 
     @staticmethod
     def close_lost(conn: sqlite3.Connection, timeouts: list[tuple[str, float, int]],
