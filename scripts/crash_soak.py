@@ -152,9 +152,16 @@ def _worker_thread(ledger: Any, log: _Log, rng: random.Random, pool: list[str],
                     dry_run=dry)
                 log.write({"k": "reconcile", "dry": dry, "out": report["tasks_timed_out"]})
             elif op == "prune":
-                log.write({"k": "prune_begin", "at": time.time()})
-                report = ledger.prune(rng.choice([1.0, 2.0]), dry_run=rng.random() < 0.2)
-                log.write({"k": "prune", "n": report["tasks_deleted"]})
+                # A prune deletes what it judged closed and old when its transaction ran; a
+                # call that returned while the prune was under way (an idempotent close or
+                # delivery changes nothing, so the task still counts as old) may be pruned.
+                token, dry = uuid.uuid4().hex, rng.random() < 0.2
+                log.write({"k": "prune_begin", "t": token, "dry": dry})
+                deleted = None
+                try:
+                    deleted = ledger.prune(rng.choice([1.0, 2.0]), dry_run=dry)["tasks_deleted"]
+                finally:
+                    log.write({"k": "prune_end", "t": token, "n": deleted})
         except LedgerError as exc:
             name = type(exc).__name__
             if name not in EXPECTED_ERRORS:
@@ -209,6 +216,8 @@ class Checker:
         self.line_no = 0
         self.torn_lines = 0
         self.last_prune_begin = -1
+        self.pruning: set[str] = set()  # applying prunes begun and not yet ended
+        self.pruned_meanwhile: set[str] = set()  # tasks last logged while a prune ran
         self.transitions_logged = 0
         self.transitions_checked = 0
         self.pruned_ok = 0
@@ -241,11 +250,19 @@ class Checker:
             elif kind == "atomic_end":
                 self.open_groups.pop(tuple(rec["ids"]), None)
             elif kind == "prune_begin":
-                self.last_prune_begin = self.line_no
+                if not rec["dry"]:
+                    self.last_prune_begin = self.line_no
+                    self.pruning.add(rec["t"])
+            elif kind == "prune_end":
+                self.pruning.discard(rec["t"])
             elif "id" in rec:
                 self.transitions_logged += 1
                 self._merge(rec)
                 self.last_line[rec["id"]] = self.line_no
+                if self.pruning:
+                    self.pruned_meanwhile.add(rec["id"])
+                else:
+                    self.pruned_meanwhile.discard(rec["id"])
 
     def _merge(self, rec: dict[str, Any]) -> None:
         cur = self.expected.get(rec["id"])
@@ -290,8 +307,9 @@ class Checker:
             self.transitions_checked += 1
             row = rows.get(tid)
             if row is None:
-                if self.last_prune_begin > self.last_line[tid]:
-                    gone.append(tid)  # a prune started after the last logged call
+                if (self.last_prune_begin > self.last_line[tid]
+                        or tid in self.pruned_meanwhile):
+                    gone.append(tid)  # a prune ran during or after the last logged call
                     continue
                 self.failures.append("a logged task is missing")
                 continue
@@ -309,6 +327,8 @@ class Checker:
         for tid in gone:
             self.pruned_ok += 1
             del self.expected[tid]
+            self.pruned_meanwhile.discard(tid)
+        self.pruning.clear()  # the killed process's prunes ended with it
         return report
 
 

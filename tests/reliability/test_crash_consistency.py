@@ -59,6 +59,33 @@ def test_checker_detects_a_lost_transition(tmp_path: Path, ledger_target: str) -
     assert "an atomic group was partly committed" in checker.failures
 
 
+def test_checker_excuses_only_a_prune_under_way(tmp_path: Path, ledger_target: str) -> None:
+    """A task missing after a call that returned while an applying prune was under way may
+    have been pruned (the call changed nothing, or the prune judged it first); one whose last
+    call came after every prune ended, or beside a dry-run prune only, is reported."""
+    soak = load_script("crash_soak")
+    with Ledger(ledger_target) as ledger:
+        ledger.create_task()  # the ledger exists; the logged tasks below are not in it
+    ids = [f"00000000-0000-4000-8000-00000000000{i}" for i in range(3)]
+    template = {"k": "close", "p": None, "s": "succeeded", "c": "completed",
+                "d": "delivered", "dc": "transport_acknowledged", "hb": None, "r": True}
+    lines = [
+        {"k": "prune_begin", "t": "a", "dry": False},
+        dict(template, id=ids[0]),  # during prune a: excused
+        {"k": "prune_end", "t": "a", "n": 1},
+        dict(template, id=ids[1]),  # after prune a ended: reported
+        {"k": "prune_begin", "t": "b", "dry": True},
+        dict(template, id=ids[2]),  # beside a dry run only: reported
+        {"k": "prune_end", "t": "b", "n": 0},
+    ]
+    log = tmp_path / "log"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    checker = soak.Checker(ledger_target, str(log))
+    checker.check()
+    assert checker.failures == ["a logged task is missing"] * 2
+    assert checker.pruned_ok == 1
+
+
 @pytest.mark.sqlite_only  # the SQLite backend's owner lock files (flock)
 def test_owner_lock_survives_a_concurrent_cleanup(ledger_target: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
