@@ -126,7 +126,7 @@ def build(db: str, size: int) -> float:
     ledger = Ledger(db)
     live = owners.own_token(db)
     dead = _dead_owner_token(db)
-    conn = ledger._conn()
+    conn = ledger._db.conn()  # type: ignore[attr-defined]
     conn.execute("PRAGMA cache_size=-65536")
     insert = f"INSERT INTO tsg_tasks({INSERT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
     event = "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) VALUES (?,?,?,?,?,?)"
@@ -161,7 +161,7 @@ def build_sql(db: str, size: int) -> float:
     ledger = Ledger(db)
     live = owners.own_token(db)
     dead = _dead_owner_token(db)
-    conn = ledger._conn()
+    conn = ledger._db.conn()  # type: ignore[attr-defined]
     conn.execute("PRAGMA cache_size=-1048576")
     blocks = size // 20
     span = 29 * DAY / max(blocks, 1)
@@ -328,7 +328,7 @@ def measure_reads(db: str, root_id: str, *, closed: bool) -> dict[str, object]:
 
 def _root_with_child(db: str) -> str:
     with Ledger(db, read_only=True) as ledger:
-        conn = ledger._conn()
+        conn = ledger._db.conn()  # type: ignore[attr-defined]
         row = conn.execute(
             "SELECT parent_id FROM tsg_tasks WHERE parent_id IS NOT NULL ORDER BY seq DESC LIMIT 1"
         ).fetchone()

@@ -204,12 +204,12 @@ def test_no_connection_crosses_fork(ledger_path: str) -> None:
     guard = tsgc.install(app, db=ledger_path, heartbeat_seconds=0.1)
     try:
         first = app.tasks[f"{app.main}.ok"].delay()  # opens the connection and starts a heartbeater
-        parent_conn = guard.ledger._conn()
+        parent_conn = guard.ledger._db.conn()  # type: ignore[attr-defined]
         pid = os.fork()
         if pid == 0:  # child
             code = 1
             try:
-                child_conn = guard.ledger._conn()
+                child_conn = guard.ledger._db.conn()  # type: ignore[attr-defined]
                 result = app.tasks[f"{app.main}.ok"].delay()
                 parent = guard.ledger.get_task(guard.logical_task_id(result.id))
                 ok = child_conn is not parent_conn and str(parent.status) == "succeeded"
@@ -218,7 +218,7 @@ def test_no_connection_crosses_fork(ledger_path: str) -> None:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert guard.ledger._conn() is parent_conn
+        assert guard.ledger._db.conn() is parent_conn  # type: ignore[attr-defined]
         assert str(guard.ledger.get_task(guard.logical_task_id(first.id)).status) == "succeeded"
         assert guard.ledger.doctor()["healthy"]
     finally:

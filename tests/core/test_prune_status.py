@@ -131,7 +131,7 @@ def test_bulk_writes_restore_the_connection_settings(ledger: Ledger, clock: Cloc
     """Reconcile apply and prune borrow a larger page cache and give it back."""
     from task_state_guard.sqlite import connections
 
-    conn = ledger._conn()
+    conn = ledger._db.conn()  # type: ignore[attr-defined]
     pragmas = ("cache_size", "wal_autocheckpoint")
     before = [conn.execute(f"PRAGMA {p}").fetchone()[0] for p in pragmas]
     assert before == [-connections.CACHE_KIB, connections.AUTOCHECKPOINT_PAGES]

@@ -109,13 +109,12 @@ def test_a_transition_is_one_statement_and_refusals_still_explain(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     statements: list[str] = []
-    for name in ("execute", "fetch_prepared"):
+    for name in ("execute", "run", "run_many", "fetch_named"):
         original = getattr(driver.Conn, name)
 
-        def counted(self: driver.Conn, sql: str, params: Any = (), *,
-                    _original: Any = original) -> Any:
+        def counted(self: driver.Conn, sql: str, *args: Any, _original: Any = original) -> Any:
             statements.append(sql)
-            return _original(self, sql, params)
+            return _original(self, sql, *args)
 
         monkeypatch.setattr(driver.Conn, name, counted)
     with Ledger(pg_url) as ledger:

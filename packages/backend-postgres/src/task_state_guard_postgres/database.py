@@ -1,13 +1,13 @@
 """The PostgreSQL database object behind ``Ledger(url)``: the core's ``Database`` protocol.
 
 One connection per thread and per process (opened lazily, never used after ``fork()``).
-Writes run at READ COMMITTED. A transition outside a group is first tried as the core's
-guarded statement alone (:meth:`PostgresDatabase.write_one`: one round trip, its own
-transaction; a statement that waited for a row lock re-judges its guard against the row
-committed meanwhile). On a refusal, and inside a group, the locked path runs: it first holds the
-task's row, then reads the clock, then runs the guarded statement, so concurrent writers on one
-task queue on its row lock exactly as SQLite's writers queue on the database lock, and a guard
-is always judged against the latest committed row. Reads run in REPEATABLE READ READ ONLY
+Writes run at READ COMMITTED. A transition outside a group is first tried as its guarded
+statement alone (one round trip, its own transaction; a statement that waited for a row lock
+re-judges its guard against the row committed meanwhile). On a refusal, and inside a group,
+the locked path runs: it first holds the task's row, then reads the clock, then runs the
+guarded statement, so concurrent writers on one task queue on its row lock exactly as SQLite's
+writers queue on the database lock, and a guard is always judged against the latest committed
+row (``task_state_guard_postgres.transitions``). Reads run in REPEATABLE READ READ ONLY
 transactions whose snapshot is taken before the caller reads the clock (a dry run writes
 nothing).
 Reconcile and prune passes (``bulk``) first take a transaction-level advisory lock of the
@@ -34,14 +34,14 @@ from task_state_guard.model import (
     check_snapshot_limit,
 )
 from task_state_guard.store import Layout, read_clock
+from task_state_guard.transitions import Outcome, Step
 
 from . import attempts as _attempts
 from . import ddl, driver, owners
 from . import doctor as _doctor
+from . import transitions as _transitions
 from .queries import PASS_KIND, PostgresQueries
 from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
-
-_LOCK_TASK = "SELECT 1 FROM tsg_tasks WHERE id = ? FOR NO KEY UPDATE"
 
 
 class AdvisoryLocks:
@@ -166,11 +166,6 @@ class PostgresDatabase:
         self._local = threading.local()
 
     # ----------------------------------------------------------------- transactions
-    @property
-    def in_group(self) -> bool:
-        """True inside :meth:`group` on this thread."""
-        return bool(getattr(self._local, "atomic", False))
-
     @contextmanager
     def write(self) -> Iterator[driver.Conn]:
         """One READ COMMITTED transaction; commits on success, rolls back on any error.
@@ -253,30 +248,28 @@ class PostgresDatabase:
         finally:
             self._local.bulk = False
 
-    def lock_task(self, conn: Any, task_id: str) -> None:
-        """Hold the task's row until this transaction ends (before the clock is read)."""
-        conn.execute(_LOCK_TASK, (task_id,))
-
-    def write_one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """Run one guarded statement as its own transaction (autocommit: one round trip, no
-        BEGIN or COMMIT); return its first row, or None when nothing was written.
-
-        The statement and the events its triggers write commit together or not at all. Its
-        row lock is taken by the statement itself, and at READ COMMITTED a statement that
-        waited re-judges its guard against the row that was committed meanwhile. Inside an
-        open transaction (a group, or a pass) nothing runs and None is returned: the caller's
-        locked path does the work there.
-        """
-        if self._read_only:
-            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        conn = self.conn()
-        if conn.in_transaction or getattr(self._local, "bulk", False):
-            return None
-        row = conn.fetch_prepared(sql, params)
-        # The server answered: as after a write's BEGIN, an owner whose lock connection broke
-        # takes its locks back.
-        owners.keep_locks(self._target, self.busy_timeout_ms)
-        return row
+    # ----------------------------------------------------------------- transitions
+    def transition(self, spec: Step) -> Outcome:
+        """One guarded transition. Outside any transaction (no group, no pass) its statement
+        is first tried alone (:func:`~task_state_guard_postgres.transitions.try_alone`: one
+        round trip, its own transaction); on a refusal, and inside a group, the locked path
+        runs (:func:`~task_state_guard_postgres.transitions.run_locked`), which re-reads the
+        clock once the task's row is held and explains a refusal."""
+        local = self._local
+        if _transitions.has_fast_path(spec) and not (
+            getattr(local, "atomic", False) or getattr(local, "bulk", False)
+        ):
+            now = self.now()
+            conn = self._write_conn()
+            if not conn.in_transaction:
+                row = _transitions.try_alone(conn, spec, now)
+                # The server answered: as after a write's BEGIN, an owner whose lock
+                # connection broke takes its locks back.
+                owners.keep_locks(self._target, self.busy_timeout_ms)
+                if row is not None:
+                    return Outcome(row, now, None)
+        with self.write() as conn:
+            return _transitions.run_locked(conn, spec, self.now)
 
     # ----------------------------------------------------------------- a guarded job's writes
     def begin_attempt(self, spec: Begin) -> str | None:

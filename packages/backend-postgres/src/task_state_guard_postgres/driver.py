@@ -2,10 +2,11 @@
 
 The core writes its portable statements with SQLite's placeholders (``?`` and ``?N``); a
 :class:`Conn` translates them once per statement text to psycopg's and binds values on the
-client side, so a ``NULL`` or a repeated parameter needs no type annotation. The hot
-transition statements go through :meth:`Conn.fetch_prepared` instead: prepared once per
-connection, values bound by the server (strings typed ``text``, a ``None`` inlined as
-``NULL``). Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
+client side, so a ``NULL`` or a repeated parameter needs no type annotation. The backend's own
+statements (the transitions, a guarded job's writes) are written in psycopg's named
+placeholders, every value cast to its type, and run as written: :meth:`Conn.run`, or
+:meth:`Conn.fetch_named` (prepared once per connection, values bound by the server).
+Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
 deadlocks and serialization failures), never the server's text, which may quote stored values.
 
 A connection is never used or closed by a process that did not open it (:attr:`Conn.usable`
@@ -59,21 +60,6 @@ def translate_sql(sql: str) -> tuple[str, bool]:
     return _MARK.sub(mark, sql.replace("%", "%%")), numbered
 
 
-@lru_cache(maxsize=256)
-def translate_typed(sql: str, nulls: tuple[bool, ...]) -> str:
-    """SQLite's numbered placeholders to psycopg's for server-side binding: a parameter whose
-    value is None becomes the literal ``NULL`` (a bare NULL parameter has no type the server
-    could infer), every other one ``%(pN)s``. One text per statement and pattern of NULLs."""
-
-    def mark(match: re.Match[str]) -> str:
-        if not match.group(1):
-            raise ValueError("server-side binding needs numbered placeholders")
-        index = int(match.group(1))
-        return "NULL" if nulls[index - 1] else f"%(p{index})s"
-
-    return _MARK.sub(mark, sql.replace("%", "%%"))
-
-
 def _bind(numbered: bool, params: Sequence[Any]) -> Sequence[Any] | dict[str, Any]:
     if numbered:
         return {f"p{index}": value for index, value in enumerate(params, 1)}
@@ -121,7 +107,7 @@ class Conn:
         self.pid = os.getpid()
         #: Rows changed by this connection's statements (the core's heartbeat count).
         self.total_changes = 0
-        self._typed: psycopg.Cursor[Any] | None = None  # for :meth:`fetch_prepared`
+        self._typed: psycopg.Cursor[Any] | None = None  # for :meth:`fetch_named`
 
     @property
     def usable(self) -> bool:
@@ -172,22 +158,18 @@ class Conn:
             return cursor
         raise error
 
-    def fetch_prepared(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-        """Run one statement with numbered placeholders as a server-side prepared statement
-        (parsed and planned once per connection, values bound by the server, strings typed
-        ``text``); return its first row. Driver errors become ledger errors."""
-        cursor = self._typed_cursor()
-        text = translate_typed(sql, tuple(value is None for value in params))
-        bound = {f"p{index}": value for index, value in enumerate(params, 1) if value is not None}
+    def run_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Run one statement written in psycopg's placeholders once per row of values; return
+        the rows it changed in all. Driver errors become ledger errors."""
+        cursor = self.raw.cursor()
         try:
-            cursor.execute(text, bound, prepare=True)
-            row = cursor.fetchone()
+            cursor.executemany(sql, rows)
         except psycopg.Error as exc:
             error = translate_error(exc)
         else:
-            if cursor.rowcount > 0 and _is_write(text):
-                self.total_changes += cursor.rowcount
-            return row
+            changed = max(cursor.rowcount, 0)
+            self.total_changes += changed
+            return changed
         raise error
 
     def fetch_named(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

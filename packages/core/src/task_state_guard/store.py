@@ -1,9 +1,10 @@
 """The storage protocol every ledger backend provides, and the validated clock.
 
-:class:`~task_state_guard.ledger.Ledger` owns one object of this protocol and runs every
-transition through it; the aggregates (reconcile, prune, status, doctor) receive the same
-object and never reach into the ledger. The SQLite backend (``task_state_guard.sqlite``) and
-the PostgreSQL backend (``task_state_guard_postgres``) each provide one.
+:class:`~task_state_guard.ledger.Ledger` owns one object of this protocol and hands it every
+transition as a step it runs with its own SQL; the aggregates (reconcile, prune, status,
+doctor) receive the same object and never reach into the ledger. The SQLite backend
+(``task_state_guard.sqlite``) and the PostgreSQL backend (``task_state_guard_postgres``) each
+provide one.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
-from . import attempts
+from . import attempts, transitions
 from .model import InvalidInput, Liveness
 from .queries import Queries
 
@@ -47,10 +48,6 @@ class Layout:
         added the outbox in ``first_with_outbox``."""
         return cls(version, current,
                    version is not None and first_with_outbox <= version <= current)
-
-
-#: A backend's one-statement write (see :attr:`Database.write_one`).
-WriteOne: TypeAlias = Callable[[str, tuple[Any, ...]], tuple[Any, ...] | None]
 
 
 class Owners(Protocol):
@@ -118,29 +115,10 @@ class Database(Protocol):
         """The backend's answers to the aggregates' reads and a reconcile pass's writes."""
         ...
 
-    def conn(self) -> Any:
-        """This thread's connection (inside a write transaction: the one it writes through)."""
-        ...
-
-    @property
-    def in_group(self) -> bool:
-        """True inside :meth:`group` on this thread."""
-        ...
-
-    def lock_task(self, conn: Any, task_id: str) -> None:
-        """Inside a write transaction, before the clock is read: hold the task's row so that no
-        other writer changes it before this transaction ends (a no-op where the whole database
-        is locked for writing)."""
-        ...
-
-    @property
-    def write_one(self) -> WriteOne | None:
-        """A backend's one-statement write, or None (then every transition runs in
-        :meth:`write`): ``write_one(sql, params)`` runs one guarded statement as its own
-        committed transaction (outside any group) and returns its first ``RETURNING`` row, or
-        None when the guard refused. The clock is read before the call, so a refusal proves
-        nothing: the ledger then runs the locked path, which re-reads the clock and explains.
-        """
+    def transition(self, spec: transitions.Step) -> transitions.Outcome:
+        """One guarded transition of one task (:mod:`task_state_guard.transitions`) in a write
+        transaction (its own, or the open group's) whose clock is read once the task is locked;
+        on a refusal the outcome carries the row that transaction read, to explain it."""
         ...
 
     def begin_attempt(self, spec: attempts.Begin) -> str | None:
@@ -172,4 +150,4 @@ class Database(Protocol):
 
 
 
-__all__ = ["Database", "Layout", "Owners", "WriteOne", "read_clock"]
+__all__ = ["Database", "Layout", "Owners", "read_clock"]

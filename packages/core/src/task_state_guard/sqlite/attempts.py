@@ -7,76 +7,90 @@ import sqlite3
 from typing import Any
 
 from ..attempts import FLOAT_MAX, Begin, End, Ended
-from ..placeholders import positional
 from . import connections
 
 _INSERT = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, framework) "
-    "SELECT ?2, ?3, ?4, 'queued', ?5, 'pending', ?6, ?1, ?1, ?1, ?7, ?8 "
-    "WHERE ?3 IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks WHERE id = ?3 AND created_at <= ?1) "
+    "SELECT :id, :parent, :name, 'queued', :required, 'pending', :timeout, :now, :now, :now, "
+    ":fid, :framework WHERE :parent IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
 _START = (
-    "UPDATE tsg_tasks SET status = 'running', started_at = ?1, "
-    "deadline_at = ?1 + timeout_seconds, owner = ?3, redelivery_seconds = ?4, updated_at = ?1, "
-    "version = version + 1 WHERE id = ?2 AND status = 'queued' AND ?1 >= updated_at "
-    "AND (timeout_seconds IS NULL OR timeout_seconds <= ?5 - ?1) RETURNING seq"
+    "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
+    "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
+    "updated_at = :now, version = version + 1 "
+    "WHERE id = :id AND status = 'queued' AND :now >= updated_at "
+    "AND (timeout_seconds IS NULL OR timeout_seconds <= :fmax - :now) RETURNING seq"
 )
 # A placeholder recorded earlier is claimed only when it is the one this begin would record.
 _START_SAME = _START.replace(
     " RETURNING seq",
-    " AND parent_id = ?6 AND delivery_required = 0 AND name IS ?7 AND timeout_seconds IS ?8 "
-    "AND payload_hash IS NULL AND framework_id IS NULL RETURNING seq",
+    " AND parent_id = :parent AND delivery_required = 0 AND name IS :name "
+    "AND timeout_seconds IS :timeout AND payload_hash IS NULL AND framework_id IS NULL "
+    "RETURNING seq",
 )
 # The close of a task with, in the same change, its delivery: ``not_applicable/internal_task``
-# when it owes none, the job's own mark (?5, ?6) when it owes one and made one.
+# when it owes none, the job's own mark (:mstate, :mcode) when it owes one and made one.
 _CLOSE = (
-    "UPDATE tsg_tasks SET status = ?3, terminal_code = ?4, ended_at = ?1, updated_at = ?1, "
+    "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
+    "updated_at = :now, "
     "delivery_status = CASE WHEN delivery_required = 0 THEN 'not_applicable' "
-    "WHEN ?5 IS NOT NULL THEN ?5 ELSE delivery_status END, "
+    "WHEN :mstate IS NOT NULL THEN :mstate ELSE delivery_status END, "
     "delivery_code = CASE WHEN delivery_required = 0 THEN 'internal_task' "
-    "WHEN ?5 IS NOT NULL THEN ?6 ELSE delivery_code END, "
-    "delivery_updated_at = CASE WHEN delivery_required = 0 OR ?5 IS NOT NULL THEN ?1 "
+    "WHEN :mstate IS NOT NULL THEN :mcode ELSE delivery_code END, "
+    "delivery_updated_at = CASE WHEN delivery_required = 0 OR :mstate IS NOT NULL THEN :now "
     "ELSE delivery_updated_at END, "
-    "version = version + CASE WHEN delivery_required = 0 OR ?5 IS NOT NULL THEN 2 ELSE 1 END "
-    "WHERE id = ?2 AND status IN ('queued','running') AND delivery_status = 'pending' "
-    "AND (?5 IS NULL OR delivery_required = 1) AND ?1 >= updated_at "
-    "AND ?1 >= delivery_updated_at AND ?1 >= coalesce(heartbeat_at, 0) RETURNING seq"
+    "version = version + CASE WHEN delivery_required = 0 OR :mstate IS NOT NULL THEN 2 ELSE 1 END "
+    "WHERE id = :id AND status IN ('queued','running') AND delivery_status = 'pending' "
+    "AND (:mstate IS NULL OR delivery_required = 1) AND :now >= updated_at "
+    "AND :now >= delivery_updated_at AND :now >= coalesce(heartbeat_at, 0) RETURNING seq"
 )
 
 
-def _one(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> bool:
-    return conn.execute(*positional(sql, params)).fetchone() is not None
+def _one(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> bool:
+    return conn.execute(sql, params).fetchone() is not None
+
+
+def _insert(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
+            timeout: float | None, fid: str | None = None,
+            framework: str | None = None) -> dict[str, Any]:
+    return {"now": now, "id": task_id, "parent": parent, "name": name,
+            "required": int(required), "timeout": timeout, "fid": fid, "framework": framework}
+
+
+def _start(now: float, task_id: str, owner: str | None,
+           redelivery: float | None) -> dict[str, Any]:
+    return {"now": now, "id": task_id, "owner": owner, "redelivery": redelivery,
+            "fmax": FLOAT_MAX}
 
 
 def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | None:
     """Run *begin attempt* inside the caller's write transaction: the attempt's id, or None
     when no attempt could be started here (the caller explains)."""
+    lid, name, timeout = spec.logical_id, spec.name, spec.timeout_seconds
     try:
         if spec.open_logical:
-            lid = spec.logical_id
-            _one(conn, _INSERT, (now, lid, None, spec.name, int(spec.delivery_required), None,
-                                 spec.framework_id, spec.framework))
+            _one(conn, _INSERT, _insert(now, lid, None, name, spec.delivery_required, None,
+                                        spec.framework_id, spec.framework))
             # A logical task recorded earlier is started if still queued (else left as it is).
-            _one(conn, _START, (now, lid, spec.logical_owner, None, FLOAT_MAX))
+            _one(conn, _START, _start(now, lid, spec.logical_owner, None))
         for candidate, create in spec.candidates:
             if create:
-                _one(conn, _INSERT, (now, candidate, spec.logical_id, spec.name, 0,
-                                     spec.timeout_seconds, None, None))
-                started = _one(conn, _START_SAME, (
-                    now, candidate, spec.owner, spec.redelivery_seconds, FLOAT_MAX,
-                    spec.logical_id, spec.name, spec.timeout_seconds))
+                _one(conn, _INSERT, _insert(now, candidate, lid, name, False, timeout))
+                started = _one(conn, _START_SAME, {
+                    **_start(now, candidate, spec.owner, spec.redelivery_seconds),
+                    "parent": lid, "name": name, "timeout": timeout})
             else:
-                started = _one(conn, _START, (
-                    now, candidate, spec.owner, spec.redelivery_seconds, FLOAT_MAX))
+                started = _one(conn, _START, _start(
+                    now, candidate, spec.owner, spec.redelivery_seconds))
             if started:
                 return candidate
         fresh = spec.attempt_id
-        if not _one(conn, _INSERT, (now, fresh, spec.logical_id, spec.name, 0,
-                                    spec.timeout_seconds, None, None)):
+        if not _one(conn, _INSERT, _insert(now, fresh, lid, name, False, timeout)):
             return None
-        if not _one(conn, _START, (now, fresh, spec.owner, spec.redelivery_seconds, FLOAT_MAX)):
+        if not _one(conn, _START, _start(now, fresh, spec.owner, spec.redelivery_seconds)):
             return None
         return fresh
     except sqlite3.Error as exc:
@@ -90,11 +104,12 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     marked: set[str] = set()
     try:
         for attempt, parent, name, timeout in spec.queue:
-            if _one(conn, _INSERT, (now, attempt, parent, name, 0, timeout, None, None)):
+            if _one(conn, _INSERT, _insert(now, attempt, parent, name, False, timeout)):
                 queued.add(attempt)
         for task_id, status, code, mark in spec.closes:
             state, mcode = mark if mark is not None else (None, None)
-            if _one(conn, _CLOSE, (now, task_id, status, code, state, mcode)):
+            if _one(conn, _CLOSE, {"now": now, "id": task_id, "status": status, "code": code,
+                                   "mstate": state, "mcode": mcode}):
                 closed.add(task_id)
                 if mark is not None:
                     marked.add(task_id)

@@ -18,9 +18,11 @@ from typing import Any
 from .. import attempts
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
-from ..store import Layout, WriteOne, read_clock
+from ..store import Layout, read_clock
+from ..transitions import Outcome, Step
 from . import attempts as sqlite_attempts
 from . import connections, doctor, owners, schema, storage
+from . import transitions as sqlite_transitions
 from .queries import SQLiteQueries
 
 # Connections inherited across fork() are parked here and never touched or closed again.
@@ -378,11 +380,6 @@ class SQLiteDatabase:
         return read_clock(self._clock)
 
     # ----------------------------------------------------------------- transactions
-    @property
-    def in_group(self) -> bool:
-        """True inside :meth:`group` on this thread."""
-        return bool(getattr(self._local, "atomic", False))
-
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; commits on success, rolls back on any error.
@@ -479,12 +476,13 @@ class SQLiteDatabase:
         with connections.bulk_cache(self.writer()):
             yield
 
-    # ----------------------------------------------------------------- owners and reports
-    #: SQLite's writes queue on one database lock; the single statement is no shortcut.
-    write_one: WriteOne | None = None
-
-    def lock_task(self, conn: Any, task_id: str) -> None:
-        """Nothing to do: an IMMEDIATE transaction already holds the database's write lock."""
+    # ----------------------------------------------------------------- transitions
+    def transition(self, spec: Step) -> Outcome:
+        """One guarded transition in an IMMEDIATE transaction (or the open group's): the
+        database's write lock is held before the clock is read (SQLite's writes queue on that
+        lock; a statement alone would be no shortcut)."""
+        with self.write() as conn:
+            return sqlite_transitions.run(conn, spec, self.now())
 
     def begin_attempt(self, spec: attempts.Begin) -> str | None:
         """*Begin attempt* in one transaction (all of it, or nothing and None)."""
@@ -502,6 +500,7 @@ class SQLiteDatabase:
         with self.write() as conn:
             return sqlite_attempts.sqlite_end(conn, spec, self.now())
 
+    # ----------------------------------------------------------------- owners and reports
     @property
     def owners(self) -> LockFiles:
         """Owner liveness through lock files beside the database."""

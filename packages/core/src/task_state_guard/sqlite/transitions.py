@@ -1,0 +1,142 @@
+"""One-task transitions on SQLite (see :mod:`task_state_guard.transitions`): each step one
+guarded statement, its values bound by name, run inside the caller's IMMEDIATE transaction (the
+whole database is locked before the clock is read); the schema's triggers write every event.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from ..attempts import FLOAT_MAX
+from ..transitions import (
+    TASK_COLUMNS,
+    Close,
+    Create,
+    Deliver,
+    Heartbeat,
+    Heartbeats,
+    Look,
+    Outcome,
+    Start,
+    Step,
+)
+from . import connections
+
+_RETURNING = f" RETURNING {TASK_COLUMNS}"
+SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = :id"
+_CREATE = (
+    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, "
+    "framework) "
+    "SELECT :id, :parent, :name, 'queued', :required, 'pending', :hash, :timeout, :now, :now, "
+    ":now, :fid, :framework "
+    "WHERE :parent IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
+    "ON CONFLICT(id) DO NOTHING RETURNING seq"
+)
+# updated_at is the last task-state change or heartbeat; a delivery change moves only
+# delivery_updated_at. version counts state and delivery changes (heartbeats do not count).
+# :fmax is the largest finite float: a start whose deadline (:now + timeout) would not be a
+# finite timestamp is refused (a create takes any finite timeout, as 0.1.0 did).
+_START = (
+    "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
+    "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
+    "updated_at = :now, version = version + 1 "
+    "WHERE id = :id AND status = 'queued' AND :now >= updated_at "
+    "AND (timeout_seconds IS NULL OR timeout_seconds <= :fmax - :now)"
+)
+_HEARTBEAT = (
+    "UPDATE tsg_tasks SET heartbeat_at = :now, updated_at = :now "
+    "WHERE id = :id AND status = 'running' "
+    "AND :now >= updated_at AND :now >= coalesce(heartbeat_at, 0)"
+)
+_CLOSE = (
+    "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
+    "updated_at = :now, version = version + 1 WHERE id = :id AND status IN ('queued','running') "
+    "AND :now >= updated_at AND :now >= coalesce(heartbeat_at, 0)"
+)
+# A close that also settles the delivery of a task that owes none (delivery_required = 0):
+# one statement, two events (closed and delivery) written by the triggers, version + 2.
+_CLOSE_SETTLED = (
+    "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
+    "updated_at = :now, "
+    "delivery_status = CASE delivery_required WHEN 0 THEN 'not_applicable' "
+    "ELSE delivery_status END, "
+    "delivery_code = CASE delivery_required WHEN 0 THEN 'internal_task' ELSE delivery_code END, "
+    "delivery_updated_at = CASE delivery_required WHEN 0 THEN :now ELSE delivery_updated_at END, "
+    "version = version + 2 - delivery_required WHERE id = :id AND status IN ('queued','running') "
+    "AND delivery_status = 'pending' AND :now >= updated_at AND :now >= delivery_updated_at "
+    "AND :now >= coalesce(heartbeat_at, 0)"
+)
+_DELIVER = (
+    "UPDATE tsg_tasks SET delivery_status = :status, delivery_code = :code, "
+    "delivery_updated_at = :now, version = version + 1 WHERE id = :id "
+    "AND delivery_status = 'pending' AND status IN ('succeeded','failed','timed_out','cancelled') "
+    "AND delivery_required = :required AND :now >= updated_at AND :now >= delivery_updated_at"
+)
+_FULL = {False: " RETURNING seq", True: _RETURNING}
+_START_SQL = {full: _START + tail for full, tail in _FULL.items()}
+_CLOSE_SQL = {
+    (settle, full): (_CLOSE_SETTLED if settle else _CLOSE) + tail
+    for settle in (False, True) for full, tail in _FULL.items()
+}
+
+
+def _create(spec: Create, now: float) -> tuple[str, dict[str, Any]]:
+    return _CREATE, {
+        "now": now, "id": spec.task_id, "parent": spec.parent_id, "name": spec.name,
+        "required": int(spec.delivery_required), "hash": spec.payload_hash,
+        "timeout": spec.timeout_seconds, "fid": spec.framework_id, "framework": spec.framework,
+    }
+
+
+def _start(spec: Start, now: float) -> tuple[str, dict[str, Any]]:
+    return _START_SQL[spec.full], {
+        "now": now, "id": spec.task_id, "owner": spec.owner,
+        "redelivery": spec.redelivery_seconds, "fmax": FLOAT_MAX,
+    }
+
+
+def _heartbeat(spec: Heartbeat, now: float) -> tuple[str, dict[str, Any]]:
+    return _HEARTBEAT + _RETURNING, {"now": now, "id": spec.task_id}
+
+
+def _close(spec: Close, now: float) -> tuple[str, dict[str, Any]]:
+    return _CLOSE_SQL[spec.settle, spec.full], {
+        "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
+    }
+
+
+def _deliver(spec: Deliver, now: float) -> tuple[str, dict[str, Any]]:
+    return _DELIVER + _RETURNING, {
+        "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
+        "required": spec.required,
+    }
+
+
+_STATEMENTS: dict[type, Callable[[Any, float], tuple[str, dict[str, Any]]]] = {
+    Create: _create, Start: _start, Heartbeat: _heartbeat, Close: _close, Deliver: _deliver,
+}
+
+
+def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
+    """Run ``spec`` inside the caller's write transaction, judged at ``now`` (read after the
+    transaction took the database's write lock); on a refusal, read the task's row."""
+    try:
+        if isinstance(spec, Heartbeats):
+            before = conn.total_changes
+            conn.executemany(_HEARTBEAT, [{"now": now, "id": tid} for tid in spec.task_ids])
+            return Outcome((conn.total_changes - before,), now, None)
+        if not isinstance(spec, Look):
+            row = conn.execute(*_STATEMENTS[type(spec)](spec, now)).fetchone()
+            if row is not None:
+                return Outcome(row, now, None)
+        found = conn.execute(SELECT_BY_ID, {"id": spec.task_id}).fetchone()
+    except sqlite3.Error as exc:
+        raise connections.translate(exc) from None
+    return Outcome(None, now, found)
+
+
+__all__ = ["SELECT_BY_ID", "run"]

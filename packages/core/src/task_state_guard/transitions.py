@@ -1,0 +1,199 @@
+"""One-task transitions as the store receives them, and the task row they answer with.
+
+Each step (:data:`Step`) is already validated by the ledger (``task_state_guard.writes``);
+a backend runs it with its own SQL (``Database.transition``) as one guarded statement in a
+write transaction (its own, or the open group's) whose clock is read once the task's row (or
+the database) is locked: the state change, its guard (allowed source state, clock not earlier
+than the stored times) and, through the schema's triggers, its events. When the guard refuses,
+the same transaction reads the task's row, so the ledger can explain why (:class:`Outcome`).
+A backend may first try the statement alone as its own transaction (one round trip, clock read
+before any lock wait); a refusal there proves nothing, and the locked path runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeAlias
+
+from . import reasons as r
+from .model import (
+    DELIVERY_CODES,
+    DELIVERY_STATES,
+    TASK_CODES,
+    TASK_STATES,
+    DeliveryStatus,
+    StorageError,
+    Task,
+    TaskStatus,
+    is_canonical,
+    is_payload_hash,
+    is_valid_name,
+)
+
+#: The columns of a task row, in the order :func:`row_to_task` reads them.
+TASK_COLUMNS = (
+    "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
+    "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
+    "ended_at, delivery_updated_at, updated_at, owner, payload_hash, version, framework_id"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Record a queued task (``ON CONFLICT DO NOTHING``): refused when the id exists (then
+    ``found`` is its row) or the parent is missing or created after the clock."""
+
+    task_id: str
+    parent_id: str | None
+    name: str | None
+    delivery_required: bool
+    payload_hash: str | None
+    timeout_seconds: float | None
+    framework_id: str | None
+    framework: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Move a queued task to running, owned by ``owner`` (a token, or None), with its
+    redelivery window; refused unless queued, with a clock not earlier than its last change
+    and a deadline (clock + timeout) that is a finite timestamp. ``full``: answer with the
+    task's row (else only its ``seq``)."""
+
+    task_id: str
+    owner: str | None
+    redelivery_seconds: float | None
+    full: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Record a running task's sign of life (no event, version unchanged)."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeats:
+    """Heartbeat every running task among ``task_ids`` (one statement each, in order);
+    the outcome's row is ``(count,)``, the rows changed."""
+
+    task_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close a queued or running task with ``status`` and ``code``; with ``settle`` a task
+    that owes no delivery has its delivery closed ``not_applicable/internal_task`` in the same
+    change (and the task's delivery must still be pending). ``full``: as for :class:`Start`."""
+
+    task_id: str
+    status: str
+    code: str | None
+    settle: bool = False
+    full: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Close the delivery of a terminal task whose delivery is pending, with ``status`` and
+    ``code``; ``required`` is the ``delivery_required`` the state needs (0 only for
+    ``not_applicable``)."""
+
+    task_id: str
+    status: str
+    code: str | None
+    required: int
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """Change nothing: read the clock and the task's row under the same lock a transition
+    takes (to explain a step refused before any statement, or to judge a task first)."""
+
+    task_id: str
+
+
+Step: TypeAlias = Create | Start | Heartbeat | Heartbeats | Close | Deliver | Look
+
+
+class Outcome(NamedTuple):
+    """What a step did: ``row``, the changed task's row (:data:`TASK_COLUMNS`, or ``(seq,)``
+    for a :class:`Create` or a step without ``full``; ``(count,)`` for :class:`Heartbeats`),
+    or None when the guard refused; ``now``, the clock reading it was judged with; ``found``,
+    when refused (or for :class:`Look`), the task's row as that transaction read it (None when
+    there is no such task)."""
+
+    row: tuple[Any, ...] | None
+    now: float
+    found: tuple[Any, ...] | None
+
+
+def row_to_task(row: tuple[Any, ...]) -> Task:
+    """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
+    if not row_is_valid(row):
+        raise StorageError(
+            "a stored task row failed validation (run doctor)", reason=r.STORED_ROW_INVALID
+        )
+    return Task(
+        id=row[1],
+        parent_id=row[2],
+        status=TaskStatus(row[4]),
+        delivery_status=DeliveryStatus(row[7]),
+        delivery_required=bool(row[6]),
+        payload_hash=row[18],
+        timeout_seconds=_float(row[9]),
+        created_at=float(row[11]),
+        started_at=_float(row[12]),
+        updated_at=float(row[16]),
+        ended_at=_float(row[14]),
+        deadline_at=_float(row[10]),
+        delivery_updated_at=float(row[15]),
+        terminal_code=row[5],
+        delivery_code=row[8],
+        version=int(row[19]),
+        name=row[3],
+        heartbeat_at=_float(row[13]),
+        has_owner=row[17] is not None,
+        framework_id=row[20],
+    )
+
+
+def row_is_valid(row: tuple[Any, ...]) -> bool:
+    """Cheap shape check of a task row before any of its values leaves the ledger."""
+    status, code, delivery, dcode = row[4], row[5], row[7], row[8]
+    if not (
+        status in TASK_STATES
+        and delivery in DELIVERY_STATES
+        and (code is None or code in TASK_CODES.get(status, ()))
+        and (dcode is None or dcode in DELIVERY_CODES.get(delivery, ()))
+        and type(row[1]) is str
+        and is_canonical(row[1])
+        and (row[2] is None or (type(row[2]) is str and is_canonical(row[2])))
+        and (row[3] is None or (type(row[3]) is str and is_valid_name(row[3])))
+        and (row[18] is None or (type(row[18]) is str and is_payload_hash(row[18])))
+        and row[6] in (0, 1)
+        and row[11] is not None
+        and row[15] is not None
+        and row[16] is not None
+        and type(row[19]) is int
+        and row[19] >= 0
+        and (row[20] is None or (type(row[20]) is str and is_canonical(row[20])))
+    ):
+        return False
+    for value in row[9:17]:  # timeout, deadline and every timestamp: None or a finite number
+        if value is not None and not (type(value) in (float, int) and math.isfinite(value)):
+            return False
+    return True
+
+
+def _float(value: Any) -> float | None:
+    # RETURNING hands back integral REAL values as int; callers always get floats.
+    return None if value is None else float(value)
+
+
+__all__ = [
+    "TASK_COLUMNS", "Close", "Create", "Deliver", "Heartbeat", "Heartbeats", "Look", "Outcome",
+    "Start", "Step", "row_is_valid", "row_to_task",
+]
