@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -185,6 +186,29 @@ def stored_bytes(target: str) -> bytes:
     finally:
         conn.close()
     return "\n".join(parts).encode()
+
+
+def write_raw(target: str, sql: str, params: tuple[object, ...] = ()) -> None:
+    """Run one statement straight against the ledger's storage, bypassing the ledger (a test's
+    tampering): ``?`` placeholders, table names unqualified. SQLite: the database file;
+    PostgreSQL: the test schema named in ``target``."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        lite = sqlite3.connect(target)
+        try:
+            lite.execute(sql, params)
+            lite.commit()
+        finally:
+            lite.close()
+        return
+    match = _SCHEMA.search(target)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        conn.execute(f'SET search_path TO "{match.group(1)}"')
+        conn.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+    finally:
+        conn.close()
 
 
 @contextmanager
