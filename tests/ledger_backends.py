@@ -211,6 +211,43 @@ def write_raw(target: str, sql: str, params: tuple[object, ...] = ()) -> None:
         conn.close()
 
 
+def write_transactions(target: str) -> tuple[object, int]:
+    """How many transactions have written the ledger at ``target``, read from its storage
+    (never through the ledger): ``(epoch, count)``; two counts compare only in one epoch.
+
+    SQLite: the commit frames of the database's WAL (the epoch is the WAL header's checkpoint
+    sequence and salts: a checkpoint that restarts the WAL starts a new epoch); every committed
+    write transaction appends exactly one. PostgreSQL: the distinct transactions (``xmin``)
+    among the event rows of the ledger's schema; every change of a task's state or delivery
+    writes its event in the same statement, so each transaction that changed a state counts
+    once, and one that changed none (a heartbeat) does not."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        wal = Path(target + "-wal")
+        data = wal.read_bytes() if wal.exists() else b""
+        if len(data) < 32:
+            return None, 0
+        page_size, sequence, salts = (int.from_bytes(data[8:12], "big"),
+                                      int.from_bytes(data[12:16], "big"), data[16:24])
+        commits = 0
+        for offset in range(32, len(data) - 24 - page_size + 1, 24 + page_size):
+            header = data[offset:offset + 24]
+            if header[8:16] != salts:  # a frame of an earlier epoch: the end of this one
+                break
+            commits += int.from_bytes(header[4:8], "big") != 0  # a commit frame
+        return (sequence, salts), commits
+    match = _SCHEMA.search(target)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        row = conn.execute(
+            f'SELECT count(DISTINCT xmin::text) FROM "{match.group(1)}".tsg_events'
+        ).fetchone()
+    finally:
+        conn.close()
+    return "postgresql", int(row[0]) if row else 0
+
+
 @contextmanager
 def ledger_target(backend: str, directory: Path) -> Iterator[str]:
     """A fresh, empty ledger location on ``backend``: a path under ``directory`` (not created)
