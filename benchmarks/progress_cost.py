@@ -30,7 +30,6 @@ _RUN = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[4])
 from task_state_guard import Ledger, ReconcilePolicy
-from task_state_guard import prune as prune_module, reconcile as reconcile_module
 db, op, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
 calls = []
 progress = (lambda done, total: calls.append((done, total))) if op.endswith("+progress") else None
@@ -41,10 +40,10 @@ start = time.perf_counter()
 cpu = time.process_time()
 if op == "count_open":
     with ledger._db.read() as conn:
-        result = conn.execute(reconcile_module._COUNT_OPEN).fetchone()[0]
+        result = ledger._db.queries.count_open(conn)
 elif op == "count_roots":
     with ledger._db.read() as conn:
-        result = conn.execute(prune_module._COUNT_ROOTS, (now + 1 - 7 * 86400,)).fetchone()[0]
+        result = ledger._db.queries.count_prunable(conn, now + 1 - 7 * 86400)
 elif op.startswith("dry_run"):
     result = ledger.reconcile(policy, dry_run=True, progress=progress)
 elif op.startswith("apply"):

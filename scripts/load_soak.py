@@ -8,9 +8,12 @@ apply, with graces long enough that nothing legitimate is timed out) or heartbea
 
 Afterwards the parent checks: no error other than the expected claim conflicts, no LedgerBusy
 reached a caller, doctor healthy, and the ledger's final counts equal what the workers recorded.
-It prints one JSON line with transitions/s and latency percentiles.
+It prints one JSON line with transitions/s and latency percentiles. ``--db`` names the ledger
+(a PostgreSQL URL, say: a schema of its own, since the counts are checked against a fresh
+ledger); the default is a fresh SQLite file in a private temporary directory.
 
     python scripts/load_soak.py --seconds 600
+    python scripts/load_soak.py --seconds 600 --db 'postgresql://host/db?schema=tsg_load'
 """
 
 from __future__ import annotations
@@ -169,12 +172,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_load(seconds: float, *, processes: int = 8, threads: int = 4, shared_tasks: int = 3000,
-             seed: int = 0) -> dict[str, Any]:
+             seed: int = 0, db: str | None = None) -> dict[str, Any]:
+    """Run the load for ``seconds``; return the JSON-ready summary. ``db``: a fresh ledger
+    (default: a new SQLite file in a private temporary directory)."""
     from task_state_guard import Ledger
 
     base = tempfile.mkdtemp(prefix="tsg-load-")
     os.chmod(base, 0o700)
-    db = os.path.join(base, "l", "tasks.sqlite")
+    db = db or os.path.join(base, "l", "tasks.sqlite")
     try:
         with Ledger(db) as ledger:
             shared = [ledger.create_task(delivery_required=False, name="load.shared").id
@@ -279,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--db", default=None,
+                        help="a fresh ledger (path or PostgreSQL URL); default: a temporary file")
     args = parser.parse_args(argv)
     summary = run_load(args.seconds, processes=args.processes, threads=args.threads,
-                       seed=args.seed)
+                       seed=args.seed, db=args.db)
     print(json.dumps(summary, sort_keys=True))
     return 0 if not summary["failures"] else 1
 

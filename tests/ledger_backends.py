@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -185,6 +186,66 @@ def stored_bytes(target: str) -> bytes:
     finally:
         conn.close()
     return "\n".join(parts).encode()
+
+
+def write_raw(target: str, sql: str, params: tuple[object, ...] = ()) -> None:
+    """Run one statement straight against the ledger's storage, bypassing the ledger (a test's
+    tampering): ``?`` placeholders, table names unqualified. SQLite: the database file;
+    PostgreSQL: the test schema named in ``target``."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        lite = sqlite3.connect(target)
+        try:
+            lite.execute(sql, params)
+            lite.commit()
+        finally:
+            lite.close()
+        return
+    match = _SCHEMA.search(target)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        conn.execute(f'SET search_path TO "{match.group(1)}"')
+        conn.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+    finally:
+        conn.close()
+
+
+def write_transactions(target: str) -> tuple[object, int]:
+    """How many transactions have written the ledger at ``target``, read from its storage
+    (never through the ledger): ``(epoch, count)``; two counts compare only in one epoch.
+
+    SQLite: the commit frames of the database's WAL (the epoch is the WAL header's checkpoint
+    sequence and salts: a checkpoint that restarts the WAL starts a new epoch); every committed
+    write transaction appends exactly one. PostgreSQL: the distinct transactions (``xmin``)
+    among the event rows of the ledger's schema; every change of a task's state or delivery
+    writes its event in the same statement, so each transaction that changed a state counts
+    once, and one that changed none (a heartbeat) does not."""
+    if not target.startswith(("postgresql://", "postgres://")):
+        wal = Path(target + "-wal")
+        data = wal.read_bytes() if wal.exists() else b""
+        if len(data) < 32:
+            return None, 0
+        page_size, sequence, salts = (int.from_bytes(data[8:12], "big"),
+                                      int.from_bytes(data[12:16], "big"), data[16:24])
+        commits = 0
+        for offset in range(32, len(data) - 24 - page_size + 1, 24 + page_size):
+            header = data[offset:offset + 24]
+            if header[8:16] != salts:  # a frame of an earlier epoch: the end of this one
+                break
+            commits += int.from_bytes(header[4:8], "big") != 0  # a commit frame
+        return (sequence, salts), commits
+    match = _SCHEMA.search(target)
+    if match is None:
+        raise ValueError("not a test ledger URL")
+    conn = _connect()
+    try:
+        row = conn.execute(
+            f'SELECT count(DISTINCT xmin::text) FROM "{match.group(1)}".tsg_events'
+        ).fetchone()
+    finally:
+        conn.close()
+    return "postgresql", int(row[0]) if row else 0
 
 
 @contextmanager

@@ -16,6 +16,7 @@ import pytest
 from _dramatiq_helpers import assert_healthy, attempts_of, outcomes, parent_of, wait_for
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import AsyncIO, Retries
+from ledger_backends import write_transactions
 from task_state_guard import Ledger
 from task_state_guard_dramatiq import (
     TaskStateGuardMiddleware,
@@ -422,48 +423,45 @@ def test_delivery_obligation_per_message(app: App, ledger: Ledger) -> None:
     assert parent is not None and parent.delivery_required is False
 
 
-@pytest.mark.sqlite_only  # the failure is injected with a SQLite temporary trigger
-def test_start_and_retry_are_each_one_transaction(
-    db: str, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A failure late in the start leaves no half-recorded message; a retry's queued
-    successor and the attempt close commit together."""
-    application = App(db)  # not strict: ledger errors are counted, jobs run anyway
-    ran = {"n": 0}
+def test_start_and_retry_are_each_one_transaction(db: str, ledger: Ledger) -> None:
+    """A message's start (its logical task created and started, its attempt created and
+    started) commits as one transaction before the job runs, its end as one more, and a
+    retry's queued successor commits with the failed attempt's close: all or nothing, so a
+    failure late in the start leaves no half-recorded message. The transactions are counted
+    in the storage itself (``write_transactions``: the WAL's commit frames, the distinct
+    transactions among PostgreSQL's event rows), with heartbeats off so that only the
+    messages write: a start split in two, or a successor written on its own, adds one."""
+    application = App(db, heartbeat_seconds=0)
+    seen: list[int] = []  # the count each job body saw
 
     @dramatiq.actor(max_retries=0)
     def work() -> None:
-        ran["n"] += 1
+        seen.append(write_transactions(db)[1])
 
     @dramatiq.actor(max_retries=1, min_backoff=10, max_backoff=10)
     def again() -> None:
-        ran["n"] += 1
-        if ran["n"] == 2:
+        seen.append(write_transactions(db)[1])
+        if len(seen) == 2:
             raise ValueError("once")
 
-    # The writer connection of the worker's ledger refuses every attempt (a child row) as a
-    # full disk would, after the logical task's rows were written in the same transaction
-    # (a temporary trigger: the file's schema is not touched).
-    writer = application.guard.ledger._db.writer()  # type: ignore[attr-defined]
-    writer.execute(
-        "CREATE TEMP TRIGGER refuse_attempts BEFORE INSERT ON main.tsg_tasks "
-        "WHEN NEW.parent_id IS NOT NULL BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-    )
     try:
         application.start()
-        lost = work.send().message_id
+        epoch, before = write_transactions(db)
+        done = work.send().message_id
         application.join()
-        assert ran["n"] == 1
-        # The logical task was created and started before the attempt failed: all rolled back.
-        assert parent_of(ledger, lost) is None
-        assert application.guard.stats()["errors"] == {"before_process_message:StorageError": 1}
-
-        writer.execute("DROP TRIGGER temp.refuse_attempts")
         mid = again.send().message_id
         application.join()
     finally:
         application.stop()
-    assert ran["n"] == 3
+    final_epoch, after = write_transactions(db)
+    assert final_epoch == epoch  # the same WAL throughout: the counts compare
+    # work: start (1, committed before the body ran), end (2); again: start (3), the failed
+    # attempt's close with its queued successor (4), the retry's start (5), its end (6).
+    assert [n - before for n in seen] == [1, 3, 5]
+    assert after - before == 6
+    assert application.guard.stats()["errors"] == {}
+    parent = parent_of(ledger, done)
+    assert parent is not None and parent.status == "succeeded"
     parent = parent_of(ledger, mid)
     assert parent is not None
     assert (parent.status, parent.terminal_code) == ("succeeded", "worker_completed")

@@ -5,6 +5,13 @@ is not.
 We run as root, which ignores file modes; the permission cases therefore run their ledger in a
 subprocess under ``setpriv`` with CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH removed from the bounding
 set, so the kernel enforces modes on that process exactly as for an ordinary user.
+
+Every row is ``sqlite_only``: each fault is one of the SQLite file's (its filesystem filling up
+or turning read-only, its modes, its sidecars, the file replaced, deleted, truncated or not a
+ledger, its schema edited with ``sqlite3``, a WAL left behind, another connection holding the
+file's write lock past ``busy_timeout``). A PostgreSQL ledger has no file: its storage faults are
+the server's (a restart: tests/fleet; a held row lock past ``busy_timeout_ms``, a foreign schema:
+tests/postgres).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import pytest
 from task_state_guard import Ledger, LedgerBusy, LedgerError, StorageError, reasons
 
 from .conftest import assert_cli_error, cli_env, one_json_line, run_cli
+
+pytestmark = pytest.mark.sqlite_only  # the SQLite file's faults (see above)
 
 UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
                 "--inh-caps=-dac_override,-dac_read_search"]

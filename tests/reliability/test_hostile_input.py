@@ -1,6 +1,10 @@
 """Hostile input: fuzzing of the CLI argument vector and of every public API argument, tampered
 rows, and path attacks (symlink swaps, hard links, sidecar aliases, unsafe ancestors).
 
+The fuzzers and the tampered rows run on each ledger backend (``[sqlite]``, ``[postgresql]``: a
+schema of its own); the path attacks, the ledger path fuzz and a tampered timestamp concern the
+SQLite file and stay ``sqlite_only``.
+
 Contract checked on every CLI run: exactly one compact key-sorted JSON line on stdout (the only
 exceptions are --help/--version and the text formats ``metrics`` / ``status --format text``),
 nothing on stderr, exit 0, 1 or 2 - never 3 - and no input value echoed back. Inputs carry a
@@ -9,6 +13,7 @@ canary that no field accepts, so finding it in any output means something was ec
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -19,11 +24,13 @@ import stat
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout, suppress
 from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
+import ledger_backends
 import pytest
 import task_state_guard
 from hypothesis import HealthCheck, given, settings
@@ -68,11 +75,11 @@ def canary_text() -> st.SearchStrategy[str]:
 
 
 class _Env:
-    """Shared ledger for the fuzzers (a fresh one per test function)."""
+    """Shared ledger for the fuzzers (one per backend for the module's tests)."""
 
-    def __init__(self) -> None:
-        self.dir = private_dir()
-        self.db = str(self.dir / "l" / "tasks.sqlite")
+    def __init__(self, directory: Path, db: str) -> None:
+        self.dir = directory  # a private directory, on either backend (for hostile paths)
+        self.db = db
         with Ledger(self.db) as ledger:
             self.ids = []
             parent = ledger.create_task(name="fuzz.parent")
@@ -84,9 +91,19 @@ class _Env:
                     ledger.start_task(t.id, owner=False)
 
 
-@pytest.fixture(scope="module")
-def env() -> _Env:
-    return _Env()
+@contextlib.contextmanager
+def _new_env(backend: str) -> Iterator[_Env]:
+    directory = private_dir()
+    try:
+        with ledger_backends.ledger_target(backend, directory) as db:
+            yield _Env(directory, db)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def env(backend: str, per_backend: Any) -> _Env:
+    return per_backend.get(backend, _new_env)
 
 
 def main_in_process(argv: list[str]) -> tuple[int | str, str, str]:
@@ -216,6 +233,7 @@ def test_cli_real_subprocess_undecodable_argv(env: _Env) -> None:
     assert_cli_error(proc.returncode, proc.stdout.decode(), "")
 
 
+@pytest.mark.sqlite_only  # a SQLite path (a directory named with the canary)
 def test_cli_canary_database_path_is_not_echoed(tmp_path: Path) -> None:
     db = tmp_path / f"d{CANARY}" / "tasks.sqlite"
     for args in (["doctor"], ["init"], ["create"], ["status"], ["metrics"]):
@@ -324,6 +342,7 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
         ledger.close()
 
 
+@pytest.mark.sqlite_only  # fuzzed SQLite file paths
 @FUZZ
 @given(path=st.one_of(canary_text(), st.text(max_size=30), st.binary(max_size=10), ANY))
 def test_api_ledger_path_fuzz(path: Any) -> None:
@@ -366,15 +385,11 @@ TAMPERS = {
 }
 
 
-def _tamper_case(tmp_path: Path, field: str) -> None:
-    db = tmp_path / "l" / "tasks.sqlite"
+def _tamper_case(db: str, field: str) -> None:
     with Ledger(db) as ledger:
         parent = ledger.create_task()
         child = ledger.create_task(parent_id=parent.id)
-    conn = sqlite3.connect(db)
-    conn.execute(TAMPERS[field], (f"{CANARY} secret text", child.id))
-    conn.commit()
-    conn.close()
+    ledger_backends.write_raw(db, TAMPERS[field], (f"{CANARY} secret text", child.id))
     outputs = []
     for args in (["get", child.id], ["children", parent.id], ["tasks", "--status", "failed"],
                  ["tasks", "--status", "running"], ["status"], ["metrics"],
@@ -396,11 +411,16 @@ def _tamper_case(tmp_path: Path, field: str) -> None:
     assert not leaked, "a tampered value was returned"
 
 
-@pytest.mark.parametrize("field", sorted(TAMPERS))
-def test_tampered_rows_are_not_returned(tmp_path: Path, field: str) -> None:
+@pytest.mark.parametrize("field", sorted(set(TAMPERS) - {"timestamp"}))
+def test_tampered_rows_are_not_returned(ledger_target: str, field: str) -> None:
     """Free text written straight into the database never comes back (code, delivery_code,
     name, payload_hash and timestamps used to: fixed in the core)."""
-    _tamper_case(tmp_path, field)
+    _tamper_case(ledger_target, field)
+
+
+@pytest.mark.sqlite_only  # text in a REAL column: PostgreSQL's double precision refuses it
+def test_tampered_timestamp_is_not_returned(ledger_target: str) -> None:
+    _tamper_case(ledger_target, "timestamp")
 
 
 # ----------------------------------------------------------------------------- path attacks
@@ -417,6 +437,7 @@ def _victim(tmp_path: Path, wal: bool = True) -> tuple[Path, bytes]:
     return victim, victim.read_bytes()
 
 
+@pytest.mark.sqlite_only  # the SQLite file's path checks
 @pytest.mark.parametrize("existing", [True, False], ids=["existing-db", "new-db"])
 def test_symlink_swapped_between_check_and_open(tmp_path: Path, existing: bool,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
@@ -455,6 +476,7 @@ def _exchange(a: Path, b: Path) -> None:
         raise OSError(ctypes.get_errno(), "renameat2")
 
 
+@pytest.mark.sqlite_only  # the SQLite file's path checks
 def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
     """The database path flips atomically between the real file and a symlink to a victim
     while ledgers keep opening and writing: only ok or StorageError (a replaced file, or a
@@ -501,6 +523,7 @@ def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
         assert ledger.doctor()["healthy"]
 
 
+@pytest.mark.sqlite_only  # the SQLite file's creation
 def test_database_path_flapping_during_creation(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression (found by the live swap race, fixed in the core). Deterministic interleaving:
@@ -532,6 +555,7 @@ def test_database_path_flapping_during_creation(tmp_path: Path,
     assert result is None or isinstance(result, LedgerError)
 
 
+@pytest.mark.sqlite_only  # links to the SQLite file
 def test_hard_links_are_refused(tmp_path: Path) -> None:
     db = tmp_path / "l" / "tasks.sqlite"
     with Ledger(db) as ledger:
@@ -545,6 +569,7 @@ def test_hard_links_are_refused(tmp_path: Path) -> None:
     Ledger(db).close()
 
 
+@pytest.mark.sqlite_only  # the SQLite file's sidecars
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
 @pytest.mark.parametrize("kind", ["symlink", "hardlink", "directory", "fifo"])
 def test_sidecar_aliases_are_refused(tmp_path: Path, suffix: str, kind: str) -> None:
@@ -569,6 +594,7 @@ def test_sidecar_aliases_are_refused(tmp_path: Path, suffix: str, kind: str) -> 
     assert victim.read_bytes() == before
 
 
+@pytest.mark.sqlite_only  # the SQLite file's path
 def test_database_path_aliases_are_refused(tmp_path: Path) -> None:
     victim, before = _victim(tmp_path)
     d = tmp_path / "l"
@@ -585,6 +611,7 @@ def test_database_path_aliases_are_refused(tmp_path: Path) -> None:
     assert victim.read_bytes() == before
 
 
+@pytest.mark.sqlite_only  # the SQLite backend's owner lock directory
 def test_owner_directory_alias_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "l" / "tasks.sqlite"
     elsewhere = tmp_path / "elsewhere"
@@ -597,6 +624,7 @@ def test_owner_directory_alias_is_refused(tmp_path: Path) -> None:
         assert os.listdir(elsewhere) == []
 
 
+@pytest.mark.sqlite_only  # the SQLite file's directories
 @pytest.mark.parametrize("case", ["ancestor-0777", "ancestor-0775", "leaf-0777", "leaf-0770",
                                   "ancestor-foreign-owner", "leaf-foreign-owner",
                                   "leaf-symlink-to-open-dir"])
@@ -625,6 +653,7 @@ def test_unsafe_ancestors_are_refused(tmp_path: Path, case: str) -> None:
     assert not db.exists()
 
 
+@pytest.mark.sqlite_only  # the SQLite file's directories
 def test_sticky_world_writable_ancestor_is_accepted(tmp_path: Path) -> None:
     base = tmp_path / "shared"
     base.mkdir()

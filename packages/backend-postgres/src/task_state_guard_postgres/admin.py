@@ -22,8 +22,9 @@ def drop_schema(url: str) -> bool:
     target = parse(url)
     conn = driver.connect(target, busy_timeout_ms=30_000, read_only=False)
     try:
-        found = conn.execute(
-            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = ?", (target.schema,)
+        found = conn.run(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s",
+            {"schema": target.schema},
         ).fetchone()
         conn.execute(f'DROP SCHEMA IF EXISTS "{target.schema}" CASCADE')
         return found is not None
@@ -41,11 +42,11 @@ def drop_stale_schemas(url: str, prefix: str, *, older_than_seconds: float) -> i
     dropped = 0
     try:
         names = [
-            row[0] for row in conn.execute(
+            row[0] for row in conn.run(
                 "SELECT n.nspname FROM pg_catalog.pg_namespace n "
                 "JOIN pg_catalog.pg_tables t ON t.schemaname = n.nspname "
-                "AND t.tablename = 'tsg_meta' WHERE starts_with(n.nspname, ?)",
-                (prefix,),
+                "AND t.tablename = 'tsg_meta' WHERE starts_with(n.nspname, %(prefix)s)",
+                {"prefix": prefix},
             ).fetchall()
         ]
         for name in names:

@@ -212,9 +212,10 @@ COMPACT_TOTALS = (
 
 def stored_version(conn: Conn, schema: str) -> int | None:
     """The highest applied migration, or None when the schema has no migrations table."""
-    found = conn.execute(
-        "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = ? AND tablename = 'tsg_migrations'",
-        (schema,),
+    found = conn.run(
+        "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %(schema)s "
+        "AND tablename = 'tsg_migrations'",
+        {"schema": schema},
     ).fetchone()
     if found is None:
         return None
@@ -223,10 +224,11 @@ def stored_version(conn: Conn, schema: str) -> int | None:
 
 
 def _has_ledger_tables(conn: Conn, schema: str) -> bool:
-    row = conn.execute(
+    row = conn.run(
         "SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
-        "ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relname LIKE 'tsg^_%' ESCAPE '^'",
-        (schema,),
+        "ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s "
+        "AND c.relname LIKE 'tsg^_%%' ESCAPE '^'",
+        {"schema": schema},
     ).fetchone()
     return bool(row and row[0])
 
@@ -259,9 +261,9 @@ def prepare(
             return version
     conn.execute("BEGIN")
     try:
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (lock_key("tsg-migrate", schema),))
-        exists = conn.execute(
-            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = ?", (schema,)
+        conn.run("SELECT pg_advisory_xact_lock(%(key)s)", {"key": lock_key("tsg-migrate", schema)})
+        exists = conn.run(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s", {"schema": schema}
         ).fetchone()
         if exists is None:
             conn.execute(f'CREATE SCHEMA "{schema}"')
@@ -283,15 +285,16 @@ def prepare(
         for number in pending:
             for statement in MIGRATIONS[number](schema):
                 conn.execute(statement)
-            conn.execute(
-                f'INSERT INTO "{schema}".tsg_migrations(version, applied_at) VALUES (?, ?)',
-                (number, at),
+            conn.run(
+                f'INSERT INTO "{schema}".tsg_migrations(version, applied_at) '
+                "VALUES (%(version)s, %(at)s)",
+                {"version": number, "at": at},
             )
         if version is None:
-            conn.execute(
+            conn.run(
                 f'INSERT INTO "{schema}".tsg_meta(key, value) VALUES '
-                "('application', ?), ('created_at', ?)",
-                (APPLICATION, repr(at)),
+                "('application', %(application)s), ('created_at', %(created)s)",
+                {"application": APPLICATION, "created": repr(at)},
             )
         conn.execute("COMMIT")
     except BaseException:

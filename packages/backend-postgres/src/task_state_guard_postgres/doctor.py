@@ -32,7 +32,7 @@ _MISSING_PARENTS = (
 
 # The exact layout of this release: (table, column, type, nullable) and the event triggers.
 _LAYOUT = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
-    WHERE table_schema = ? AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
+    WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
         'tsg_verdicts')
     ORDER BY table_name, ordinal_position"""
 _EXPECTED_LAYOUT = [
@@ -60,7 +60,7 @@ _EXPECTED_LAYOUT = [
 _TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
     JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = ? AND c.relname = 'tsg_tasks' AND g.tgenabled <> 'D'
+    WHERE n.nspname = %(schema)s AND c.relname = 'tsg_tasks' AND g.tgenabled <> 'D'
     AND g.tgname IN ('tsg_event_created', 'tsg_event_changed')"""
 
 
@@ -73,10 +73,15 @@ def _rows(conn: Any, sql: str) -> Iterable[tuple[Any, ...]]:
     return rows
 
 
+def _parent(conn: Any, task_id: str) -> Any:
+    row = conn.run("SELECT parent_id FROM tsg_tasks WHERE id = %(id)s", {"id": task_id}).fetchone()
+    return None if row is None else row[0]
+
+
 PROBES = core.Probes(
     core.Dialect(_fin, false="false", true="true", is_same="IS NOT DISTINCT FROM",
                  as_int="({})::int"),
-    _missing_parents, _rows,
+    _missing_parents, _rows, _parent,
 )
 
 
@@ -85,10 +90,10 @@ def _schema_ok(conn: Any, schema: str) -> int | None:
     version = ddl.stored_version(conn, schema)
     if version != ddl.SCHEMA_VERSION:
         return None
-    layout = [tuple(row) for row in conn.execute(_LAYOUT, (schema,)).fetchall()]
+    layout = [tuple(row) for row in conn.run(_LAYOUT, {"schema": schema}).fetchall()]
     if layout != _EXPECTED_LAYOUT:
         return None
-    if conn.execute(_TRIGGERS, (schema,)).fetchone()[0] != 2:
+    if conn.run(_TRIGGERS, {"schema": schema}).fetchone()[0] != 2:
         return None
     return version
 

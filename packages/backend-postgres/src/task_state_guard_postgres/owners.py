@@ -69,7 +69,8 @@ _COLUMNS = (
     f" extract(epoch FROM clock_timestamp() - {_INCARNATION})::float8"
 )
 INCARNATION_SQL = f"SELECT {_COLUMNS}"
-_PROBE = f"SELECT pg_try_advisory_xact_lock_shared(?), {_COLUMNS}"
+_PROBE = f"SELECT pg_try_advisory_xact_lock_shared(%(key)s), {_COLUMNS}"
+_LOCK = "SELECT pg_advisory_lock(%(key)s)"
 
 
 def epoch_hex(seconds: int) -> str:
@@ -143,7 +144,7 @@ def _relock(registry: _Registry, target: Target, busy_timeout_ms: int) -> driver
     try:
         for (conninfo, schema), token in registry.tokens.items():
             if conninfo == target.conninfo:
-                conn.execute("SELECT pg_advisory_lock(?)", (lock_key(OWNER_KIND, schema, token),))
+                conn.run(_LOCK, {"key": lock_key(OWNER_KIND, schema, token)})
     except BaseException:
         conn.close()
         raise
@@ -179,9 +180,7 @@ def own_token(target: Target, busy_timeout_ms: int) -> str:
             return token
         row = conn.execute(INCARNATION_SQL).fetchone()
         token = epoch_hex(int(row[0]) if row is not None else 0) + secrets.token_hex(12)
-        conn.execute(
-            "SELECT pg_advisory_lock(?)", (lock_key(OWNER_KIND, target.schema, token),)
-        )
+        conn.run(_LOCK, {"key": lock_key(OWNER_KIND, target.schema, token)})
         registry.tokens[(target.conninfo, target.schema)] = token
         return token
 
@@ -216,7 +215,7 @@ def probe(conn: driver.Conn, target: Target, token: str) -> Liveness:
     if held_token(target) == token:
         return Liveness.ALIVE
     key = lock_key(OWNER_KIND, target.schema, token)
-    row = conn.execute(_PROBE, (key,)).fetchone()
+    row = conn.run(_PROBE, {"key": key}).fetchone()
     if row is None or row[0] is not True:
         return Liveness.ALIVE
     incarnation, uptime = row[1], row[2]

@@ -149,12 +149,14 @@ class Dialect:
 @dataclass(frozen=True, slots=True)
 class Probes:
     """What a backend supplies to :func:`check`: its :class:`Dialect`, how it counts children
-    whose parent is missing (``foreign_keys(conn)``), and how it streams the rows of one query
-    without parameters (``rows(conn, sql)``)."""
+    whose parent is missing (``foreign_keys(conn)``), how it streams the rows of one query
+    without parameters (``rows(conn, sql)``), and how it reads one task's parent id
+    (``parent(conn, task_id)``: None for a root or an unknown id)."""
 
     dialect: Dialect
     foreign_keys: Callable[[Any], int]
     rows: Callable[[Any, str], Iterable[tuple[Any, ...]]]
+    parent: Callable[[Any, str], Any]
 
 
 _ORPHAN_EVENTS = (
@@ -233,7 +235,7 @@ def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> 
     findings["invalid_values"] = bad_values
 
 
-def _cycles(conn: Any) -> tuple[int, int]:
+def _cycles(conn: Any, parent: Callable[[Any, str], Any]) -> tuple[int, int]:
     """Count parent-order violations and the distinct cycles reachable from them.
 
     The API only links a child to an existing, older parent, so a cycle always contains an
@@ -248,8 +250,7 @@ def _cycles(conn: Any) -> tuple[int, int]:
         while node is not None and node not in seen and len(path) < 100_000:
             seen.add(node)
             path.append(node)
-            row = conn.execute("SELECT parent_id FROM tsg_tasks WHERE id = ?", (node,)).fetchone()
-            node = None if row is None else row[0]
+            node = parent(conn, node)
         if node is not None and node in seen:
             cycles.add(frozenset(path[path.index(node) :]))
     return len(suspects), len(cycles)
@@ -305,7 +306,7 @@ def check(conn: Any, probes: Probes, findings: dict[str, int], counts: dict[str,
     part(lambda: _check_shapes(conn, findings, dialect.shapes))
     part(lambda: _check_values(probes.rows(conn, _VALUES), findings))
     findings["event_chain_mismatches"] = part(lambda: _count(conn, dialect.event_chains)) or 0
-    cycles = part(lambda: _cycles(conn))
+    cycles = part(lambda: _cycles(conn, probes.parent))
     if cycles is not None:
         findings["parent_order_violations"], findings["parent_cycles"] = cycles
     if outbox:  # older layouts have no outbox

@@ -24,8 +24,6 @@ from .model import (
 if TYPE_CHECKING:
     from .store import Database
 
-_TASK_SEQ = "SELECT seq FROM tsg_tasks WHERE id = ?"
-_EVENTS = "SELECT step, kind, state, code, at FROM tsg_events WHERE task_seq = ? ORDER BY step"
 _FIXED = {1: ("created", "queued", "created"), 2: ("started", "running", "started")}
 
 
@@ -70,10 +68,9 @@ def events_of(db: Database, task_id: str) -> list[TaskEvent]:
     event fails validation (doctor counts such findings), so no tampered value is returned.
     """
     with db.read() as conn:
-        found = conn.execute(_TASK_SEQ, (task_id,)).fetchone()
-        if found is None:
-            raise TaskNotFound("task not found")
-        rows = conn.execute(_EVENTS, (found[0],)).fetchall()
+        rows = db.queries.task_events(conn, task_id)
+    if rows is None:
+        raise TaskNotFound("task not found")
     events: list[TaskEvent] = []
     for step, kind, state, code, at in rows:
         if not _valid(step, kind, state, code, at):

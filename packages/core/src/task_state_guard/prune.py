@@ -16,46 +16,12 @@ if TYPE_CHECKING:
 
 BATCH = 2000  # roots per transaction
 
-# Candidate roots: delivery closed, last change before the cut-off (a partial index).
-_ROOTS = (
-    "SELECT seq, delivery_updated_at FROM tsg_tasks "
-    "WHERE parent_id IS NULL AND delivery_status != 'pending' AND delivery_updated_at <= ? "
-    "AND (delivery_updated_at, seq) > (?, ?) ORDER BY delivery_updated_at, seq LIMIT ?"
-)
-
-
-# Progress only: how many candidate roots the pass will examine (the same partial index).
-_COUNT_ROOTS = (
-    "SELECT count(*) FROM tsg_tasks "
-    "WHERE parent_id IS NULL AND delivery_status != 'pending' AND delivery_updated_at <= ?"
-)
-
 #: A progress callback: ``(done, total)`` once before the first batch and after each batch.
 ProgressCallback = Callable[[int, int], object]
 
 
-# A task whose lost verdict no adapter has published yet (current layout only).
-_OWED = "(SELECT count(*) FROM tsg_verdicts v WHERE v.task_seq = t.seq AND v.state = 'pending')"
-
-
-def _trees_sql(count: int, outbox: bool) -> str:
-    marks = ",".join("?" * count)
-    return (
-        "WITH RECURSIVE tree(root, seq, id) AS ("
-        f" SELECT seq, seq, id FROM tsg_tasks WHERE seq IN ({marks})"
-        " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
-        " JOIN tree ON c.parent_id = tree.id)"
-        " SELECT tree.root, t.seq, t.status, t.delivery_status,"
-        " CASE WHEN t.updated_at > t.delivery_updated_at THEN t.updated_at"
-        " ELSE t.delivery_updated_at END,"
-        " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq),"
-        f" {_OWED if outbox else '0'}"
-        " FROM tree JOIN tsg_tasks t ON t.seq = tree.seq"
-    )
-
-
 def _closed_trees(
-    conn: Any, roots: list[int], cutoff: float, outbox: bool
+    db: Database, conn: Any, roots: list[int], cutoff: float, outbox: bool
 ) -> tuple[dict[int, tuple[list[int], int]], int]:
     """Return every fully closed tree (root -> its task seqs and its number of events), and
     how many trees must stay because some task in them is still open or recent, or still owes
@@ -63,8 +29,8 @@ def _closed_trees(
     members: dict[int, list[int]] = defaultdict(list)
     events: dict[int, int] = defaultdict(int)
     keep: set[int] = set()
-    for root, seq, status, delivery, updated, event_count, owed in conn.execute(
-        _trees_sql(len(roots), outbox), roots
+    for root, seq, status, delivery, updated, event_count, owed in db.queries.trees(
+        conn, roots, outbox
     ):
         members[root].append(seq)
         events[root] += event_count
@@ -75,29 +41,23 @@ def _closed_trees(
     return trees, len(keep)
 
 
-_HOLD_CHUNK = 1000
-
-
 def _hold(
-    conn: Any, lock: str, roots: list[int], trees: dict[int, tuple[list[int], int]],
+    db: Database, conn: Any, roots: list[int], trees: dict[int, tuple[list[int], int]],
     cutoff: float, outbox: bool,
 ) -> tuple[dict[int, tuple[list[int], int]], int]:
-    """Where other writers run beside a pass (``lock`` is not empty): lock the rows of the
-    closed trees, then judge them again. A child committed under one of them before the lock
-    shows in the second reading (its tree stays); a child added after it waits for this
-    transaction and then finds its parent gone; a tree with a row held elsewhere stays for
-    the next pass. Return the trees that may go and how many more stay."""
+    """Where other writers run beside a pass (the backend holds rows, not the database): hold
+    the rows of the closed trees, then judge them again. A child committed under one of them
+    before the hold shows in the second reading (its tree stays); a child added after it waits
+    for this transaction and then finds its parent gone; a tree with a row held elsewhere stays
+    for the next pass. Return the trees that may go and how many more stay."""
     wanted = [seq for members, _ in trees.values() for seq in members]
-    held: set[int] = set()
-    for start in range(0, len(wanted), _HOLD_CHUNK):
-        part = wanted[start : start + _HOLD_CHUNK]
-        marks = ",".join("?" * len(part))
-        held.update(row[0] for row in conn.execute(
-            f"SELECT seq FROM tsg_tasks WHERE seq IN ({marks}) ORDER BY seq{lock}", part))
+    held = db.queries.hold_for_delete(conn, wanted)
+    if held is None:  # the write transaction holds the whole database
+        return trees, 0
     whole = [r for r in roots if r in trees and set(trees[r][0]) <= held]
     if not whole:
         return {}, len(trees)
-    again, _ = _closed_trees(conn, whole, cutoff, outbox)
+    again, _ = _closed_trees(db, conn, whole, cutoff, outbox)
     final = {r: tree for r, tree in again.items() if set(tree[0]) <= held}
     return final, len(trees) - len(final)
 
@@ -132,27 +92,22 @@ def prune(
                 if cutoff is None:
                     cutoff = db.now() - age
                     if progress is not None:
-                        total = int(conn.execute(_COUNT_ROOTS, (cutoff,)).fetchone()[0])
+                        total = db.queries.count_prunable(conn, cutoff)
                         progress(0, total)
-                roots = conn.execute(_ROOTS, (cutoff, last_updated, last_seq, BATCH)).fetchall()
+                roots = db.queries.prunable_roots(conn, cutoff, (last_updated, last_seq), BATCH)
                 if not roots:
                     break
                 last_seq, last_updated = roots[-1]
                 seqs = [r[0] for r in roots]
-                trees, kept = _closed_trees(conn, seqs, cutoff, outbox)
-                lock = db.queries.delete_lock
-                if not dry_run and trees and lock:
-                    trees, also_kept = _hold(conn, lock, seqs, trees, cutoff, outbox)
+                trees, kept = _closed_trees(db, conn, seqs, cutoff, outbox)
+                if not dry_run and trees:
+                    trees, also_kept = _hold(db, conn, seqs, trees, cutoff, outbox)
                     kept += also_kept
                 doomed = sorted((seq for members, _ in trees.values() for seq in members),
                                 reverse=True)
                 events = sum(count for _, count in trees.values())
-                if not dry_run and doomed:
-                    keys = [(seq,) for seq in doomed]  # children first: they reference parents
-                    conn.executemany("DELETE FROM tsg_events WHERE task_seq = ?", keys)
-                    # their published verdicts go with them (a pending one kept its tree)
-                    conn.executemany("DELETE FROM tsg_verdicts WHERE task_seq = ?", keys)
-                    conn.executemany("DELETE FROM tsg_tasks WHERE seq = ?", keys)
+                if not dry_run and doomed:  # children first: they reference parents
+                    db.queries.delete_tasks(conn, doomed)
                 counts["trees_deleted"] += len(trees)
                 counts["tasks_deleted"] += len(doomed)
                 counts["events_deleted"] += events

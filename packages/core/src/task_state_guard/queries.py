@@ -1,12 +1,14 @@
 """The read and pass operations whose SQL each backend writes in its own dialect.
 
-The aggregates (status, history, reconcile, the verdict outbox) state *what* they need once,
-here and in :mod:`task_state_guard.rules`, and run one algorithm; a backend's
-:class:`Queries` object (``Database.queries``) decides *how* its database answers: SQLite
-streams rows and counts them in Python (its GROUP BY would sort every row) and reads the
-at-risk figures through the open-work index; PostgreSQL groups on the server, holds the rows
-a pass reads, and writes a pass's closes as set-based statements. No aggregate reads a backend
-flag or appends a backend's SQL fragment.
+The aggregates (status, history, reconcile, prune, the verdict outbox, the operator's reads)
+state *what* they need once, here and in :mod:`task_state_guard.rules`, and run one algorithm;
+a backend's :class:`Queries` object (``Database.queries``) decides *how* its database answers,
+in its own SQL and placeholders (nothing rewrites another dialect's text): SQLite streams rows
+and counts them in Python (its GROUP BY would sort every row) and reads the at-risk figures
+through the open-work index; PostgreSQL groups on the server, holds the rows a pass reads, and
+writes a pass's closes as set-based statements. Every method takes the connection of the
+caller's transaction and plain values; no aggregate reads a backend flag, appends a backend's
+SQL fragment or executes a statement itself.
 """
 
 from __future__ import annotations
@@ -75,6 +77,76 @@ def before(value: Any, least: Any) -> bool:
     return bool(value < least or (least != least and value == value))
 
 
+@dataclass(frozen=True, slots=True)
+class TaskQuery:
+    """One page of the operator's task listing, as plain values (the backend writes the SQL).
+
+    ``attempts``: attempts (children owing nobody a delivery) rather than jobs; ``job``: only
+    that job (``attempts``: its attempts); ``open_only``: only open work (the open-work index);
+    ``status``: only that state, else ``active_only``: only queued and running tasks;
+    ``name``: only that label; ``idle_before``: last sign of life (:data:`rules.IDLE_SINCE_SQL`)
+    at or before; ``created_before``: created at or before; ``order``: a key of
+    :data:`LIST_ORDERS`; ``after``: the (sort key, seq) of the row the page starts after;
+    ``limit``: most rows. Rows: the task columns, its attempts, its idle-since time, its sort
+    key and its seq.
+    """
+
+    attempts: bool
+    job: str | None
+    open_only: bool
+    status: str | None
+    active_only: bool
+    name: str | None
+    idle_before: float | None
+    created_before: float | None
+    order: str
+    descending: bool
+    after: tuple[Any, int] | None
+    limit: int
+
+
+#: The sort keys of a listing: creation order (the ledger's own, oldest first), the last sign of
+#: life (longest idle first), the name label, the state. Ties go by creation order.
+LIST_ORDERS: dict[str, str] = {
+    "created": "seq",
+    "activity": rules.IDLE_SINCE_SQL,
+    "name": "coalesce(name, '')",
+    "status": "status",
+}
+#: A listed task's attempts: its direct children that owe nobody a delivery.
+LIST_ATTEMPTS = (
+    "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id "
+    "AND a.delivery_required = 0)"
+)
+@dataclass(frozen=True, slots=True)
+class FindQuery:
+    """The ids of tasks in ``status`` (attempts included), oldest first, as plain values:
+    ``open_only``: only open work (the open-work index); ``idle_before``: last sign of life (:data:`FIND_IDLE_SINCE`) at or before; ``name``: only
+    that label; ``created_before``: created at or before; ``job``: only that task and its
+    direct children; ``limit``: most ids (None: all)."""
+
+    status: str
+    open_only: bool
+    idle_before: float | None
+    name: str | None
+    created_before: float | None
+    job: str | None
+    limit: int | None
+
+
+#: When a task of a state last showed life, for :class:`FindQuery`: its heartbeat or start
+#: while running, its creation while queued, its last change once terminal.
+FIND_IDLE_SINCE = {"running": rules.RUNNING_IDLE_SINCE_SQL, "queued": "created_at"}
+#: ... any other state.
+FIND_IDLE_SINCE_CLOSED = "updated_at"
+
+
+#: Prune's candidate roots: delivery closed, last change before the cut-off (a partial index).
+PRUNABLE = (
+    "parent_id IS NULL AND delivery_status != 'pending' AND delivery_updated_at <= {cutoff}"
+)
+
+
 @dataclass(slots=True)
 class StatusGroups:
     """What status counts in one read: task counts per :data:`STATUS_KEY` group, and the
@@ -113,15 +185,113 @@ class Queries(Protocol):
         ``(state, code, now, seq)``, each with its events and totals (the rules)."""
         ...
 
-    #: Appended to the verdict claim's selection (a row lock that skips held rows, or "").
-    claim_lock: str
-    #: Appended to prune's selection of the rows it is about to delete: a lock that also
-    #: holds off new children's foreign-key checks and skips rows held elsewhere, or "" where
-    #: a write transaction already holds the whole database.
-    delete_lock: str
+    def count_open(self, conn: Any) -> int:
+        """How many tasks are open work (:data:`OPEN_WORK`): a pass's progress total."""
+        ...
+
+    def active_children(self, conn: Any, parent_ids: list[str],
+                        cutoff: float | None) -> list[tuple[Any, Any, Any, Any]]:
+        """``(parent_id, seq, status, may_be_redelivered)`` of the children of ``parent_ids``
+        that are queued or running, or (``cutoff`` given: the layout records redelivery
+        windows) were lost while their broker may still redeliver the job: the redelivery
+        window past their last sign of life is after ``cutoff`` (the pass's active cutoff)."""
+        ...
+
+    def runs_for_owner(self, conn: Any, token: str) -> bool:
+        """Whether an open running task names ``token`` as its owner."""
+        ...
+
+    def open_running_owners(self, conn: Any) -> list[tuple[Any, int]]:
+        """``(owner, count)`` of the open running tasks, per owner that is set."""
+        ...
+
+    def totals(self, conn: Any) -> list[tuple[Any, Any, Any, Any, Any]]:
+        """The rows of the outcome totals: ``(event, kind, state, code, total)``."""
+        ...
+
+    def task_events(self, conn: Any, task_id: str) -> list[tuple[Any, ...]] | None:
+        """``(step, kind, state, code, at)`` of the task's events in step order; None when
+        no task has ``task_id``."""
+        ...
+
+    def list_tasks(self, conn: Any, columns: str, query: TaskQuery) -> list[tuple[Any, ...]]:
+        """The rows of one listing page (see :class:`TaskQuery`), ``columns`` first."""
+        ...
+
+    def task(self, conn: Any, task_id: str) -> tuple[Any, ...] | None:
+        """The task's row (:data:`TASK_COLUMNS`), or None when no task has ``task_id``."""
+        ...
+
+    def children(self, conn: Any, task_id: str,
+                 limit: int | None) -> list[tuple[Any, ...]] | None:
+        """The rows of the task's direct children in seq order (the first ``limit``, when
+        given), or None when no task has ``task_id``."""
+        ...
+
+    def find_ids(self, conn: Any, query: FindQuery) -> list[Any]:
+        """The ids :class:`FindQuery` asks for, in seq order."""
+        ...
+
+    def count_prunable(self, conn: Any, cutoff: float) -> int:
+        """How many roots are prune candidates (:data:`PRUNABLE`): a pass's progress total."""
+        ...
+
+    def prunable_roots(self, conn: Any, cutoff: float, after: tuple[float, int],
+                       limit: int) -> list[tuple[Any, Any]]:
+        """``(seq, delivery_updated_at)`` of the next ``limit`` candidate roots after ``after``
+        (a ``(delivery_updated_at, seq)`` position), in that order."""
+        ...
+
+    def trees(self, conn: Any, roots: list[int],
+              outbox: bool) -> list[tuple[Any, Any, Any, Any, Any, Any, Any]]:
+        """Every task of the trees under ``roots``: ``(root, seq, status, delivery_status,
+        last change, events, pending verdicts)`` (``outbox``: the layout has the outbox, else
+        the last column is 0)."""
+        ...
+
+    def hold_for_delete(self, conn: Any, seqs: list[int]) -> set[int] | None:
+        """Hold the rows ``seqs`` against other writers until the transaction ends (new
+        children's foreign-key checks wait too), skipping rows held elsewhere: the rows held;
+        None where the write transaction already holds the whole database."""
+        ...
+
+    def delete_tasks(self, conn: Any, seqs: list[int]) -> None:
+        """Delete the tasks ``seqs`` (children before their parents) with their events and
+        verdicts."""
+        ...
+
+    def any_claimable(self, conn: Any, framework: str, now: float) -> bool:
+        """Whether a pending verdict of ``framework`` has a free or expired lease at ``now``."""
+        ...
+
+    def claim_verdicts(self, conn: Any, framework: str, now: float, until: float, token: str,
+                       task_ids: list[str] | None, limit: int) -> list[int]:
+        """Lease (``until``, ``token``) up to ``limit`` claimable verdicts of ``framework``,
+        oldest first (``task_ids``: only those tasks'), skipping rows other writers hold; the
+        task seqs claimed."""
+        ...
+
+    def claimed(self, conn: Any, seqs: list[int]) -> list[tuple[Any, ...]]:
+        """``(id, framework_id, name, terminal_code, framework, recorded_at)`` of the verdicts
+        of ``seqs``, in seq order."""
+        ...
+
+    def publish_verdicts(self, conn: Any, now: float, task_ids: list[str]) -> int:
+        """Mark the pending verdicts of ``task_ids`` published at ``now``; how many changed."""
+        ...
+
+    def release_verdicts(self, conn: Any, token: str, task_ids: list[str]) -> int:
+        """End the leases of claim ``token`` on the pending verdicts of ``task_ids``; how many
+        were released."""
+        ...
+
+    def verdict_counts(self, conn: Any) -> list[tuple[Any, Any, Any, Any]]:
+        """``(framework, state, count, oldest recorded_at)`` per framework and state."""
+        ...
 
 
 __all__ = [
-    "AT_RISK", "INVALID_LABEL", "MAX_GROUPS", "OPEN_BATCH", "OPEN_WORK", "ROOT_CLOSES",
-    "STATUS_KEY", "GroupKey", "Queries", "StatusGroups", "add_group", "before", "render",
+    "AT_RISK", "INVALID_LABEL", "LIST_ATTEMPTS", "LIST_ORDERS", "MAX_GROUPS", "OPEN_BATCH",
+    "OPEN_WORK", "PRUNABLE", "ROOT_CLOSES", "STATUS_KEY", "GroupKey", "Queries", "StatusGroups",
+    "TaskQuery", "add_group", "before", "render",
 ]

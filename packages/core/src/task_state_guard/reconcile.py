@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import queries, rules, verdicts
+from . import rules, verdicts
 from .model import (
-    LOST_CODES,
     TERMINAL_STATES,
     InvalidInput,
     LedgerError,
@@ -33,24 +32,10 @@ if TYPE_CHECKING:
 
 BATCH = 2000
 
-# The children that can keep a parent fresh: queued or running ones, and (current layout) lost
-# attempts whose broker may still redeliver the job: ``redelivery_seconds`` (the broker's
-# window) plus the active grace (for the requeued job to reach a worker) after the attempt's
-# last sign of life; the parameter is the pass's active cutoff (now - grace). The last column
-# says whether that bound is still ahead.
-_REDELIVERY_OPEN = (f"(redelivery_seconds IS NOT NULL AND {rules.RUNNING_IDLE_SINCE_SQL} "
-                    "+ redelivery_seconds > ?)")
-_ACTIVE_CHILDREN = (
-    f"SELECT parent_id, seq, status, {_REDELIVERY_OPEN} FROM tsg_tasks "
-    "WHERE parent_id IN ({marks}) AND (status IN ('queued','running') "
-    f"OR (status = 'timed_out' AND terminal_code IN {rules.sql_set(LOST_CODES)} "
-    f"AND {_REDELIVERY_OPEN}))"
-)
-# An older layout (read in place by a read-only open) records no redelivery windows.
-_ACTIVE_CHILDREN_OLD = (
-    "SELECT parent_id, seq, status, 0 FROM tsg_tasks "
-    "WHERE parent_id IN ({marks}) AND status IN ('queued','running')"
-)
+#: Parents per read of their children.
+_CHILDREN_CHUNK = 500
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcilePolicy:
     """Grace periods for restart reconciliation, in seconds."""
@@ -86,8 +71,6 @@ class ReconcileDecision:
 DecisionCallback = Callable[[ReconcileDecision], object]
 #: A progress callback: ``(done, total)`` once before the first batch and after each batch.
 ProgressCallback = Callable[[int, int], object]
-
-_COUNT_OPEN = f"SELECT count(*) FROM tsg_tasks WHERE {queries.OPEN_WORK}"
 
 _isfinite = math.isfinite
 _NUMBER_TYPES = (int, float)  # exact types: a bool is no timestamp
@@ -150,19 +133,17 @@ class _Pass:
 
     def active_children(self, parent_ids: list[str]) -> dict[str, list[tuple[int, str, bool]]]:
         """The children of the given tasks that can keep them fresh (queued, running, or lost
-        while their broker may still redeliver), in a few indexed queries."""
+        while their broker may still redeliver: ``redelivery_seconds``, the broker's window,
+        plus the active grace, for the requeued job to reach a worker, after the attempt's
+        last sign of life), in a few indexed queries. An older layout (read in place by a
+        read-only open) records no redelivery windows."""
         found: dict[str, list[tuple[int, str, bool]]] = {}
-        current = verdicts.current(self.db)
-        for start in range(0, len(parent_ids), 500):
-            chunk = parent_ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            params: list[Any] = list(chunk)
-            if current:
-                cutoff = self.active_cutoff
-                sql, params = _ACTIVE_CHILDREN.format(marks=marks), [cutoff, *chunk, cutoff]
-            else:
-                sql = _ACTIVE_CHILDREN_OLD.format(marks=marks)
-            for parent, seq, status, redelivery in self.conn.execute(sql, params):
+        cutoff = self.active_cutoff if verdicts.current(self.db) else None
+        for start in range(0, len(parent_ids), _CHILDREN_CHUNK):
+            chunk = parent_ids[start : start + _CHILDREN_CHUNK]
+            for parent, seq, status, redelivery in self.db.queries.active_children(
+                self.conn, chunk, cutoff
+            ):
                 found.setdefault(parent, []).append((seq, status, bool(redelivery)))
         return found
 
@@ -203,7 +184,7 @@ class _Pass:
         # Applying, the rows are held (where the backend locks rows) until the pass commits.
         done = total = 0
         if progress is not None:  # one count over the open-work index, only when asked
-            total = int(conn.execute(_COUNT_OPEN).fetchone()[0])
+            total = self.db.queries.count_open(conn)
             progress(0, total)
         while True:
             rows = self.db.queries.open_batch(conn, cursor, BATCH, not self.dry_run)
@@ -331,11 +312,6 @@ def _remove_dead_owner_files(db: Database) -> None:
     with contextlib.suppress(OSError, LedgerError), db.read() as conn:
 
         def referenced(token: str) -> bool:
-            row = conn.execute(
-                "SELECT 1 FROM tsg_tasks WHERE delivery_status = 'pending' "
-                "AND status = 'running' AND owner = ? LIMIT 1",
-                (token,),
-            ).fetchone()
-            return row is not None
+            return db.queries.runs_for_owner(conn, token)
 
         db.owners.cleanup(referenced)

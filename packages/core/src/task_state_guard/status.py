@@ -63,13 +63,10 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
                 label = name if isinstance(name, str) and is_valid_name(name) else INVALID_LABEL
                 per = names[kind].setdefault(label, dict.fromkeys(_TASK_ORDER, 0))
                 per[status] += count
-        totals = read_totals(conn)
-        owed, oldest_owed = verdicts.counts(conn, now, verdicts.current(db))
+        totals = read_totals(db, conn)
+        owed, oldest_owed = verdicts.counts(db, conn, now)
         owner_dead = 0
-        for token, count in conn.execute(
-            "SELECT owner, count(*) FROM tsg_tasks WHERE delivery_status = 'pending' "
-            "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
-        ):
+        for token, count in db.queries.open_running_owners(conn):
             if db.owners.probe(token) is Liveness.DEAD:
                 owner_dead += count
     return {
@@ -98,7 +95,7 @@ def _age(now: float, value: Any) -> float | None:
     return None if value is None else round(max(0.0, now - value), 3)
 
 
-def read_totals(conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
+def read_totals(db: Database, conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
     """The monotonic outcome totals: ``closed`` by kind, state and code; ``delivery`` by
     obligation, state and code. Every known (kind, state, code) is present, zeros included; a
     code the transition did not give is ``""``; a tampered row counts under the invalid label.
@@ -110,9 +107,7 @@ def read_totals(conn: Any) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
                             for state in _DELIVERY_ORDER if state in _OBLIGED[kind]}
                      for kind in OBLIGATIONS},
     }
-    for event, kind, state, code, total in conn.execute(
-        "SELECT event, kind, state, code, total FROM tsg_totals"
-    ):
+    for event, kind, state, code, total in db.queries.totals(conn):
         per_kind = totals.get(event, {}).get(kind)
         if per_kind is None or state not in per_kind or not isinstance(total, int):
             continue  # only a tampered file has such a row; doctor reports the file

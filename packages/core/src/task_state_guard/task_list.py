@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import rules
+from . import queries
 from .model import (
     ACTIVE_STATES,
-    ATTEMPT_SQL,
     TASK_STATES,
     InvalidInput,
     Task,
@@ -36,21 +35,10 @@ if TYPE_CHECKING:
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10**6
 
-# The time of a task's last sign of life: its heartbeat or start while running, its creation
-# while queued, its close once terminal.
-_ACTIVITY = rules.IDLE_SINCE_SQL
-_ATTEMPTS = (
-    "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id "
-    "AND a.delivery_required = 0)"
-)
-#: The sort keys of a listing: creation order (the ledger's own, oldest first), the last sign of
-#: life (longest idle first), the name label, the state. Ties go by creation order.
-ORDERS: dict[str, str] = {
-    "created": "seq",
-    "activity": _ACTIVITY,
-    "name": "coalesce(name, '')",
-    "status": "status",
-}
+#: The sort keys of a listing (each backend sorts by :data:`queries.LIST_ORDERS`): creation
+#: order (the ledger's own, oldest first), the last sign of life (longest idle first), the name
+#: label, the state. Ties go by creation order.
+ORDERS = tuple(queries.LIST_ORDERS)
 _TEXT_ORDERS = frozenset({"name", "status"})
 
 
@@ -96,34 +84,6 @@ class TaskListing:
     tasks: list[ListedTask]
     more: bool
     at: float
-
-
-def _where(
-    status: str | None, name: str | None, attempts: bool, stale: float | None,
-    older: float | None, now: float, job: str | None,
-) -> tuple[str, list[Any]]:
-    clauses = [ATTEMPT_SQL if attempts else f"NOT {ATTEMPT_SQL}"]
-    params: list[Any] = []
-    if job is not None:  # one job: the task itself, or its attempts
-        clauses.append("parent_id = ?" if attempts else "id = ?")
-        params.append(job)
-    if (status is None and job is None) or status in ACTIVE_STATES:
-        clauses.append("delivery_status = 'pending'")  # the open-work index
-    if status is not None:
-        clauses.append("status = ?")
-        params.append(status)
-    elif job is None:  # by default the active work; a named job in any state
-        clauses.append("status IN ('queued','running')")
-    if name is not None:
-        clauses.append("name = ?")
-        params.append(name)
-    if stale is not None:
-        clauses.append(f"{_ACTIVITY} <= ?")
-        params.append(now - stale)
-    if older is not None:
-        clauses.append("created_at <= ?")
-        params.append(now - older)
-    return " AND ".join(clauses), params
 
 
 def _cursor(order: str, key: Any, seq: Any) -> str:
@@ -183,27 +143,24 @@ def list_tasks(
         raise InvalidInput("attempts must be a boolean")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput("limit must be a positive integer")
-    key = ORDERS.get(order) if isinstance(order, str) else None
-    if key is None:
+    if not isinstance(order, str) or order not in ORDERS:
         raise InvalidInput("unknown order")
     if not isinstance(descending, bool):
         raise InvalidInput("descending must be a boolean")
     position = None if after is None else parse_cursor(order, after)
-    direction = "DESC" if descending else "ASC"
     with db.read() as conn:
         now = db.now()
-        where, params = _where(state, label, attempts, stale, older, now, job)
-        if position is not None:
-            beyond = "<" if descending else ">"
-            where += f" AND ({key} {beyond} ? OR ({key} = ? AND seq {beyond} ?))"
-            params += [position[0], position[0], position[1]]
-        ordering = f"{key} {direction}, seq {direction}" if order != "created" else (
-            f"seq {direction}")
-        sql = (
-            f"SELECT {columns}, {_ATTEMPTS}, {_ACTIVITY}, {key}, seq FROM tsg_tasks "
-            f"WHERE {where} ORDER BY {ordering} LIMIT ?"
+        query = queries.TaskQuery(
+            attempts=attempts, job=job,
+            # the open-work index, whenever only open work can match
+            open_only=(state is None and job is None) or state in ACTIVE_STATES,
+            # by default the active work; a named job in any state
+            status=state, active_only=state is None and job is None, name=label,
+            idle_before=None if stale is None else now - stale,
+            created_before=None if older is None else now - older,
+            order=order, descending=descending, after=position, limit=limit + 1,
         )
-        rows = conn.execute(sql, [*params, limit + 1]).fetchall()
+        rows = db.queries.list_tasks(conn, columns, query)
     listed: list[ListedTask] = []
     for row in rows[:limit]:
         task = to_task(tuple(row[:-4]))

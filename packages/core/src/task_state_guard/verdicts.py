@@ -11,9 +11,10 @@ verdict back for a later drain). Publishing is therefore at least once across cr
 publisher that dies between its publish and its mark leaves the verdict to the next claim
 once the lease expired) and exactly once otherwise.
 
-Every statement here is one of the ledger's explicit SQL, portable between SQLite and
-PostgreSQL (placeholders ``?``; the backend appends its row lock to the claim's selection).
-Nothing here returns an aggregate with ids; :func:`counts` is counts only.
+The rules are here (what may be claimed, for how long, in which order and batches); each
+backend's ``queries`` writes the statements in its own SQL (PostgreSQL's claim skips the rows
+another claim holds). Nothing here returns an aggregate with ids; :func:`counts` is counts
+only.
 """
 
 from __future__ import annotations
@@ -71,45 +72,6 @@ def current(db: Database) -> bool:
     return db.layout.has_outbox
 
 
-_CLAIMABLE = (
-    "SELECT task_seq FROM tsg_verdicts WHERE framework = ? AND state = 'pending' "
-    "AND (lease_until IS NULL OR lease_until <= ?){only} ORDER BY task_seq LIMIT ?{lock}"
-)
-_ONLY = " AND task_seq IN (SELECT seq FROM tsg_tasks WHERE id IN ({marks}))"
-# Whether a claim could take anything (a read through the pending index: a drain that finds
-# nothing owed, the usual case, never takes the write lock).
-_ANY_CLAIMABLE = (
-    "SELECT 1 FROM tsg_verdicts WHERE framework = ? AND state = 'pending' "
-    "AND (lease_until IS NULL OR lease_until <= ?) LIMIT 1"
-)
-_CLAIM = (
-    "UPDATE tsg_verdicts SET lease_until = ?, claim = ? WHERE task_seq IN ({claimable}) "
-    "RETURNING task_seq"
-)
-_CLAIMED = (
-    "SELECT t.id, t.framework_id, t.name, t.terminal_code, v.framework, v.recorded_at "
-    "FROM tsg_verdicts v JOIN tsg_tasks t ON t.seq = v.task_seq "
-    "WHERE v.task_seq IN ({marks}) ORDER BY v.task_seq"
-)
-_PUBLISH = (
-    "UPDATE tsg_verdicts SET state = 'published', published_at = ?, lease_until = NULL, "
-    "claim = NULL WHERE state = 'pending' "
-    "AND task_seq IN (SELECT seq FROM tsg_tasks WHERE id IN ({marks})) RETURNING task_seq"
-)
-_RELEASE = (
-    "UPDATE tsg_verdicts SET lease_until = NULL, claim = NULL WHERE state = 'pending' "
-    "AND claim = ? AND task_seq IN (SELECT seq FROM tsg_tasks WHERE id IN ({marks})) "
-    "RETURNING task_seq"
-)
-_COUNTS = (
-    "SELECT framework, state, count(*), min(recorded_at) FROM tsg_verdicts GROUP BY 1, 2"
-)
-
-
-def _marks(count: int) -> str:
-    return ",".join("?" * count)
-
-
 def _chunks(ids: list[str]) -> Iterable[list[str]]:
     for start in range(0, len(ids), _CHUNK):
         yield ids[start : start + _CHUNK]
@@ -159,9 +121,9 @@ def claim(
     only = None if task_ids is None else _ids(task_ids, "task_ids")
     if only is not None and not only:
         return []
-    if only is None:
+    if only is None:  # a drain that finds nothing owed, the usual case, takes no write lock
         with db.read() as conn:
-            if conn.execute(_ANY_CLAIMABLE, (label, db.now())).fetchone() is None:
+            if not db.queries.any_claimable(conn, label, db.now()):
                 return []
     token = secrets.token_hex(16)
     found: list[Verdict] = []
@@ -173,42 +135,36 @@ def claim(
         for group in groups:
             if left <= 0:
                 break
-            selection = _CLAIMABLE.format(
-                only="" if group is None else _ONLY.format(marks=_marks(len(group))),
-                lock=db.queries.claim_lock,
-            )
-            params: list[Any] = [until, token, label, now, *(group or []), left]
-            seqs = [row[0] for row in conn.execute(
-                _CLAIM.format(claimable=selection), params).fetchall()]
+            seqs = db.queries.claim_verdicts(conn, label, now, until, token, group, left)
             left -= len(seqs)
             for start in range(0, len(seqs), _CHUNK):
                 part = seqs[start : start + _CHUNK]
-                for row in conn.execute(_CLAIMED.format(marks=_marks(len(part))), part):
+                for row in db.queries.claimed(conn, part):
                     verdict = _verdict(tuple(row), token, until)
                     if verdict is not None:
                         found.append(verdict)
     return found
 
 
-def _update(db: Database, statement: str, ids: list[str], token: str | None = None) -> int:
-    """Run ``_PUBLISH`` (with the clock) or ``_RELEASE`` (with ``token``) over ``ids``."""
+def _update(db: Database, ids: list[str], token: str | None = None) -> int:
+    """Publish (``token`` None: with the clock) or release (``token``'s leases) ``ids``."""
     done = 0
     if not ids:
         return 0
     with db.write() as conn:
-        lead: list[Any] = [db.now()] if token is None else [token]
+        now = db.now() if token is None else 0.0
         for group in _chunks(ids):
-            rows = conn.execute(
-                statement.format(marks=_marks(len(group))), [*lead, *group]
-            ).fetchall()
-            done += len(rows)
+            if token is None:
+                done += db.queries.publish_verdicts(conn, now, group)
+            else:
+                done += db.queries.release_verdicts(conn, token, group)
     return done
 
 
 def mark_published(db: Database, task_ids: Iterable[Any]) -> int:
     """Mark the pending verdicts of ``task_ids`` published (whoever holds their lease; one
     already published stays as it is); returns how many changed. One write transaction."""
-    return _update(db, _PUBLISH, _ids(task_ids, "task_ids"))
+    return _update(db, _ids(task_ids, "task_ids"))
 
 
 def release(db: Database, verdicts: Iterable[Verdict]) -> int:
@@ -221,17 +177,17 @@ def release(db: Database, verdicts: Iterable[Verdict]) -> int:
         if not isinstance(verdict, Verdict):
             raise InvalidInput("verdicts must be Verdict objects")
         by_claim.setdefault(verdict.claim, []).append(verdict.task_id)
-    return sum(_update(db, _RELEASE, ids, token) for token, ids in by_claim.items())
+    return sum(_update(db, ids, token) for token, ids in by_claim.items())
 
 
-def counts(conn: Any, now: float, available: bool) -> tuple[dict[str, dict[str, int]], Any]:
+def counts(db: Database, conn: Any, now: float) -> tuple[dict[str, dict[str, int]], Any]:
     """Verdicts by state and framework (every framework, zeros included) and the age of the
-    oldest pending one (None when none); counts only."""
+    oldest pending one (None when none, or when the layout has no outbox); counts only."""
     by_state = {state: dict.fromkeys(sorted(FRAMEWORK_LABELS), 0)
                 for state in ("pending", "published")}
     oldest: float | None = None
-    if available:
-        for framework, state, count, first in conn.execute(_COUNTS):
+    if current(db):
+        for framework, state, count, first in db.queries.verdict_counts(conn):
             if state not in by_state or framework not in FRAMEWORK_LABELS:
                 continue  # only a tampered row has such values; doctor reports it
             by_state[state][framework] += int(count)

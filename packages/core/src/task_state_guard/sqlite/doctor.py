@@ -31,10 +31,15 @@ def _rows(conn: sqlite3.Connection, sql: str) -> Iterable[tuple[Any, ...]]:
     return conn.execute(sql)  # SQLite steps through the rows as they are read
 
 
+def _parent(conn: sqlite3.Connection, task_id: str) -> Any:
+    row = conn.execute("SELECT parent_id FROM tsg_tasks WHERE id = ?", (task_id,)).fetchone()
+    return None if row is None else row[0]
+
+
 PROBES = doctor.Probes(
     doctor.Dialect(_fin, false="0", true="1", is_same="IS", as_int="({})",
                    chain_extra=" OR typeof(version) != 'integer'"),
-    _foreign_keys, _rows,
+    _foreign_keys, _rows, _parent,
 )
 
 
