@@ -130,9 +130,11 @@ def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
             conn.executemany(_HEARTBEAT, [{"now": now, "id": tid} for tid in spec.task_ids])
             return Outcome((conn.total_changes - before,), now, None)
         if not isinstance(spec, Look):
-            row = conn.execute(*_STATEMENTS[type(spec)](spec, now)).fetchone()
-            if row is not None:
-                return Outcome(row, now, None)
+            # Every row fetched: the statement runs to its end and is reset, so its cached
+            # compilation is reused by the next call.
+            rows = conn.execute(*_STATEMENTS[type(spec)](spec, now)).fetchall()
+            if rows:
+                return Outcome(rows[0], now, None)
         found = conn.execute(SELECT_BY_ID, {"id": spec.task_id}).fetchone()
     except sqlite3.Error as exc:
         raise connections.translate(exc) from None
