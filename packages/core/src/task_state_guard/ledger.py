@@ -208,9 +208,7 @@ class Ledger:
         delivery it does not owe is closed; any other refusal raises as :meth:`close_task`
         does and changes nothing.
         """
-        task = writes.close_settled(self._db, task_id, status, code)
-        assert task is not None
-        return task
+        return writes.close_settled(self._db, task_id, status, code)
 
     def set_delivery(
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None

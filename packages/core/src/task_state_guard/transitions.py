@@ -86,13 +86,12 @@ class Heartbeats:
 class Close:
     """Close a queued or running task with ``status`` and ``code``; with ``settle`` a task
     that owes no delivery has its delivery closed ``not_applicable/internal_task`` in the same
-    change (and the task's delivery must still be pending). ``full``: as for :class:`Start`."""
+    change (and the task's delivery must still be pending)."""
 
     task_id: str
     status: str
     code: str | None
     settle: bool = False
-    full: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +119,7 @@ Step: TypeAlias = Create | Start | Heartbeat | Heartbeats | Close | Deliver | Lo
 
 class Outcome(NamedTuple):
     """What a step did: ``row``, the changed task's row (:data:`TASK_COLUMNS`, or ``(seq,)``
-    for a :class:`Create` or a step without ``full``; ``(count,)`` for :class:`Heartbeats`),
+    for a :class:`Create` or a :class:`Start` without ``full``; ``(count,)`` for :class:`Heartbeats`),
     or None when the guard refused; ``now``, the clock reading it was judged with; ``found``,
     when refused (or for :class:`Look`), the task's row as that transaction read it (None when
     there is no such task)."""

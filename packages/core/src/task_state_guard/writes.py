@@ -227,19 +227,16 @@ def close(db: store.Database, task_id: str | uuid.UUID, status: str, code: str |
 
 
 def close_settled(
-    db: store.Database, task_id: str | uuid.UUID, status: str, code: str | None, *,
-    full: bool = True,
-) -> Task | None:
-    """``Ledger.close_task_settled``; with ``full=False`` nothing is built (None returned)."""
+    db: store.Database, task_id: str | uuid.UUID, status: str, code: str | None
+) -> Task:
+    """``Ledger.close_task_settled``."""
     tid = canonical_id(task_id)
     state = check_state(status, TERMINAL_STATES, "terminal task status")
     reason = check_code_shape(code)
     if reason is None or reason in TASK_CODES[state]:
-        done = db.transition(Close(tid, state, reason, settle=True, full=full))
+        done = db.transition(Close(tid, state, reason, settle=True))
         if done.row is not None:
-            return row_to_task(done.row) if full else None
-        if not full:  # explained (or done) as the full close does it
-            return close_settled(db, tid, state, reason)
+            return row_to_task(done.row)
     with db.group():  # the one-step transitions explain (or close, then settle)
         task = close(db, tid, state, reason)
         if task.delivery_required or task.delivery_status != DeliveryStatus.PENDING:

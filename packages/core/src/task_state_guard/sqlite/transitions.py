@@ -76,12 +76,8 @@ _DELIVER = (
     "AND delivery_status = 'pending' AND status IN ('succeeded','failed','timed_out','cancelled') "
     "AND delivery_required = :required AND :now >= updated_at AND :now >= delivery_updated_at"
 )
-_FULL = {False: " RETURNING seq", True: _RETURNING}
-_START_SQL = {full: _START + tail for full, tail in _FULL.items()}
-_CLOSE_SQL = {
-    (settle, full): (_CLOSE_SETTLED if settle else _CLOSE) + tail
-    for settle in (False, True) for full, tail in _FULL.items()
-}
+_START_SQL = {False: _START + " RETURNING seq", True: _START + _RETURNING}
+_CLOSE_SQL = {False: _CLOSE + _RETURNING, True: _CLOSE_SETTLED + _RETURNING}
 
 
 def _create(spec: Create, now: float) -> tuple[str, dict[str, Any]]:
@@ -104,7 +100,7 @@ def _heartbeat(spec: Heartbeat, now: float) -> tuple[str, dict[str, Any]]:
 
 
 def _close(spec: Close, now: float) -> tuple[str, dict[str, Any]]:
-    return _CLOSE_SQL[spec.settle, spec.full], {
+    return _CLOSE_SQL[spec.settle], {
         "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
     }
 
