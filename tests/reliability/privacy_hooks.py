@@ -23,6 +23,8 @@ import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import ledger_backends
+
 AdapterPrivacyRun = Callable[[Path, str], list[str]]
 ADAPTER_PRIVACY_RUNS: dict[str, AdapterPrivacyRun] = {}
 
@@ -58,10 +60,15 @@ def host_markers() -> list[str]:
     return sorted(n for n in names if len(n) >= 6 and n not in ("localhost",))
 
 
-def find_leaks(db_path: Path, secrets: Iterable[str], outputs: Iterable[str] = ()) -> list[str]:
-    """Return 'where:what' for every secret found in the ledger files or the outputs."""
+def find_leaks(db_path: Path | str, secrets: Iterable[str],
+               outputs: Iterable[str] = ()) -> list[str]:
+    """Return 'where:what' for every secret found in the ledger files (a PostgreSQL ledger:
+    every row of its schema, as text) or the outputs."""
     leaks = []
-    blobs = [(p.name, p.read_bytes()) for p in ledger_files(db_path)]
+    if str(db_path).startswith(("postgresql://", "postgres://")):
+        blobs = [("schema", ledger_backends.stored_bytes(str(db_path)))]
+    else:
+        blobs = [(p.name, p.read_bytes()) for p in ledger_files(Path(db_path))]
     blobs += [(f"output#{i}", o.encode("utf-8", "surrogatepass")) for i, o in enumerate(outputs)]
     for secret in secrets:
         for where, blob in blobs:

@@ -1,4 +1,6 @@
-"""Privacy: the source audit, and no trace of private text after a run with canaries."""
+"""Privacy: the source audit, and no trace of private text after a run with canaries (the core
+run and the leak finder's own check on each ledger backend: ``[sqlite]`` scans the file, its
+sidecars and owner lock files, ``[postgresql]`` every row of the ledger's schema)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import ledger_backends
 from task_state_guard import (
     InvalidInput,
     Ledger,
@@ -89,10 +92,17 @@ def _free_text_is_rejected(ledger: Ledger, tid: str) -> int:
     return rejected
 
 
-def test_core_run_with_canaries_leaves_no_trace() -> None:
+def test_core_run_with_canaries_leaves_no_trace(backend: str) -> None:
+    """On each backend: the SQLite file, its sidecars and owner lock files, or every row of the
+    PostgreSQL schema, and every output."""
     marker = "pathmark" + uuid.uuid4().hex[:10]
     base = private_dir()
-    db = base / marker / "tasks.sqlite"
+    (base / marker).mkdir(mode=0o700)
+    with ledger_backends.ledger_target(backend, base / marker) as db:
+        _canary_run(backend, db, marker, base)
+
+
+def _canary_run(backend: str, db: str, marker: str, base: Path) -> None:
     outputs: list[str] = []
     with Ledger(db) as ledger:
         parent = ledger.create_task(name="agent.run", timeout_seconds=60,
@@ -124,14 +134,14 @@ def test_core_run_with_canaries_leaves_no_trace() -> None:
                                  env=cli_env(TSG_DELIVERY_GRACE_SECONDS="5"))
         assert err == "" and code in (0, 2)
         outputs.append(out)
-    assert len(ledger_files(db)) >= 1
+    if backend == "sqlite":
+        assert len(ledger_files(Path(db))) >= 1
     secrets = [CANARY, "hunter2", "privacy-canary", marker, str(base), *host_markers()]
     assert find_leaks(db, secrets, outputs) == []
 
 
-def test_leak_finder_is_not_vacuous() -> None:
-    base = private_dir()
-    db = base / "l" / "tasks.sqlite"
+def test_leak_finder_is_not_vacuous(ledger_target: str) -> None:
+    db = ledger_target
     with Ledger(db) as ledger:
         ledger.create_task(name="visible.label")
     assert find_leaks(db, ["visible.label"]) != []
