@@ -20,6 +20,8 @@ from task_state_guard import rules
 from task_state_guard.model import ATTEMPT_SQL, LOST_CODES, TASK_KIND_SQL
 from task_state_guard.queries import (
     AT_RISK,
+    FIND_IDLE_SINCE,
+    FIND_IDLE_SINCE_CLOSED,
     LIST_ATTEMPTS,
     LIST_ORDERS,
     OPEN_BATCH,
@@ -27,6 +29,8 @@ from task_state_guard.queries import (
     PRUNABLE,
     ROOT_CLOSES,
     STATUS_KEY,
+    TASK_COLUMNS,
+    FindQuery,
     GroupKey,
     StatusGroups,
     TaskQuery,
@@ -123,6 +127,9 @@ _EVENTS = (
     "SELECT e.step, e.kind, e.state, e.code, e.at FROM tsg_tasks t "
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
 )
+_TASK = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = %(id)s"
+_EXISTS = "SELECT 1 FROM tsg_tasks WHERE id = %(id)s"
+_CHILDREN = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = %(id)s ORDER BY seq"
 _COUNT_PRUNABLE = "SELECT count(*) FROM tsg_tasks WHERE " + render(PRUNABLE, _mark, "cutoff")
 _PRUNABLE_ROOTS = (
     "SELECT seq, delivery_updated_at FROM tsg_tasks WHERE " + render(PRUNABLE, _mark, "cutoff")
@@ -221,6 +228,32 @@ def _listing(columns: str, query: TaskQuery) -> tuple[str, dict[str, Any]]:
     return sql, params
 
 
+def _finding(query: FindQuery) -> tuple[str, dict[str, Any]]:
+    """The statement and values of a :class:`FindQuery`."""
+    sql = "SELECT id FROM tsg_tasks WHERE " + (
+        "delivery_status = 'pending' AND status = %(status)s" if query.open_only
+        else "status = %(status)s")
+    params: dict[str, Any] = {"status": query.status}
+    if query.idle_before is not None:
+        since = FIND_IDLE_SINCE.get(query.status, FIND_IDLE_SINCE_CLOSED)
+        sql += f" AND {since} <= %(idle_before)s"
+        params["idle_before"] = query.idle_before
+    if query.name is not None:
+        sql += " AND name = %(name)s"
+        params["name"] = query.name
+    if query.created_before is not None:
+        sql += " AND created_at <= %(created_before)s"
+        params["created_before"] = query.created_before
+    if query.job is not None:
+        sql += " AND (id = %(job)s OR parent_id = %(job)s)"
+        params["job"] = query.job
+    sql += " ORDER BY seq"
+    if query.limit is not None:
+        sql += " LIMIT %(limit)s"
+        params["limit"] = query.limit
+    return sql, params
+
+
 def _rows(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
     return [tuple(row) for row in conn.run(sql, params).fetchall()]
 
@@ -309,6 +342,23 @@ class PostgresQueries:
     @staticmethod
     def list_tasks(conn: Conn, columns: str, query: TaskQuery) -> list[tuple[Any, ...]]:
         return _rows(conn, *_listing(columns, query))
+
+    @staticmethod
+    def task(conn: Conn, task_id: str) -> tuple[Any, ...] | None:
+        row = conn.run(_TASK, {"id": task_id}).fetchone()
+        return None if row is None else tuple(row)
+
+    @staticmethod
+    def children(conn: Conn, task_id: str, limit: int | None) -> list[tuple[Any, ...]] | None:
+        if conn.run(_EXISTS, {"id": task_id}).fetchone() is None:
+            return None
+        if limit is None:
+            return _rows(conn, _CHILDREN, {"id": task_id})
+        return _rows(conn, _CHILDREN + " LIMIT %(limit)s", {"id": task_id, "limit": limit})
+
+    @staticmethod
+    def find_ids(conn: Conn, query: FindQuery) -> list[Any]:
+        return [row[0] for row in conn.run(*_finding(query)).fetchall()]
 
     @staticmethod
     def count_prunable(conn: Conn, cutoff: float) -> int:

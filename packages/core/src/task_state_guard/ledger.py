@@ -22,21 +22,13 @@ from . import reconcile as _reconcile
 from . import status as _status
 from . import verdicts as _verdicts
 from .model import (
-    TASK_STATES,
     InvalidInput,
     LedgerError,
     Task,
-    TaskNotFound,
     canonical_id,
-    check_name,
-    check_seconds,
-    check_state,
-    is_canonical,
 )
 from .sqlite import schema
 from .transitions import TASK_COLUMNS, row_to_task
-
-_SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
 
 
 class Ledger:
@@ -284,28 +276,12 @@ class Ledger:
     # ----------------------------------------------------------------- reads
     def get_task(self, task_id: str | uuid.UUID) -> Task:
         """Return one task."""
-        tid = canonical_id(task_id)
-        with self._db.read() as conn:
-            row = conn.execute(_SELECT_BY_ID, (tid,)).fetchone()
-        if row is None:
-            raise TaskNotFound("task not found")
-        return row_to_task(row)
+        return task_list.get_task(self._db, canonical_id(task_id), row_to_task)
 
     def children_of(self, task_id: str | uuid.UUID, *, limit: int | None = None) -> list[Task]:
         """Return the direct children of a task, oldest first (the first ``limit`` only, when
         given)."""
-        tid = canonical_id(task_id)
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidInput("limit must be a positive integer")
-        sql = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = ? ORDER BY seq"
-        params: tuple[Any, ...] = (tid,) if limit is None else (tid, limit)
-        with self._db.read() as conn:
-            if conn.execute("SELECT 1 FROM tsg_tasks WHERE id = ?", (tid,)).fetchone() is None:
-                raise TaskNotFound("task not found")
-            rows = conn.execute(sql + ("" if limit is None else " LIMIT ?"), params).fetchall()
-        return [row_to_task(r) for r in rows]
+        return task_list.children_of(self._db, canonical_id(task_id), row_to_task, limit)
 
     def find_task_ids(
         self, status: str, *, stale_seconds: float | None = None, limit: int | None = None,
@@ -320,47 +296,9 @@ class Ledger:
         Idle time counts from the last heartbeat or start (running), creation (queued) or the
         last change (terminal).
         """
-        state = check_state(status, TASK_STATES, "task status")
-        stale = None if stale_seconds is None else check_seconds(
-            stale_seconds, "stale_seconds", allow_zero=True
-        )
-        older = None if older_than_seconds is None else check_seconds(
-            older_than_seconds, "older_than_seconds", allow_zero=True
-        )
-        label = check_name(name)
-        job = None if task_id is None else canonical_id(task_id)
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidInput("limit must be a positive integer")
-        activity = {
-            "running": "coalesce(heartbeat_at, started_at)",
-            "queued": "created_at",
-        }.get(state, "updated_at")
-        where = "delivery_status = 'pending' AND status = ?" if state in (
-            "queued", "running") else "status = ?"
-        with self._db.read() as conn:
-            now = self._db.now()
-            sql = f"SELECT id FROM tsg_tasks WHERE {where}"
-            params: list[Any] = [state]
-            if stale is not None:
-                sql += f" AND {activity} <= ?"
-                params.append(now - stale)
-            if label is not None:
-                sql += " AND name = ?"
-                params.append(label)
-            if older is not None:
-                sql += " AND created_at <= ?"
-                params.append(now - older)
-            if job is not None:
-                sql += " AND (id = ? OR parent_id = ?)"
-                params += [job, job]
-            sql += " ORDER BY seq"
-            if limit is not None:
-                sql += " LIMIT ?"
-                params.append(limit)
-            rows = conn.execute(sql, params)
-            return [r[0] for r in rows if type(r[0]) is str and is_canonical(r[0])]
+        return task_list.find_task_ids(
+            self._db, status, stale_seconds=stale_seconds, limit=limit, name=name,
+            older_than_seconds=older_than_seconds, task_id=task_id)
 
     def list_tasks(
         self,

@@ -20,6 +20,12 @@ from typing import Any, Protocol
 
 from . import rules
 
+#: A task's row, as :func:`~task_state_guard.ledger.row_to_task` reads it.
+TASK_COLUMNS = (
+    "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
+    "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
+    "ended_at, delivery_updated_at, updated_at, owner, payload_hash, version, framework_id"
+)
 #: The open work: every task whose delivery is not closed yet.
 OPEN_WORK = "delivery_status = 'pending'"
 #: What status counts tasks by: state, delivery state, name, is a root, owes its delivery.
@@ -121,9 +127,10 @@ LIST_ATTEMPTS = (
 @dataclass(frozen=True, slots=True)
 class FindQuery:
     """The ids of tasks in ``status`` (attempts included), oldest first, as plain values:
-    ``open_only``: only open work (the open-work index); ``idle_before``: last sign of life (:data:`FIND_IDLE_SINCE`) at or before; ``name``: only
-    that label; ``created_before``: created at or before; ``job``: only that task and its
-    direct children; ``limit``: most ids (None: all)."""
+    ``open_only``: only open work (the open-work index); ``idle_before``: last sign of life
+    (:data:`FIND_IDLE_SINCE`) at or before; ``name``: only that label; ``created_before``:
+    created at or before; ``job``: only that task and its direct children; ``limit``: most ids
+    (None: all)."""
 
     status: str
     open_only: bool
@@ -291,7 +298,25 @@ class Queries(Protocol):
 
 
 __all__ = [
-    "AT_RISK", "INVALID_LABEL", "LIST_ATTEMPTS", "LIST_ORDERS", "MAX_GROUPS", "OPEN_BATCH",
-    "OPEN_WORK", "PRUNABLE", "ROOT_CLOSES", "STATUS_KEY", "GroupKey", "Queries", "StatusGroups",
-    "TaskQuery", "add_group", "before", "render",
+    "AT_RISK",
+    "FIND_IDLE_SINCE",
+    "FIND_IDLE_SINCE_CLOSED",
+    "INVALID_LABEL",
+    "LIST_ATTEMPTS",
+    "LIST_ORDERS",
+    "MAX_GROUPS",
+    "OPEN_BATCH",
+    "OPEN_WORK",
+    "PRUNABLE",
+    "ROOT_CLOSES",
+    "STATUS_KEY",
+    "TASK_COLUMNS",
+    "FindQuery",
+    "GroupKey",
+    "Queries",
+    "StatusGroups",
+    "TaskQuery",
+    "add_group",
+    "before",
+    "render",
 ]

@@ -1,4 +1,4 @@
-"""The operator's task listing: which tasks are stuck, with what they need to be traced.
+"""The operator's reads: one task, its children, ids by state, and the stuck-task listing.
 
 One query per listing, oldest task first unless another order is asked for: tasks (jobs:
 roots, and children that owe their own delivery, such as a LangGraph resume or recovery run)
@@ -6,7 +6,9 @@ by default, or the attempts (children that owe nobody a delivery) when asked, fi
 state, name label, idle time, age and one job. Each row carries its kind, its number of
 attempts (direct children that are attempts) and its position in the order (a cursor: the
 next page starts after the last row's, so a page costs the same at any depth). The caller
-hands in the task columns and the row validator, so a tampered row is never returned.
+hands in the task columns and the row validator, so a tampered row is never returned. The
+rules (what matches, in which order, how a cursor reads) are here; each backend's ``queries``
+writes the statements.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from .model import (
     TASK_STATES,
     InvalidInput,
     Task,
+    TaskNotFound,
     canonical_id,
     check_name,
     check_seconds,
     check_state,
+    is_canonical,
     task_kind,
 )
 
@@ -167,3 +171,54 @@ def list_tasks(
         listed.append(ListedTask(task, int(row[-4]), now - task.created_at,
                                  now - float(row[-3]), _cursor(order, row[-2], row[-1])))
     return TaskListing(listed, len(rows) > limit, now)
+
+
+def get_task(db: Database, task_id: str, to_task: Callable[[tuple[Any, ...]], Task]) -> Task:
+    """The task ``task_id`` (a canonical id); ``TaskNotFound`` when unknown."""
+    with db.read() as conn:
+        row = db.queries.task(conn, task_id)
+    if row is None:
+        raise TaskNotFound("task not found")
+    return to_task(row)
+
+
+def children_of(
+    db: Database, task_id: str, to_task: Callable[[tuple[Any, ...]], Task],
+    limit: int | None = None,
+) -> list[Task]:
+    """The direct children of ``task_id`` (a canonical id), oldest first (the first ``limit``
+    only, when given); ``TaskNotFound`` when unknown."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInput("limit must be a positive integer")
+    with db.read() as conn:
+        rows = db.queries.children(conn, task_id, limit)
+    if rows is None:
+        raise TaskNotFound("task not found")
+    return [to_task(row) for row in rows]
+
+
+def find_task_ids(
+    db: Database, status: str, *, stale_seconds: float | None = None, limit: int | None = None,
+    name: str | None = None, older_than_seconds: float | None = None,
+    task_id: Any = None,
+) -> list[str]:
+    """The ids of tasks in ``status`` (see :meth:`task_state_guard.Ledger.find_task_ids`)."""
+    state = check_state(status, TASK_STATES, "task status")
+    stale = None if stale_seconds is None else check_seconds(
+        stale_seconds, "stale_seconds", allow_zero=True
+    )
+    older = None if older_than_seconds is None else check_seconds(
+        older_than_seconds, "older_than_seconds", allow_zero=True
+    )
+    label = check_name(name)
+    job = None if task_id is None else canonical_id(task_id)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInput("limit must be a positive integer")
+    with db.read() as conn:
+        now = db.now()
+        ids = db.queries.find_ids(conn, queries.FindQuery(
+            status=state, open_only=state in ("queued", "running"),
+            idle_before=None if stale is None else now - stale, name=label,
+            created_before=None if older is None else now - older, job=job, limit=limit,
+        ))
+    return [i for i in ids if type(i) is str and is_canonical(i)]

@@ -19,6 +19,8 @@ from .. import rules
 from ..model import ATTEMPT_SQL, LOST_CODES
 from ..queries import (
     AT_RISK,
+    FIND_IDLE_SINCE,
+    FIND_IDLE_SINCE_CLOSED,
     LIST_ATTEMPTS,
     LIST_ORDERS,
     OPEN_BATCH,
@@ -26,6 +28,8 @@ from ..queries import (
     PRUNABLE,
     ROOT_CLOSES,
     STATUS_KEY,
+    TASK_COLUMNS,
+    FindQuery,
     GroupKey,
     StatusGroups,
     TaskQuery,
@@ -80,6 +84,9 @@ _OWNERS = (
 _TOTALS = "SELECT event, kind, state, code, total FROM tsg_totals"
 _TASK_SEQ = "SELECT seq FROM tsg_tasks WHERE id = ?"
 _EVENTS = "SELECT step, kind, state, code, at FROM tsg_events WHERE task_seq = ? ORDER BY step"
+_TASK = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = ?"
+_EXISTS = "SELECT 1 FROM tsg_tasks WHERE id = ?"
+_CHILDREN = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = ? ORDER BY seq"
 _COUNT_PRUNABLE = "SELECT count(*) FROM tsg_tasks WHERE " + render(PRUNABLE, _mark, "cutoff")
 _PRUNABLE_ROOTS = (
     "SELECT seq, delivery_updated_at FROM tsg_tasks WHERE " + render(PRUNABLE, _mark, "cutoff")
@@ -175,6 +182,31 @@ def _listing(columns: str, query: TaskQuery) -> tuple[str, list[Any]]:
     return sql, [*params, query.limit]
 
 
+def _finding(query: FindQuery) -> tuple[str, list[Any]]:
+    """The statement and values of a :class:`FindQuery`."""
+    sql = "SELECT id FROM tsg_tasks WHERE " + (
+        "delivery_status = 'pending' AND status = ?" if query.open_only else "status = ?")
+    params: list[Any] = [query.status]
+    if query.idle_before is not None:
+        since = FIND_IDLE_SINCE.get(query.status, FIND_IDLE_SINCE_CLOSED)
+        sql += f" AND {since} <= ?"
+        params.append(query.idle_before)
+    if query.name is not None:
+        sql += " AND name = ?"
+        params.append(query.name)
+    if query.created_before is not None:
+        sql += " AND created_at <= ?"
+        params.append(query.created_before)
+    if query.job is not None:
+        sql += " AND (id = ? OR parent_id = ?)"
+        params += [query.job, query.job]
+    sql += " ORDER BY seq"
+    if query.limit is not None:
+        sql += " LIMIT ?"
+        params.append(query.limit)
+    return sql, params
+
+
 class SQLiteQueries:
     """The SQLite backend's :class:`~task_state_guard.queries.Queries`."""
 
@@ -254,6 +286,24 @@ class SQLiteQueries:
     def list_tasks(conn: sqlite3.Connection, columns: str,
                    query: TaskQuery) -> list[tuple[Any, ...]]:
         return conn.execute(*_listing(columns, query)).fetchall()
+
+    @staticmethod
+    def task(conn: sqlite3.Connection, task_id: str) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = conn.execute(_TASK, (task_id,)).fetchone()
+        return row
+
+    @staticmethod
+    def children(conn: sqlite3.Connection, task_id: str,
+                 limit: int | None) -> list[tuple[Any, ...]] | None:
+        if conn.execute(_EXISTS, (task_id,)).fetchone() is None:
+            return None
+        if limit is None:
+            return conn.execute(_CHILDREN, (task_id,)).fetchall()
+        return conn.execute(_CHILDREN + " LIMIT ?", (task_id, limit)).fetchall()
+
+    @staticmethod
+    def find_ids(conn: sqlite3.Connection, query: FindQuery) -> list[Any]:
+        return [row[0] for row in conn.execute(*_finding(query))]
 
     @staticmethod
     def count_prunable(conn: sqlite3.Connection, cutoff: float) -> int:
