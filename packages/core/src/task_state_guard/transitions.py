@@ -120,9 +120,9 @@ Step: TypeAlias = Create | Start | Heartbeat | Heartbeats | Close | Deliver | Lo
 class Outcome(NamedTuple):
     """What a step did: ``row``, the changed task's row (:data:`TASK_COLUMNS`, or ``(seq,)``
     for a :class:`Create` or a :class:`Start` without ``full``; ``(count,)`` for
-    :class:`Heartbeats`), or None when the guard refused; ``now``, the clock reading it was judged with; ``found``,
-    when refused (or for :class:`Look`), the task's row as that transaction read it (None when
-    there is no such task)."""
+    :class:`Heartbeats`), or None when the guard refused; ``now``, the clock reading it was
+    judged with; ``found``, when refused (or for :class:`Look`), the task's row as that
+    transaction read it (None when there is no such task)."""
 
     row: tuple[Any, ...] | None
     now: float
