@@ -183,9 +183,8 @@ class PostgresDatabase:
         try:
             owners.keep_locks(self._target, self.busy_timeout_ms)
             if getattr(self._local, "bulk", False):
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(?)", (ddl.lock_key(PASS_KIND, self.schema),)
-                )
+                conn.run("SELECT pg_advisory_xact_lock(%(key)s)",
+                         {"key": ddl.lock_key(PASS_KIND, self.schema)})
                 conn.execute(ddl.COMPACT_TOTALS)
             yield conn
             if conn.failed:

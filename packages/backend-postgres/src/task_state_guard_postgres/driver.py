@@ -1,11 +1,12 @@
-"""psycopg connections for the ledger: the core's SQL text, errors as ledger errors, fork safety.
+"""psycopg connections for the ledger: the backend's SQL as written, errors as ledger errors,
+fork safety.
 
-The core writes its portable statements with SQLite's placeholders (``?`` and ``?N``); a
-:class:`Conn` translates them once per statement text to psycopg's and binds values on the
-client side, so a ``NULL`` or a repeated parameter needs no type annotation. The backend's own
-statements (the transitions, a guarded job's writes) are written in psycopg's named
-placeholders, every value cast to its type, and run as written: :meth:`Conn.run`, or
-:meth:`Conn.fetch_named` (prepared once per connection, values bound by the server).
+Every statement is the backend's own, written in psycopg's placeholders and run as written
+(nothing rewrites another dialect's text): :meth:`Conn.run` binds values on the client side,
+so a ``NULL`` or a repeated parameter needs no type annotation; :meth:`Conn.fetch_named` (the
+transitions, a guarded job's writes: every value cast to its type) is prepared once per
+connection, values bound by the server; :meth:`Conn.execute` runs a statement without
+parameters (``BEGIN``, a count, a DDL statement, doctor's shared checks).
 Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
 deadlocks and serialization failures), never the server's text, which may quote stored values.
 
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -33,7 +32,6 @@ from task_state_guard.model import LedgerBusy, LedgerError, StorageError, TaskNo
 
 from .url import SERVER_KEEPALIVE, Target
 
-_MARK = re.compile(r"\?(\d*)")
 _BUSY = (
     pg_errors.LockNotAvailable,
     pg_errors.DeadlockDetected,
@@ -41,30 +39,6 @@ _BUSY = (
     pg_errors.QueryCanceled,
 )
 _FOREIGN = (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.UndefinedFunction)
-
-@lru_cache(maxsize=1024)
-def translate_sql(sql: str) -> tuple[str, bool]:
-    """SQLite placeholders to psycopg's: ``?N`` -> ``%(pN)s``, ``?`` -> ``%s`` (``%`` escaped).
-
-    Returns the text and whether it uses numbered parameters.
-    """
-    numbered = False
-
-    def mark(match: re.Match[str]) -> str:
-        nonlocal numbered
-        if match.group(1):
-            numbered = True
-            return f"%(p{match.group(1)})s"
-        return "%s"
-
-    return _MARK.sub(mark, sql.replace("%", "%%")), numbered
-
-
-def _bind(numbered: bool, params: Sequence[Any]) -> Sequence[Any] | dict[str, Any]:
-    if numbered:
-        return {f"p{index}": value for index, value in enumerate(params, 1)}
-    return params
-
 
 def translate_error(exc: BaseException) -> LedgerError:
     """Map a driver error to a fixed ledger error (never the server's text)."""
@@ -126,20 +100,16 @@ class Conn:
         """True inside a transaction block that a failed statement aborted."""
         return self.raw.pgconn.transaction_status == pq.TransactionStatus.INERROR
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        """Run one statement; driver errors become ledger errors."""
+    def execute(self, sql: str) -> psycopg.Cursor[Any]:
+        """Run one statement without parameters, as written; driver errors become ledger
+        errors."""
         cursor = self.raw.cursor()
-        if params:
-            text, numbered = translate_sql(sql)
-            bound: Sequence[Any] | dict[str, Any] | None = _bind(numbered, params)
-        else:  # no parameters: the text goes as it is
-            text, bound = sql, None
         try:
-            cursor.execute(text, bound)
+            cursor.execute(sql)
         except psycopg.Error as exc:
             error = translate_error(exc)
         else:
-            if cursor.rowcount > 0 and _is_write(text):
+            if cursor.rowcount > 0 and _is_write(sql):
                 self.total_changes += cursor.rowcount
             return cursor
         raise error  # outside the handler: the driver's text is not even chained
@@ -156,7 +126,7 @@ class Conn:
             if cursor.rowcount > 0 and _is_write(sql):
                 self.total_changes += cursor.rowcount
             return cursor
-        raise error
+        raise error  # outside the handler: the driver's text is not even chained
 
     def run_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """Run one statement written in psycopg's placeholders once per row of values; return
@@ -194,20 +164,6 @@ class Conn:
             # Only statements run with ``prepare=True`` are prepared (ClientCursor never is).
             self.raw.prepare_threshold = 1 << 30
         return cursor
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run one statement per parameter row."""
-        text, numbered = translate_sql(sql)
-        cursor = self.raw.cursor()
-        try:
-            cursor.executemany(text, [_bind(numbered, row) for row in rows])
-        except psycopg.Error as exc:
-            error = translate_error(exc)
-        else:
-            if cursor.rowcount > 0:
-                self.total_changes += cursor.rowcount
-            return
-        raise error
 
     def stream(self, sql: str, size: int = 5000) -> Iterator[tuple[Any, ...]]:
         """The rows of one query (no parameters) through a server-side cursor, ``size`` rows
@@ -287,12 +243,14 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
         **SERVER_KEEPALIVE,
     }
     try:
-        calls = ", ".join(["set_config(?, ?, false)"] * len(settings))
-        conn.execute(f"SELECT {calls}", [v for item in settings.items() for v in item])
+        calls = ", ".join(f"set_config(%(k{i})s, %(v{i})s, false)" for i in range(len(settings)))
+        values = {f"{kind}{i}": value for i, item in enumerate(settings.items())
+                  for kind, value in zip("kv", item, strict=True)}
+        conn.run(f"SELECT {calls}", values)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-__all__ = ["Conn", "connect", "translate_error", "translate_sql"]
+__all__ = ["Conn", "connect", "translate_error"]

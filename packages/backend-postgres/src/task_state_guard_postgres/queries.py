@@ -29,7 +29,6 @@ from task_state_guard.queries import (
     PRUNABLE,
     ROOT_CLOSES,
     STATUS_KEY,
-    TASK_COLUMNS,
     FindQuery,
     GroupKey,
     StatusGroups,
@@ -38,6 +37,7 @@ from task_state_guard.queries import (
     before,
     render,
 )
+from task_state_guard.transitions import TASK_COLUMNS
 
 from . import ddl
 from .driver import Conn

@@ -20,12 +20,6 @@ from typing import Any, Protocol
 
 from . import rules
 
-#: A task's row, as :func:`~task_state_guard.ledger.row_to_task` reads it.
-TASK_COLUMNS = (
-    "seq, id, parent_id, name, status, terminal_code, delivery_required, delivery_status, "
-    "delivery_code, timeout_seconds, deadline_at, created_at, started_at, heartbeat_at, "
-    "ended_at, delivery_updated_at, updated_at, owner, payload_hash, version, framework_id"
-)
 #: The open work: every task whose delivery is not closed yet.
 OPEN_WORK = "delivery_status = 'pending'"
 #: What status counts tasks by: state, delivery state, name, is a root, owes its delivery.
@@ -226,7 +220,8 @@ class Queries(Protocol):
         ...
 
     def task(self, conn: Any, task_id: str) -> tuple[Any, ...] | None:
-        """The task's row (:data:`TASK_COLUMNS`), or None when no task has ``task_id``."""
+        """The task's row (:data:`~task_state_guard.transitions.TASK_COLUMNS`), or None when
+        no task has ``task_id``."""
         ...
 
     def children(self, conn: Any, task_id: str,
@@ -310,7 +305,6 @@ __all__ = [
     "PRUNABLE",
     "ROOT_CLOSES",
     "STATUS_KEY",
-    "TASK_COLUMNS",
     "FindQuery",
     "GroupKey",
     "Queries",

@@ -28,7 +28,6 @@ from ..queries import (
     PRUNABLE,
     ROOT_CLOSES,
     STATUS_KEY,
-    TASK_COLUMNS,
     FindQuery,
     GroupKey,
     StatusGroups,
@@ -36,6 +35,7 @@ from ..queries import (
     add_group,
     render,
 )
+from ..transitions import TASK_COLUMNS
 
 
 def _mark(name: str) -> str:
