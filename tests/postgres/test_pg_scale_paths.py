@@ -12,7 +12,7 @@ import pytest
 from pg_helpers import sql
 from task_state_guard import Ledger, ReconcilePolicy
 from task_state_guard import status as core_status
-from task_state_guard.sqlite.queries import SQLiteQueries
+from task_state_guard_postgres.driver import Conn
 from task_state_guard_postgres.queries import PostgresQueries
 
 T0 = 1_700_000_000.0
@@ -56,9 +56,23 @@ def _mixed_ledger(url: str, clock: Clock) -> None:
 
 class _PerRow(PostgresQueries):
     """The PostgreSQL queries with a pass's closes sent one statement per row (the row
-    trigger writes their events, totals and verdicts)."""
+    trigger writes their events, totals and verdicts), as SQLite sends them."""
 
-    close_lost = staticmethod(SQLiteQueries.close_lost)
+    @staticmethod
+    def close_lost(conn: Conn, timeouts: list[tuple[str, float, int]],
+                   deliveries: list[tuple[str, str, float, int]]) -> None:
+        if timeouts:
+            conn.run_many(
+                "UPDATE tsg_tasks SET status = 'timed_out', terminal_code = %(code)s, "
+                "ended_at = %(at)s, updated_at = %(at)s, version = version + 1 "
+                "WHERE seq = %(seq)s",
+                [{"code": code, "at": at, "seq": seq} for code, at, seq in timeouts])
+        if deliveries:
+            conn.run_many(
+                "UPDATE tsg_tasks SET delivery_status = %(state)s, delivery_code = %(code)s, "
+                "delivery_updated_at = %(at)s, version = version + 1 WHERE seq = %(seq)s",
+                [{"state": state, "code": code, "at": at, "seq": seq}
+                 for state, code, at, seq in deliveries])
 
 
 @pytest.mark.parametrize("grace", [0.0, 30.0, 10_000.0])
