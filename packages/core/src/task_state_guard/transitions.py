@@ -13,7 +13,6 @@ before any lock wait); a refusal there proves nothing, and the locked path runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias
 
 from . import reasons as r
@@ -39,8 +38,7 @@ TASK_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Create:
+class Create(NamedTuple):
     """Record a queued task (``ON CONFLICT DO NOTHING``): refused when the id exists (then
     ``found`` is its row) or the parent is missing or created after the clock."""
 
@@ -54,8 +52,7 @@ class Create:
     framework: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Start:
+class Start(NamedTuple):
     """Move a queued task to running, owned by ``owner`` (a token, or None), with its
     redelivery window; refused unless queued, with a clock not earlier than its last change
     and a deadline (clock + timeout) that is a finite timestamp. ``full``: answer with the
@@ -67,23 +64,20 @@ class Start:
     full: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(NamedTuple):
     """Record a running task's sign of life (no event, version unchanged)."""
 
     task_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeats:
+class Heartbeats(NamedTuple):
     """Heartbeat every running task among ``task_ids`` (one statement each, in order);
     the outcome's row is ``(count,)``, the rows changed."""
 
     task_ids: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Close:
+class Close(NamedTuple):
     """Close a queued or running task with ``status`` and ``code``; with ``settle`` a task
     that owes no delivery has its delivery closed ``not_applicable/internal_task`` in the same
     change (and the task's delivery must still be pending)."""
@@ -94,8 +88,7 @@ class Close:
     settle: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Deliver:
+class Deliver(NamedTuple):
     """Close the delivery of a terminal task whose delivery is pending, with ``status`` and
     ``code``; ``required`` is the ``delivery_required`` the state needs (0 only for
     ``not_applicable``)."""
@@ -106,8 +99,7 @@ class Deliver:
     required: int
 
 
-@dataclass(frozen=True, slots=True)
-class Look:
+class Look(NamedTuple):
     """Change nothing: read the clock and the task's row under the same lock a transition
     takes (to explain a step refused before any statement, or to judge a task first)."""
 
