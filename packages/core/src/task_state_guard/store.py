@@ -112,7 +112,9 @@ class Database(Protocol):
 
     @property
     def queries(self) -> Queries:
-        """The backend's answers to the aggregates' reads and a reconcile pass's writes."""
+        """Every other statement, in the backend's own dialect: the operator's reads (a task,
+        its children, its events, listings), the aggregates' reads (status, history, doctor's
+        parent lookup), and the writes of reconcile, prune and the verdict outbox."""
         ...
 
     def transition(self, spec: transitions.Step) -> transitions.Outcome:
