@@ -16,18 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from task_state_guard.attempts import FLOAT_MAX
 from task_state_guard.transitions import (
     TASK_COLUMNS,
-    Close,
-    Create,
-    Deliver,
-    Heartbeat,
     Heartbeats,
     Look,
     Outcome,
-    Start,
     Step,
+    bind,
 )
 
 from .driver import Conn
@@ -89,45 +84,16 @@ _DELIVER = (
     f"AND delivery_required = %(required)s::int AND {_NOW} >= updated_at "
     f"AND {_NOW} >= delivery_updated_at"
 )
-_START_SQL = {False: _START + " RETURNING seq", True: _START + _RETURNING}
-_CLOSE_SQL = {False: _CLOSE + _RETURNING, True: _CLOSE_SETTLED + _RETURNING}
-
-
-def _create(spec: Create, now: float) -> tuple[str, dict[str, Any]]:
-    return _CREATE, {
-        "now": now, "id": spec.task_id, "parent": spec.parent_id, "name": spec.name,
-        "required": int(spec.delivery_required), "hash": spec.payload_hash,
-        "timeout": spec.timeout_seconds, "fid": spec.framework_id, "framework": spec.framework,
-    }
-
-
-def _start(spec: Start, now: float) -> tuple[str, dict[str, Any]]:
-    return _START_SQL[spec.full], {
-        "now": now, "id": spec.task_id, "owner": spec.owner,
-        "redelivery": spec.redelivery_seconds, "fmax": FLOAT_MAX,
-    }
-
-
-def _heartbeat(spec: Heartbeat, now: float) -> tuple[str, dict[str, Any]]:
-    return _HEARTBEAT + _RETURNING, {"now": now, "id": spec.task_id}
-
-
-def _close(spec: Close, now: float) -> tuple[str, dict[str, Any]]:
-    return _CLOSE_SQL[spec.settle], {
-        "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
-    }
-
-
-def _deliver(spec: Deliver, now: float) -> tuple[str, dict[str, Any]]:
-    return _DELIVER + _RETURNING, {
-        "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
-        "required": spec.required,
-    }
-
-
-_STATEMENTS: dict[type, Callable[[Any, float], tuple[str, dict[str, Any]]]] = {
-    Create: _create, Start: _start, Heartbeat: _heartbeat, Close: _close, Deliver: _deliver,
+_STATEMENTS = {
+    "create": _CREATE, "start": _START + _RETURNING, "start_seq": _START + " RETURNING seq",
+    "heartbeat": _HEARTBEAT + _RETURNING, "close": _CLOSE + _RETURNING,
+    "close_settled": _CLOSE_SETTLED + _RETURNING, "deliver": _DELIVER + _RETURNING,
 }
+
+
+def _bound(spec: Any, now: float) -> tuple[str, dict[str, Any]]:
+    name, values = bind(spec, now)
+    return _STATEMENTS[name], values
 
 
 def has_fast_path(spec: Step) -> bool:
@@ -138,7 +104,7 @@ def has_fast_path(spec: Step) -> bool:
 def try_alone(conn: Conn, spec: Step, now: float) -> tuple[Any, ...] | None:
     """Run a changing step's statement as its own transaction (outside any transaction
     block): its row, or None (refused: that proves nothing)."""
-    rows = conn.fetch_named(*_STATEMENTS[type(spec)](spec, now))
+    rows = conn.fetch_named(*_bound(spec, now))
     return rows[0] if rows else None
 
 
@@ -152,7 +118,7 @@ def run_locked(conn: Conn, spec: Step, now: Callable[[], float]) -> Outcome:
     conn.run(_LOCK, {"id": spec.task_id})
     at = now()
     if not isinstance(spec, Look):
-        rows = conn.fetch_named(*_STATEMENTS[type(spec)](spec, at))
+        rows = conn.fetch_named(*_bound(spec, at))
         if rows:
             return Outcome(rows[0], at, None)
     found = conn.fetch_named(_SELECT_BY_ID, {"id": spec.task_id})

@@ -13,9 +13,11 @@ before any lock wait); a refusal there proves nothing, and the locked path runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple, TypeAlias
 
 from . import reasons as r
+from .attempts import FLOAT_MAX
 from .model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -121,6 +123,59 @@ class Outcome(NamedTuple):
     found: tuple[Any, ...] | None
 
 
+#: The statements a backend writes for the changing steps, by the name :func:`bind` gives:
+#: ``start`` and ``close`` answer with the task's row, ``start_seq`` with its ``seq`` only,
+#: ``close_settled`` also settles the delivery of a task that owes none.
+STATEMENTS = ("create", "start", "start_seq", "heartbeat", "close", "close_settled", "deliver")
+
+
+def _create(step: Create, now: float) -> tuple[str, dict[str, Any]]:
+    return "create", {
+        "now": now, "id": step.task_id, "parent": step.parent_id, "name": step.name,
+        "required": int(step.delivery_required), "hash": step.payload_hash,
+        "timeout": step.timeout_seconds, "fid": step.framework_id, "framework": step.framework,
+    }
+
+
+def _start(step: Start, now: float) -> tuple[str, dict[str, Any]]:
+    # fmax, the largest finite float: a start whose deadline (now + timeout) would not be a
+    # finite timestamp is refused.
+    return "start" if step.full else "start_seq", {
+        "now": now, "id": step.task_id, "owner": step.owner,
+        "redelivery": step.redelivery_seconds, "fmax": FLOAT_MAX,
+    }
+
+
+def _heartbeat(step: Heartbeat, now: float) -> tuple[str, dict[str, Any]]:
+    return "heartbeat", {"now": now, "id": step.task_id}
+
+
+def _close(step: Close, now: float) -> tuple[str, dict[str, Any]]:
+    return "close_settled" if step.settle else "close", {
+        "now": now, "id": step.task_id, "status": step.status, "code": step.code,
+    }
+
+
+def _deliver(step: Deliver, now: float) -> tuple[str, dict[str, Any]]:
+    return "deliver", {
+        "now": now, "id": step.task_id, "status": step.status, "code": step.code,
+        "required": step.required,
+    }
+
+
+_BINDERS: dict[type, Callable[[Any, float], tuple[str, dict[str, Any]]]] = {
+    Create: _create, Start: _start, Heartbeat: _heartbeat, Close: _close, Deliver: _deliver,
+}
+
+
+def bind(step: Create | Start | Heartbeat | Close | Deliver,
+         now: float) -> tuple[str, dict[str, Any]]:
+    """The statement (one of :data:`STATEMENTS`) that runs ``step`` judged at ``now``, and
+    the values it binds by name (``now``, ``id`` and the step's own); every backend's text
+    for that statement uses exactly these names."""
+    return _BINDERS[type(step)](step, now)
+
+
 def row_to_task(row: tuple[Any, ...]) -> Task:
     """Build a Task from a row selected with TASK_COLUMNS; a tampered row is never returned."""
     if not row_is_valid(row):
@@ -185,6 +240,18 @@ def _float(value: Any) -> float | None:
 
 
 __all__ = [
-    "TASK_COLUMNS", "Close", "Create", "Deliver", "Heartbeat", "Heartbeats", "Look", "Outcome",
-    "Start", "Step", "row_is_valid", "row_to_task",
+    "STATEMENTS",
+    "TASK_COLUMNS",
+    "Close",
+    "Create",
+    "Deliver",
+    "Heartbeat",
+    "Heartbeats",
+    "Look",
+    "Outcome",
+    "Start",
+    "Step",
+    "bind",
+    "row_is_valid",
+    "row_to_task",
 ]

@@ -6,21 +6,15 @@ whole database is locked before the clock is read); the schema's triggers write 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from typing import Any
 
-from ..attempts import FLOAT_MAX
 from ..transitions import (
     TASK_COLUMNS,
-    Close,
-    Create,
-    Deliver,
-    Heartbeat,
     Heartbeats,
     Look,
     Outcome,
-    Start,
     Step,
+    bind,
 )
 from . import connections
 
@@ -76,45 +70,16 @@ _DELIVER = (
     "AND delivery_status = 'pending' AND status IN ('succeeded','failed','timed_out','cancelled') "
     "AND delivery_required = :required AND :now >= updated_at AND :now >= delivery_updated_at"
 )
-_START_SQL = {False: _START + " RETURNING seq", True: _START + _RETURNING}
-_CLOSE_SQL = {False: _CLOSE + _RETURNING, True: _CLOSE_SETTLED + _RETURNING}
-
-
-def _create(spec: Create, now: float) -> tuple[str, dict[str, Any]]:
-    return _CREATE, {
-        "now": now, "id": spec.task_id, "parent": spec.parent_id, "name": spec.name,
-        "required": int(spec.delivery_required), "hash": spec.payload_hash,
-        "timeout": spec.timeout_seconds, "fid": spec.framework_id, "framework": spec.framework,
-    }
-
-
-def _start(spec: Start, now: float) -> tuple[str, dict[str, Any]]:
-    return _START_SQL[spec.full], {
-        "now": now, "id": spec.task_id, "owner": spec.owner,
-        "redelivery": spec.redelivery_seconds, "fmax": FLOAT_MAX,
-    }
-
-
-def _heartbeat(spec: Heartbeat, now: float) -> tuple[str, dict[str, Any]]:
-    return _HEARTBEAT + _RETURNING, {"now": now, "id": spec.task_id}
-
-
-def _close(spec: Close, now: float) -> tuple[str, dict[str, Any]]:
-    return _CLOSE_SQL[spec.settle], {
-        "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
-    }
-
-
-def _deliver(spec: Deliver, now: float) -> tuple[str, dict[str, Any]]:
-    return _DELIVER + _RETURNING, {
-        "now": now, "id": spec.task_id, "status": spec.status, "code": spec.code,
-        "required": spec.required,
-    }
-
-
-_STATEMENTS: dict[type, Callable[[Any, float], tuple[str, dict[str, Any]]]] = {
-    Create: _create, Start: _start, Heartbeat: _heartbeat, Close: _close, Deliver: _deliver,
+_STATEMENTS = {
+    "create": _CREATE, "start": _START + _RETURNING, "start_seq": _START + " RETURNING seq",
+    "heartbeat": _HEARTBEAT + _RETURNING, "close": _CLOSE + _RETURNING,
+    "close_settled": _CLOSE_SETTLED + _RETURNING, "deliver": _DELIVER + _RETURNING,
 }
+
+
+def _bound(spec: Any, now: float) -> tuple[str, dict[str, Any]]:
+    name, values = bind(spec, now)
+    return _STATEMENTS[name], values
 
 
 def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
@@ -128,7 +93,7 @@ def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
         if not isinstance(spec, Look):
             # Every row fetched: the statement runs to its end and is reset, so its cached
             # compilation is reused by the next call.
-            rows = conn.execute(*_STATEMENTS[type(spec)](spec, now)).fetchall()
+            rows = conn.execute(*_bound(spec, now)).fetchall()
             if rows:
                 return Outcome(rows[0], now, None)
         found = conn.execute(SELECT_BY_ID, {"id": spec.task_id}).fetchone()
