@@ -187,6 +187,12 @@ def test_held_lock_of_an_earlier_incarnation_is_alive(pg_url: str) -> None:
     with psycopg.connect(PG_BASE, autocommit=True) as holder:  # an owner that locked again
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))
         assert _probe(pg_url + "&owner_reconnect_seconds=0", token) is Liveness.ALIVE
+        assert _holders(pg_url, token)
+    # Closing a connection does not wait for the server to end its session (and release the
+    # lock): wait until the lock is gone, as a later reconcile would find it.
+    deadline = time.monotonic() + 30
+    while _holders(pg_url, token) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert _probe(pg_url + "&owner_reconnect_seconds=0", token) is Liveness.DEAD
 
 
