@@ -91,11 +91,6 @@ _STATEMENTS = {
 }
 
 
-def _bound(spec: Any, now: float) -> tuple[str, dict[str, Any]]:
-    name, values = bind(spec, now)
-    return _STATEMENTS[name], values
-
-
 def has_fast_path(spec: Step) -> bool:
     """True for a step :func:`try_alone` can run (one task, one change)."""
     return not isinstance(spec, Heartbeats | Look)
@@ -104,7 +99,8 @@ def has_fast_path(spec: Step) -> bool:
 def try_alone(conn: Conn, spec: Step, now: float) -> tuple[Any, ...] | None:
     """Run a changing step's statement as its own transaction (outside any transaction
     block): its row, or None (refused: that proves nothing)."""
-    rows = conn.fetch_named(*_bound(spec, now))
+    name, values = bind(spec, now)
+    rows = conn.fetch_named(_STATEMENTS[name], values)
     return rows[0] if rows else None
 
 
@@ -118,7 +114,8 @@ def run_locked(conn: Conn, spec: Step, now: Callable[[], float]) -> Outcome:
     conn.run(_LOCK, {"id": spec.task_id})
     at = now()
     if not isinstance(spec, Look):
-        rows = conn.fetch_named(*_bound(spec, at))
+        name, values = bind(spec, at)
+        rows = conn.fetch_named(_STATEMENTS[name], values)
         if rows:
             return Outcome(rows[0], at, None)
     found = conn.fetch_named(_SELECT_BY_ID, {"id": spec.task_id})

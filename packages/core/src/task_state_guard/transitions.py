@@ -168,11 +168,11 @@ _BINDERS: dict[type, Callable[[Any, float], tuple[str, dict[str, Any]]]] = {
 }
 
 
-def bind(step: Create | Start | Heartbeat | Close | Deliver,
-         now: float) -> tuple[str, dict[str, Any]]:
-    """The statement (one of :data:`STATEMENTS`) that runs ``step`` judged at ``now``, and
-    the values it binds by name (``now``, ``id`` and the step's own); every backend's text
-    for that statement uses exactly these names."""
+def bind(step: Step, now: float) -> tuple[str, dict[str, Any]]:
+    """The statement (one of :data:`STATEMENTS`) that runs a changing ``step`` (not
+    :class:`Heartbeats` or :class:`Look`) judged at ``now``, and the values it binds by name
+    (``now``, ``id`` and the step's own); every backend's text for that statement uses
+    exactly these names."""
     return _BINDERS[type(step)](step, now)
 
 

@@ -6,7 +6,6 @@ whole database is locked before the clock is read); the schema's triggers write 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from ..transitions import (
     TASK_COLUMNS,
@@ -77,11 +76,6 @@ _STATEMENTS = {
 }
 
 
-def _bound(spec: Any, now: float) -> tuple[str, dict[str, Any]]:
-    name, values = bind(spec, now)
-    return _STATEMENTS[name], values
-
-
 def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
     """Run ``spec`` inside the caller's write transaction, judged at ``now`` (read after the
     transaction took the database's write lock); on a refusal, read the task's row."""
@@ -93,7 +87,8 @@ def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
         if not isinstance(spec, Look):
             # Every row fetched: the statement runs to its end and is reset, so its cached
             # compilation is reused by the next call.
-            rows = conn.execute(*_bound(spec, now)).fetchall()
+            name, values = bind(spec, now)
+            rows = conn.execute(_STATEMENTS[name], values).fetchall()
             if rows:
                 return Outcome(rows[0], now, None)
         found = conn.execute(SELECT_BY_ID, {"id": spec.task_id}).fetchone()
