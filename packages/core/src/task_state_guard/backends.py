@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_plus
 
 from . import reasons as r
-from .model import StorageError
+from .model import InvalidInput, StorageError
 
 if TYPE_CHECKING:
     from .store import Database
@@ -74,10 +74,27 @@ def kind_of(target: object) -> str:
     return "postgresql" if is_url(target) else "sqlite"
 
 
+def check_options(options: dict[str, Any]) -> None:
+    """``InvalidInput`` for a ledger option every backend shares that is not valid: a clock
+    that is not callable, a busy timeout that is not an integer in 0..600,000 ms, a flag that
+    is not a boolean."""
+    if not callable(options["clock"]):
+        raise InvalidInput("clock must be callable")
+    timeout = options["busy_timeout_ms"]
+    if isinstance(timeout, bool) or not isinstance(timeout, int):
+        raise InvalidInput("busy_timeout_ms must be an integer")
+    if not 0 <= timeout <= 600_000:
+        raise InvalidInput("busy_timeout_ms is out of range")
+    for flag in ("allow_external_acl", "read_only", "transient_sidecars", "create"):
+        if not isinstance(options[flag], bool):
+            raise InvalidInput("flags must be booleans")
+
+
 def open_store(target: object, **options: Any) -> Database:
     """The database object of the ledger at ``target`` from the backend of its kind (nothing
-    is connected yet); ``StorageError`` with :data:`MISSING_BACKEND` when that backend (or its
-    driver) is not installed."""
+    is connected yet), once :func:`check_options` accepted ``options``; ``StorageError`` with
+    :data:`MISSING_BACKEND` when that backend (or its driver) is not installed."""
+    check_options(options)
     try:
         backend = importlib.import_module(BACKENDS[kind_of(target)])
     except ImportError:
