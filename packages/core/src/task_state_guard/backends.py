@@ -24,10 +24,9 @@ MISSING_BACKEND = (
     "a PostgreSQL ledger needs the task-state-guard-postgres package "
     "(pip install task-state-guard-postgres)"
 )
-_BACKEND_MODULE = "task_state_guard_postgres"
 #: Each kind of ledger target and the module whose ``open_database(target, **options)`` makes
 #: its database object (``options``: every ``Ledger`` option; a backend uses those it has).
-BACKENDS = {"postgresql": _BACKEND_MODULE, "sqlite": "task_state_guard.sqlite.database"}
+BACKENDS = {"postgresql": "task_state_guard_postgres", "sqlite": "task_state_guard.sqlite.database"}
 
 
 def is_url(target: object) -> bool:
@@ -103,21 +102,7 @@ def open_store(target: object, **options: Any) -> Database:
     return db
 
 
-def open_database(url: str, **options: Any) -> Database:
-    """Open the PostgreSQL backend's database object for ``url``.
-
-    Raises ``StorageError`` with :data:`MISSING_BACKEND` when the backend (or its driver) is
-    not installed.
-    """
-    try:
-        backend = importlib.import_module(_BACKEND_MODULE)
-    except ImportError:
-        raise StorageError(MISSING_BACKEND, reason=r.BACKEND_MISSING) from None
-    db: Database = backend.open_database(url, **options)
-    return db
-
-
 __all__ = [
-    "BACKENDS", "MISSING_BACKEND", "URL_PREFIXES", "is_url", "kind_of", "open_database",
+    "BACKENDS", "MISSING_BACKEND", "URL_PREFIXES", "check_options", "is_url", "kind_of",
     "open_store", "redact",
 ]
