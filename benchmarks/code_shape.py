@@ -3,7 +3,8 @@
 Static (``ast``), so it reads any checkout without importing it:
 
 - ``store_protocol_members``: members defined in the body of the protocol class the backends
-  implement (the first of :data:`PROTOCOLS` found in the core package), with their names;
+  implement (the first of :data:`PROTOCOLS` found in the core package), with their names (a
+  method's ``typing.overload`` signatures and its implementation are one member);
 - ``ledger_lines``: lines of ``class Ledger`` in the core package;
 - ``import_cycles``: cycles among the modules of the core and PostgreSQL packages (imports at
   any level, ``TYPE_CHECKING`` blocks included: a circle a type checker needs is still one),
@@ -58,15 +59,18 @@ def _protocol(tree: Path, modules: dict[str, Path]) -> dict[str, Any]:
                 if isinstance(node, ast.ClassDef) and node.name == wanted and any(
                     getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases
                 ):
-                    members = []
+                    members: list[str] = []
                     for item in node.body:
                         if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                            members.append(item.name)
+                            names = [item.name]
                         elif isinstance(item, ast.AnnAssign) and isinstance(item.target,
                                                                            ast.Name):
-                            members.append(item.target.id)
+                            names = [item.target.id]
                         elif isinstance(item, ast.Assign):
-                            members += [t.id for t in item.targets if isinstance(t, ast.Name)]
+                            names = [t.id for t in item.targets if isinstance(t, ast.Name)]
+                        else:
+                            names = []
+                        members += [n for n in names if n not in members]  # overloads: one
                     return {"class": f"{name}.{wanted}", "count": len(members),
                             "members": members}
     return {"class": None, "count": None, "members": []}

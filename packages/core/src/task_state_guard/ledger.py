@@ -1,8 +1,8 @@
 """The Ledger: the public facade over one store (SQLite or PostgreSQL).
 
 Every transition is validated and explained in :mod:`task_state_guard.writes` and run by the
-store (``Database.transition``, ``begin_attempt``, ``end_attempt``) with its own SQL; reads
-and aggregates run in their own modules.
+store (``Database.transition``: a one-task step, *begin attempt*, *end attempt*) with its own
+SQL; reads and aggregates run in their own modules.
 """
 
 from __future__ import annotations
@@ -97,12 +97,12 @@ class Ledger:
     @property
     def path(self) -> str:
         """Absolute path of the database file (a PostgreSQL URL without its password)."""
-        return self._db.path
+        return self._db.opened.path
 
     @property
     def read_only(self) -> bool:
         """True when this ledger was opened with ``read_only=True``."""
-        return self._db.read_only
+        return self._db.opened.read_only
 
     @property
     def schema_version(self) -> int | None:
@@ -415,7 +415,7 @@ class Ledger:
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""
-        return self._db.doctor()
+        return self._db.health.doctor()
 
     def status(self, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
@@ -443,7 +443,7 @@ class Ledger:
         """Describe the storage in force (no paths, no credentials): for SQLite the permission
         model (``posix_mode`` or ``external_acl``), journal mode, foreign keys and busy
         timeout, and more."""
-        return self._db.storage_info()
+        return self._db.health.storage()
 
 
 __all__ = ["TASK_COLUMNS", "Ledger", "LedgerError", "row_to_task"]
