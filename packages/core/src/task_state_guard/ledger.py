@@ -65,12 +65,12 @@ class Ledger:
     @property
     def path(self) -> str:
         """Absolute path of the database file (a PostgreSQL URL without its password)."""
-        return self._db.path
+        return self._db.opened.path
 
     @property
     def read_only(self) -> bool:
         """True when this ledger was opened with ``read_only=True``."""
-        return self._db.read_only
+        return self._db.opened.read_only
 
     @property
     def schema_version(self) -> int | None:
@@ -253,7 +253,7 @@ class Ledger:
 
     def doctor(self) -> dict[str, Any]:
         """Check the ledger's health; counts only."""
-        return self._db.doctor()
+        return self._db.health.doctor()
 
     def status(self, *, active_grace_seconds: float | None = None) -> dict[str, Any]:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
@@ -274,7 +274,7 @@ class Ledger:
 
     def storage_info(self) -> dict[str, Any]:
         """Describe the storage in force (no paths, no credentials)."""
-        return self._db.storage_info()
+        return self._db.health.storage()
 
 
 __all__ = ["TASK_COLUMNS", "Ledger", "LedgerError", "row_to_task"]
