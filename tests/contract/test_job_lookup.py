@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,20 @@ def test_the_namespaces_are_the_published_ones() -> None:
     assert job_task_id("celery", CUSTOM) == str(uuid.uuid5(celery, "celery-task:" + CUSTOM))
     assert job_task_id("dramatiq", CUSTOM) == str(uuid.uuid5(dramatiq, CUSTOM))
     assert job_task_id("langgraph", CUSTOM) == str(uuid.uuid5(langgraph, CUSTOM))
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    ["7", "a" * 1000, "é-ü-✓-\U0001d11e", " spaced\tid\n", str(uuid.UUID(int=0)), "\x00"],
+)
+def test_every_job_id_maps_to_the_uuid5_of_its_namespace(job_id: str) -> None:
+    """The ids are computed without uuid.uuid5 (a prehashed namespace): still exactly it."""
+    spaces = {"celery": (uuid.UUID("5b0c0e52-7c8f-5d0e-9a51-0c3e1a7a4c11"), "celery-task:"),
+              "dramatiq": (uuid.uuid5(uuid.NAMESPACE_URL, "urn:task-state-guard:dramatiq:message"),
+                           ""),
+              "langgraph": (uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42"), "")}
+    for framework, (namespace, prefix) in spaces.items():
+        assert job_task_id(framework, job_id) == str(uuid.uuid5(namespace, prefix + job_id))
 
 
 @pytest.mark.parametrize("custom", [False, True], ids=["framework-id", "custom-id"])
