@@ -148,7 +148,8 @@ class ChildReceivers:
                     # the replaced tasks waiting on it end with it.
                     also += self.links.end_replaced(att.stages, status, code)
                 att.released = True  # end_attempt releases the attempt and its logical task
-                self.rt.release(*att.stages.values())
+                if att.stages:
+                    self.rt.release(*att.stages.values())
                 self.rt.end_attempt(
                     att.attempt_id, (status, code), logical_id=att.parent_id,
                     settled=(status, code) if parent_close else None, retry=retry,
