@@ -240,6 +240,11 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
         # PostgreSQL's 0 would wait for ever; SQLite's 0 fails at once: keep the latter.
         "lock_timeout": f"{max(1, busy_timeout_ms)}ms",
         "default_transaction_read_only": "on" if read_only else "off",
+        # The prepared statements (transitions, a guarded job's writes) and the row trigger's
+        # run on the plan the server keeps for them: no planning per call (a custom plan of
+        # *end attempt* cost more to plan than to run). Each is written so that its generic
+        # plan finds its rows by id.
+        "plan_cache_mode": "force_generic_plan",
         **SERVER_KEEPALIVE,
     }
     try:
