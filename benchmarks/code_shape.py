@@ -3,14 +3,20 @@
 Static (``ast``), so it reads any checkout without importing it:
 
 - ``store_protocol_members``: members defined in the body of the protocol class the backends
-  implement (the first of :data:`PROTOCOLS` found in the core package), with their names;
+  implement (the first of :data:`PROTOCOLS` found in the core package), with their names (a
+  method's ``typing.overload`` signatures and its implementation are one member);
 - ``ledger_lines``: lines of ``class Ledger`` in the core package;
 - ``import_cycles``: cycles among the modules of the core and PostgreSQL packages (imports at
   any level, ``TYPE_CHECKING`` blocks included: a circle a type checker needs is still one),
   each as a list of modules; ``runtime_import_cycles`` without the ``TYPE_CHECKING`` blocks;
 - ``private_names_outside_module``: uses of a ``_name`` of another module of the project (an
   import of it, ``module._name``, or ``obj._name`` on anything but ``self``/``cls`` where no
-  class of the using module defines ``_name``), with the most used names;
+  class of the using module defines ``_name``), with the most used names. Not counted: a
+  namedtuple's ``_replace``, ``_asdict``, ``_fields`` and ``_make`` (public API, underscored
+  only so they cannot clash with field names), and the frameworks' own privates
+  (:data:`FRAMEWORK_PRIVATES`), which are reported apart as ``framework_private_names`` with
+  their uses: the target is no private *project* name used outside its module, and a
+  framework's private is kept only where the framework has no public way to do the same.
 - ``placeholder_rewriting``: whether the PostgreSQL package rewrites SQLite placeholders
   (a regex over ``?`` in SQL text).
 
@@ -27,6 +33,21 @@ from pathlib import Path
 from typing import Any
 
 PROTOCOLS = ("Store", "StoreSession", "Database")
+#: A namedtuple's public methods and attributes (underscored so they cannot clash with fields).
+NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
+#: Private attributes of a framework's objects an adapter uses: the name, and the package whose
+#: uses of it are the framework's (elsewhere the name counts as the project's), with why no
+#: public API does the same in the framework versions the adapter supports:
+FRAMEWORK_PRIVATES = {
+    # LangGraph's PostgresSaver / AsyncPostgresSaver (langgraph-checkpoint-postgres): recover()
+    # lists thread ids with one skip scan. ``_cursor()`` is the saver's only way to a cursor
+    # that honours its lock, its connection pool and its pipeline; ``conn``, ``lock`` and
+    # ``pipe`` are public, but choosing a pooled connection goes through the package's
+    # private ``_internal.get_connection``, so rebuilding it would use privates too.
+    "_cursor": "task_state_guard_langgraph",
+}
+# Not kept: Celery's ``current_task._get_current_object()`` (a proxy's private) is the public
+# ``Celery.current_task`` property (the task running in this thread, or None; Celery >= 5.7).
 CORE = "packages/core/src/task_state_guard"
 POSTGRES = "packages/backend-postgres/src/task_state_guard_postgres"
 
@@ -58,15 +79,18 @@ def _protocol(tree: Path, modules: dict[str, Path]) -> dict[str, Any]:
                 if isinstance(node, ast.ClassDef) and node.name == wanted and any(
                     getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases
                 ):
-                    members = []
+                    members: list[str] = []
                     for item in node.body:
                         if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                            members.append(item.name)
+                            names = [item.name]
                         elif isinstance(item, ast.AnnAssign) and isinstance(item.target,
                                                                            ast.Name):
-                            members.append(item.target.id)
+                            names = [item.target.id]
                         elif isinstance(item, ast.Assign):
-                            members += [t.id for t in item.targets if isinstance(t, ast.Name)]
+                            names = [t.id for t in item.targets if isinstance(t, ast.Name)]
+                        else:
+                            names = []
+                        members += [n for n in names if n not in members]  # overloads: one
                     return {"class": f"{name}.{wanted}", "count": len(members),
                             "members": members}
     return {"class": None, "count": None, "members": []}
@@ -166,7 +190,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _private_uses(modules: dict[str, Path]) -> dict[str, Any]:
     uses: Counter[str] = Counter()
-    for path in modules.values():
+    framework: Counter[str] = Counter()
+    for name, path in modules.items():
         mod = _parse(path)
         own = {n.name for n in ast.walk(mod)
                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
@@ -190,10 +215,14 @@ def _private_uses(modules: dict[str, Path]) -> dict[str, Any]:
                     continue
                 if isinstance(base, ast.Call) and getattr(base.func, "id", "") == "super":
                     continue
-                if node.attr in own:
+                if node.attr in own or node.attr in NAMEDTUPLE_API:
+                    continue
+                if _in(name, (FRAMEWORK_PRIVATES.get(node.attr, ""),)):
+                    framework[node.attr] += 1
                     continue
                 uses[node.attr] += 1
-    return {"count": sum(uses.values()), "top": dict(uses.most_common(15))}
+    return {"count": sum(uses.values()), "top": dict(uses.most_common(15)),
+            "framework": dict(framework.most_common())}
 
 
 def _rewrites(tree: Path) -> bool:
@@ -223,6 +252,7 @@ def measure(tree: Path) -> dict[str, Any]:
         "runtime_import_cycles": len(runtime_cycles),
         "private_names_outside_module": private["count"],
         "private_names_top": private["top"],
+        "framework_private_names": private["framework"],
         "placeholder_rewriting": _rewrites(tree),
     }
 

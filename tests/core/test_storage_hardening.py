@@ -272,3 +272,29 @@ def test_the_creating_commands_and_create_false(db: str, tmp_path: Path) -> None
             fresh = str(tmp_path / command / "tasks.sqlite")
             assert_json_line(run_cli("--db", fresh, command))
             assert os.path.exists(fresh)
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("clock", 5, "clock must be callable"),
+    ("clock", 0, "clock must be callable"),
+    ("busy_timeout_ms", 1.5, "busy_timeout_ms must be an integer"),
+    ("busy_timeout_ms", True, "busy_timeout_ms must be an integer"),
+    ("busy_timeout_ms", -1, "busy_timeout_ms is out of range"),
+    ("busy_timeout_ms", 600_001, "busy_timeout_ms is out of range"),
+    ("read_only", 1, "flags must be booleans"),
+    ("create", "yes", "flags must be booleans"),
+    ("transient_sidecars", None, "flags must be booleans"),
+    ("allow_external_acl", 0, "flags must be booleans"),
+])
+def test_an_invalid_open_option_is_refused_before_anything_is_made(
+    db: str, option: str, value: object, message: str
+) -> None:
+    """Every backend refuses the same invalid options with the same fixed error, before it
+    connects or creates anything."""
+    with pytest.raises(InvalidInput) as info:
+        Ledger(db, **{option: value})  # type: ignore[arg-type]
+    assert str(info.value) == message
+    if is_sqlite(db):
+        assert not os.path.exists(db)
+    else:
+        assert not pg_schema_exists(db)

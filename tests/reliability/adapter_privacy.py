@@ -12,7 +12,6 @@ import contextlib
 import io
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 from task_state_guard import cli
 
@@ -41,7 +40,7 @@ def captured_logs() -> Iterator[list[str]]:
         root.setLevel(old_level)
 
 
-def cli_outputs(db_path: Path, task_ids: list[str]) -> list[str]:
+def cli_outputs(db: str, task_ids: list[str]) -> list[str]:
     outputs = []
     commands = [["status"], ["metrics"], ["status", "--format", "text"], ["doctor"],
                 ["tasks", "--status", "succeeded"], ["tasks", "--status", "failed"]]
@@ -49,13 +48,13 @@ def cli_outputs(db_path: Path, task_ids: list[str]) -> list[str]:
     for args in commands:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            cli.main(["--db", str(db_path), *args])
+            cli.main(["--db", db, *args])
         outputs.append(out.getvalue())
     return outputs
 
 
 @adapter_privacy_run("langgraph")
-def langgraph_run(db_path: Path, canary: str) -> list[str]:
+def langgraph_run(db: str, canary: str) -> list[str]:
     from typing import TypedDict
 
     from langgraph.graph import END, START, StateGraph
@@ -92,12 +91,12 @@ def langgraph_run(db_path: Path, canary: str) -> list[str]:
     bad.add_edge("boom", END)
     ids = []
     with captured_logs() as logs:
-        app = guard(ok.compile(), db=str(db_path), strict=True)
+        app = guard(ok.compile(), db=db, strict=True)
         out = app.invoke({"text": f"prompt {canary}"}, invocation_id=f"request {canary}")
         assert canary in out["text"]
         app.mark_delivered(f"request {canary}")
         ids.append(str(app.logical_task_id(f"request {canary}")))
-        failing = guard(bad.compile(), db=str(db_path), strict=True)
+        failing = guard(bad.compile(), db=db, strict=True)
         try:
             failing.invoke({"text": f"prompt {canary}"}, invocation_id=f"failing {canary}")
         except RuntimeError:
@@ -108,14 +107,14 @@ def langgraph_run(db_path: Path, canary: str) -> list[str]:
         ids.append(str(failing.logical_task_id(f"failing {canary}")))
         app.close()
         failing.close()
-    outputs = cli_outputs(db_path, ids)
+    outputs = cli_outputs(db, ids)
     assert any('"status":"succeeded"' in o for o in outputs)
     assert any('"status":"failed"' in o for o in outputs)
     return outputs + logs
 
 
 @adapter_privacy_run("dramatiq")
-def dramatiq_run(db_path: Path, canary: str) -> list[str]:
+def dramatiq_run(db: str, canary: str) -> list[str]:
     import dramatiq
     from dramatiq.brokers.stub import StubBroker
     from dramatiq.middleware import CurrentMessage
@@ -123,7 +122,7 @@ def dramatiq_run(db_path: Path, canary: str) -> list[str]:
 
     broker = StubBroker()
     broker.add_middleware(CurrentMessage())
-    guard = install(broker, db=str(db_path), strict=True)
+    guard = install(broker, db=db, strict=True)
     previous = dramatiq.get_broker() if hasattr(dramatiq, "get_broker") else None
     dramatiq.set_broker(broker)
     message_ids: list[str] = []
@@ -155,14 +154,14 @@ def dramatiq_run(db_path: Path, canary: str) -> list[str]:
             if previous is not None:
                 dramatiq.set_broker(previous)
     ids = [str(guard.logical_task_id(m)) for m in message_ids]
-    outputs = cli_outputs(db_path, ids)
+    outputs = cli_outputs(db, ids)
     assert any('"delivery_status":"delivered"' in o for o in outputs)
     assert any('"status":"failed"' in o for o in outputs)
     return outputs + logs
 
 
 @adapter_privacy_run("celery")
-def celery_run(db_path: Path, canary: str) -> list[str]:
+def celery_run(db: str, canary: str) -> list[str]:
     """Eager mode: the adapter records in the calling process (no broker needed here; the
     adapter's own suite covers real prefork workers)."""
     from celery import Celery
@@ -171,7 +170,7 @@ def celery_run(db_path: Path, canary: str) -> list[str]:
     app = Celery("privacy", broker="memory://", backend="cache+memory://")
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = False
-    guard = install(app, db=str(db_path), strict=True)
+    guard = install(app, db=db, strict=True)
 
     @app.task(tsg_delivery=True)
     def answer(question: str, secret: str) -> str:
@@ -190,7 +189,7 @@ def celery_run(db_path: Path, canary: str) -> list[str]:
         failed = explode.delay(f"payload {canary}")
         assert failed.failed()
         ids.append(str(guard.logical_task_id(failed.id)))
-    outputs = cli_outputs(db_path, ids)
+    outputs = cli_outputs(db, ids)
     assert any('"delivery_status":"delivered"' in o for o in outputs)
     assert any('"status":"failed"' in o for o in outputs)
     return outputs + logs

@@ -2,8 +2,9 @@
 
 An adapter privacy run drives one adapter end to end with canary strings in every place a user
 could put private data (task arguments, payloads, exception messages, host names) and returns
-any extra text the run produced (CLI output, logs). ``test_privacy.py`` then scans the ledger's
-database, its sidecars and owner files, and that text, for the canary.
+any extra text the run produced (CLI output, logs). ``test_privacy.py`` runs it on each ledger
+backend, then scans the ledger's database, its sidecars and owner files (a PostgreSQL ledger:
+every row of its schema), and that text, for the canary.
 
 Register one with::
 
@@ -11,8 +12,8 @@ Register one with::
     from .privacy_hooks import adapter_privacy_run
 
     @adapter_privacy_run("celery")
-    def celery_run(db_path: Path, canary: str) -> list[str]:
-        ...  # run a real worker against db_path with canary-laden tasks
+    def celery_run(db: str, canary: str) -> list[str]:
+        ...  # run a real worker against the ledger db (a path or a URL) with canary-laden tasks
         return [captured_cli_output]
 """
 
@@ -25,12 +26,13 @@ from pathlib import Path
 
 import ledger_backends
 
-AdapterPrivacyRun = Callable[[Path, str], list[str]]
+#: ``run(db, canary) -> extra outputs``; ``db`` is the ledger: a SQLite path or a PostgreSQL URL.
+AdapterPrivacyRun = Callable[[str, str], list[str]]
 ADAPTER_PRIVACY_RUNS: dict[str, AdapterPrivacyRun] = {}
 
 
 def adapter_privacy_run(name: str) -> Callable[[AdapterPrivacyRun], AdapterPrivacyRun]:
-    """Register ``fn(db_path, canary) -> extra outputs`` as the privacy run of one adapter."""
+    """Register ``fn(db, canary) -> extra outputs`` as the privacy run of one adapter."""
 
     def register(fn: AdapterPrivacyRun) -> AdapterPrivacyRun:
         ADAPTER_PRIVACY_RUNS[name] = fn

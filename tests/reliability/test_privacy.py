@@ -1,6 +1,7 @@
 """Privacy: the source audit, and no trace of private text after a run with canaries (the core
-run and the leak finder's own check on each ledger backend: ``[sqlite]`` scans the file, its
-sidecars and owner lock files, ``[postgresql]`` every row of the ledger's schema)."""
+run, the adapters' runs and the leak finder's own check on each ledger backend: ``[sqlite]``
+scans the file, its sidecars and owner lock files, ``[postgresql]`` every row of the ledger's
+schema)."""
 
 from __future__ import annotations
 
@@ -149,14 +150,16 @@ def test_leak_finder_is_not_vacuous(ledger_target: str) -> None:
     assert find_leaks(db, [CANARY], [f"out {CANARY}"]) == ["output#0:Cq9..."]
 
 
-def test_adapter_runs_leave_no_trace() -> None:
-    """Hook: every registered adapter privacy run (see privacy_hooks.py) must leave no trace."""
+def test_adapter_runs_leave_no_trace(backend: str) -> None:
+    """Hook: every registered adapter privacy run (see privacy_hooks.py) must leave no trace, on
+    each backend: the SQLite file, its sidecars and owner lock files, or every row of the
+    PostgreSQL schema the adapters wrote, and every output."""
     runs = load_adapter_runs()
     assert set(runs) == {"celery", "dramatiq", "langgraph"}
     for name, run in sorted(runs.items()):
-        base = private_dir()
-        db = base / f"{name}-ledger" / "tasks.sqlite"
-        outputs = run(db, CANARY)
-        assert db.exists(), f"{name}: the run did not use the ledger"
-        leaks = find_leaks(db, [CANARY, "hunter2", *host_markers()], outputs)
-        assert leaks == [], f"{name}: {leaks}"
+        with ledger_backends.ledger_target(backend, private_dir() / f"{name}-ledger") as db:
+            outputs = run(db, CANARY)
+            with Ledger(db, read_only=True) as ledger:
+                assert ledger.doctor()["task_count"] > 0, f"{name}: the run did not use the ledger"
+            leaks = find_leaks(db, [CANARY, "hunter2", *host_markers()], outputs)
+            assert leaks == [], f"{name}: {leaks}"

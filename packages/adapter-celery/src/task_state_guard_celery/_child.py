@@ -256,9 +256,7 @@ class ChildReceivers:
         publishing the replacement, or a replacement's task publishing the next one."""
         if not isinstance(headers, dict):
             return
-        from celery import current_task  # type: ignore[import-untyped]
-
-        task = current_task._get_current_object() if current_task else None
+        task = self.links.app.current_task  # the task running in this thread, if any
         if task is None or not self.ours(task):
             return
         att = attempt_of(task.request)

@@ -46,13 +46,40 @@ _WIRING: tuple[tuple[Any, str, str], ...] = (
 )
 
 
+class SignalWiring:
+    """A guard's signal receivers (``CeleryGuard.wiring``): connected by ``install()``,
+    disconnected by ``uninstall()``, each under one dispatch uid per app and signal."""
+
+    def __init__(self, guard: CeleryGuard) -> None:
+        self._guard = guard
+        self.connected = False
+
+    def _dispatch_uid(self, label: str) -> str:
+        return f"task_state_guard_celery:{id(self._guard.app)}:{label}"
+
+    def connect(self) -> None:
+        """Connect every receiver (strong references)."""
+        for signal, method, label in _WIRING:
+            signal.connect(
+                getattr(self._guard, method), weak=False, dispatch_uid=self._dispatch_uid(label)
+            )
+        self.connected = True
+
+    def disconnect(self) -> None:
+        """Disconnect every receiver."""
+        for signal, _method, label in _WIRING:
+            signal.disconnect(dispatch_uid=self._dispatch_uid(label))
+        self.connected = False
+
+
 class CeleryGuard(AdapterSurface):
     """Records a Celery app's task lifecycle in a TaskStateGuard ledger.
 
     Create it with :func:`task_state_guard_celery.install`; do not instantiate directly.
     ``mark_delivered``, ``mark_delivery_failed``, ``reconcile``, ``stats`` and ``settings``
     are the core's :class:`~task_state_guard.integration.AdapterSurface` (one meaning in every
-    adapter); the ids are Celery task ids.
+    adapter); the ids are Celery task ids. ``wiring`` holds the signal receivers that
+    :func:`~task_state_guard_celery.install` connects and ``uninstall`` disconnects.
     """
 
     adapter_name = "celery"
@@ -68,7 +95,7 @@ class CeleryGuard(AdapterSurface):
         links = ReplaceLinks(self.runtime, app)
         self._child = ChildReceivers(self.runtime, self._ours, links)
         self._main = MainReceivers(self.runtime, self._ours, links)
-        self._installed = False
+        self.wiring = SignalWiring(self)
         # Receivers (bound methods, connected with weak=False).
         self._on_task_received = self._main.on_received
         self._on_task_prerun = self._child.on_prerun
@@ -88,7 +115,7 @@ class CeleryGuard(AdapterSurface):
     @property
     def installed(self) -> bool:
         """Whether the guard's receivers are connected."""
-        return self._installed
+        return self.wiring.connected
 
     @property
     def last_boot_report(self) -> dict[str, Any] | None:
@@ -97,36 +124,17 @@ class CeleryGuard(AdapterSurface):
 
     def uninstall(self) -> None:
         """Disconnect every receiver and the boot step, stop heartbeats, close the ledger."""
-        from . import _install
+        from ._install import uninstall_guard
 
-        _install.uninstall_guard(self)
+        uninstall_guard(self)
 
     close = uninstall
 
-    # ------------------------------------------------------------------ wiring
-
-    def _dispatch_uid(self, label: str) -> str:
-        return f"task_state_guard_celery:{id(self.app)}:{label}"
-
-    def _connect(self) -> None:
-        for signal, method, label in _WIRING:
-            signal.connect(
-                getattr(self, method), weak=False, dispatch_uid=self._dispatch_uid(label)
-            )
-        self._installed = True
-
-    def _disconnect(self) -> None:
-        for signal, _method, label in _WIRING:
-            signal.disconnect(dispatch_uid=self._dispatch_uid(label))
-        self._installed = False
-        self.runtime.close()
+    # ------------------------------------------------------------------ receivers
 
     def _ours(self, sender: Any) -> bool:
         app = getattr(sender, "app", None)
         return app is None or app is self.app
-
-    def _boot(self) -> None:
-        self.runtime.boot("reconcile_on_boot")
 
     def _fail_lost_result(self, lost: LostTask) -> None:
         fail_in_backend(self.app, lost)

@@ -32,7 +32,7 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, parent: Any) -> None:
         guard = guard_for(getattr(parent, "app", None))
         if guard is not None:
-            guard._boot()
+            guard.runtime.boot("reconcile_on_boot")
             guard.runtime.start_periodic_reconcile()
 
     def stop(self, parent: Any) -> None:
@@ -83,7 +83,7 @@ def install(
             framework=lambda name: app.conf.get(f"tsg_{name}"), db=db, **settings
         )
         guard = CeleryGuard(app, resolved, on_lost)
-        guard._connect()
+        guard.wiring.connect()
         app.steps["worker"].add(ReconcileOnBoot)
         _guards[id(app)] = guard
         return guard
@@ -96,7 +96,8 @@ def uninstall_guard(guard: CeleryGuard) -> None:
             del _guards[id(guard.app)]
             guard.app.steps["worker"].discard(ReconcileOnBoot)
         if guard.installed:
-            guard._disconnect()
+            guard.wiring.disconnect()
+            guard.runtime.close()
 
 
 def uninstall(app: Any) -> None:

@@ -32,7 +32,12 @@ from ._recorder import Lane, Recorder
 from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
 from ._retries import RetryOracle
 from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
-from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
+from .callbacks import (
+    AsyncGuardCallbackHandler,
+    GuardCallbackHandler,
+    invocation_handler,
+    logger,
+)
 
 #: The framework label of this adapter's invocations (their lost verdicts are owed to it).
 FRAMEWORK = "langgraph"
@@ -227,7 +232,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         task_id = own if opened else None
         handler: GuardCallbackHandler | None = None
         if opened and self._record_nodes:
-            handler = handler_cls._bound(self._rec, inv, own, self._oracle, lane)
+            handler = invocation_handler(handler_cls, self._rec, inv, own, self._oracle, lane)
         cfg = with_handler(config, handler, inv)
         return Invocation(inv, task_id, handler, cfg, self._rec, lane, recovery=recovery)
 

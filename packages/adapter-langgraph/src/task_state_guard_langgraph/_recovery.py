@@ -31,7 +31,6 @@ from langgraph.runtime import RunControl
 from task_state_guard.integration import LostTask
 from task_state_guard.integration import codes as c
 
-from . import _verdicts as verdicts
 from ._ids import recovery_id_for_task
 from ._invocation import Invocation, finish_unstarted
 from ._lineage import (
@@ -43,6 +42,9 @@ from ._lineage import (
     thread_head,
 )
 from ._threads import athread_ids, thread_ids
+from ._verdicts import claim_lineage, publish_unplaced
+from ._verdicts import publish as publish_claimed
+from ._verdicts import report as report_lost
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
 if TYPE_CHECKING:
@@ -244,8 +246,8 @@ class RecoveryMixin:
         and claim the thread's resumption when it can be resumed (ledger writes: off the
         event loop in async passes). Returns the claimed run."""
         rt = self._rec.rt
-        claimed = verdicts.claim_lineage(rt, finding.head)
-        lost = verdicts.report(rt, claimed, finding.thread_id)
+        claimed = claim_lineage(rt, finding.head)
+        lost = report_lost(rt, claimed, finding.thread_id)
         if lost:
             report.lost.append(finding.thread_id)
             report.reported.extend(lost)
@@ -264,7 +266,7 @@ class RecoveryMixin:
                 report.claimed_elsewhere += 1
                 logger.info("recovery: another process is resuming a thread; left to it")
         # Published once the resumption is claimed (by this process or another).
-        verdicts.publish(rt, claimed)
+        publish_claimed(rt, claimed)
         return run
 
     def _claim(
@@ -443,7 +445,7 @@ class RecoveryMixin:
 
     def _report_unplaced(self, report: RecoveryReport) -> None:
         """After a pass over every thread: the lost runs no thread led to."""
-        report.reported.extend(verdicts.publish_unplaced(self._rec.rt))
+        report.reported.extend(publish_unplaced(self._rec.rt))
 
     def _thread_ids(self, saver: Any) -> list[str]:
         return [] if self._nothing_to_recover() else thread_ids(saver)

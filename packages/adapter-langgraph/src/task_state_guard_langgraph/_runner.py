@@ -72,12 +72,15 @@ class RecoveryRunner:
         self._first.set()
 
     async def _run_task(self) -> None:
+        args = self._args
         try:
             while not self._stop.is_set():
                 self.running = True
                 report = None
                 try:
-                    report = await self._app._arecover_pass(self._args)
+                    report = await self._app.arecover(
+                        args.config, thread_ids=args.thread_ids,
+                        max_concurrency=args.max_concurrency, **args.kwargs)
                 except Exception as exc:
                     self._rec.rt.policy.error("recover", exc)
                 finally:
@@ -92,12 +95,15 @@ class RecoveryRunner:
             self._first.set()
 
     def _run_thread(self) -> None:
+        args = self._args
         try:
             while not self._stop.is_set():
                 self.running = True
                 report = None
                 try:
-                    report = self._app._recover_pass(self._args)
+                    report = self._app.recover(
+                        args.config, thread_ids=args.thread_ids,
+                        max_concurrency=args.max_concurrency, **args.kwargs)
                 except Exception as exc:
                     self._rec.rt.policy.error("recover", exc)
                 finally:

@@ -123,28 +123,6 @@ class GuardCallbackHandler(GraphCallbackHandler):
         self._pending: list[Closing] = []
         self.interrupted = False
 
-    @classmethod
-    def _bound(
-        cls,
-        recorder: Recorder,
-        invocation_id: str,
-        invocation_task: str | None,
-        oracle: RetryOracle | None,
-        lane: Lane | None = None,
-    ) -> GuardCallbackHandler:
-        """Handler for one wrapper invocation (the wrapper records the invocation itself)."""
-        self = cls.__new__(cls)
-        GraphCallbackHandler.__init__(self)
-        self._init(
-            recorder,
-            invocation_id=invocation_id,
-            invocation_task=invocation_task,
-            oracle=oracle,
-            owns_root=False,
-            lane=lane,
-        )
-        return self
-
     # -- public helpers ---------------------------------------------------------------------
 
     @property
@@ -324,6 +302,29 @@ class GuardCallbackHandler(GraphCallbackHandler):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def invocation_handler(
+    cls: type[GuardCallbackHandler],
+    recorder: Recorder,
+    invocation_id: str,
+    invocation_task: str | None,
+    oracle: RetryOracle | None,
+    lane: Lane | None = None,
+) -> GuardCallbackHandler:
+    """A handler of class ``cls`` for one wrapper invocation (the wrapper records the
+    invocation itself): the guarded graph's own, not made through the public constructor."""
+    handler = cls.__new__(cls)
+    GraphCallbackHandler.__init__(handler)
+    handler._init(
+        recorder,
+        invocation_id=invocation_id,
+        invocation_task=invocation_task,
+        oracle=oracle,
+        owns_root=False,
+        lane=lane,
+    )
+    return handler
 
 
 class AsyncGuardCallbackHandler(GuardCallbackHandler):

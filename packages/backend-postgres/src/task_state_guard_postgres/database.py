@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, overload
 
 from task_state_guard import reasons as r
 from task_state_guard.attempts import Begin, End, Ended
@@ -33,7 +33,7 @@ from task_state_guard.model import (
     StorageError,
     check_snapshot_limit,
 )
-from task_state_guard.store import Layout, read_clock
+from task_state_guard.store import Layout, Opened, read_clock
 from task_state_guard.transitions import Outcome, Step
 
 from . import attempts as _attempts
@@ -67,6 +67,23 @@ class AdvisoryLocks:
         """Nothing to clean: an advisory lock ends with its session."""
 
 
+class SchemaHealth:
+    """A PostgreSQL ledger's probes of its schema (``Database.health``): doctor's report
+    (``task_state_guard_postgres.doctor``: the migration record, the exact column layout and
+    triggers, the core's rules in PostgreSQL's dialect) and the storage facts."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report (the core's report keys)."""
+        return _doctor.run_doctor(self._db, self._db.schema)
+
+    def storage(self) -> dict[str, Any]:
+        """See :meth:`PostgresDatabase.storage_info`."""
+        return self._db.storage_info()
+
+
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
@@ -87,6 +104,7 @@ class PostgresDatabase:
         self._clock = clock
         self.busy_timeout_ms = busy_timeout_ms
         self._read_only = read_only
+        self._opened = Opened(self._target.shown, read_only)
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -100,19 +118,14 @@ class PostgresDatabase:
         return f"PostgresDatabase({self._target.shown!r})"
 
     @property
-    def path(self) -> str:
-        """The ledger's URL without its password."""
-        return self._target.shown
+    def opened(self) -> Opened:
+        """The ledger's URL without its password, and whether it was opened read-only."""
+        return self._opened
 
     @property
     def schema(self) -> str:
         """The PostgreSQL schema that holds the ledger."""
         return self._target.schema
-
-    @property
-    def read_only(self) -> bool:
-        """True when opened read-only."""
-        return self._read_only
 
     @property
     def layout(self) -> Layout:
@@ -248,12 +261,27 @@ class PostgresDatabase:
             self._local.bulk = False
 
     # ----------------------------------------------------------------- transitions
-    def transition(self, spec: Step) -> Outcome:
-        """One guarded transition. Outside any transaction (no group, no pass) its statement
-        is first tried alone (:func:`~task_state_guard_postgres.transitions.try_alone`: one
-        round trip, its own transaction); on a refusal, and inside a group, the locked path
-        runs (:func:`~task_state_guard_postgres.transitions.run_locked`), which re-reads the
-        clock once the task's row is held and explains a refusal."""
+    @overload
+    def transition(self, spec: Begin) -> str | None: ...
+
+    @overload
+    def transition(self, spec: End) -> Ended: ...
+
+    @overload
+    def transition(self, spec: Step) -> Outcome: ...
+
+    def transition(self, spec: Step | Begin | End) -> Outcome | str | Ended | None:
+        """One guarded write: *begin attempt* (:meth:`_begin_attempt`) and *end attempt*
+        (:meth:`_end_attempt`) as one statement each, or a one-task step. Outside any
+        transaction (no group, no pass) a step's statement is first tried alone
+        (:func:`~task_state_guard_postgres.transitions.try_alone`: one round trip, its own
+        transaction); on a refusal, and inside a group, the locked path runs
+        (:func:`~task_state_guard_postgres.transitions.run_locked`), which re-reads the clock
+        once the task's row is held and explains a refusal."""
+        if isinstance(spec, Begin):
+            return self._begin_attempt(spec)
+        if isinstance(spec, End):
+            return self._end_attempt(spec)
         local = self._local
         if _transitions.has_fast_path(spec) and not (
             getattr(local, "atomic", False) or getattr(local, "bulk", False)
@@ -271,7 +299,7 @@ class PostgresDatabase:
             return _transitions.run_locked(conn, spec, self.now)
 
     # ----------------------------------------------------------------- a guarded job's writes
-    def begin_attempt(self, spec: Begin) -> str | None:
+    def _begin_attempt(self, spec: Begin) -> str | None:
         """*Begin attempt* as one statement (its own transaction outside a group): the
         attempt's id, or None when no attempt was started (the ledger explains)."""
         conn = self._write_conn()
@@ -279,7 +307,7 @@ class PostgresDatabase:
         self._after_autocommit(conn)
         return begun
 
-    def end_attempt(self, spec: End) -> Ended:
+    def _end_attempt(self, spec: End) -> Ended:
         """*End attempt* as one statement (its own transaction outside a group)."""
         conn = self._write_conn()
         ended = _attempts.end(conn, spec, self.now())
@@ -319,9 +347,10 @@ class PostgresDatabase:
         (lock free within ``owner_reconnect_seconds`` of a server restart; see ``owners``)."""
         return owners.probe(self.conn(), self._target, token)
 
-    def doctor(self) -> dict[str, Any]:
-        """The counts-only health report (the core's report keys)."""
-        return _doctor.run_doctor(self, self.schema)
+    @property
+    def health(self) -> SchemaHealth:
+        """Doctor's report and the storage facts of the ledger's schema."""
+        return SchemaHealth(self)
 
     def storage_info(self) -> dict[str, Any]:
         """The storage in force, without host, database, user or password."""
@@ -367,4 +396,4 @@ def open_database(
     )
 
 
-__all__ = ["PostgresDatabase", "open_database"]
+__all__ = ["PostgresDatabase", "SchemaHealth", "open_database"]

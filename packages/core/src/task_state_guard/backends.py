@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_plus
 
 from . import reasons as r
-from .model import StorageError
+from .model import InvalidInput, StorageError
 
 if TYPE_CHECKING:
     from .store import Database
@@ -24,10 +24,9 @@ MISSING_BACKEND = (
     "a PostgreSQL ledger needs the task-state-guard-postgres package "
     "(pip install task-state-guard-postgres)"
 )
-_BACKEND_MODULE = "task_state_guard_postgres"
 #: Each kind of ledger target and the module whose ``open_database(target, **options)`` makes
 #: its database object (``options``: every ``Ledger`` option; a backend uses those it has).
-BACKENDS = {"postgresql": _BACKEND_MODULE, "sqlite": "task_state_guard.sqlite.database"}
+BACKENDS = {"postgresql": "task_state_guard_postgres", "sqlite": "task_state_guard.sqlite.database"}
 
 
 def is_url(target: object) -> bool:
@@ -74,10 +73,27 @@ def kind_of(target: object) -> str:
     return "postgresql" if is_url(target) else "sqlite"
 
 
+def check_options(options: dict[str, Any]) -> None:
+    """``InvalidInput`` for a ledger option every backend shares that is not valid: a clock
+    that is not callable, a busy timeout that is not an integer in 0..600,000 ms, a flag that
+    is not a boolean."""
+    if not callable(options["clock"]):
+        raise InvalidInput("clock must be callable")
+    timeout = options["busy_timeout_ms"]
+    if isinstance(timeout, bool) or not isinstance(timeout, int):
+        raise InvalidInput("busy_timeout_ms must be an integer")
+    if not 0 <= timeout <= 600_000:
+        raise InvalidInput("busy_timeout_ms is out of range")
+    for flag in ("allow_external_acl", "read_only", "transient_sidecars", "create"):
+        if not isinstance(options[flag], bool):
+            raise InvalidInput("flags must be booleans")
+
+
 def open_store(target: object, **options: Any) -> Database:
     """The database object of the ledger at ``target`` from the backend of its kind (nothing
-    is connected yet); ``StorageError`` with :data:`MISSING_BACKEND` when that backend (or its
-    driver) is not installed."""
+    is connected yet), once :func:`check_options` accepted ``options``; ``StorageError`` with
+    :data:`MISSING_BACKEND` when that backend (or its driver) is not installed."""
+    check_options(options)
     try:
         backend = importlib.import_module(BACKENDS[kind_of(target)])
     except ImportError:
@@ -86,21 +102,7 @@ def open_store(target: object, **options: Any) -> Database:
     return db
 
 
-def open_database(url: str, **options: Any) -> Database:
-    """Open the PostgreSQL backend's database object for ``url``.
-
-    Raises ``StorageError`` with :data:`MISSING_BACKEND` when the backend (or its driver) is
-    not installed.
-    """
-    try:
-        backend = importlib.import_module(_BACKEND_MODULE)
-    except ImportError:
-        raise StorageError(MISSING_BACKEND, reason=r.BACKEND_MISSING) from None
-    db: Database = backend.open_database(url, **options)
-    return db
-
-
 __all__ = [
-    "BACKENDS", "MISSING_BACKEND", "URL_PREFIXES", "is_url", "kind_of", "open_database",
+    "BACKENDS", "MISSING_BACKEND", "URL_PREFIXES", "check_options", "is_url", "kind_of",
     "open_store", "redact",
 ]

@@ -48,6 +48,20 @@ class ReconcilePolicy:
         check_seconds(self.delivery_grace_seconds, "delivery_grace_seconds", allow_zero=True)
 
 
+def policy_of(
+    policy: ReconcilePolicy | None, active_grace_seconds: float | None,
+    delivery_grace_seconds: float | None,
+) -> ReconcilePolicy:
+    """The policy a caller gave, as ``policy`` or as grace keywords (0.1.0's form), not both
+    (``InvalidInput``); a grace left out is 600 s."""
+    graces = {key: value for key, value in (
+        ("active_grace_seconds", active_grace_seconds),
+        ("delivery_grace_seconds", delivery_grace_seconds)) if value is not None}
+    if policy is not None and graces:
+        raise InvalidInput("pass either a policy or grace keywords, not both")
+    return ReconcilePolicy(**graces) if policy is None else policy
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcileDecision:
     """One task a reconcile pass closed, or whose delivery it closed (for in-process callers).

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from . import attempts, transitions
 from .model import InvalidInput, Liveness
@@ -50,6 +50,16 @@ class Layout:
                    version is not None and first_with_outbox <= version <= current)
 
 
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a database object opened: ``path``, where the ledger lives (a SQLite file's real
+    path, symbolic links resolved once the first open found it; a PostgreSQL URL without its
+    password), and ``read_only``, whether it was opened so that no write is allowed."""
+
+    path: str
+    read_only: bool
+
+
 class Owners(Protocol):
     """Owner liveness: a process that starts a task records its token; a probe of the token
     tells whether that process still lives (SQLite: lock files beside the database;
@@ -72,17 +82,29 @@ class Owners(Protocol):
         ...
 
 
+class Health(Protocol):
+    """A backend's probes of its own storage, the reads only it can make (SQLite: PRAGMAs and
+    ``quick_check`` on the file; PostgreSQL: the migration record, ``information_schema`` and
+    the triggers): how healthy what it stores is, and what storage it runs on. The rules and
+    the report are the core's (:mod:`task_state_guard.doctor`); each backend supplies its
+    dialect, its integrity and layout checks, and its storage facts."""
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report (:func:`task_state_guard.doctor.report`'s keys):
+        the core's rules run on the ledger with this backend's probes."""
+        ...
+
+    def storage(self) -> dict[str, Any]:
+        """The storage in force (no paths, no credentials)."""
+        ...
+
+
 class Database(Protocol):
     """What the ledger and its aggregates need from a storage backend."""
 
     @property
-    def path(self) -> str:
-        """Where the ledger lives (owner lock files sit beside it)."""
-        ...
-
-    @property
-    def read_only(self) -> bool:
-        """True when no write is allowed."""
+    def opened(self) -> Opened:
+        """Where the ledger lives and whether this object may write to it."""
         ...
 
     def now(self) -> float:
@@ -117,19 +139,30 @@ class Database(Protocol):
         parent lookup), and the writes of reconcile, prune and the verdict outbox."""
         ...
 
-    def transition(self, spec: transitions.Step) -> transitions.Outcome:
-        """One guarded transition of one task (:mod:`task_state_guard.transitions`) in a write
-        transaction (its own, or the open group's) whose clock is read once the task is locked;
-        on a refusal the outcome carries the row that transaction read, to explain it."""
-        ...
+    @overload
+    def transition(self, spec: attempts.Begin) -> str | None: ...
 
-    def begin_attempt(self, spec: attempts.Begin) -> str | None:
-        """*Begin attempt* as one write (its own transaction, or the open group's): the
-        attempt's id, or None when a step was refused (the ledger then explains it)."""
-        ...
+    @overload
+    def transition(self, spec: attempts.End) -> attempts.Ended: ...
 
-    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
-        """*End attempt* as one write (its own transaction, or the open group's)."""
+    @overload
+    def transition(self, spec: transitions.Step) -> transitions.Outcome: ...
+
+    def transition(
+        self, spec: transitions.Step | attempts.Begin | attempts.End
+    ) -> transitions.Outcome | str | attempts.Ended | None:
+        """One guarded write of the ledger's domain, run with the backend's own SQL:
+
+        - a one-task step (:mod:`task_state_guard.transitions`) in a write transaction (its
+          own, or the open group's) whose clock is read once the task is locked: its
+          ``Outcome``; on a refusal the outcome carries the row that transaction read, to
+          explain it;
+        - *begin attempt* (:class:`~task_state_guard.attempts.Begin`) as one write (its own
+          transaction, or the open group's): the attempt's id, or None when a step was refused
+          (the ledger then explains it);
+        - *end attempt* (:class:`~task_state_guard.attempts.End`) as one write (its own
+          transaction, or the open group's): what it wrote.
+        """
         ...
 
     @property
@@ -137,12 +170,10 @@ class Database(Protocol):
         """Owner liveness: this process's token, and whether another token's process lives."""
         ...
 
-    def doctor(self) -> dict[str, Any]:
-        """The counts-only health report."""
-        ...
-
-    def storage_info(self) -> dict[str, Any]:
-        """The storage in force (no paths, no credentials)."""
+    @property
+    def health(self) -> Health:
+        """What the backend reads about its own storage: doctor's report and the storage in
+        force."""
         ...
 
     def close(self) -> None:
@@ -150,6 +181,4 @@ class Database(Protocol):
         ...
 
 
-
-
-__all__ = ["Database", "Layout", "Owners", "read_clock"]
+__all__ = ["Database", "Health", "Layout", "Opened", "Owners", "read_clock"]

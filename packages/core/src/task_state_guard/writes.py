@@ -1,6 +1,7 @@
 """The ledger's writes: each validates its input, hands the store one step
-(``Database.transition``, ``begin_attempt``, ``end_attempt``) and, when the store's guard
-refused, explains why from the row the refusing transaction read, in the contract's order.
+(``Database.transition``: a one-task step, *begin attempt* or *end attempt*) and, when the
+store's guard refused, explains why from the row the refusing transaction read, in the
+contract's order.
 
 :class:`~task_state_guard.ledger.Ledger` delegates each public transition here; bad input is
 a fixed ``InvalidInput`` and changes nothing.
@@ -64,7 +65,7 @@ def framework_id(value: object) -> str:
 
 
 def _writable(db: store.Database) -> None:
-    if db.read_only:
+    if db.opened.read_only:
         raise StorageError(_READ_ONLY, reason=r.READ_ONLY_LEDGER)
 
 
@@ -320,7 +321,7 @@ def begin_attempt(
         attempt_id=str(uuid.uuid4()) if attempt_id is None else canonical_id(attempt_id),
         timeout_seconds=timeout, owner=token, redelivery_seconds=bound,
     )
-    begun = db.begin_attempt(spec)
+    begun = db.transition(spec)
     if begun is not None:
         return begun
     with db.group():
@@ -392,7 +393,7 @@ def end_attempt(
     if not rows and not queued:
         return attempts.Ended(frozenset(), frozenset(), frozenset())
     _writable(db)
-    return db.end_attempt(attempts.End(tuple(rows), tuple(queued)))
+    return db.transition(attempts.End(tuple(rows), tuple(queued)))
 
 
 __all__ = [

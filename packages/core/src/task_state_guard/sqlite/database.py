@@ -13,12 +13,12 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, overload
 
 from .. import attempts
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
-from ..store import Layout, read_clock
+from ..store import Layout, Opened, read_clock
 from ..transitions import Outcome, Step
 from . import attempts as sqlite_attempts
 from . import connections, doctor, owners, schema, storage
@@ -88,6 +88,23 @@ class LockFiles:
         owners.remove_dead(self._db.path, is_referenced)
 
 
+class FileHealth:
+    """A SQLite ledger's probes of its file (``Database.health``): doctor's report
+    (``task_state_guard.sqlite.doctor``: ``quick_check``, the exact layout, the core's rules in
+    SQLite's dialect) and the storage facts (modes, PRAGMAs)."""
+
+    def __init__(self, db: SQLiteDatabase) -> None:
+        self._db = db
+
+    def doctor(self) -> dict[str, Any]:
+        """The counts-only health report of the SQLite file."""
+        return doctor.run_doctor(self._db)
+
+    def storage(self) -> dict[str, Any]:
+        """See :meth:`SQLiteDatabase.storage_info`."""
+        return self._db.storage_info()
+
+
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
@@ -117,6 +134,7 @@ class SQLiteDatabase:
         self.busy_timeout_ms = busy_timeout_ms
         self.allow_external_acl = allow_external_acl
         self._read_only = read_only
+        self._opened = Opened(path, read_only)
         self._transient_sidecars = transient_sidecars
         self._snapshot_max_bytes = snapshot_max_bytes
         self._check_schema = check_schema
@@ -146,6 +164,7 @@ class SQLiteDatabase:
         """Remember where the first open's path led; a later open must lead there too."""
         if self._real is None:
             self._real = real
+            self._opened = Opened(real, self._read_only)
         elif real != self._real:
             raise StorageError(
                 "the database path now leads to another file", reason=r.DATABASE_REPLACED
@@ -153,9 +172,9 @@ class SQLiteDatabase:
         return real
 
     @property
-    def read_only(self) -> bool:
-        """True when opened read-only."""
-        return self._read_only
+    def opened(self) -> Opened:
+        """The database file's path (:attr:`path`) and whether it was opened read-only."""
+        return self._opened
 
     @property
     def layout(self) -> Layout:
@@ -477,15 +496,32 @@ class SQLiteDatabase:
             yield
 
     # ----------------------------------------------------------------- transitions
-    def transition(self, spec: Step) -> Outcome:
-        """One guarded transition in an IMMEDIATE transaction (or the open group's): the
-        database's write lock is held before the clock is read (SQLite's writes queue on that
-        lock; a statement alone would be no shortcut)."""
+    @overload
+    def transition(self, spec: attempts.Begin) -> str | None: ...
+
+    @overload
+    def transition(self, spec: attempts.End) -> attempts.Ended: ...
+
+    @overload
+    def transition(self, spec: Step) -> Outcome: ...
+
+    def transition(
+        self, spec: Step | attempts.Begin | attempts.End
+    ) -> Outcome | str | attempts.Ended | None:
+        """One guarded write in an IMMEDIATE transaction (or the open group's): the database's
+        write lock is held before the clock is read (SQLite's writes queue on that lock; a
+        statement alone would be no shortcut). A one-task step answers with its outcome;
+        *begin attempt* runs all of it, or nothing and answers None; *end attempt* answers
+        what it wrote."""
+        if isinstance(spec, attempts.Begin):
+            return self._begin_attempt(spec)
+        if isinstance(spec, attempts.End):
+            with self.write() as conn:
+                return sqlite_attempts.sqlite_end(conn, spec, self.now())
         with self.write() as conn:
             return sqlite_transitions.run(conn, spec, self.now())
 
-    def begin_attempt(self, spec: attempts.Begin) -> str | None:
-        """*Begin attempt* in one transaction (all of it, or nothing and None)."""
+    def _begin_attempt(self, spec: attempts.Begin) -> str | None:
         try:
             with self.write() as conn:
                 begun = sqlite_attempts.sqlite_begin(conn, spec, self.now())
@@ -495,20 +531,16 @@ class SQLiteDatabase:
         except _Refused:
             return None
 
-    def end_attempt(self, spec: attempts.End) -> attempts.Ended:
-        """*End attempt* in one transaction."""
-        with self.write() as conn:
-            return sqlite_attempts.sqlite_end(conn, spec, self.now())
-
     # ----------------------------------------------------------------- owners and reports
     @property
     def owners(self) -> LockFiles:
         """Owner liveness through lock files beside the database."""
         return LockFiles(self)
 
-    def doctor(self) -> dict[str, Any]:
-        """The counts-only health report of the SQLite file."""
-        return doctor.run_doctor(self)
+    @property
+    def health(self) -> FileHealth:
+        """Doctor's report and the storage facts of the SQLite file."""
+        return FileHealth(self)
 
     def storage_info(self) -> dict[str, Any]:
         """The permission model (``posix_mode`` or ``external_acl``), SQLite's journal mode,
@@ -561,4 +593,4 @@ def open_database(
     )
 
 
-__all__ = ["SQLiteDatabase", "integrity_ok", "open_database", "writer_lock"]
+__all__ = ["FileHealth", "SQLiteDatabase", "integrity_ok", "open_database", "writer_lock"]
