@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -109,9 +110,10 @@ def block_rows(
 
 def later_events(row: tuple[object, ...]) -> list[tuple[object, ...]]:
     """(step, kind, state, code, at) of a stored row's events after ``created`` (the insert
-    trigger writes that one)."""
+    trigger writes that one, and from SQLite layout 7 on the started event of a row inserted
+    running too)."""
     events: list[tuple[object, ...]] = []
-    if row[9] is not None:
+    if row[9] is not None and (row[3] != "running" or not INSERT_WRITES_STARTED):
         events.append((2, "started", "running", "started", row[9]))
     if row[11] is not None:
         events.append((3, "closed", row[3], row[4], row[11]))
@@ -120,13 +122,26 @@ def later_events(row: tuple[object, ...]) -> list[tuple[object, ...]]:
     return events
 
 
+#: Whether the ledger's insert trigger writes the started event of a row inserted running
+#: (SQLite layout 7 on; set by the builders from the file they load, which may be older when
+#: an earlier tree's packages run this script).
+INSERT_WRITES_STARTED = False
+
+
+def _insert_writes_started(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
+                        "AND name = 'tsg_event_started_inserted'").fetchone()[0] == 1
+
+
 def build(db: str, size: int) -> float:
     """Bulk-load ``size`` tasks; return the clock value used as "now"."""
+    global INSERT_WRITES_STARTED
     now = time.time()
     ledger = Ledger(db)
     live = owners.own_token(db)
     dead = _dead_owner_token(db)
     conn = ledger._db.conn()  # type: ignore[attr-defined]
+    INSERT_WRITES_STARTED = _insert_writes_started(conn)
     conn.execute("PRAGMA cache_size=-65536")
     insert = f"INSERT INTO tsg_tasks({INSERT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
     event = "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) VALUES (?,?,?,?,?,?)"
@@ -162,6 +177,7 @@ def build_sql(db: str, size: int) -> float:
     live = owners.own_token(db)
     dead = _dead_owner_token(db)
     conn = ledger._db.conn()  # type: ignore[attr-defined]
+    running_written = _insert_writes_started(conn)
     conn.execute("PRAGMA cache_size=-1048576")
     blocks = size // 20
     span = 29 * DAY / max(blocks, 1)
@@ -206,6 +222,7 @@ def build_sql(db: str, size: int) -> float:
         "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "
         "SELECT seq, 2, 'started', 'running', 'started', started_at FROM tsg_tasks "
         "WHERE started_at IS NOT NULL"
+        + (" AND status != 'running'" if running_written else "")
     )
     conn.execute(
         "INSERT INTO tsg_events(task_seq, step, kind, state, code, at) "

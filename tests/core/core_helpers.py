@@ -228,23 +228,57 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
         conn.close()
 
 
+def as_v6(path: str) -> None:
+    """Turn a fresh (v7) SQLite ledger into the exact v6 layout: an insert wrote only its
+    created event (rows were inserted queued, then started)."""
+    raw_execute(path, "DROP TRIGGER tsg_event_started_inserted",
+                "UPDATE tsg_meta SET value = '6' WHERE key = 'schema_version'")
+
+
 def as_v5(path: str) -> None:
-    """Turn a fresh (v6) SQLite ledger into the exact v5 layout: its close totals counted a
+    """Turn a fresh (v7) SQLite ledger into the exact v5 layout: its close totals counted a
     child as an attempt, whatever it owed."""
     from task_state_guard.sqlite import schema
 
+    as_v6(path)
     raw_execute(path, "DROP TRIGGER tsg_total_closed", schema._TOTAL_TRIGGERS[0],
                 "UPDATE tsg_meta SET value = '5' WHERE key = 'schema_version'")
 
 
 def as_v4(path: str) -> None:
-    """Turn a fresh (v6) SQLite ledger into the exact v4 layout an earlier build wrote:
+    """Turn a fresh (v7) SQLite ledger into the exact v4 layout an earlier build wrote:
     without the verdict outbox and its two task columns."""
     as_v5(path)
     raw_execute(path, "DROP TRIGGER tsg_verdict_owed", "DROP TABLE tsg_verdicts",
                 "ALTER TABLE tsg_tasks DROP COLUMN redelivery_seconds",
                 "ALTER TABLE tsg_tasks DROP COLUMN framework",
                 "UPDATE tsg_meta SET value = '4' WHERE key = 'schema_version'")
+
+
+def guarded_job(led: Ledger, clock: Clock) -> list[tuple[dict[str, Any], list[Any]]]:
+    """A guarded job written through *begin attempt* / *end attempt* (a first delivery that
+    fails and schedules its retry, the retry's delivery claiming the queued attempt and
+    succeeding): each task's ``to_dict()`` and recorded chain, for comparing two ledgers
+    (fixed ids, times from ``clock``)."""
+    logical = "0000000a-0000-4000-8000-00000000000a"
+    first_id = "0000000a-0000-4000-8000-00000000000b"
+    retry = "0000000a-0000-4000-8000-00000000000c"
+    first = led.begin_attempt(logical, name="job", delivery_required=True, framework_id=logical,
+                              framework="celery", attempt_id=first_id, timeout_seconds=30.0,
+                              redelivery_seconds=5.0)
+    clock.advance(1)
+    led.end_attempt([(first, "failed", "retry_scheduled")], queue=[(retry, logical, "job", 30.0)])
+    clock.advance(1)
+    claimed = led.begin_attempt(logical, name="job", candidates=[(retry, True)],
+                                timeout_seconds=30.0)
+    assert claimed == retry
+    clock.advance(1)
+    led.end_attempt([(retry, "succeeded", "worker_completed"),
+                     (logical, "succeeded", "worker_completed")],
+                    marks={logical: ("delivered", "transport_acknowledged")})
+    return [(led.get_task(tid).to_dict(),
+             [(e.kind, e.state, e.code, e.at) for e in led.events_of(tid)])
+            for tid in (logical, first_id, retry)]
 
 
 def sidecars(path: str) -> list[str]:

@@ -13,7 +13,9 @@ import pytest
 from core_helpers import (
     T0,
     Clock,
+    as_v6,
     assert_cli_error,
+    guarded_job,
     insert_event,
     raw_execute,
     run_cli,
@@ -450,10 +452,10 @@ def test_empty_v1_migrates_to_v5(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     build_v1(db, empty=True)
     with Ledger(db, clock=Clock()) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 6
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 7
         assert led.doctor()["healthy"] is True
         led.create_task(name="x")
-    assert meta_version(db) == "6"
+    assert meta_version(db) == "7"
     assert same_schema_as_fresh(db, tmp_path)
 
 
@@ -462,7 +464,7 @@ def test_v1_migrates_to_v5(tmp_path) -> None:
     ids = build_v1(db)
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 6
+        assert led.schema_version == 7
         done = led.get_task(ids[0])
         assert done.terminal_code == "worker_completed" and done.ended_at == T0 + 1
         assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
@@ -470,21 +472,21 @@ def test_v1_migrates_to_v5(tmp_path) -> None:
         assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
         assert running.framework_id is None and done.framework_id is None
         report = led.doctor()
-        assert report["healthy"] is True and report["schema_version"] == 6
+        assert report["healthy"] is True and report["schema_version"] == 7
         assert report["task_count"] == 2 and report["event_count"] == 4
         fid = "0ac03e98-045d-499b-a3e1-22df12f98c64"
         task = led.create_task(name="after.migration", framework_id=fid)
         assert led.get_task(task.id).name == "after.migration"
         assert led.get_task(task.id).framework_id == fid
         assert led.set_delivery(ids[0], "delivered").version == 2
-    assert meta_version(db) == "6"
+    assert meta_version(db) == "7"
     assert same_schema_as_fresh(db, tmp_path)
     # the CLI apply path migrates too
     db2 = str(tmp_path / "g" / "tasks.sqlite")
     build_v1(db2)
     result = run_cli("--db", db2, "reconcile")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert meta_version(db2) == "6"
+    assert meta_version(db2) == "7"
 
 
 def test_v2_migrates_to_v5(tmp_path) -> None:
@@ -496,7 +498,7 @@ def test_v2_migrates_to_v5(tmp_path) -> None:
         before = [ro.get_task(i) for i in ids]
     assert meta_version(db) == "2"
     with Ledger(db, clock=Clock(T0 + 10)) as led:
-        assert led.schema_version == 6
+        assert led.schema_version == 7
         after = [led.get_task(i) for i in ids]
         assert after == before
         delivered, running = after
@@ -510,8 +512,41 @@ def test_v2_migrates_to_v5(tmp_path) -> None:
         report = led.doctor()
         assert report["healthy"] is True and report["event_count"] == 5
         assert led.close_task(ids[1], "succeeded").version == 2
-    assert meta_version(db) == "6"
+    assert meta_version(db) == "7"
     assert same_schema_as_fresh(db, tmp_path)
+
+
+def test_v6_reads_in_place_and_migrates_to_rows_inserted_running(tmp_path) -> None:
+    """A v6 file (rows inserted queued, then started) is read as it is by a read-only open and
+    migrated by the first writable open; a guarded job on it then stores what it stores on a
+    fresh ledger."""
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    with Ledger(db, clock=Clock(T0)) as led:
+        old = led.create_task(name="before")
+        led.start_task(old.id, owner=False)
+    as_v6(db)
+    with open(db, "rb") as handle:
+        before = handle.read()
+    with Ledger(db, read_only=True) as ro:
+        assert ro.schema_version == 6
+        assert ro.get_task(old.id).status == "running"
+        assert [e.kind for e in ro.events_of(old.id)] == ["created", "started"]
+        assert ro.status()["tasks"]["running"] == 1
+        assert ro.doctor()["healthy"] is True
+    with open(db, "rb") as handle:
+        assert handle.read() == before
+    assert meta_version(db) == "6"
+    clock = Clock(T0 + 10)
+    with Ledger(db, clock=clock) as led:
+        assert led.schema_version == 7
+        upgraded = guarded_job(led, clock)
+        assert led.doctor()["healthy"] is True
+        assert led.get_task(old.id).version == 1
+    assert meta_version(db) == "7"
+    assert same_schema_as_fresh(db, tmp_path)
+    clock = Clock(T0 + 10)
+    with Ledger(str(tmp_path / "other" / "tasks.sqlite"), clock=clock) as led:
+        assert guarded_job(led, clock) == upgraded
 
 
 def test_v1_with_legacy_reason_text_fails_closed(tmp_path) -> None:

@@ -25,6 +25,7 @@ from core_helpers import (
     assert_cli_error,
     assert_json_line,
     check_report,
+    guarded_job,
     run_cli,
     snapshot_entries,
 )
@@ -83,7 +84,7 @@ def test_fixture_is_a_0_1_0_ledger() -> None:
 def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     with Ledger(db, clock=Clock(AFTER)) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 6
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 7
         for role, expected in EXPECTED.items():
             task = led.get_task(expected["id"])
             got = task.to_dict(include_payload_hash=True)
@@ -95,7 +96,7 @@ def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
             assert task.name is None and task.has_owner is False and task.framework_id is None
         report = led.doctor()
     assert report["healthy"] is True and report["schema_ok"] is True
-    assert report["schema_version"] == 6 and report["quick_check"] == "ok"
+    assert report["schema_version"] == 7 and report["quick_check"] == "ok"
     assert report["task_count"] == 8 and report["event_count"] == 23
     assert report["task_status_counts"] == {
         "queued": 1, "running": 1, "succeeded": 3, "failed": 1, "timed_out": 1, "cancelled": 1}
@@ -206,6 +207,28 @@ def test_reconcile_and_new_transitions_after_the_upgrade(tmp_path: Path) -> None
     assert sum(status["tasks"].values()) == 9
 
 
+def test_a_guarded_job_on_the_upgraded_file_writes_what_a_fresh_ledger_writes(
+    tmp_path: Path,
+) -> None:
+    """The upgraded file has the current layout's insert of rows already running: *begin
+    attempt* and *end attempt* on it store the tasks and event chains (created then started,
+    at the same instant) a fresh ledger stores."""
+    db = fixture_copy(tmp_path)
+    with Ledger(db, clock=(clock := Clock(AFTER))) as led:
+        upgraded = guarded_job(led, clock)
+        assert led.doctor()["healthy"] is True
+    with Ledger(str(tmp_path / "fresh" / "tasks.sqlite"), clock=(clock := Clock(AFTER))) as led:
+        assert guarded_job(led, clock) == upgraded
+    logical, first, retry = upgraded
+    assert [e[:3] for e in first[1]] == [("created", "queued", "created"),
+                                         ("started", "running", "started"),
+                                         ("closed", "failed", "retry_scheduled"),
+                                         ("delivery", "not_applicable", "internal_task")]
+    assert first[1][0][3] == first[1][1][3] == AFTER and first[0]["version"] == 3
+    assert logical[1][0][3] == logical[1][1][3] == AFTER and len(logical[1]) == 4
+    assert retry[1][1][3] == AFTER + 2  # created queued at the retry's schedule, started later
+
+
 def test_the_upgraded_file_has_the_verdict_outbox(tmp_path: Path) -> None:
     """0.1.0's own tasks owe no framework anything (no adapter opened them, even the one a
     reconcile times out); a job an adapter opens on the upgraded file owes its framework a
@@ -235,7 +258,7 @@ def test_the_cli_apply_path_migrates_too(tmp_path: Path) -> None:
     assert result.code == 0 and report["tasks_timed_out"] == 1
     assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals", "tsg_verdicts"]
     init = assert_json_line(run_cli("--db", db, "init"))
-    assert init["storage"]["schema_version"] == 6
+    assert init["storage"]["schema_version"] == 7
 
 
 def _tampered(db: str, *statements: str) -> None:

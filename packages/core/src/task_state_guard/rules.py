@@ -185,8 +185,12 @@ ALWAYS = Condition("")
 class EventRule:
     """One event of a task's chain: ``step`` and ``kind``; the transition that writes it (the
     insert, or an update of ``before.column`` from ``before`` to ``after``); the event's
-    ``state``, ``code`` and ``at`` (a quoted literal, or a column of the changed row); and
-    ``present``: the condition under which a stored row has made that transition."""
+    ``state``, ``code`` and ``at`` (a quoted literal, or a column of the changed row);
+    ``present``: the condition under which a stored row has made that transition; and
+    ``inserted``: the condition under which a row is inserted already past that transition
+    (None: never), whose insert then writes this event too, beside the insert's own (SQLite
+    layout 7's triggers; PostgreSQL's *begin attempt* statement writes the events of the
+    rows it inserts past a transition itself, :func:`event_insert_select`)."""
 
     step: int
     kind: str
@@ -196,6 +200,7 @@ class EventRule:
     code: str
     at: str
     present: Condition
+    inserted: Condition | None = None
 
     @property
     def on_insert(self) -> bool:
@@ -232,12 +237,15 @@ _STATUS = TASK_ORDER
 _DELIVERY = DELIVERY_ORDER
 
 #: Every event a task's chain can hold, in step order: a state change writes its event in the
-#: same statement (the database enforces it), and a heartbeat writes none.
+#: same statement (the database enforces it), and a heartbeat writes none. A task inserted
+#: already running (*begin attempt*) holds the same chain as one created and then started at
+#: the same time: its created and started events.
 EVENT_RULES = (
     EventRule(1, "created", None, None, "'queued'", "'created'", "created_at", ALWAYS),
     EventRule(2, "started", Condition("status", ("queued",), _STATUS),
               Condition("status", ("running",), _STATUS),
-              "'running'", "'started'", "started_at", Condition("started_at")),
+              "'running'", "'started'", "started_at", Condition("started_at"),
+              inserted=Condition("status", ("running",), _STATUS)),
     EventRule(3, "closed", Condition("status", ACTIVE_ORDER, _STATUS),
               Condition("status", TERMINAL_ORDER, _STATUS),
               "status", "terminal_code", "ended_at", Condition("status", TERMINAL_ORDER, _STATUS)),

@@ -1,5 +1,10 @@
 """*Begin attempt* and *end attempt* on SQLite: each one transaction of guarded statements
-(see :mod:`task_state_guard.attempts`); the schema's triggers write every event and total."""
+(see :mod:`task_state_guard.attempts`); the schema's triggers write every event and total.
+
+*Begin* inserts a new logical task and a new attempt already running, one INSERT each (layout
+7: the insert's triggers write the created and started events, the chain a create followed by
+a start at the same instant holds); only a task recorded earlier (a logical task, a queued
+placeholder) is started by an UPDATE."""
 
 from __future__ import annotations
 
@@ -15,6 +20,19 @@ _INSERT = (
     "SELECT :id, :parent, :name, 'queued', :required, 'pending', :timeout, :now, :now, :now, "
     ":fid, :framework WHERE :parent IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
+    "ON CONFLICT(id) DO NOTHING RETURNING seq"
+)
+# A new task already running: what :data:`_INSERT` followed by :data:`_START` at the same
+# instant store (the start's guards included: a deadline must be a finite timestamp).
+_INSERT_RUNNING = (
+    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+    "timeout_seconds, deadline_at, created_at, started_at, owner, redelivery_seconds, "
+    "delivery_updated_at, updated_at, version, framework_id, framework) "
+    "SELECT :id, :parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
+    ":now, :now, :owner, :redelivery, :now, :now, 1, :fid, :framework "
+    "WHERE (:parent IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)) "
+    "AND (:timeout IS NULL OR :timeout <= :fmax - :now) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
 _START = (
@@ -66,31 +84,39 @@ def _start(now: float, task_id: str, owner: str | None,
             "fmax": FLOAT_MAX}
 
 
+def _running(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
+             timeout: float | None, owner: str | None, redelivery: float | None,
+             fid: str | None = None, framework: str | None = None) -> dict[str, Any]:
+    return {**_insert(now, task_id, parent, name, required, timeout, fid, framework),
+            **_start(now, task_id, owner, redelivery)}
+
+
 def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | None:
     """Run *begin attempt* inside the caller's write transaction: the attempt's id, or None
     when no attempt could be started here (the caller explains)."""
     lid, name, timeout = spec.logical_id, spec.name, spec.timeout_seconds
     try:
-        if spec.open_logical:
-            _one(conn, _INSERT, _insert(now, lid, None, name, spec.delivery_required, None,
-                                        spec.framework_id, spec.framework))
+        owner, redelivery = spec.owner, spec.redelivery_seconds
+        if spec.open_logical and not _one(conn, _INSERT_RUNNING, _running(
+                now, lid, None, name, spec.delivery_required, None, spec.logical_owner, None,
+                spec.framework_id, spec.framework)):
             # A logical task recorded earlier is started if still queued (else left as it is).
             _one(conn, _START, _start(now, lid, spec.logical_owner, None))
         for candidate, create in spec.candidates:
             if create:
-                _one(conn, _INSERT, _insert(now, candidate, lid, name, False, timeout))
-                started = _one(conn, _START_SAME, {
-                    **_start(now, candidate, spec.owner, spec.redelivery_seconds),
+                started = _one(conn, _INSERT_RUNNING, _running(
+                    now, candidate, lid, name, False, timeout, owner, redelivery))
+                # A placeholder recorded earlier is claimed if it is the one this would record.
+                started = started or _one(conn, _START_SAME, {
+                    **_start(now, candidate, owner, redelivery),
                     "parent": lid, "name": name, "timeout": timeout})
             else:
-                started = _one(conn, _START, _start(
-                    now, candidate, spec.owner, spec.redelivery_seconds))
+                started = _one(conn, _START, _start(now, candidate, owner, redelivery))
             if started:
                 return candidate
         fresh = spec.attempt_id
-        if not _one(conn, _INSERT, _insert(now, fresh, lid, name, False, timeout)):
-            return None
-        if not _one(conn, _START, _start(now, fresh, spec.owner, spec.redelivery_seconds)):
+        if not _one(conn, _INSERT_RUNNING, _running(now, fresh, lid, name, False, timeout,
+                                                   owner, redelivery)):
             return None
         return fresh
     except sqlite3.Error as exc:

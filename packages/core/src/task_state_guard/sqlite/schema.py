@@ -22,6 +22,12 @@ written by a trigger in the same statement as the close, whoever makes it.
 v6 counts a close under the kind a person calls the task (``model.TASK_KIND_SQL``: a child
 that owes its own delivery, such as a LangGraph resume or recovery run, is a ``task``, not an
 ``attempt``); the totals counted before the upgrade keep their kind (a counter never goes down).
+
+v7 inserts rows already running: *begin attempt* writes a new logical task and its attempt
+each in one INSERT of a running row, and an INSERT trigger rendered from
+``rules.EventRule.inserted`` writes the started event beside the created one, so the chain, the
+version and the times are those of a create followed by a start at the same instant. The
+tables are v6's (a read-only open of a v6 file reads it in place).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from .. import reasons as r
 from .. import rules
 from ..model import DELIVERY_CODES, TASK_CODES, TASK_KIND_SQL, StorageError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 APPLICATION = "task-state-guard"
 
 EMPTY = "empty"
@@ -44,16 +50,17 @@ V3 = "v3"
 V4 = "v4"
 V5 = "v5"
 V6 = "v6"
+V7 = "v7"
 #: The layout this release writes.
-CURRENT = V6
+CURRENT = V7
 #: The layouts that have the verdict outbox (v5 and later).
-OUTBOX_LAYOUTS = frozenset({"v5", "v6"})
+OUTBOX_LAYOUTS = frozenset({"v5", "v6", "v7"})
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
 #: A ledger written by a later release (its own metadata says so): ``schema_newer``, never
 #: "foreign".
 NEWER = "newer"
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
-STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, RELEASE_010: 2}
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, V7: 7, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
 _TERMINAL = rules.TERMINAL_SQL
@@ -108,7 +115,7 @@ _INDEXES_V3 = [
 
 DDL_V3 = [*_TABLES_V3, *_INDEXES_V3]
 
-# ----------------------------------------------------------------------------- v4 (current)
+# ----------------------------------------------------------------------------- v4
 
 # Outcome totals. ``event`` 'closed': ``kind`` 'task' (a root, the logical task) or 'attempt'
 # (a child); ``event`` 'delivery': ``kind`` 'owed' (delivery_required) or 'internal'. ``code``
@@ -157,7 +164,7 @@ _TOTALS_SELECT = rules.TOTALS_SELECT
 
 DDL_V4 = [*DDL_V3, _TOTALS, *_TOTAL_TRIGGERS]
 
-# ----------------------------------------------------------------------------- v5 (current)
+# ----------------------------------------------------------------------------- v5
 
 
 sql_list = rules.sql_set
@@ -193,11 +200,28 @@ _V5_ADDITIONS = [*_TASK_COLUMNS_V5, _VERDICTS, _VERDICTS_PENDING, _VERDICT_TRIGG
 
 DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
 
-# ----------------------------------------------------------------------------- v6 (current)
+# ----------------------------------------------------------------------------- v6
 
 #: v6's close trigger: the kind a person calls the task (``model.TASK_KIND_SQL``).
 _CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL)
 DDL_V6 = [_CLOSED_TOTAL_TRIGGER_V6 if s == _TOTAL_TRIGGERS[0] else s for s in DDL_V5]
+
+# ----------------------------------------------------------------------------- v7 (current)
+
+
+def _inserted_triggers() -> list[str]:
+    """A row inserted already past a transition (``rules.EventRule.inserted``: a task inserted
+    running) gets that transition's event from the insert too, in the same statement."""
+    out = []
+    for rule in rules.EVENT_RULES:
+        if rule.inserted is not None:
+            out.append(f"CREATE TRIGGER tsg_event_{rule.kind}_inserted AFTER INSERT ON tsg_tasks "
+                       f"WHEN {rule.inserted.sql('NEW.')} BEGIN {rules.event_insert(rule)}; END")
+    return out
+
+
+_V7_ADDITIONS = _inserted_triggers()
+DDL_V7 = [*DDL_V6, *_V7_ADDITIONS]
 
 # ----------------------------------------------------------------------------- v1 and v2
 
@@ -364,7 +388,8 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
         return _RELEASE_010_FINGERPRINT
     conn = sqlite3.connect(":memory:")
     try:
-        ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6}[fmt]
+        ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6,
+               V7: DDL_V7}[fmt]
         for statement in ddl:
             conn.execute(statement)
         return read_fingerprint(conn)
@@ -373,7 +398,7 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1 to V6 or RELEASE_010 for an exact known schema; NEWER for a layout
+    """Return EMPTY, V1 to V7 or RELEASE_010 for an exact known schema; NEWER for a layout
     this release does not know whose metadata says it is a ledger of a later release; else
     None (foreign, or tampered: a known layout whose metadata says otherwise)."""
     found = read_fingerprint(conn, schema)
@@ -382,7 +407,7 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
     if not any(found == expected_fingerprint(fmt) for fmt in KNOWN):
         has_meta = any(row[:2] == ("table", "tsg_meta") for row in found)
         return NEWER if has_meta and _is_newer(conn, schema) else None
-    for fmt in (V6, V5, V4, V3, V2, V1, RELEASE_010):
+    for fmt in (V7, V6, V5, V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
         if fmt == RELEASE_010:
@@ -417,7 +442,7 @@ def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V6:
+    for statement in DDL_V7:
         conn.execute(statement)
     _write_meta(conn)
 
@@ -553,6 +578,14 @@ def _v5_to_v6(conn: sqlite3.Connection, fmt: str) -> None:
     _set_version(conn, V6)
 
 
+def _v6_to_v7(conn: sqlite3.Connection, fmt: str) -> None:
+    """v6 to v7: inserts of rows already running write their started event too (the rows
+    stored before are left as they are: their chains are already complete)."""
+    for statement in _V7_ADDITIONS:
+        conn.execute(statement)
+    _set_version(conn, V7)
+
+
 def _set_version(conn: sqlite3.Connection, fmt: str) -> None:
     conn.execute(
         "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(STORED_VERSION[fmt]),)
@@ -567,6 +600,7 @@ MIGRATIONS: dict[str, tuple[str, Callable[[sqlite3.Connection, str], None]]] = {
     V3: (V4, _v3_to_v4),
     V4: (V5, _v4_to_v5),
     V5: (V6, _v5_to_v6),
+    V6: (V7, _v6_to_v7),
 }
 
 
