@@ -1,8 +1,11 @@
 """Count what a ledger sends to its database, from outside the ledger's code.
 
-:class:`Probe` wraps ``sqlite3.connect`` (connections to one ledger file) and psycopg's cursor
-``execute`` while it is installed, so it counts the same things whatever the ledger's internals
-look like (today's code or a refactored one), and it is never installed while CPU is timed:
+:class:`Probe` wraps ``sqlite3.connect`` (connections to one ledger file), psycopg's cursor
+``execute`` and the PostgreSQL backend's statement entry point ``Conn.fetch_named`` (which sends
+its prepared statements straight through libpq, past any cursor; a statement it runs is counted
+once, whether or not it goes through a cursor) while it is installed, so it counts the same
+things whatever the ledger's internals look like (today's code or a refactored one), and it is
+never installed while CPU is timed:
 
 - ``statements``: SQL statements other than transaction control (``BEGIN``, ``COMMIT``,
   ``ROLLBACK``, savepoints) and ``PRAGMA``; a trigger's program is not a statement;
@@ -67,6 +70,7 @@ class Probe:
         self._sqlite: list[tuple[sqlite3.Connection, int]] = []
         self._pg_open: dict[int, bool] = {}  # id(connection) -> the open block wrote
         self._saved: dict[str, Any] = {}
+        self._inside = threading.local()  # inside the backend's ``fetch_named``
         self.capture = False
 
     # ----------------------------------------------------------------- install / remove
@@ -82,6 +86,8 @@ class Probe:
         original = psycopg.Cursor.execute
 
         def execute(cur: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            if getattr(probe._inside, "active", False):  # counted by ``fetch_named``
+                return original(cur, query, params, **kw)
             conn = cur.connection
             before = conn.pgconn.transaction_status
             result = original(cur, query, params, **kw)
@@ -90,6 +96,26 @@ class Probe:
             return result
 
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        try:
+            from task_state_guard_postgres.driver import Conn
+        except ImportError:
+            return
+        self._saved["fetch_named"] = Conn.fetch_named
+        fetch_original = Conn.fetch_named
+        inside = self._inside
+
+        def fetch_named(ledger_conn: Any, sql: str, params: Any) -> Any:
+            raw = ledger_conn.raw
+            before = raw.pgconn.transaction_status
+            inside.active = True
+            try:
+                rows = fetch_original(ledger_conn, sql, params)
+            finally:
+                inside.active = False
+            probe._pg(raw, sql, before, raw.pgconn.transaction_status, None)
+            return rows
+
+        Conn.fetch_named = fetch_named  # type: ignore[method-assign]
 
     def remove(self) -> None:
         if "sqlite_connect" in self._saved:
@@ -98,6 +124,10 @@ class Probe:
             import psycopg
 
             psycopg.Cursor.execute = self._saved.pop("execute")  # type: ignore[method-assign]
+        if "fetch_named" in self._saved:
+            from task_state_guard_postgres.driver import Conn
+
+            Conn.fetch_named = self._saved.pop("fetch_named")  # type: ignore[method-assign]
         for conn, _ in self._sqlite:
             with contextlib.suppress(sqlite3.Error):
                 conn.set_trace_callback(None)

@@ -216,3 +216,31 @@ def test_begin_and_end_write_the_ruled_events(ledger: Ledger, clock) -> None:
         chain = [(e.kind, e.state, e.code, e.at) for e in ledger.events_of(tid)]
         assert chain == rules.expected_events(task.to_dict()), task.to_dict()
     assert ledger.doctor()["healthy"] is True
+
+
+@pytest.mark.parametrize("name", ["NULL", "<lambda>", "a.b:c/d<e>-f_0"])
+@pytest.mark.parametrize("timeout", [None, 2.5, 1e10])
+def test_names_and_timeouts_round_trip_through_both_writes(
+    ledger: Ledger, clock, name: str, timeout: float | None
+) -> None:
+    """Every value a write sends in a list (a retry queued with its name and timeout, the
+    placeholder a redelivery claims) comes back as it was given, a name spelled ``NULL``
+    included."""
+    logical = new_id()
+    first = ledger.begin_attempt(logical, name=name, timeout_seconds=timeout)
+    clock.advance(1)
+    retry = new_id()
+    ended = ledger.end_attempt([(first, "failed", "retry_scheduled")],
+                               queue=[(retry, logical, name, timeout)])
+    assert ended.closed == {first} and ended.queued == {retry}
+    queued = ledger.get_task(retry)
+    assert (queued.name, queued.timeout_seconds, queued.status) == (name, timeout, "queued")
+    clock.advance(1)
+    claimed = ledger.begin_attempt(logical, name=name, timeout_seconds=timeout,
+                                   candidates=[(retry, True)])
+    assert claimed == retry and ledger.get_task(retry).status == "running"
+    ended = ledger.end_attempt([(retry, "succeeded", "worker_completed"),
+                                (logical, "succeeded", "worker_completed")])
+    assert ended.closed == {retry, logical}
+    assert ledger.get_task(logical).delivery_status == "not_applicable"
+    assert ledger.doctor()["healthy"] is True

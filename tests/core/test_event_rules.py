@@ -110,3 +110,23 @@ def test_reconcile_passes_write_the_ruled_events(
     report = ledger.reconcile(active_grace_seconds=60, delivery_grace_seconds=60)
     assert report["deliveries_failed"] == 3  # late, stale and parent, past their grace
     assert _check(ledger, ids) == 4 * 6 - 1  # the internal task never started
+
+
+def test_rows_inserted_past_a_transition_write_the_ruled_events(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """*Begin attempt* inserts a new logical task and its attempt already running (the rules'
+    ``inserted`` condition); each holds the chain of a create and a start at the same instant,
+    as a task recorded earlier and started by the same begin does."""
+    assert any(rule.inserted is not None for rule in rules.EVENT_RULES)
+    fresh = "0000000e-0000-4000-8000-000000000001"
+    attempt = ledger.begin_attempt(fresh, delivery_required=True, timeout_seconds=5.0)
+    recorded = ledger.create_task(delivery_required=True).id  # inserted queued
+    clock.advance(1)
+    later = ledger.begin_attempt(recorded, candidates=[(attempt, True)])  # started, not made
+    ids = [fresh, attempt, recorded, later]
+    assert _check(ledger, ids) == 2 * len(ids)
+    for tid in (fresh, attempt):
+        chain = _chain(ledger, tid)
+        assert [e[0] for e in chain] == ["created", "started"] and chain[0][3] == chain[1][3]
+    assert ledger.get_task(fresh).version == ledger.get_task(recorded).version == 1

@@ -3,14 +3,24 @@ each (a data-modifying CTE, prepared on the server, no row lock taken before it)
 
 At READ COMMITTED each sub-statement's guard is judged on the row it changes, re-checked
 against a row committed meanwhile when it waited for that row's lock. Every lookup of a task
-names its id (``id = ANY(...)`` beside each join), so a plan cached while the table was small
-never scans open work. Rows inserted already running get their ``started`` event from the
-statement itself (the row trigger writes the ``created`` one); every update leaves its
-events, totals and verdicts to the row trigger. A step the statement refused is reported, and
-the ledger explains it one task at a time.
+names its id (``id = ANY(...)`` beside each join) and no guard can be read as the open-work
+index's predicate, so the generic plan the server keeps for each statement (the driver asks
+for generic plans: no planning per call) never scans open work. Rows inserted already running
+get their ``started`` event from the statement itself (the row trigger writes the ``created``
+one); every update leaves its events, totals and verdicts to the row trigger. A step the
+statement refused is reported, and the ledger explains it one task at a time.
+
+Each write has a statement per shape, the parts a call does not need left out, so the common
+call (a first delivery: no candidate placeholders; a close without a retry to queue or a
+delivery to mark) sends fewer parameters and runs fewer sub-statements. Arrays go as one text
+parameter each in PostgreSQL's array syntax (:func:`array`), cast on the server, which costs
+the client less than adapting a list.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 from task_state_guard import rules
 from task_state_guard.attempts import FLOAT_MAX, Begin, End, Ended
@@ -29,15 +39,7 @@ _ATTEMPT_VALUES = (
     f"{_NOW} + %(timeout)s::float8, {_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, "
     "%(redelivery)s::float8, 1"
 )
-# The started event of every row inserted already running (the rule's own values).
-_STARTED = rules.event_insert_select(
-    rules.EVENTS_BY_KIND["started"],
-    "(SELECT seq, started_at FROM lg UNION ALL SELECT seq, started_at FROM ci "
-    "UNION ALL SELECT seq, started_at FROM fr) AS s",
-)
-
-BEGIN = f"""WITH
-lg AS (
+_LOGICAL = f"""lg AS (
     INSERT INTO tsg_tasks(id, name, status, delivery_required, delivery_status, created_at,
         started_at, delivery_updated_at, updated_at, owner, version, framework_id, framework)
     SELECT %(lid)s::text, %(name)s::text, 'running', %(ldr)s::int, 'pending', {_NOW}, {_NOW},
@@ -54,7 +56,8 @@ lgu AS (
     RETURNING seq),
 par AS (
     SELECT seq FROM lg
-    UNION ALL SELECT seq FROM tsg_tasks WHERE id = %(lid)s::text AND created_at <= {_NOW}),
+    UNION ALL SELECT seq FROM tsg_tasks WHERE id = %(lid)s::text AND created_at <= {_NOW}),"""
+_CANDIDATES = f"""
 cand AS (
     SELECT c.id, c.make, c.ord, t.status, t.updated_at, t.timeout_seconds,
         (t.parent_id = %(lid)s::text AND t.delivery_required = 0
@@ -80,17 +83,33 @@ cu AS (
         version = t.version + 1
     FROM pick WHERE pick.status = 'queued' AND t.id = pick.id AND t.status = 'queued'
         AND {_NOW} >= t.updated_at
-    RETURNING t.id),
+    RETURNING t.id),"""
+
+
+def _begin_sql(candidates: bool) -> str:
+    """*Begin attempt*'s statement; without ``candidates`` the placeholder pick is left out
+    (a new attempt is inserted whenever the logical task exists)."""
+    fresh = " AND NOT EXISTS (SELECT 1 FROM pick)" if candidates else ""
+    inserted = ("lg", "ci", "fr") if candidates else ("lg", "fr")
+    # The started event of every row inserted already running (the rule's own values).
+    started = rules.event_insert_select(
+        rules.EVENTS_BY_KIND["started"],
+        "(" + " UNION ALL ".join(f"SELECT seq, started_at FROM {cte}" for cte in inserted)
+        + ") AS s",
+    )
+    result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
+    return f"""WITH
+{_LOGICAL}{_CANDIDATES if candidates else ""}
 fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
-    WHERE NOT EXISTS (SELECT 1 FROM pick) AND EXISTS (SELECT 1 FROM par)
+    WHERE EXISTS (SELECT 1 FROM par){fresh}
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
-ev AS ({_STARTED})
-SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL SELECT id FROM fr"""
+ev AS ({started})
+{result}SELECT id FROM fr"""
 
-END = f"""WITH
-q AS (
+
+_QUEUE = f"""q AS (
     INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
         timeout_seconds, created_at, delivery_updated_at, updated_at)
     SELECT u.id, u.parent, u.name, 'queued', 0, 'pending', u.timeout, {_NOW}, {_NOW}, {_NOW}
@@ -99,38 +118,87 @@ q AS (
     WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent
         AND p.id = ANY(%(qparents)s::text[]) AND p.created_at <= {_NOW})
     ON CONFLICT (id) DO NOTHING RETURNING id),
-c AS (
+"""
+
+
+def _end_sql(queue: bool, marks: bool) -> str:
+    """*End attempt*'s statement; without ``queue`` the retry's insert is left out, without
+    ``marks`` every close leaves a delivering task's delivery pending."""
+    if marks:
+        delivery = "WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END"
+        code = "WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END"
+        settles = "t.delivery_required = 0 OR v.mstate IS NOT NULL"
+        values = (", %(mstates)s::text[], %(mcodes)s::text[]) "
+                  "AS v(id, status, code, mstate, mcode)")
+        guard = "AND (v.mstate IS NULL OR t.delivery_required = 1) "
+        marked = "(v.mstate IS NOT NULL)"
+    else:
+        delivery = "ELSE t.delivery_status END"
+        code = "ELSE t.delivery_code END"
+        settles = "t.delivery_required = 0"
+        values = ") AS v(id, status, code)"
+        guard = ""
+        marked = "false"
+    # ``coalesce(... = 'pending', false)``: the same guard (the column is never NULL), which
+    # the planner cannot match to the open-work index's predicate (a generic plan that
+    # intersected that index with the ids would scan every open task's entry).
+    head = "SELECT id, false, false FROM q UNION ALL " if queue else ""
+    return f"""WITH
+{_QUEUE if queue else ""}c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {_NOW},
         updated_at = {_NOW},
         delivery_status = CASE WHEN t.delivery_required = 0 THEN 'not_applicable'
-            WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END,
+            {delivery},
         delivery_code = CASE WHEN t.delivery_required = 0 THEN 'internal_task'
-            WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END,
-        delivery_updated_at = CASE WHEN t.delivery_required = 0 OR v.mstate IS NOT NULL
-            THEN {_NOW} ELSE t.delivery_updated_at END,
-        version = t.version
-            + CASE WHEN t.delivery_required = 0 OR v.mstate IS NOT NULL THEN 2 ELSE 1 END
-    FROM unnest(%(ids)s::text[], %(states)s::text[], %(codes)s::text[], %(mstates)s::text[],
-        %(mcodes)s::text[]) AS v(id, status, code, mstate, mcode)
+            {code},
+        delivery_updated_at = CASE WHEN {settles} THEN {_NOW} ELSE t.delivery_updated_at END,
+        version = t.version + CASE WHEN {settles} THEN 2 ELSE 1 END
+    FROM unnest(%(ids)s::text[], %(states)s::text[], %(codes)s::text[]{values}
     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = v.id AND t.status IN ('queued','running')
-        AND t.delivery_status = 'pending'
-        AND (v.mstate IS NULL OR t.delivery_required = 1) AND {_NOW} >= t.updated_at
+        AND coalesce(t.delivery_status = 'pending', false)
+        {guard}AND {_NOW} >= t.updated_at
         AND {_NOW} >= t.delivery_updated_at AND {_NOW} >= coalesce(t.heartbeat_at, 0)
-    RETURNING t.id, (v.mstate IS NOT NULL) AS marked)
-SELECT id, false, false FROM q UNION ALL SELECT id, true, marked FROM c"""
+    RETURNING t.id, {marked} AS marked)
+{head}SELECT id, true, marked FROM c"""
+
+
+#: *Begin attempt*, with and without candidate placeholders.
+BEGIN = {candidates: _begin_sql(candidates) for candidates in (False, True)}
+#: *End attempt*, by (a retry to queue, a delivery to mark).
+END = {(queue, marks): _end_sql(queue, marks) for queue in (False, True) for marks in (False, True)}
+
+
+def _element(value: str | bool | float | None) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    return repr(float(value))
+
+
+def array(values: Iterable[str | bool | float | None]) -> str:
+    """``values`` as one PostgreSQL array literal (strings quoted and escaped, ``None`` as
+    ``NULL``), for a parameter cast to an array type on the server."""
+    return "{" + ",".join(_element(v) for v in values) + "}"
 
 
 def begin(conn: Conn, spec: Begin, now: float) -> str | None:
     """Run *begin attempt* as one statement: the attempt's id, or None when no attempt was
     started (the caller explains)."""
-    rows = conn.fetch_named(BEGIN, {
+    params: dict[str, Any] = {
         "now": now, "lid": spec.logical_id, "name": spec.name,
         "ldr": int(spec.delivery_required), "lowner": spec.logical_owner,
         "lfid": spec.framework_id, "lfw": spec.framework, "open": spec.open_logical,
-        "fmax": FLOAT_MAX, "cids": [c[0] for c in spec.candidates],
-        "cmake": [c[1] for c in spec.candidates], "timeout": spec.timeout_seconds,
+        "fmax": FLOAT_MAX, "timeout": spec.timeout_seconds,
         "owner": spec.owner, "redelivery": spec.redelivery_seconds, "fresh": spec.attempt_id,
-    })
+    }
+    candidates = spec.candidates
+    if candidates:
+        params["cids"] = array([c[0] for c in candidates])
+        params["cmake"] = array([c[1] for c in candidates])
+    rows = conn.fetch_named(BEGIN[bool(candidates)], params)
     return str(rows[0][0]) if rows else None
 
 
@@ -140,19 +208,25 @@ def end(conn: Conn, spec: End, now: float) -> Ended:
     if len({c[0] for c in closes}) != len(closes):  # a task closed twice: the first close
         first = {c[0]: c for c in reversed(closes)}  # wins, the repeat is explained after
         closes = tuple(first[tid] for tid in dict.fromkeys(c[0] for c in closes))
-    rows = conn.fetch_named(END, {
-        "now": now,
-        "qids": [q[0] for q in spec.queue], "qparents": [q[1] for q in spec.queue],
-        "qnames": [q[2] for q in spec.queue], "qtimeouts": [q[3] for q in spec.queue],
-        "ids": [c[0] for c in closes], "states": [c[1] for c in closes],
-        "codes": [c[2] for c in closes],
-        "mstates": [None if c[3] is None else c[3][0] for c in closes],
-        "mcodes": [None if c[3] is None else c[3][1] for c in closes],
-    })
+    params: dict[str, Any] = {
+        "now": now, "ids": array([c[0] for c in closes]),
+        "states": array([c[1] for c in closes]), "codes": array([c[2] for c in closes]),
+    }
+    queue = spec.queue
+    if queue:
+        params["qids"] = array([q[0] for q in queue])
+        params["qparents"] = array([q[1] for q in queue])
+        params["qnames"] = array([q[2] for q in queue])
+        params["qtimeouts"] = array([q[3] for q in queue])
+    marks = any(c[3] is not None for c in closes)
+    if marks:
+        params["mstates"] = array([None if c[3] is None else c[3][0] for c in closes])
+        params["mcodes"] = array([None if c[3] is None else c[3][1] for c in closes])
+    rows = conn.fetch_named(END[bool(queue), marks], params)
     closed = frozenset(str(r[0]) for r in rows if r[1])
     marked = frozenset(str(r[0]) for r in rows if r[1] and r[2])
     queued = frozenset(str(r[0]) for r in rows if not r[1])
     return Ended(closed, marked, queued)
 
 
-__all__ = ["BEGIN", "END", "begin", "end"]
+__all__ = ["BEGIN", "END", "array", "begin", "end"]
