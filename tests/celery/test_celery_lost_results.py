@@ -175,7 +175,9 @@ def test_periodic_reconcile_in_a_fleet_that_never_restarts(tracked: Scenario) ->
     call = wait_for(lambda: scenario.lost_hook_calls().get(result.id), 10, what="the hook")
     assert call["pid"] == survivor.pid and call["code"] == "owner_lost"
     assert survivor.proc.poll() is None
-    assert "task-state-guard: reconcile (periodic_reconcile)" in survivor.log()
+    # the pass logs its report once it returns, after the verdict it published was seen above
+    wait_for(lambda: "task-state-guard: reconcile (periodic_reconcile)" in survivor.log(), 10,
+             what="the periodic pass's log line")
     scenario.assert_healthy()
 
 
