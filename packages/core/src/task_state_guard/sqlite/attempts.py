@@ -20,7 +20,7 @@ _INSERT = (
     "SELECT :id, :parent, :name, 'queued', :required, 'pending', :timeout, :now, :now, :now, "
     ":fid, :framework WHERE :parent IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
-    "ON CONFLICT(id) DO NOTHING RETURNING seq"
+    "ON CONFLICT(id) DO NOTHING"
 )
 # A new task already running: what :data:`_INSERT` followed by :data:`_START` at the same
 # instant store (the start's guards included: a deadline must be a finite timestamp).
@@ -33,21 +33,19 @@ _INSERT_RUNNING = (
     "WHERE (:parent IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)) "
     "AND (:timeout IS NULL OR :timeout <= :fmax - :now) "
-    "ON CONFLICT(id) DO NOTHING RETURNING seq"
+    "ON CONFLICT(id) DO NOTHING"
 )
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
     "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
     "updated_at = :now, version = version + 1 "
     "WHERE id = :id AND status = 'queued' AND :now >= updated_at "
-    "AND (timeout_seconds IS NULL OR timeout_seconds <= :fmax - :now) RETURNING seq"
+    "AND (timeout_seconds IS NULL OR timeout_seconds <= :fmax - :now)"
 )
 # A placeholder recorded earlier is claimed only when it is the one this begin would record.
-_START_SAME = _START.replace(
-    " RETURNING seq",
-    " AND parent_id = :parent AND delivery_required = 0 AND name IS :name "
-    "AND timeout_seconds IS :timeout AND payload_hash IS NULL AND framework_id IS NULL "
-    "RETURNING seq",
+_START_SAME = (
+    _START + " AND parent_id = :parent AND delivery_required = 0 AND name IS :name "
+    "AND timeout_seconds IS :timeout AND payload_hash IS NULL AND framework_id IS NULL"
 )
 # The close of a task with, in the same change, its delivery: ``not_applicable/internal_task``
 # when it owes none, the job's own mark (:mstate, :mcode) when it owes one and made one.
@@ -63,12 +61,15 @@ _CLOSE = (
     "version = version + CASE WHEN delivery_required = 0 OR :mstate IS NOT NULL THEN 2 ELSE 1 END "
     "WHERE id = :id AND status IN ('queued','running') AND delivery_status = 'pending' "
     "AND (:mstate IS NULL OR delivery_required = 1) AND :now >= updated_at "
-    "AND :now >= delivery_updated_at AND :now >= coalesce(heartbeat_at, 0) RETURNING seq"
+    "AND :now >= delivery_updated_at AND :now >= coalesce(heartbeat_at, 0)"
 )
 
 
 def _one(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> bool:
-    return conn.execute(sql, params).fetchone() is not None
+    """Run one guarded INSERT or UPDATE of one task; whether it wrote its row (the count of
+    rows the statement itself changed, a trigger's writes not counted; no ``RETURNING``,
+    which makes SQLite collect the rows in a temporary table first)."""
+    return conn.execute(sql, params).rowcount == 1
 
 
 def _insert(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
