@@ -11,15 +11,13 @@ contract's errors.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import NamedTuple
 
 #: The largest finite timestamp: a start whose deadline would pass it is refused.
 FLOAT_MAX = sys.float_info.max
 
 
-@dataclass(frozen=True, slots=True)
-class Begin:
+class Begin(NamedTuple):
     """*Begin attempt*: open the logical task (create it if missing and start it if queued,
     when ``open_logical``) and start the attempt this delivery runs as: the first of
     ``candidates`` (``(id, create)``: a queued placeholder, recorded first when ``create``)
@@ -39,8 +37,7 @@ class Begin:
     redelivery_seconds: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class End:
+class End(NamedTuple):
     """*End attempt*: queue ``queue`` (``(id, parent_id, name, timeout_seconds)``: a scheduled
     retry's attempt, first), then close ``closes`` in order (``(id, status, code, mark)``:
     a task that owes no delivery has it closed ``not_applicable/internal_task`` with it; a

@@ -298,7 +298,9 @@ def begin_attempt(
     for flag in (delivery_required, open_logical, logical_owner):
         if not isinstance(flag, bool):
             raise InvalidInput("flags must be booleans")
-    if isinstance(candidates, str | bytes) or not isinstance(candidates, Iterable):
+    if type(candidates) is not tuple and type(candidates) is not list and (
+        isinstance(candidates, str | bytes) or not isinstance(candidates, Iterable)
+    ):
         raise InvalidInput("candidates must be an iterable of (task id, create) pairs")
     picks: list[tuple[str, bool]] = []
     for candidate, create_it in candidates:

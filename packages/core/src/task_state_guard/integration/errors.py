@@ -20,18 +20,46 @@ every process can be summed outside it (:mod:`task_state_guard.adapter_counters`
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import TypeVar
 
 from ..model import LedgerError
+from ..process import THIS
 
 T = TypeVar("T")
 #: Told of each increment: ``(family, labels)`` of ``task_state_guard.adapter_counters``.
 CountListener = Callable[[str, Mapping[str, str]], None]
+
+
+class Guarded:
+    """The block of :meth:`ErrorPolicy.guarded`: an ``Exception`` raised in it goes through
+    :meth:`ErrorPolicy.error` (counted and logged; swallowed unless strict). A plain class,
+    not a generator: one is entered around every framework hook."""
+
+    __slots__ = ("_policy", "_where")
+
+    def __init__(self, policy: ErrorPolicy, where: str) -> None:
+        self._policy = policy
+        self._where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if not isinstance(exc, Exception):
+            return False  # none, or not an Exception (KeyboardInterrupt, SystemExit): as is
+        try:
+            self._policy.error(self._where, exc)
+        except BaseException as raised:
+            if raised is exc:
+                return False  # strict: the block's exception goes on, as it was raised
+            raise
+        return True
 
 
 class ErrorPolicy:
@@ -42,7 +70,7 @@ class ErrorPolicy:
         self.strict = strict
         self.subject = subject
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._pid = THIS.pid
         self._errors: Counter[str] = Counter()
         self._logged: set[tuple[str, str | None]] = set()
         self._conflicts: Counter[str] = Counter()
@@ -50,9 +78,9 @@ class ErrorPolicy:
         self.on_count: CountListener | None = None
 
     def _own(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's counts are not this process's
+        if self._pid != THIS.pid:  # forked: the parent's counts are not this process's
             self._lock = threading.Lock()
-            self._pid = os.getpid()
+            self._pid = THIS.pid
             self._errors = Counter()
             self._logged = set()
             self._conflicts = Counter()
@@ -104,13 +132,9 @@ class ErrorPolicy:
                 kind,
             )
 
-    @contextmanager
-    def guarded(self, where: str) -> Iterator[None]:
+    def guarded(self, where: str) -> Guarded:
         """Apply the policy to any ``Exception`` raised in the block."""
-        try:
-            yield
-        except Exception as exc:
-            self.error(where, exc)
+        return Guarded(self, where)
 
     def call(self, where: str, fn: Callable[[], T]) -> T | None:
         """Run ``fn``; on an ``Exception`` apply the policy and return ``None``."""
@@ -133,4 +157,4 @@ class ErrorPolicy:
             return dict(self._conflicts)
 
 
-__all__ = ["CountListener", "ErrorPolicy"]
+__all__ = ["CountListener", "ErrorPolicy", "Guarded"]

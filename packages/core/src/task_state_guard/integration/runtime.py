@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +52,11 @@ from ..model import (
     check_framework,
     is_canonical,
 )
+from ..process import THIS
 from ..reconcile import DecisionCallback, ReconcilePolicy
 from ..verdicts import Verdict
 from . import codes
-from .errors import ErrorPolicy
+from .errors import ErrorPolicy, Guarded
 from .metrics import CONFLICT_KINDS
 from .settings import Settings
 
@@ -106,7 +106,7 @@ class _Process:
     """State that belongs to one OS process (rebuilt after fork, never inherited)."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = THIS.pid
         self.lock = threading.Lock()
         self.open_lock = threading.Lock()
         self.ledger: Ledger | None = None
@@ -208,7 +208,7 @@ class AdapterRuntime:
 
     def _state(self) -> _Process:
         proc = self._proc
-        if proc.pid != os.getpid():
+        if proc.pid != THIS.pid:
             # Forked: drop the inherited state without touching it.
             proc = self._proc = _Process()
         return proc
@@ -305,11 +305,9 @@ class AdapterRuntime:
             with self.guarded("close"):
                 led.close()
 
-    @contextmanager
-    def guarded(self, where: str) -> Iterator[None]:
+    def guarded(self, where: str) -> Guarded:
         """Apply the error policy to the block (for the body of a framework hook)."""
-        with self.policy.guarded(where):
-            yield
+        return self.policy.guarded(where)
 
     # ------------------------------------------------------------------ heartbeats
 

@@ -18,6 +18,7 @@ from typing import Any, overload
 from .. import attempts
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
+from ..process import THIS
 from ..store import Layout, Opened, read_clock
 from ..transitions import Outcome, Step
 from . import attempts as sqlite_attempts
@@ -50,6 +51,14 @@ def _reset_writer_locks() -> None:
 os.register_at_fork(after_in_child=_reset_writer_locks)
 
 
+# The store's two guarded job writes by the type of their spec (any other is a one-task step).
+_Run = Callable[[sqlite3.Connection, Any, float], "Outcome | str | attempts.Ended | None"]
+_RUNS: dict[type, _Run] = {
+    attempts.Begin: sqlite_attempts.sqlite_begin,
+    attempts.End: sqlite_attempts.sqlite_end,
+}
+
+
 def integrity_ok(conn: sqlite3.Connection) -> bool:
     """SQLite's ``quick_check`` stopped at the first problem: True when the file is intact."""
     try:
@@ -60,8 +69,15 @@ def integrity_ok(conn: sqlite3.Connection) -> bool:
         return False  # damaged beyond what the check itself can read
 
 
-class _Refused(Exception):
-    """A step of a one-transaction write was refused: roll the transaction back."""
+class _Local(threading.local):
+    """A thread's state of one database: its connection and write transaction."""
+
+    #: ``(pid, connection)``: this thread's own connection, opened in process ``pid``.
+    entry: tuple[int, sqlite3.Connection] | None = None
+    #: ``(pid, writer connection)`` while this thread's write transaction is open.
+    writing: tuple[int, sqlite3.Connection] | None = None
+    #: True inside :meth:`SQLiteDatabase.group`.
+    atomic: bool = False
 
 
 class LockFiles:
@@ -138,10 +154,10 @@ class SQLiteDatabase:
         self._transient_sidecars = transient_sidecars
         self._snapshot_max_bytes = snapshot_max_bytes
         self._check_schema = check_schema
-        self._local = threading.local()
+        self._local = _Local()
         self._lock = threading.Lock()
         self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
-        self._pid = os.getpid()
+        self._pid = THIS.pid
         self._open_conns: list[sqlite3.Connection] = []
         self._identity: storage.FileIdentity | None = None
         # How each read-only connection reads (by id of the connection).
@@ -152,6 +168,9 @@ class SQLiteDatabase:
         # lock): its page cache stays warm from one thread's transaction to the next, where a
         # connection per thread would find its cache invalidated by every other thread's commit.
         self._writer: sqlite3.Connection | None = None
+        # What a write of this process needs once the writer is open, read without a lookup:
+        # (pid, writer connection, writer lock, real path, device, inode of the file).
+        self._hot: tuple[int, sqlite3.Connection, threading.RLock, str, int, int] | None = None
         self._closed = False
         self.schema_version: int | None = None
 
@@ -186,14 +205,14 @@ class SQLiteDatabase:
     def conn(self) -> sqlite3.Connection:
         """This thread's connection in this process (opened, checked and migrated lazily);
         inside a write transaction of this thread, the writer connection."""
-        pid = os.getpid()
-        writing = getattr(self._local, "writing", None)
+        pid = THIS.pid
+        local = self._local
+        writing = local.writing
         if writing is not None and writing[0] == pid:
-            return writing[1]  # type: ignore[no-any-return]
-        entry = getattr(self._local, "entry", None)
+            return writing[1]
+        entry = local.entry
         if entry is not None and entry[0] == pid:
-            conn: sqlite3.Connection = entry[1]
-            return conn
+            return entry[1]
         if self._closed:
             raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         if pid != self._pid:  # a lock held by another thread at fork() time stays held
@@ -209,12 +228,13 @@ class SQLiteDatabase:
                 self._open_conns.append(conn)
                 if self._modes.get(id(conn)) is connections.ReadMode.SNAPSHOT:
                     self._shared = conn
-        self._local.entry = (pid, conn)
+        local.entry = (pid, conn)
         return conn
 
     def _forked(self, pid: int) -> None:
         _INHERITED.extend(self._open_conns)
         self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
+        self._hot = None
         self._modes = {}
 
     def writer(self) -> sqlite3.Connection:
@@ -222,7 +242,7 @@ class SQLiteDatabase:
         # A thread's first use opens its own connection: the file's safety checks (modes
         # tightened or refused, identity) and fork handling run then, as before any write.
         self.conn()
-        pid = os.getpid()
+        pid = THIS.pid
         conn = self._writer
         if conn is not None and pid == self._pid:
             return conn
@@ -234,6 +254,10 @@ class SQLiteDatabase:
                 conn = self._open()
                 self._open_conns.append(conn)
                 self._writer = conn
+                identity = self._identity
+                if identity is not None and not self._closed:
+                    self._hot = (pid, conn, writer_lock(self.path), self.path,
+                                 identity.dev, identity.ino)
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -373,7 +397,7 @@ class SQLiteDatabase:
         """Close every connection this process opened; no use afterwards."""
         with self._lock:
             self._closed = True
-            if os.getpid() == self._pid:
+            if THIS.pid == self._pid:
                 for conn in self._open_conns:
                     with suppress(sqlite3.Error):
                         conn.close()
@@ -381,7 +405,8 @@ class SQLiteDatabase:
             self._shared = None
             self._modes = {}
             self._writer = None
-        self._local = threading.local()
+            self._hot = None
+        self._local = _Local()
 
     def _check_identity(self) -> None:
         if (
@@ -399,6 +424,43 @@ class SQLiteDatabase:
         return read_clock(self._clock)
 
     # ----------------------------------------------------------------- transactions
+    def _enter(self) -> tuple[sqlite3.Connection, threading.RLock]:
+        """Begin this thread's IMMEDIATE transaction on the process's writer connection:
+        the file's identity checked first (a replaced or removed file is refused), then the
+        process's writer lock taken (bounded by the busy timeout); returns the connection and
+        the lock, held."""
+        pid = THIS.pid
+        local = self._local
+        hot = self._hot
+        entry = local.entry
+        if hot is not None and hot[0] == pid and entry is not None and entry[0] == pid:
+            conn, lock = hot[1], hot[2]
+            try:
+                st = os.lstat(hot[3])
+            except OSError:
+                st = None
+            if st is None or st.st_ino != hot[5] or st.st_dev != hot[4]:
+                raise StorageError(
+                    "the database file was replaced or removed", reason=r.DATABASE_REPLACED
+                )
+        else:  # a thread's first write, or the first after fork(): every check, the long way
+            conn = self.writer()
+            self._check_identity()
+            lock = writer_lock(self.path)
+        if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
+            raise LedgerBusy(
+                "another thread held the ledger past the busy timeout", reason=r.DATABASE_BUSY
+            )
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            lock.release()
+            if isinstance(exc, sqlite3.Error):
+                raise connections.translate(exc) from None
+            raise
+        local.writing = (pid, conn)
+        return conn, lock
+
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; commits on success, rolls back on any error.
@@ -410,22 +472,11 @@ class SQLiteDatabase:
         if self._read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         local = self._local
-        if getattr(local, "atomic", False):
+        if local.atomic:
             yield self.conn()
             return
-        conn = self.writer()
-        self._check_identity()
-        lock = writer_lock(self.path)
-        if not lock.acquire(timeout=self.busy_timeout_ms / 1000.0):
-            raise LedgerBusy(
-                "another thread held the ledger past the busy timeout", reason=r.DATABASE_BUSY
-            )
+        conn, lock = self._enter()
         try:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise connections.translate(exc) from None
-            local.writing = (os.getpid(), conn)
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -443,7 +494,7 @@ class SQLiteDatabase:
     @contextmanager
     def group(self) -> Iterator[None]:
         """Group this thread's writes into one transaction: all commit, or none."""
-        if getattr(self._local, "atomic", False):
+        if self._local.atomic:
             yield
             return
         with self.write():
@@ -513,23 +564,30 @@ class SQLiteDatabase:
         statement alone would be no shortcut). A one-task step answers with its outcome;
         *begin attempt* runs all of it, or nothing and answers None; *end attempt* answers
         what it wrote."""
-        if isinstance(spec, attempts.Begin):
-            return self._begin_attempt(spec)
-        if isinstance(spec, attempts.End):
-            with self.write() as conn:
-                return sqlite_attempts.sqlite_end(conn, spec, self.now())
-        with self.write() as conn:
-            return sqlite_transitions.run(conn, spec, self.now())
-
-    def _begin_attempt(self, spec: attempts.Begin) -> str | None:
+        run: _Run = _RUNS.get(type(spec), sqlite_transitions.run)
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        local = self._local
+        if local.atomic:  # inside the group's transaction (a refused begin is not undone)
+            return run(self.conn(), spec, read_clock(self._clock))
+        conn, lock = self._enter()
         try:
-            with self.write() as conn:
-                begun = sqlite_attempts.sqlite_begin(conn, spec, self.now())
-                if begun is None:
-                    raise _Refused
-                return begun
-        except _Refused:
-            return None
+            done = run(conn, spec, read_clock(self._clock))
+            if done is None:  # a refused *begin attempt*: all of it undone
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                return None
+            conn.execute("COMMIT")
+            return done
+        except BaseException as exc:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise connections.translate(exc) from None
+            raise
+        finally:
+            local.writing = None
+            lock.release()
 
     # ----------------------------------------------------------------- owners and reports
     @property

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from .. import reasons as r
 from ..model import Liveness, StorageError, UnsafeLocation
+from ..process import THIS
 
 LOCK_SUFFIX = ".lock"
 _TMP_SUFFIX = ".tmp"
@@ -115,7 +116,7 @@ def _unsafe() -> UnsafeLocation:
 def held_token(db_path: str) -> str | None:
     """This process's owner token for the database if its lock file exists already, else None."""
     entry = _REGISTRY.held.get(owners_dir(db_path))
-    if entry is not None and _REGISTRY.pid == os.getpid():
+    if entry is not None and _REGISTRY.pid == THIS.pid:
         return entry[0]
     return None
 
@@ -124,7 +125,7 @@ def own_token(db_path: str) -> str:
     """Return this process's owner token for the database, creating its lock file once."""
     directory = owners_dir(db_path)
     entry = _REGISTRY.held.get(directory)
-    if entry is not None and _REGISTRY.pid == os.getpid():
+    if entry is not None and _REGISTRY.pid == THIS.pid:
         return entry[0]
     with _REGISTRY.lock:
         if _REGISTRY.pid != os.getpid():  # fork without the at-fork hook (should not happen)
