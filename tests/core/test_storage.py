@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import stat
 import threading
+from pathlib import Path
 
 import pytest
 from core_helpers import (
@@ -285,6 +286,29 @@ def test_database_removed_after_open_rejected(tmp_path) -> None:
     os.unlink(db)
     with pytest.raises(StorageError):
         led.create_task()
+    led.close()
+
+
+def test_guarded_job_writes_refused_once_the_file_is_replaced_or_removed(tmp_path) -> None:
+    """A guarded job's two writes check the file before each transaction, as every write."""
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    copy = str(tmp_path / "d" / "copy.sqlite")
+    led = Ledger(db, clock=Clock())
+    logical = led.create_task().id
+    attempt = led.begin_attempt(logical, open_logical=False)
+    led.end_attempt([(attempt, "succeeded", None)])
+    shutil.copy2(db, copy)
+    os.replace(copy, db)
+    replaced = Path(db).read_bytes()
+    with pytest.raises(StorageError):
+        led.begin_attempt(logical, open_logical=False)
+    with pytest.raises(StorageError):
+        led.end_attempt([(logical, "succeeded", None)])
+    assert Path(db).read_bytes() == replaced  # the file now there was not written
+    os.unlink(db)
+    with pytest.raises(StorageError):
+        led.begin_attempt(logical, open_logical=False)
+    assert not os.path.exists(db)
     led.close()
 
 
