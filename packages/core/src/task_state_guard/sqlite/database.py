@@ -454,12 +454,18 @@ class SQLiteDatabase:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
-            lock.release()
+            self._leave(lock)
             if isinstance(exc, sqlite3.Error):
                 raise connections.translate(exc) from None
             raise
         local.writing = (pid, conn)
         return conn, lock
+
+    def _leave(self, lock: threading.RLock) -> None:
+        """After :meth:`_enter`'s transaction ended (committed or rolled back): this thread
+        no longer writes; the writer lock is released."""
+        self._local.writing = None
+        lock.release()
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
@@ -477,19 +483,16 @@ class SQLiteDatabase:
             return
         conn, lock = self._enter()
         try:
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                with suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise connections.translate(exc) from None
-                raise
-            finally:
-                local.writing = None
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise connections.translate(exc) from None
+            raise
         finally:
-            lock.release()
+            self._leave(lock)
 
     @contextmanager
     def group(self) -> Iterator[None]:
@@ -586,8 +589,7 @@ class SQLiteDatabase:
                 raise connections.translate(exc) from None
             raise
         finally:
-            local.writing = None
-            lock.release()
+            self._leave(lock)
 
     # ----------------------------------------------------------------- owners and reports
     @property
