@@ -155,17 +155,42 @@ class Ledger:
         framework: str | None = None, open_logical: bool = True, logical_owner: bool = False,
         candidates: Iterable[tuple[str | uuid.UUID, bool]] = (),
         attempt_id: str | uuid.UUID | None = None, timeout_seconds: float | None = None,
-        redelivery_seconds: float | None = None,
+        redelivery_seconds: float | None = None, parent_id: str | uuid.UUID | None = None,
+        attempt: bool = True,
     ) -> str:
         """A guarded job's first write, committed before its body runs (SQLite: one
         transaction; PostgreSQL: one statement): open the logical task (``open_logical``:
         create when missing, start when queued), then start the attempt (the first startable
-        of ``candidates``, else ``attempt_id`` or a new one); return the attempt's id."""
+        of ``candidates``, else ``attempt_id`` or a new one); return the attempt's id.
+
+        ``attempt=False``: the logical task alone, as :meth:`create_task` and then
+        :meth:`start_task` (``logical_owner`` the start's ``owner``) in one write, under
+        ``parent_id`` when given (only then), with the same errors; returns its id."""
         return writes.begin_attempt(
             self._db, logical_id, name=name, delivery_required=delivery_required,
             fid=framework_id, framework=framework, open_logical=open_logical,
             logical_owner=logical_owner, candidates=candidates, attempt_id=attempt_id,
-            timeout_seconds=timeout_seconds, redelivery_seconds=redelivery_seconds)
+            timeout_seconds=timeout_seconds, redelivery_seconds=redelivery_seconds,
+            parent_id=parent_id, attempt=attempt)
+
+    def end_and_begin_attempt(
+        self, closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
+        logical_id: str | uuid.UUID, *,
+        marks: Mapping[str, tuple[str, str | None]] | None = None,
+        queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]] = (),
+        name: str | None = None, candidates: Iterable[tuple[str | uuid.UUID, bool]] = (),
+        attempt_id: str | uuid.UUID | None = None, timeout_seconds: float | None = None,
+        redelivery_seconds: float | None = None,
+    ) -> tuple[attempts.Ended, str | None]:
+        """A boundary between two attempts of ``logical_id`` (which exists) as one write
+        (SQLite: one transaction; PostgreSQL: one statement): :meth:`end_attempt` of
+        ``closes``, then :meth:`begin_attempt` of the next attempt with ``open_logical=False``.
+        Returns what the end wrote and the attempt begun; None when the begin was refused
+        (it wrote nothing, the end still commits; :meth:`begin_attempt` explains it)."""
+        return writes.end_and_begin_attempt(
+            self._db, closes, marks, queue, logical_id, name=name, candidates=candidates,
+            attempt_id=attempt_id, timeout_seconds=timeout_seconds,
+            redelivery_seconds=redelivery_seconds)
 
     def end_attempt(
         self, closes: Iterable[tuple[str | uuid.UUID, str, str | None]], *,

@@ -503,11 +503,14 @@ class SQLiteDatabase:
     def transition(self, spec: attempts.End) -> attempts.Ended: ...
 
     @overload
+    def transition(self, spec: attempts.Boundary) -> tuple[attempts.Ended, str | None]: ...
+
+    @overload
     def transition(self, spec: Step) -> Outcome: ...
 
     def transition(
-        self, spec: Step | attempts.Begin | attempts.End
-    ) -> Outcome | str | attempts.Ended | None:
+        self, spec: Step | attempts.Begin | attempts.End | attempts.Boundary
+    ) -> Outcome | str | attempts.Ended | tuple[attempts.Ended, str | None] | None:
         """One guarded write in an IMMEDIATE transaction (or the open group's): the database's
         write lock is held before the clock is read (SQLite's writes queue on that lock; a
         statement alone would be no shortcut). A one-task step answers with its outcome;
@@ -518,6 +521,9 @@ class SQLiteDatabase:
         if isinstance(spec, attempts.End):
             with self.write() as conn:
                 return sqlite_attempts.sqlite_end(conn, spec, self.now())
+        if isinstance(spec, attempts.Boundary):
+            with self.write() as conn:
+                return sqlite_attempts.sqlite_boundary(conn, spec, self.now())
         with self.write() as conn:
             return sqlite_transitions.run(conn, spec, self.now())
 
