@@ -74,6 +74,58 @@ def test_a_foreign_schema_is_refused_and_doctor_says_so(
     assert '"schema_ok":false' in out and '"healthy":false' in out
 
 
+@pytest.mark.parametrize("tamper", [
+    "DROP TRIGGER tsg_event_changed ON tsg_tasks",
+    "ALTER TABLE tsg_tasks DISABLE TRIGGER tsg_event_created",
+    "ALTER TABLE tsg_tasks ADD COLUMN note text",
+    "ALTER TABLE tsg_events ALTER COLUMN code TYPE varchar(40)",
+    "CREATE INDEX extra ON tsg_tasks(created_at)",
+    "CREATE TRIGGER extra AFTER INSERT ON tsg_events FOR EACH ROW "
+    "EXECUTE FUNCTION tsg_write_event()",
+    "CREATE OR REPLACE FUNCTION tsg_write_event() RETURNS trigger LANGUAGE plpgsql "
+    "AS $fn$ BEGIN RETURN NULL; END $fn$",
+], ids=["trigger_dropped", "trigger_disabled", "column_added", "column_retyped",
+        "index_added", "trigger_added", "function_replaced"])
+def test_a_hand_edited_schema_is_refused_as_sqlite_refuses_an_edited_file(
+    pg_url: str, tamper: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Any open refuses a current schema whose layout is not exactly this release's (a
+    trigger that no longer writes the events would otherwise lose them silently); doctor
+    reports it, and nothing is written."""
+    with Ledger(pg_url) as ledger:
+        ledger.create_task(name="kept")
+        assert ledger.doctor()["schema_ok"] is True
+    sql(pg_url, tamper)
+    rows = sql(pg_url, "SELECT count(*) FROM tsg_tasks")
+    events = sql(pg_url, "SELECT count(*) FROM tsg_events")
+    for read_only in (False, True):
+        with pytest.raises(StorageError) as err:
+            Ledger(pg_url, read_only=read_only)
+        assert err.value.reason == "foreign_schema"
+        assert str(err.value) == "the database holds a foreign or tampered schema"
+    capsys.readouterr()
+    assert tsg(["--db", pg_url, "create"]) != 0
+    assert capsys.readouterr().out == '{"error":"StateConflict","ok":false}\n'
+    assert tsg(["--db", pg_url, "doctor"]) == 1
+    out = capsys.readouterr().out
+    assert '"schema_ok":false' in out and '"healthy":false' in out
+    assert sql(pg_url, "SELECT count(*) FROM tsg_tasks") == rows == [(1,)]
+    assert sql(pg_url, "SELECT count(*) FROM tsg_events") == events
+
+
+def test_an_edited_older_schema_is_refused_and_left_unmigrated(pg_url: str) -> None:
+    """A schema edited at an earlier version: the migration runs, the check fails, and the
+    whole transaction rolls back (the version and the rows stay as they were)."""
+    with Ledger(pg_url) as ledger:
+        ledger.create_task()
+    sql(pg_url, "DELETE FROM tsg_migrations WHERE version = 7")
+    sql(pg_url, "DROP TRIGGER tsg_event_created ON tsg_tasks")
+    with pytest.raises(StorageError) as err:
+        Ledger(pg_url)
+    assert err.value.reason == "foreign_schema"
+    assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(6,)]
+
+
 def test_a_read_only_open_of_a_missing_ledger_creates_nothing(pg_url: str) -> None:
     with pytest.raises(InvalidInput) as err:  # as a missing SQLite file
         Ledger(pg_url, read_only=True)

@@ -193,7 +193,12 @@ def _v7(s: str) -> list[str]:
     a person calls the task (``model.TASK_KIND_SQL``: a child that owes its own delivery, such
     as a LangGraph resume or recovery run, is a ``task``); the totals counted before keep
     their kind."""
-    return [_event_function(f'"{s}"', replace=True, totals=True, verdicts=True, kinds=True)]
+    return [_current_event_function(f'"{s}"')]
+
+
+def _current_event_function(q: str) -> str:
+    """This release's event function (the latest migration's ``CREATE OR REPLACE``)."""
+    return _event_function(q, replace=True, totals=True, verdicts=True, kinds=True)
 
 
 #: Migration number -> its statements (a function of the schema name), applied in order.
@@ -233,6 +238,77 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
     return bool(row and row[0])
 
 
+# The exact layout of this release, which any open (and doctor) checks a current schema
+# against: the columns (table, column, type, nullable), the indexes of the ledger's tables, the
+# triggers on them and the event function's body.
+_COLUMNS = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
+    WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
+        'tsg_verdicts')
+    ORDER BY table_name, ordinal_position"""
+_EXPECTED_COLUMNS = [
+    ("tsg_events", "task_seq", "bigint", "NO"),
+    ("tsg_events", "step", "integer", "NO"),
+    ("tsg_events", "kind", "text", "NO"),
+    ("tsg_events", "state", "text", "NO"),
+    ("tsg_events", "code", "text", "YES"),
+    ("tsg_events", "at", "double precision", "NO"),
+    *[("tsg_tasks", c.name, c.postgres_type, "YES" if c.nullable else "NO")
+      for c in rules.TASK_COLUMNS],
+    ("tsg_totals", "event", "text", "NO"),
+    ("tsg_totals", "kind", "text", "NO"),
+    ("tsg_totals", "state", "text", "NO"),
+    ("tsg_totals", "code", "text", "NO"),
+    ("tsg_totals", "total", "bigint", "NO"),
+    ("tsg_verdicts", "task_seq", "bigint", "NO"),
+    ("tsg_verdicts", "framework", "text", "NO"),
+    ("tsg_verdicts", "state", "text", "NO"),
+    *[("tsg_verdicts", column, "double precision", nullable) for column, nullable in (
+        ("recorded_at", "NO"), ("lease_until", "YES"))],
+    ("tsg_verdicts", "claim", "text", "YES"),
+    ("tsg_verdicts", "published_at", "double precision", "YES"),
+]
+_LEDGER_TABLES = "('tsg_tasks', 'tsg_events', 'tsg_meta', 'tsg_totals', 'tsg_verdicts', " \
+    "'tsg_migrations')"
+_INDEXES = f"""SELECT i.relname FROM pg_catalog.pg_index x
+    JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid
+    JOIN pg_catalog.pg_class t ON t.oid = x.indrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
+    WHERE n.nspname = %(schema)s AND t.relname IN {_LEDGER_TABLES} ORDER BY 1"""
+_EXPECTED_INDEXES = [
+    "tsg_events_pkey", "tsg_meta_pkey", "tsg_migrations_pkey", "tsg_tasks_id_key",
+    "tsg_tasks_open", "tsg_tasks_parent", "tsg_tasks_pkey", "tsg_tasks_prunable",
+    "tsg_verdicts_pending", "tsg_verdicts_pkey",
+]
+_TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigger g
+    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
+    ORDER BY 1, 2"""
+_EXPECTED_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"),
+                      ("tsg_tasks", "tsg_event_created", "O")]
+_EVENT_FUNCTION = """SELECT p.prosrc FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = %(schema)s AND p.proname = 'tsg_write_event'"""
+
+
+def layout_ok(conn: Conn, schema: str) -> bool:
+    """True when the schema's ledger tables are exactly this release's layout: their columns,
+    indexes (by name), enabled triggers (no others) and the event function's body. A schema
+    edited by hand (a trigger dropped or disabled, a column added or retyped, an index or a
+    trigger added, the function replaced) is not."""
+    args = {"schema": schema}
+    if [tuple(row) for row in conn.run(_COLUMNS, args).fetchall()] != _EXPECTED_COLUMNS:
+        return False
+    if [row[0] for row in conn.run(_INDEXES, args).fetchall()] != _EXPECTED_INDEXES:
+        return False
+    if [tuple(row) for row in conn.run(_TRIGGERS, args).fetchall()] != _EXPECTED_TRIGGERS:
+        return False
+    body = _current_event_function(f'"{schema}"')
+    return [row[0] for row in conn.run(_EVENT_FUNCTION, args).fetchall()] == [
+        body.split("$fn$")[1]
+    ]
+
+
 def prepare(
     conn: Conn, schema: str, *, read_only: bool, check: bool, now: Callable[[], float],
     create: bool = True,
@@ -257,6 +333,8 @@ def prepare(
             raise InvalidInput(MISSING, reason=r.DATABASE_MISSING)
         if version > SCHEMA_VERSION:
             raise StorageError(NEWER_SCHEMA, reason=r.SCHEMA_NEWER)
+        if version == SCHEMA_VERSION and check and not layout_ok(conn, schema):
+            raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
         if read_only or version == SCHEMA_VERSION:
             return version
     conn.execute("BEGIN")
@@ -296,6 +374,8 @@ def prepare(
                 "('application', %(application)s), ('created_at', %(created)s)",
                 {"application": APPLICATION, "created": repr(at)},
             )
+        if check and not layout_ok(conn, schema):  # edited by hand, before or after migrating
+            raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
         conn.execute("COMMIT")
     except BaseException:
         if conn.usable and conn.in_transaction:
@@ -305,6 +385,6 @@ def prepare(
 
 
 __all__ = [
-    "COMPACT_TOTALS", "MIGRATIONS", "NEWER_SCHEMA", "PASS_EVENTS", "SCHEMA_VERSION", "lock_key",
-    "prepare", "stored_version",
+    "COMPACT_TOTALS", "MIGRATIONS", "NEWER_SCHEMA", "PASS_EVENTS", "SCHEMA_VERSION", "layout_ok",
+    "lock_key", "prepare", "stored_version",
 ]

@@ -4,7 +4,7 @@ The rules and the report are the core's (``task_state_guard.doctor``); this modu
 the probes: PostgreSQL's dialect, the count of broken parent links, rows streamed through a
 server-side cursor, and the layout check. PostgreSQL has no
 ``quick_check``: ``quick_check`` is ``"ok"`` when every check could read the ledger, and the
-schema is checked against the exact column layout and the event triggers of this release.
+schema is checked against this release's exact layout (``ddl.layout_ok``), as any open does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from task_state_guard import doctor as core
-from task_state_guard import rules
 from task_state_guard.model import LedgerError
 from task_state_guard.store import Database
 
@@ -29,40 +28,6 @@ _MISSING_PARENTS = (
     "SELECT count(*) FROM tsg_tasks c WHERE c.parent_id IS NOT NULL "
     "AND NOT EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = c.parent_id)"
 )
-
-# The exact layout of this release: (table, column, type, nullable) and the event triggers.
-_LAYOUT = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
-    WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
-        'tsg_verdicts')
-    ORDER BY table_name, ordinal_position"""
-_EXPECTED_LAYOUT = [
-    ("tsg_events", "task_seq", "bigint", "NO"),
-    ("tsg_events", "step", "integer", "NO"),
-    ("tsg_events", "kind", "text", "NO"),
-    ("tsg_events", "state", "text", "NO"),
-    ("tsg_events", "code", "text", "YES"),
-    ("tsg_events", "at", "double precision", "NO"),
-    *[("tsg_tasks", c.name, c.postgres_type, "YES" if c.nullable else "NO")
-      for c in rules.TASK_COLUMNS],
-    ("tsg_totals", "event", "text", "NO"),
-    ("tsg_totals", "kind", "text", "NO"),
-    ("tsg_totals", "state", "text", "NO"),
-    ("tsg_totals", "code", "text", "NO"),
-    ("tsg_totals", "total", "bigint", "NO"),
-    ("tsg_verdicts", "task_seq", "bigint", "NO"),
-    ("tsg_verdicts", "framework", "text", "NO"),
-    ("tsg_verdicts", "state", "text", "NO"),
-    *[("tsg_verdicts", column, "double precision", nullable) for column, nullable in (
-        ("recorded_at", "NO"), ("lease_until", "YES"))],
-    ("tsg_verdicts", "claim", "text", "YES"),
-    ("tsg_verdicts", "published_at", "double precision", "YES"),
-]
-_TRIGGERS = """SELECT count(*) FROM pg_catalog.pg_trigger g
-    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = %(schema)s AND c.relname = 'tsg_tasks' AND g.tgenabled <> 'D'
-    AND g.tgname IN ('tsg_event_created', 'tsg_event_changed')"""
-
 
 def _missing_parents(conn: Any) -> int:
     return int(conn.execute(_MISSING_PARENTS).fetchone()[0])
@@ -88,12 +53,7 @@ PROBES = core.Probes(
 def _schema_ok(conn: Any, schema: str) -> int | None:
     """The schema version when the layout is exactly this release's, else None."""
     version = ddl.stored_version(conn, schema)
-    if version != ddl.SCHEMA_VERSION:
-        return None
-    layout = [tuple(row) for row in conn.run(_LAYOUT, {"schema": schema}).fetchall()]
-    if layout != _EXPECTED_LAYOUT:
-        return None
-    if conn.run(_TRIGGERS, {"schema": schema}).fetchone()[0] != 2:
+    if version != ddl.SCHEMA_VERSION or not ddl.layout_ok(conn, schema):
         return None
     return version
 
