@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bench  # noqa: E402
+import _bench
 
 NODES = ("plan", "act", "check")
 
@@ -146,7 +146,8 @@ def main() -> None:
     medians = {v: {k: _bench.median(r[k] for r in rounds) for k in rounds[0]}
                for v, rounds in per_round.items()}
     print(json.dumps({
-        "benchmark": "langgraph_replay", "fill_requests": args.fill, "nodes": len(NODES), "requests": args.requests,
+        "benchmark": "langgraph_replay", "fill_requests": args.fill, "nodes": len(NODES),
+        "requests": args.requests,
         "rounds": args.rounds, "cpus": os.cpu_count(), "loadavg_1m_at_start": load_start,
         "loadavg_1m_at_end": _bench.loadavg(), "medians": medians, "per_round": per_round,
         "python": ".".join(map(str, sys.version_info[:3])), "unix_time": int(time.time()),
