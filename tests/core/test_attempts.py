@@ -244,3 +244,117 @@ def test_names_and_timeouts_round_trip_through_both_writes(
     assert ended.closed == {retry, logical}
     assert ledger.get_task(logical).delivery_status == "not_applicable"
     assert ledger.doctor()["healthy"] is True
+
+
+def test_a_task_opened_alone_is_what_create_and_start_write(ledger: Ledger, clock) -> None:
+    """``begin_attempt(attempt=False)``: a delivering task with a parent link, created and
+    started at once, is the task, events and totals ``create_task`` + ``start_task`` give,
+    with the same refusals."""
+    root = new_id()
+    ledger.create_task(task_id=root, delivery_required=True, name="LangGraph")
+    clock.advance(1)
+    stepwise, single = new_id(), new_id()
+    for parent in (root, None):
+        before = totals(ledger)
+        ledger.create_task(task_id=stepwise, parent_id=parent, delivery_required=True,
+                           name="LangGraph", framework_id=stepwise, framework="langgraph")
+        ledger.start_task(stepwise, owner=True)
+        assert ledger.begin_attempt(
+            single, parent_id=parent, delivery_required=True, name="LangGraph",
+            framework_id=single, framework="langgraph", logical_owner=True, attempt=False,
+        ) == single
+        assert shape(ledger, stepwise) == shape(ledger, single)
+        assert ledger.get_task(single).parent_id == parent
+        assert ledger.children_of(single) == []
+        assert totals(ledger) == before
+        clock.advance(1)
+        for tid in (stepwise, single):
+            ledger.close_task(tid, "succeeded", code="completed")
+            ledger.set_delivery(tid, "delivered", code="transport_acknowledged")
+        assert shape(ledger, stepwise) == shape(ledger, single)
+        stepwise, single = new_id(), new_id()
+
+    def alone(tid: str, parent: str | None = None, name: str = "LangGraph") -> str:
+        return ledger.begin_attempt(tid, parent_id=parent, delivery_required=True, name=name,
+                                    logical_owner=True, attempt=False)
+
+    # Refusals, as create_task + start_task refuse: no longer queued, other attributes,
+    # a missing parent; an identical task still queued is started.
+    done = new_id()
+    alone(done)
+    with pytest.raises(StateConflict):
+        alone(done)
+    queued = new_id()
+    ledger.create_task(task_id=queued, delivery_required=True, name="LangGraph")
+    clock.advance(1)
+    with pytest.raises(StateConflict):
+        alone(queued, name="other")
+    assert ledger.get_task(queued).status == "queued"
+    assert alone(queued) == queued
+    assert ledger.get_task(queued).status == "running" and ledger.get_task(queued).has_owner
+    with pytest.raises(TaskNotFound):
+        alone(new_id(), parent=new_id())
+    with pytest.raises(InvalidInput):
+        ledger.begin_attempt(new_id(), parent_id=root)  # a parent link only without attempt
+    with pytest.raises(InvalidInput):
+        ledger.begin_attempt(new_id(), open_logical=False, attempt=False)
+    assert ledger.doctor()["healthy"] is True
+
+
+def test_end_and_begin_is_end_then_begin_in_one_write(ledger: Ledger, clock) -> None:
+    """A boundary (``end_and_begin_attempt``) writes what ``end_attempt`` and then
+    ``begin_attempt`` write; a refused begin leaves nothing and the end still commits."""
+    pairs = []
+    for _ in range(2):
+        logical = new_id()
+        ledger.begin_attempt(logical, delivery_required=True, logical_owner=True,
+                             attempt=False)
+        pairs.append((logical, ledger.begin_attempt(logical, name="plan",
+                                                    open_logical=False)))
+    clock.advance(1)
+    (a_logical, a_first), (b_logical, b_first) = pairs
+    a_next, b_next = new_id(), new_id()
+    before = totals(ledger)
+    ended = ledger.end_attempt([(a_first, "succeeded", "worker_completed")])
+    assert ledger.begin_attempt(a_logical, name="act", open_logical=False,
+                                attempt_id=a_next) == a_next
+    once = totals(ledger)
+    ended_b, begun = ledger.end_and_begin_attempt(
+        [(b_first, "succeeded", "worker_completed")], b_logical, name="act",
+        attempt_id=b_next)
+    assert ended.closed == {a_first}
+    assert begun == b_next and ended_b.closed == {b_first}
+    assert not ended_b.marked and not ended_b.queued
+    for a, b in ((a_logical, b_logical), (a_first, b_first), (a_next, b_next)):
+        assert shape(ledger, a) == shape(ledger, b)
+    assert {k: v - before.get(k, 0) for k, v in totals(ledger).items()} == {
+        k: 2 * (once.get(k, 0) - before.get(k, 0)) for k in totals(ledger)}
+    # A begin refused (its id taken): nothing begun, the end committed; a close refused is
+    # reported as end_attempt reports it.
+    clock.advance(1)
+    ended_b, begun = ledger.end_and_begin_attempt(
+        [(b_next, "failed", "worker_failed"), (b_first, "failed", None)], b_logical,
+        name="again", attempt_id=a_next)
+    assert begun is None and ended_b.closed == {b_next}
+    assert ledger.get_task(b_next).status == "failed"
+    assert [c.id for c in ledger.children_of(b_logical)] == [b_first, b_next]
+    with pytest.raises(StateConflict):
+        ledger.begin_attempt(b_logical, open_logical=False, attempt_id=a_next)
+    # Under a missing logical task: the end commits, the begin is refused (begin_attempt
+    # explains it: TaskNotFound).
+    ended_b, begun = ledger.end_and_begin_attempt(
+        [(a_next, "succeeded", None)], new_id(), name="x")
+    assert begun is None and ended_b.closed == {a_next}
+    # A retry queued by the end is the begin's to claim, as end_attempt then begin_attempt.
+    clock.advance(1)
+    retry = new_id()
+    ended_b, begun = ledger.end_and_begin_attempt(
+        [], b_logical, queue=[(retry, b_logical, "act", None)], name="act",
+        candidates=[(new_id(), False), (retry, True)])
+    assert ended_b.queued == {retry} and begun == retry
+    assert ledger.get_task(retry).status == "running"
+    for tid in [c.id for c in ledger.children_of(b_logical)] + [b_logical]:
+        task = ledger.get_task(tid)
+        chain = [(e.kind, e.state, e.code, e.at) for e in ledger.events_of(tid)]
+        assert chain == rules.expected_events(task.to_dict()), task.to_dict()
+    assert ledger.doctor()["healthy"] is True

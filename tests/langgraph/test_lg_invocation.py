@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import ledger_backends
+import pytest
 from langgraph.graph import END, START, StateGraph
 from lg_helpers import State, assert_healthy, shape, tree
 from task_state_guard import Ledger, Task
@@ -239,6 +240,10 @@ class _CountingLedger(Ledger):
         self._count()
         return super().end_attempt(closes, **kwargs)
 
+    def end_and_begin_attempt(self, closes: Any, logical_id: Any, **kwargs: Any) -> Any:
+        self._count()
+        return super().end_and_begin_attempt(closes, logical_id, **kwargs)
+
     def close_task(self, task_id: Any, status: str, *, code: str | None = None) -> Task:
         self._count()
         return super().close_task(task_id, status, code=code)
@@ -246,6 +251,49 @@ class _CountingLedger(Ledger):
     def set_delivery(self, task_id: Any, status: str, *, code: str | None = None) -> Task:
         self._count()
         return super().set_delivery(task_id, status, code=code)
+
+
+@pytest.mark.postgresql_only
+def test_one_statement_per_moment_on_postgresql(
+    db: str, saver: Any, apps: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL each boundary is one statement: the invocation's start (create and
+    start), the first node's start, each later boundary (the ended node's close with the next
+    node's start) and the close; no BEGIN, no COMMIT, no row lock taken before."""
+    from task_state_guard_postgres import driver
+
+    builder = StateGraph(State)
+    for node in ("plan", "act", "check"):
+        builder.add_node(node, lambda state, node=node: {"log": [node]})
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "act")
+    builder.add_edge("act", "check")
+    ledger = Ledger(db)
+    app = guard(builder.compile(checkpointer=saver), ledger=ledger, strict=True,
+                heartbeat_seconds=0)
+    apps.append(app)
+    app.invoke({"log": []}, {"configurable": {"thread_id": "warm"}}, invocation_id="warm")
+    statements: list[str] = []
+    for name in ("execute", "run", "run_many", "fetch_named", "stream"):
+        original = getattr(driver.Conn, name)
+
+        def counted(self: Any, sql: str, *args: Any, _original: Any = original) -> Any:
+            statements.append(sql)
+            return _original(self, sql, *args)
+
+        monkeypatch.setattr(driver.Conn, name, counted)
+    out = app.invoke({"log": []}, {"configurable": {"thread_id": "st"}}, invocation_id="st")
+    monkeypatch.undo()
+    assert out["log"] == ["plan", "act", "check"]
+    assert len(statements) == 5, statements
+    assert not [s for s in statements if s.split()[0].upper() in ("BEGIN", "COMMIT")]
+    ok = ("succeeded", "worker_completed", ())
+    assert shape(tree(ledger, app.logical_task_id("st"))) == (
+        "LangGraph", "succeeded", "completed",
+        (("plan", *ok), ("act", *ok), ("check", *ok)),
+    )
+    assert_healthy(ledger)
+    ledger.close()
 
 
 def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> None:

@@ -1,9 +1,11 @@
 """The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
 
-Transitions share one ledger transaction per node boundary: the close of a node attempt that
-just ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed
-together with the start of the next attempt (the core's *begin attempt*), or with the
-invocation's close. A starting attempt is always committed before its
+Transitions share one ledger write per node boundary: the close of a node attempt that just
+ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed together
+with the start of the next attempt (the core's *begin attempt*; both one statement on
+PostgreSQL, ``Ledger.end_and_begin_attempt``), or with the invocation's close. The
+invocation's start is one write too (its create and start: ``begin_attempt`` with
+``attempt=False``). A starting attempt is always committed before its
 node runs, so after a crash the ledger shows which attempt was running; an attempt that had
 ended but whose close was still waiting for the next boundary shows as running too (never as
 succeeded). Each commit on the caller's thread hands the GIL to the checkpointer's background
@@ -200,6 +202,12 @@ class Recorder:
                 parent_id, name=name_label(name), open_logical=False, attempt_id=task_id
             )
             return
+        if delivery_required and self.owner:
+            # An invocation: created and started in one write (one statement on PostgreSQL).
+            self.rt.begin_task(
+                task_id, parent_id=parent_id, name=name_label(name), framework_id=framework_id
+            )
+            return
         self.rt.start_task(
             task_id,
             parent_id=parent_id,
@@ -218,6 +226,21 @@ class Recorder:
         name: object,
     ) -> None:
         self.rt.release(*(closing[0] for closing in closings))
+        if parent_id is not None and not delivery_required and self.owner:
+            # A node boundary: the ended attempts' close and the next attempt's start as one
+            # write (one statement on PostgreSQL).
+            try:
+                begun = self.rt.close_and_claim(
+                    closings, parent_id, name=name_label(name), fresh_id=task_id
+                )
+            except Exception:
+                # Nothing was written: the closes on their own, then the start on its own.
+                self.rt.close_tasks(closings, where="close")
+                self._start(task_id, parent_id, delivery_required, name)
+                return
+            if begun is None:  # refused: the start on its own explains why
+                self._start(task_id, parent_id, delivery_required, name)
+            return
         refused: StateConflict | None = None
         try:
             with self.rt.ledger.atomic():

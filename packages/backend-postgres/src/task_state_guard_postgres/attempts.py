@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from task_state_guard import rules
-from task_state_guard.attempts import FLOAT_MAX, Begin, End, Ended
+from task_state_guard.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 
 from .driver import Conn
 
@@ -86,9 +86,10 @@ cu AS (
     RETURNING t.id),"""
 
 
-def _begin_sql(candidates: bool) -> str:
-    """*Begin attempt*'s statement; without ``candidates`` the placeholder pick is left out
-    (a new attempt is inserted whenever the logical task exists)."""
+def _begin_parts(candidates: bool) -> tuple[str, str]:
+    """*Begin attempt*'s sub-statements and its result (the attempt begun); without
+    ``candidates`` the placeholder pick is left out (a new attempt is inserted whenever the
+    logical task exists)."""
     fresh = " AND NOT EXISTS (SELECT 1 FROM pick)" if candidates else ""
     inserted = ("lg", "ci", "fr") if candidates else ("lg", "fr")
     # The started event of every row inserted already running (the rule's own values).
@@ -98,15 +99,38 @@ def _begin_sql(candidates: bool) -> str:
         + ") AS s",
     )
     result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
-    return f"""WITH
-{_LOGICAL}{_CANDIDATES if candidates else ""}
+    ctes = f"""{_LOGICAL}{_CANDIDATES if candidates else ""}
 fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
     WHERE EXISTS (SELECT 1 FROM par){fresh}
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
-ev AS ({started})
-{result}SELECT id FROM fr"""
+ev AS ({started})"""
+    return ctes, f"{result}SELECT id FROM fr"
+
+
+def _begin_sql(candidates: bool) -> str:
+    """*Begin attempt*'s statement."""
+    ctes, result = _begin_parts(candidates)
+    return f"WITH\n{ctes}\n{result}"
+
+
+# A delivering task with a parent link (or none), created already running and no attempt:
+# what a create followed by a start at the same instant store. A row recorded earlier is left
+# to the ledger's one-task steps (which explain a refusal).
+_OPEN_ONLY = f"""WITH
+lg AS (
+    INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
+        created_at, started_at, delivery_updated_at, updated_at, owner, version, framework_id,
+        framework)
+    SELECT %(lid)s::text, %(parent)s::text, %(name)s::text, 'running', %(ldr)s::int,
+        'pending', {_NOW}, {_NOW}, {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text,
+        %(lfw)s::text
+    WHERE %(parent)s::text IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks p
+        WHERE p.id = %(parent)s::text AND p.created_at <= {_NOW})
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
+ev AS ({rules.event_insert_select(rules.EVENTS_BY_KIND["started"], "lg")})
+SELECT id FROM lg"""
 
 
 _QUEUE = f"""q AS (
@@ -121,9 +145,10 @@ _QUEUE = f"""q AS (
 """
 
 
-def _end_sql(queue: bool, marks: bool) -> str:
-    """*End attempt*'s statement; without ``queue`` the retry's insert is left out, without
-    ``marks`` every close leaves a delivering task's delivery pending."""
+def _end_parts(queue: bool, marks: bool) -> tuple[str, str]:
+    """*End attempt*'s sub-statements and its result (id, closed, marked); without ``queue``
+    the retry's insert is left out, without ``marks`` every close leaves a delivering task's
+    delivery pending."""
     if marks:
         delivery = "WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END"
         code = "WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END"
@@ -143,8 +168,7 @@ def _end_sql(queue: bool, marks: bool) -> str:
     # the planner cannot match to the open-work index's predicate (a generic plan that
     # intersected that index with the ids would scan every open task's entry).
     head = "SELECT id, false, false FROM q UNION ALL " if queue else ""
-    return f"""WITH
-{_QUEUE if queue else ""}c AS (
+    ctes = f"""{_QUEUE if queue else ""}c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {_NOW},
         updated_at = {_NOW},
         delivery_status = CASE WHEN t.delivery_required = 0 THEN 'not_applicable'
@@ -158,14 +182,40 @@ def _end_sql(queue: bool, marks: bool) -> str:
         AND coalesce(t.delivery_status = 'pending', false)
         {guard}AND {_NOW} >= t.updated_at
         AND {_NOW} >= t.delivery_updated_at AND {_NOW} >= coalesce(t.heartbeat_at, 0)
-    RETURNING t.id, {marked} AS marked)
-{head}SELECT id, true, marked FROM c"""
+    RETURNING t.id, {marked} AS marked)"""
+    return ctes, f"{head}SELECT id, true, marked FROM c"
+
+
+def _end_sql(queue: bool, marks: bool) -> str:
+    """*End attempt*'s statement."""
+    ctes, result = _end_parts(queue, marks)
+    return f"WITH\n{ctes}\n{result}"
+
+
+def _boundary_sql(queue: bool, marks: bool, candidates: bool) -> str:
+    """A :class:`~task_state_guard.attempts.Boundary`'s statement: the end's sub-statements
+    and the begin's (under a logical task that exists, so never opening one) side by side;
+    rows ``(id, what, marked)`` with ``what`` 0 queued, 1 closed, 2 begun."""
+    end_ctes, end_result = _end_parts(queue, marks)
+    begin_ctes, begin_result = _begin_parts(candidates)
+    ended = end_result.replace("SELECT id, false, false FROM q", "SELECT id, 0, false FROM q")
+    ended = ended.replace("SELECT id, true, marked FROM c", "SELECT id, 1, marked FROM c")
+    return f"""WITH
+{end_ctes},
+{begin_ctes}
+{ended} UNION ALL SELECT b.id, 2, false FROM ({begin_result}) AS b"""
 
 
 #: *Begin attempt*, with and without candidate placeholders.
 BEGIN = {candidates: _begin_sql(candidates) for candidates in (False, True)}
 #: *End attempt*, by (a retry to queue, a delivery to mark).
 END = {(queue, marks): _end_sql(queue, marks) for queue in (False, True) for marks in (False, True)}
+#: A boundary (*end attempt*, then *begin attempt*), by (a retry to queue, a delivery to mark,
+#: candidate placeholders).
+BOUNDARY = {
+    (queue, marks, candidates): _boundary_sql(queue, marks, candidates)
+    for queue in (False, True) for marks in (False, True) for candidates in (False, True)
+}
 
 
 def _element(value: str | bool | float | None) -> str:
@@ -184,9 +234,7 @@ def array(values: Iterable[str | bool | float | None]) -> str:
     return "{" + ",".join(_element(v) for v in values) + "}"
 
 
-def begin(conn: Conn, spec: Begin, now: float) -> str | None:
-    """Run *begin attempt* as one statement: the attempt's id, or None when no attempt was
-    started (the caller explains)."""
+def _begin_params(spec: Begin, now: float) -> dict[str, Any]:
     params: dict[str, Any] = {
         "now": now, "lid": spec.logical_id, "name": spec.name,
         "ldr": int(spec.delivery_required), "lowner": spec.logical_owner,
@@ -198,18 +246,30 @@ def begin(conn: Conn, spec: Begin, now: float) -> str | None:
     if candidates:
         params["cids"] = array([c[0] for c in candidates])
         params["cmake"] = array([c[1] for c in candidates])
-    rows = conn.fetch_named(BEGIN[bool(candidates)], params)
+    return params
+
+
+def begin(conn: Conn, spec: Begin, now: float) -> str | None:
+    """Run *begin attempt* as one statement: the attempt's id (with ``attempt=False``, the
+    logical task's), or None when no attempt was started (the caller explains)."""
+    if not spec.attempt:
+        if not spec.open_logical:
+            return None
+        params = _begin_params(spec, now)
+        params["parent"] = spec.parent_id
+        rows = conn.fetch_named(_OPEN_ONLY, params)
+        return str(rows[0][0]) if rows else None
+    rows = conn.fetch_named(BEGIN[bool(spec.candidates)], _begin_params(spec, now))
     return str(rows[0][0]) if rows else None
 
 
-def end(conn: Conn, spec: End, now: float) -> Ended:
-    """Run *end attempt* as one statement."""
+def _end_params(spec: End) -> tuple[dict[str, Any], bool, bool]:
     closes = spec.closes
     if len({c[0] for c in closes}) != len(closes):  # a task closed twice: the first close
         first = {c[0]: c for c in reversed(closes)}  # wins, the repeat is explained after
         closes = tuple(first[tid] for tid in dict.fromkeys(c[0] for c in closes))
     params: dict[str, Any] = {
-        "now": now, "ids": array([c[0] for c in closes]),
+        "ids": array([c[0] for c in closes]),
         "states": array([c[1] for c in closes]), "codes": array([c[2] for c in closes]),
     }
     queue = spec.queue
@@ -222,11 +282,32 @@ def end(conn: Conn, spec: End, now: float) -> Ended:
     if marks:
         params["mstates"] = array([None if c[3] is None else c[3][0] for c in closes])
         params["mcodes"] = array([None if c[3] is None else c[3][1] for c in closes])
-    rows = conn.fetch_named(END[bool(queue), marks], params)
+    return params, bool(queue), marks
+
+
+def end(conn: Conn, spec: End, now: float) -> Ended:
+    """Run *end attempt* as one statement."""
+    params, queue, marks = _end_params(spec)
+    params["now"] = now
+    rows = conn.fetch_named(END[queue, marks], params)
     closed = frozenset(str(r[0]) for r in rows if r[1])
     marked = frozenset(str(r[0]) for r in rows if r[1] and r[2])
     queued = frozenset(str(r[0]) for r in rows if not r[1])
     return Ended(closed, marked, queued)
 
 
-__all__ = ["BEGIN", "END", "array", "begin", "end"]
+def boundary(conn: Conn, spec: Boundary, now: float) -> tuple[Ended, str | None]:
+    """Run a boundary (*end attempt*, then *begin attempt* under a logical task that exists)
+    as one statement: what the end wrote, and the attempt begun (None when the begin was
+    refused; the caller explains)."""
+    params, queue, marks = _end_params(spec.end)
+    params.update(_begin_params(spec.begin, now))
+    rows = conn.fetch_named(BOUNDARY[queue, marks, bool(spec.begin.candidates)], params)
+    closed = frozenset(str(r[0]) for r in rows if r[1] == 1)
+    marked = frozenset(str(r[0]) for r in rows if r[1] == 1 and r[2])
+    queued = frozenset(str(r[0]) for r in rows if r[1] == 0)
+    begun = [str(r[0]) for r in rows if r[1] == 2]
+    return Ended(closed, marked, queued), begun[0] if begun else None
+
+
+__all__ = ["BEGIN", "BOUNDARY", "END", "array", "begin", "boundary", "end"]

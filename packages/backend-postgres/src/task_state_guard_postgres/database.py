@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, overload
 
 from task_state_guard import reasons as r
-from task_state_guard.attempts import Begin, End, Ended
+from task_state_guard.attempts import Begin, Boundary, End, Ended
 from task_state_guard.model import (
     InvalidInput,
     LedgerError,
@@ -268,11 +268,17 @@ class PostgresDatabase:
     def transition(self, spec: End) -> Ended: ...
 
     @overload
+    def transition(self, spec: Boundary) -> tuple[Ended, str | None]: ...
+
+    @overload
     def transition(self, spec: Step) -> Outcome: ...
 
-    def transition(self, spec: Step | Begin | End) -> Outcome | str | Ended | None:
-        """One guarded write: *begin attempt* (:meth:`_begin_attempt`) and *end attempt*
-        (:meth:`_end_attempt`) as one statement each, or a one-task step. Outside any
+    def transition(
+        self, spec: Step | Begin | End | Boundary
+    ) -> Outcome | str | Ended | tuple[Ended, str | None] | None:
+        """One guarded write: *begin attempt* (:meth:`_begin_attempt`), *end attempt*
+        (:meth:`_end_attempt`) and a boundary of both (:meth:`_boundary`) as one statement
+        each, or a one-task step. Outside any
         transaction (no group, no pass) a step's statement is first tried alone
         (:func:`~task_state_guard_postgres.transitions.try_alone`: one round trip, its own
         transaction); on a refusal, and inside a group, the locked path runs
@@ -282,6 +288,8 @@ class PostgresDatabase:
             return self._begin_attempt(spec)
         if isinstance(spec, End):
             return self._end_attempt(spec)
+        if isinstance(spec, Boundary):
+            return self._boundary(spec)
         local = self._local
         if _transitions.has_fast_path(spec) and not (
             getattr(local, "atomic", False) or getattr(local, "bulk", False)
@@ -313,6 +321,22 @@ class PostgresDatabase:
         ended = _attempts.end(conn, spec, self.now())
         self._after_autocommit(conn)
         return ended
+
+    def _boundary(self, spec: Boundary) -> tuple[Ended, str | None]:
+        """A boundary (*end attempt*, then *begin attempt*) as one statement (its own
+        transaction outside a group). When the begin names a task the end writes (an attempt
+        the end queues, the logical task it closes), the two statements run in one
+        transaction instead: one statement's parts would not see each other's rows."""
+        written = {c[0] for c in spec.end.closes} | {q[0] for q in spec.end.queue}
+        begin = spec.begin
+        if written & {begin.logical_id, begin.attempt_id, *(c[0] for c in begin.candidates)}:
+            with self.write() as conn:
+                now = self.now()
+                return _attempts.end(conn, spec.end, now), _attempts.begin(conn, begin, now)
+        conn = self._write_conn()
+        crossed = _attempts.boundary(conn, spec, self.now())
+        self._after_autocommit(conn)
+        return crossed
 
     def _write_conn(self) -> driver.Conn:
         if self._read_only:

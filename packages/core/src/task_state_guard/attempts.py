@@ -11,6 +11,7 @@ contract's errors.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import NamedTuple
 
 #: The largest finite timestamp: a start whose deadline would pass it is refused.
@@ -21,7 +22,12 @@ class Begin(NamedTuple):
     """*Begin attempt*: open the logical task (create it if missing and start it if queued,
     when ``open_logical``) and start the attempt this delivery runs as: the first of
     ``candidates`` (``(id, create)``: a queued placeholder, recorded first when ``create``)
-    that can still be started, else a new attempt ``attempt_id``."""
+    that can still be started, else a new attempt ``attempt_id``.
+
+    ``attempt=False`` (with ``open_logical``): no attempt; the logical task alone is recorded
+    already running (``logical_owner`` its owner), under ``parent_id`` when given, in one
+    write; when it exists already the write does nothing and the ledger runs (and explains)
+    the create and start one at a time."""
 
     logical_id: str
     name: str | None
@@ -35,6 +41,8 @@ class Begin(NamedTuple):
     timeout_seconds: float | None
     owner: str
     redelivery_seconds: float | None
+    parent_id: str | None = None
+    attempt: bool = True
 
 
 class End(NamedTuple):
@@ -47,6 +55,17 @@ class End(NamedTuple):
     queue: tuple[tuple[str, str, str | None, float | None], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """A boundary between two attempts of one logical task: ``end`` (*end attempt*: the
+    attempts that ended) and then ``begin`` (*begin attempt* of the next one, under a logical
+    task that exists: ``begin.open_logical`` is False) as one write. The end is committed
+    whatever the begin does; a begin it refused is left out and reported."""
+
+    end: End
+    begin: Begin
+
+
 class Ended(NamedTuple):
     """What an *end attempt* wrote: the tasks it closed, the delivery marks it wrote and the
     attempts it queued (anything else it left as it was)."""
@@ -56,4 +75,4 @@ class Ended(NamedTuple):
     queued: frozenset[str]
 
 
-__all__ = ["FLOAT_MAX", "Begin", "End", "Ended"]
+__all__ = ["FLOAT_MAX", "Begin", "Boundary", "End", "Ended"]

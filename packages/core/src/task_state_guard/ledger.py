@@ -27,11 +27,8 @@ from .transitions import TASK_COLUMNS, row_to_task
 
 
 class Ledger:
-    """An embedded SQLite task ledger (or, given a ``postgresql://`` URL, a PostgreSQL one).
-
-    Safe to share between threads (one connection per thread, opened lazily) and to use from
-    many processes at once; a connection is never reused across ``fork()``.
-    """
+    """An embedded SQLite task ledger (or, given a ``postgresql://`` URL, a PostgreSQL one),
+    safe to share between threads and processes (no connection is reused across ``fork()``)."""
 
     #: The schema version this release writes (older known layouts migrate to it on open). On
     #: an instance it is its backend's: a PostgreSQL ledger versions its own layout.
@@ -43,15 +40,8 @@ class Ledger:
         snapshot_max_bytes: int = 1 << 30, transient_sidecars: bool = True, create: bool = True,
         _check_schema: bool = True, _verify_integrity: bool = False,
     ) -> None:
-        """Open (with ``read_only=False``: create or migrate) the ledger at ``path``.
-
-        ``create=False`` never creates one (``InvalidInput``: ``database_missing``,
-        ``directory_missing``). ``read_only=True`` never creates, migrates or writes anything:
-        a live ledger is read through SQLite's read-only WAL access, a closed one in place
-        (``transient_sidecars``: private WAL/SHM removed on close) or, with
-        ``transient_sidecars=False``, as a verified in-memory snapshot of at most
-        ``snapshot_max_bytes``.
-        """
+        """Open (and, unless ``read_only``, create or migrate) the ledger at ``path``;
+        ``create=False`` never creates one. The read modes are in ``docs/core-api.md``."""
         self._db: store.Database = backends.open_store(
             path, clock=time.time if clock is None else clock, busy_timeout_ms=busy_timeout_ms,
             allow_external_acl=allow_external_acl, read_only=read_only,
@@ -102,7 +92,6 @@ class Ledger:
         framework_id: str | uuid.UUID | None = None, framework: str | None = None,
     ) -> Task:
         """Create a queued task; with an explicit ``task_id`` an identical repeat is a no-op.
-        ``framework_id``: the framework's own id of the job (a canonical UUID only);
         ``framework``: the adapter opening it (a close declaring it lost owes it a verdict)."""
         task = writes.create(self._db, task_id, parent_id, timeout_seconds, delivery_required,
                              name, payload_hash, framework_id, quiet=False, framework=framework)
@@ -113,9 +102,8 @@ class Ledger:
         self, task_id: str | uuid.UUID, *, owner: bool = True,
         redelivery_seconds: float | None = None,
     ) -> Task:
-        """Move a queued task to running; ``owner=True`` records this process as its owner.
-        ``redelivery_seconds``: how long after its last sign of life the broker may still
-        redeliver the job if this attempt's worker dies."""
+        """Move a queued task to running; ``owner=True`` records this process as its owner
+        (``redelivery_seconds``: how long the broker may still redeliver it after a death)."""
         task = writes.start(self._db, task_id, owner=owner,
                             redelivery_seconds=redelivery_seconds, full=True)
         assert task is not None
@@ -138,8 +126,7 @@ class Ledger:
         self, task_id: str | uuid.UUID, status: str, *, code: str | None = None
     ) -> Task:
         """:meth:`close_task`, and in the same statement the delivery of a task that owes
-        none (``not_applicable/internal_task``); an identical repeat closes such a delivery
-        still pending."""
+        none (``not_applicable/internal_task``), also on an identical repeat."""
         return writes.close_settled(self._db, task_id, status, code)
 
     def set_delivery(
@@ -155,17 +142,35 @@ class Ledger:
         framework: str | None = None, open_logical: bool = True, logical_owner: bool = False,
         candidates: Iterable[tuple[str | uuid.UUID, bool]] = (),
         attempt_id: str | uuid.UUID | None = None, timeout_seconds: float | None = None,
-        redelivery_seconds: float | None = None,
+        redelivery_seconds: float | None = None, parent_id: str | uuid.UUID | None = None,
+        attempt: bool = True,
     ) -> str:
-        """A guarded job's first write, committed before its body runs (SQLite: one
-        transaction; PostgreSQL: one statement): open the logical task (``open_logical``:
-        create when missing, start when queued), then start the attempt (the first startable
-        of ``candidates``, else ``attempt_id`` or a new one); return the attempt's id."""
+        """A guarded job's first write, before its body runs (one transaction or statement):
+        open the logical task, then start the attempt (the first startable of ``candidates``,
+        else ``attempt_id`` or a new one); returns its id. ``attempt=False``: the logical task
+        alone (under ``parent_id``), created and started in one write; returns its id."""
         return writes.begin_attempt(
             self._db, logical_id, name=name, delivery_required=delivery_required,
             fid=framework_id, framework=framework, open_logical=open_logical,
             logical_owner=logical_owner, candidates=candidates, attempt_id=attempt_id,
-            timeout_seconds=timeout_seconds, redelivery_seconds=redelivery_seconds)
+            timeout_seconds=timeout_seconds, redelivery_seconds=redelivery_seconds,
+            parent_id=parent_id, attempt=attempt)
+
+    def end_and_begin_attempt(
+        self, closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
+        logical_id: str | uuid.UUID, *, marks: Mapping[str, tuple[str, str | None]] | None = None,
+        queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]] = (),
+        name: str | None = None, candidates: Iterable[tuple[str | uuid.UUID, bool]] = (),
+        attempt_id: str | uuid.UUID | None = None, timeout_seconds: float | None = None,
+        redelivery_seconds: float | None = None,
+    ) -> tuple[attempts.Ended, str | None]:
+        """:meth:`end_attempt`, then :meth:`begin_attempt` (``open_logical=False``) as one
+        write; returns what the end wrote and the attempt begun (None: the begin was refused
+        and wrote nothing, the end still commits)."""
+        return writes.end_and_begin_attempt(
+            self._db, closes, marks, queue, logical_id, name=name, candidates=candidates,
+            attempt_id=attempt_id, timeout_seconds=timeout_seconds,
+            redelivery_seconds=redelivery_seconds)
 
     def end_attempt(
         self, closes: Iterable[tuple[str | uuid.UUID, str, str | None]], *,
@@ -204,10 +209,8 @@ class Ledger:
         limit: int = task_list.DEFAULT_LIMIT, task_id: str | uuid.UUID | None = None,
         order: str = "created", descending: bool = False, after: str | None = None,
     ) -> task_list.TaskListing:
-        """List tasks (or, with ``attempts=True``, attempts) for operators: active ones by
-        default, filtered as :meth:`find_task_ids`, ordered by ``order`` (``created``,
-        ``activity``, ``name``, ``status``), paged by ``limit`` and ``after`` (a row's
-        ``cursor``). Rows carry ids on purpose: protect the output."""
+        """List tasks (``attempts=True``: attempts) for operators, active ones by default,
+        filtered, ordered and paged (``after``: a row's ``cursor``). Rows carry ids."""
         return task_list.list_tasks(
             self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
             stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
@@ -225,9 +228,8 @@ class Ledger:
         dry_run: bool = False, on_decision: _reconcile.DecisionCallback | None = None,
         progress: _reconcile.ProgressCallback | None = None,
     ) -> dict[str, Any]:
-        """Reconcile stale state (see :func:`task_state_guard.reconcile_restart`): graces as
-        keywords or as a ``ReconcilePolicy``, not both (600 s when left out). The report is
-        counts only; ``on_decision`` gets each task closed, ``progress(done, total)`` counts."""
+        """Reconcile stale state (:func:`task_state_guard.reconcile_restart`): graces as keywords
+        or a ``ReconcilePolicy`` (600 s when left out); the report is counts only."""
         policy = _reconcile.policy_of(policy, active_grace_seconds, delivery_grace_seconds)
         return _reconcile.run_reconcile(
             self._db, policy, dry_run=dry_run, on_decision=on_decision, progress=progress)
@@ -237,9 +239,8 @@ class Ledger:
         self, framework: str, *, limit: int = 100, lease_seconds: float = 60.0,
         task_ids: Iterable[str | uuid.UUID] | None = None,
     ) -> list[_verdicts.Verdict]:
-        """Lease up to ``limit`` pending lost-job verdicts owed to ``framework``, oldest first,
-        for ``lease_seconds``; publish each, then :meth:`mark_verdicts_published` (or
-        :meth:`release_verdicts`)."""
+        """Lease up to ``limit`` pending lost-job verdicts owed to ``framework``, oldest first;
+        publish each, then :meth:`mark_verdicts_published` (or :meth:`release_verdicts`)."""
         return _verdicts.claim(
             self._db, framework, limit=limit, lease_seconds=lease_seconds, task_ids=task_ids)
 
@@ -259,9 +260,8 @@ class Ledger:
         """Counts by state, delivery state and name, and the age of the oldest work (no ids)."""
         return _status.collect_status(self._db, active_grace_seconds=active_grace_seconds)
 
-    def outcome_history(
-        self, *, window_seconds: float = 86400.0, buckets: int = 24
-    ) -> _history.OutcomeHistory:
+    def outcome_history(self, *, window_seconds: float = 86400.0,
+                        buckets: int = 24) -> _history.OutcomeHistory:
         """Logical tasks closed over the last ``window_seconds``, per bucket and outcome."""
         return _history.outcome_history(self._db, window_seconds=window_seconds, buckets=buckets)
 

@@ -151,11 +151,14 @@ class Database(Protocol):
     def transition(self, spec: attempts.End) -> attempts.Ended: ...
 
     @overload
+    def transition(self, spec: attempts.Boundary) -> tuple[attempts.Ended, str | None]: ...
+
+    @overload
     def transition(self, spec: transitions.Step) -> transitions.Outcome: ...
 
     def transition(
-        self, spec: transitions.Step | attempts.Begin | attempts.End
-    ) -> transitions.Outcome | str | attempts.Ended | None:
+        self, spec: transitions.Step | attempts.Begin | attempts.End | attempts.Boundary
+    ) -> transitions.Outcome | str | attempts.Ended | tuple[attempts.Ended, str | None] | None:
         """One guarded write of the ledger's domain, run with the backend's own SQL:
 
         - a one-task step (:mod:`task_state_guard.transitions`) in a write transaction (its
@@ -166,7 +169,10 @@ class Database(Protocol):
           transaction, or the open group's): the attempt's id, or None when a step was refused
           (the ledger then explains it);
         - *end attempt* (:class:`~task_state_guard.attempts.End`) as one write (its own
-          transaction, or the open group's): what it wrote.
+          transaction, or the open group's): what it wrote;
+        - a :class:`~task_state_guard.attempts.Boundary` (an *end attempt* and then a *begin
+          attempt*) as one write: what the end wrote, and the attempt begun (None when the
+          begin was refused: it left nothing, the end still commits).
         """
         ...
 

@@ -291,10 +291,49 @@ def begin_attempt(
     attempt_id: str | uuid.UUID | None,
     timeout_seconds: float | None,
     redelivery_seconds: float | None,
+    parent_id: str | uuid.UUID | None = None,
+    attempt: bool = True,
 ) -> str:
     """``Ledger.begin_attempt``: one write; a step it refused is explained (or done) by the
     one-task transitions, in one group."""
+    spec = _begin_spec(
+        db, logical_id, name=name, delivery_required=delivery_required, fid=fid,
+        framework=framework, open_logical=open_logical, logical_owner=logical_owner,
+        candidates=candidates, attempt_id=attempt_id, timeout_seconds=timeout_seconds,
+        redelivery_seconds=redelivery_seconds, parent_id=parent_id, attempt=attempt)
+    begun = db.transition(spec)
+    if begun is not None:
+        return begun
+    with db.group():
+        return _begin_steps(db, spec)
+
+
+def _begin_spec(
+    db: store.Database,
+    logical_id: str | uuid.UUID,
+    *,
+    name: str | None,
+    delivery_required: bool,
+    fid: str | uuid.UUID | None,
+    framework: str | None,
+    open_logical: bool,
+    logical_owner: bool,
+    candidates: Iterable[tuple[str | uuid.UUID, bool]],
+    attempt_id: str | uuid.UUID | None,
+    timeout_seconds: float | None,
+    redelivery_seconds: float | None,
+    parent_id: str | uuid.UUID | None,
+    attempt: bool,
+) -> attempts.Begin:
+    """The validated :class:`~task_state_guard.attempts.Begin` of a ``begin_attempt``."""
     lid = canonical_id(logical_id)
+    if not isinstance(attempt, bool):
+        raise InvalidInput("flags must be booleans")
+    parent = None if parent_id is None else canonical_id(parent_id, "parent id")
+    if attempt and parent is not None:
+        raise InvalidInput("parent_id is only for a logical task opened without an attempt")
+    if not attempt and not open_logical:
+        raise InvalidInput("attempt=False needs open_logical")
     for flag in (delivery_required, open_logical, logical_owner):
         if not isinstance(flag, bool):
             raise InvalidInput("flags must be booleans")
@@ -315,24 +354,28 @@ def begin_attempt(
     )
     _writable(db)
     token = db.owners.held() or db.owners.own()
-    spec = attempts.Begin(
+    return attempts.Begin(
         logical_id=lid, name=check_name(name), delivery_required=delivery_required,
         framework_id=None if fid is None else framework_id(fid),
         framework=check_framework(framework), open_logical=open_logical,
         logical_owner=token if logical_owner else None, candidates=tuple(picks),
         attempt_id=str(uuid.uuid4()) if attempt_id is None else canonical_id(attempt_id),
-        timeout_seconds=timeout, owner=token, redelivery_seconds=bound,
+        timeout_seconds=timeout, owner=token, redelivery_seconds=bound, parent_id=parent,
+        attempt=attempt,
     )
-    begun = db.transition(spec)
-    if begun is not None:
-        return begun
-    with db.group():
-        return _begin_steps(db, spec)
 
 
 def _begin_steps(db: store.Database, spec: attempts.Begin) -> str:
     """:func:`begin_attempt` one transition at a time (inside a group)."""
     lid, name, bound = spec.logical_id, spec.name, spec.redelivery_seconds
+    if not spec.attempt:
+        # create_task and start_task: an identical task still queued is started, another
+        # one refused (StateConflict, TaskNotFound for a missing parent).
+        create(db, lid, spec.parent_id, None, spec.delivery_required, name, None,
+               spec.framework_id, quiet=True, framework=spec.framework)
+        start(db, lid, owner=spec.logical_owner is not None, redelivery_seconds=None,
+              full=False)
+        return lid
     if spec.open_logical:
         try:
             queued = create(
@@ -360,6 +403,33 @@ def _begin_steps(db: store.Database, spec: attempts.Begin) -> str:
     return fresh
 
 
+def end_and_begin_attempt(
+    db: store.Database,
+    closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
+    marks: Mapping[str, tuple[str, str | None]] | None,
+    queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]],
+    logical_id: str | uuid.UUID,
+    *,
+    name: str | None,
+    candidates: Iterable[tuple[str | uuid.UUID, bool]],
+    attempt_id: str | uuid.UUID | None,
+    timeout_seconds: float | None,
+    redelivery_seconds: float | None,
+) -> tuple[attempts.Ended, str | None]:
+    """``Ledger.end_and_begin_attempt``: :func:`end_attempt` and then :func:`begin_attempt`
+    (under a logical task that exists) as one write; the begin is None when it was refused
+    (the end still commits; the caller explains the begin with ``begin_attempt``)."""
+    spec = _begin_spec(
+        db, logical_id, name=name, delivery_required=False, fid=None, framework=None,
+        open_logical=False, logical_owner=False, candidates=candidates,
+        attempt_id=attempt_id, timeout_seconds=timeout_seconds,
+        redelivery_seconds=redelivery_seconds, parent_id=None, attempt=True)
+    end = _end_spec(closes, marks, queue)
+    if not end.closes and not end.queue:
+        return attempts.Ended(frozenset(), frozenset(), frozenset()), db.transition(spec)
+    return db.transition(attempts.Boundary(end, spec))
+
+
 def end_attempt(
     db: store.Database,
     closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
@@ -368,6 +438,19 @@ def end_attempt(
 ) -> attempts.Ended:
     """``Ledger.end_attempt``: the steps the ledger would refuse anyway are left out (the
     caller's one-task transitions explain them); the others go to the store as one write."""
+    spec = _end_spec(closes, marks, queue)
+    if not spec.closes and not spec.queue:
+        return attempts.Ended(frozenset(), frozenset(), frozenset())
+    _writable(db)
+    return db.transition(spec)
+
+
+def _end_spec(
+    closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
+    marks: Mapping[str, tuple[str, str | None]] | None,
+    queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]],
+) -> attempts.End:
+    """The validated :class:`~task_state_guard.attempts.End` of an ``end_attempt``."""
     marked = {} if marks is None else {canonical_id(k): v for k, v in marks.items()}
     rows: list[tuple[str, str, str | None, tuple[str, str | None] | None]] = []
     for task_id, status, code in closes:
@@ -392,13 +475,11 @@ def end_attempt(
             None if timeout is None else check_seconds(
                 timeout, "timeout_seconds", allow_zero=True, maximum=None),
         ))
-    if not rows and not queued:
-        return attempts.Ended(frozenset(), frozenset(), frozenset())
-    _writable(db)
-    return db.transition(attempts.End(tuple(rows), tuple(queued)))
+    return attempts.End(tuple(rows), tuple(queued))
 
 
 __all__ = [
-    "begin_attempt", "close", "close_settled", "create", "end_attempt", "framework_id",
+    "begin_attempt", "close", "close_settled", "create", "end_and_begin_attempt", "end_attempt",
+    "framework_id",
     "heartbeat", "heartbeat_many", "set_delivery", "start",
 ]

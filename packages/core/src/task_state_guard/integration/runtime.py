@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import adapter_counters
+from ..attempts import Ended
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
 from ..model import (
@@ -433,6 +434,23 @@ class AdapterRuntime:
             )
             led.start_task(task_id, owner=owner, redelivery_seconds=redelivery_seconds)
 
+    def begin_task(
+        self,
+        task_id: str,
+        *,
+        parent_id: str | None,
+        name: str | None,
+        framework_id: str | None = None,
+    ) -> None:
+        """:meth:`start_task` of a delivering task owned by this process (no timeout, no
+        redelivery window) as one write: the core's *begin attempt* of the task alone
+        (``Ledger.begin_attempt`` with ``attempt=False``), the same records and errors."""
+        self.ledger.begin_attempt(
+            task_id, parent_id=parent_id, name=name, delivery_required=True,
+            framework_id=_stored_id(framework_id), framework=self.framework,
+            open_logical=True, logical_owner=True, attempt=False,
+        )
+
     def queue_attempt(
         self,
         attempt_id: str,
@@ -546,6 +564,70 @@ class AdapterRuntime:
             self.drop_deferred_mark(logical_id)
         return closed
 
+    def close_and_claim(
+        self,
+        closings: Sequence[Closing],
+        parent_id: str,
+        *,
+        name: str | None,
+        fresh_id: str,
+        where: str = "close",
+    ) -> str | None:
+        """:meth:`close_tasks` of ``closings`` and then :meth:`claim_attempt` of a new attempt
+        ``fresh_id`` under ``parent_id`` as one write (``Ledger.end_and_begin_attempt``): a
+        boundary between two attempts. Refused closes are explained and counted as
+        :meth:`close_tasks` does; returns the attempt started, or None when its start was
+        refused (the closes still committed; ``claim_attempt`` explains it). When the write
+        itself fails, nothing was written and the error is raised."""
+        proc = self._state()
+        with proc.lock:
+            marks = {c[0]: proc.deferred.pop(c[0]) for c in closings if c[0] in proc.deferred}
+        try:
+            ended, begun = self.ledger.end_and_begin_attempt(
+                [(c[0], c[1], c[2]) for c in closings], parent_id, marks=marks, name=name,
+                attempt_id=fresh_id,
+            )
+        except BaseException:
+            with proc.lock:  # nothing was written: the marks wait for the next close
+                for task_id, mark in marks.items():
+                    proc.deferred.setdefault(task_id, mark)
+            raise
+        errors: list[BaseException] = []
+        self._explain(ended, closings, (), marks, errors)
+        for error in errors:
+            self.policy.error(where, error)
+        return begun
+
+    def _explain(
+        self,
+        ended: Ended,
+        closings: Sequence[Closing],
+        queue: Sequence[tuple[str, str, str | None, float | None]],
+        marks: dict[str, tuple[str, str | None]],
+        errors: list[BaseException],
+    ) -> int:
+        """What an *end attempt* refused, explained (or done) one task at a time: how many
+        more tasks were closed so (ledger errors are added to ``errors``)."""
+        led = self.ledger
+        closed = 0
+        for attempt, parent, name, timeout in queue:
+            if attempt not in ended.queued:
+                try:
+                    self.queue_attempt(attempt, parent, name=name, timeout_seconds=timeout)
+                except LedgerError as exc:
+                    errors.append(exc)
+        for task_id, status, code, internal in closings:
+            if task_id in ended.closed:
+                continue
+            try:
+                closed += self._close_one(led, task_id, status, code, internal)
+                mark = marks.get(task_id)
+                if mark is not None:
+                    led.set_delivery(task_id, mark[0], code=mark[1])
+            except LedgerError as exc:
+                errors.append(exc)
+        return closed
+
     def close_tasks(
         self,
         closings: Sequence[Closing],
@@ -574,28 +656,12 @@ class AdapterRuntime:
         with proc.lock:
             marks = {c[0]: proc.deferred.pop(c[0]) for c in closings if c[0] in proc.deferred}
         try:
-            led = self.ledger
-            ended = led.end_attempt(
+            ended = self.ledger.end_attempt(
                 [(c[0], c[1], c[2]) for c in closings], marks=marks, queue=queue
             )
             closed = len(ended.closed)
             # What the write refused is explained (or done) one task at a time.
-            for attempt, parent, name, timeout in queue:
-                if attempt not in ended.queued:
-                    try:
-                        self.queue_attempt(attempt, parent, name=name, timeout_seconds=timeout)
-                    except LedgerError as exc:
-                        errors.append(exc)
-            for task_id, status, code, internal in closings:
-                if task_id in ended.closed:
-                    continue
-                try:
-                    closed += self._close_one(led, task_id, status, code, internal)
-                    mark = marks.get(task_id)
-                    if mark is not None:
-                        led.set_delivery(task_id, mark[0], code=mark[1])
-                except LedgerError as exc:
-                    errors.append(exc)
+            closed += self._explain(ended, closings, queue, marks, errors)
         except Exception as exc:
             errors.append(exc)
         for error in errors:

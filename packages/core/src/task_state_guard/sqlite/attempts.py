@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from ..attempts import FLOAT_MAX, Begin, End, Ended
+from ..attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from . import connections
 
 _INSERT = (
@@ -99,10 +99,14 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
     try:
         owner, redelivery = spec.owner, spec.redelivery_seconds
         if spec.open_logical and not _one(conn, _INSERT_RUNNING, _running(
-                now, lid, None, name, spec.delivery_required, None, spec.logical_owner, None,
-                spec.framework_id, spec.framework)):
+                now, lid, spec.parent_id, name, spec.delivery_required, None,
+                spec.logical_owner, None, spec.framework_id, spec.framework)):
+            if not spec.attempt:  # recorded earlier: the ledger runs the steps and explains
+                return None
             # A logical task recorded earlier is started if still queued (else left as it is).
             _one(conn, _START, _start(now, lid, spec.logical_owner, None))
+        if not spec.attempt:
+            return lid if spec.open_logical else None
         for candidate, create in spec.candidates:
             if create:
                 started = _one(conn, _INSERT_RUNNING, _running(
@@ -122,6 +126,22 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
         return fresh
     except sqlite3.Error as exc:
         raise connections.translate(exc) from None
+
+
+def sqlite_boundary(conn: sqlite3.Connection, spec: Boundary,
+                    now: float) -> tuple[Ended, str | None]:
+    """Run a :class:`~task_state_guard.attempts.Boundary` inside the caller's write
+    transaction: the end, then the begin under a savepoint (a refused begin leaves nothing)."""
+    ended = sqlite_end(conn, spec.end, now)
+    try:
+        conn.execute("SAVEPOINT tsg_boundary")
+        begun = sqlite_begin(conn, spec.begin, now)
+        if begun is None:
+            conn.execute("ROLLBACK TO tsg_boundary")
+        conn.execute("RELEASE tsg_boundary")
+    except sqlite3.Error as exc:
+        raise connections.translate(exc) from None
+    return ended, begun
 
 
 def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
@@ -145,4 +165,4 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     return Ended(frozenset(closed), frozenset(marked), frozenset(queued))
 
 
-__all__ = ["sqlite_begin", "sqlite_end"]
+__all__ = ["sqlite_begin", "sqlite_boundary", "sqlite_end"]

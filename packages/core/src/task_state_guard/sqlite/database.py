@@ -51,11 +51,15 @@ def _reset_writer_locks() -> None:
 os.register_at_fork(after_in_child=_reset_writer_locks)
 
 
-# The store's two guarded job writes by the type of their spec (any other is a one-task step).
-_Run = Callable[[sqlite3.Connection, Any, float], "Outcome | str | attempts.Ended | None"]
+# The store's guarded job writes by the type of their spec (any other is a one-task step).
+_Run = Callable[
+    [sqlite3.Connection, Any, float],
+    "Outcome | str | attempts.Ended | tuple[attempts.Ended, str | None] | None",
+]
 _RUNS: dict[type, _Run] = {
     attempts.Begin: sqlite_attempts.sqlite_begin,
     attempts.End: sqlite_attempts.sqlite_end,
+    attempts.Boundary: sqlite_attempts.sqlite_boundary,
 }
 
 
@@ -557,11 +561,14 @@ class SQLiteDatabase:
     def transition(self, spec: attempts.End) -> attempts.Ended: ...
 
     @overload
+    def transition(self, spec: attempts.Boundary) -> tuple[attempts.Ended, str | None]: ...
+
+    @overload
     def transition(self, spec: Step) -> Outcome: ...
 
     def transition(
-        self, spec: Step | attempts.Begin | attempts.End
-    ) -> Outcome | str | attempts.Ended | None:
+        self, spec: Step | attempts.Begin | attempts.End | attempts.Boundary
+    ) -> Outcome | str | attempts.Ended | tuple[attempts.Ended, str | None] | None:
         """One guarded write in an IMMEDIATE transaction (or the open group's): the database's
         write lock is held before the clock is read (SQLite's writes queue on that lock; a
         statement alone would be no shortcut). A one-task step answers with its outcome;
