@@ -116,7 +116,7 @@ def smoke_core(dist: Path, work: Path) -> dict[str, Any]:
         return _cli(tsg if steps % 2 else long_name, db, *args, **kw)
 
     init = cli("init")["storage"]
-    assert init["schema_version"] == 7 and init["permission_model"] == "posix_mode"
+    assert init["schema_version"] == 8 and init["permission_model"] == "posix_mode"
     parent = cli("create", "--timeout-seconds", "600", "--name", "smoke.parent")["task"]
     assert cli("start", parent["id"])["task"]["status"] == "running"
     assert cli("heartbeat", parent["id"])["task"]["version"] == 1  # a heartbeat does not count
@@ -197,7 +197,7 @@ def smoke_postgres(dist: Path, work: Path) -> dict[str, Any]:
     url = f"{SMOKE_PG}{'&' if '?' in SMOKE_PG else '?'}schema={schema}"
     try:
         init = _cli(tsg, url, "init")["storage"]
-        assert init["backend"] == "postgresql" and init["schema_version"] == 7
+        assert init["backend"] == "postgresql" and init["schema_version"] == 8
         task = _cli(tsg, url, "create", "--name", "smoke.pg")["task"]
         _cli(tsg, url, "start", task["id"])
         closed = _cli(tsg, url, "close", task["id"], "--status", "succeeded")

@@ -228,15 +228,50 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
         conn.close()
 
 
+def as_v7(path: str) -> None:
+    """Turn a fresh (v8) SQLite ledger into the exact v7 layout: checks and trigger conditions
+    tested values against lists of constants."""
+    from task_state_guard.sqlite import schema
+
+    scratch = sqlite3.connect(":memory:")
+    for statement in schema.DDL_V7:
+        scratch.execute(statement)
+    tables = scratch.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN "
+        "('tsg_tasks', 'tsg_events', 'tsg_totals')").fetchall()
+    triggers = scratch.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN "
+        "('tsg_event_closed', 'tsg_total_closed', 'tsg_verdict_owed')").fetchall()
+    scratch.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+        conn.execute("PRAGMA writable_schema = ON")
+        for name, sql in tables:
+            conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?",
+                         (sql, name))
+        conn.execute(f"PRAGMA schema_version = {cookie + 1}")
+        conn.execute("PRAGMA writable_schema = OFF")
+        for name, sql in triggers:
+            conn.execute(f"DROP TRIGGER {name}")
+            conn.execute(sql)
+        conn.execute("UPDATE tsg_meta SET value = '7' WHERE key = 'schema_version'")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 def as_v6(path: str) -> None:
-    """Turn a fresh (v7) SQLite ledger into the exact v6 layout: an insert wrote only its
+    """Turn a fresh (v8) SQLite ledger into the exact v6 layout: an insert wrote only its
     created event (rows were inserted queued, then started)."""
+    as_v7(path)
     raw_execute(path, "DROP TRIGGER tsg_event_started_inserted",
                 "UPDATE tsg_meta SET value = '6' WHERE key = 'schema_version'")
 
 
 def as_v5(path: str) -> None:
-    """Turn a fresh (v7) SQLite ledger into the exact v5 layout: its close totals counted a
+    """Turn a fresh (v8) SQLite ledger into the exact v5 layout: its close totals counted a
     child as an attempt, whatever it owed."""
     from task_state_guard.sqlite import schema
 
@@ -246,7 +281,7 @@ def as_v5(path: str) -> None:
 
 
 def as_v4(path: str) -> None:
-    """Turn a fresh (v7) SQLite ledger into the exact v4 layout an earlier build wrote:
+    """Turn a fresh (v8) SQLite ledger into the exact v4 layout an earlier build wrote:
     without the verdict outbox and its two task columns."""
     as_v5(path)
     raw_execute(path, "DROP TRIGGER tsg_verdict_owed", "DROP TABLE tsg_verdicts",

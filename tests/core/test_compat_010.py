@@ -175,9 +175,9 @@ def test_payload_fingerprint_of_text_and_bytes() -> None:
 
 
 def test_schema_version_constant(ledger: Ledger) -> None:
-    assert Ledger.SCHEMA_VERSION == 7
+    assert Ledger.SCHEMA_VERSION == 8
     if is_sqlite(str(ledger.path)):
-        assert ledger.SCHEMA_VERSION == 7
+        assert ledger.SCHEMA_VERSION == 8
     else:
         from task_state_guard_postgres import SCHEMA_VERSION as pg_version
 

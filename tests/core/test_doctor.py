@@ -73,7 +73,7 @@ def test_healthy_doctor(tmp_path) -> None:
     assert report["ok"] is True and report["healthy"] is True
     assert report["task_count"] == 5
     assert report["event_count"] == 1 + 2 + 3 + 4 + 2
-    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 7
+    assert report["schema_version"] == Ledger.SCHEMA_VERSION == 8
     assert report["schema_ok"] is True and report["quick_check"] == "ok"
     assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
     assert report["task_status_counts"] == {

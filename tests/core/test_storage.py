@@ -4,6 +4,7 @@ construction, and the busy-ledger error."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -15,6 +16,7 @@ from core_helpers import (
     T0,
     Clock,
     as_v6,
+    as_v7,
     assert_cli_error,
     guarded_job,
     insert_event,
@@ -476,10 +478,10 @@ def test_empty_v1_migrates_to_v5(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     build_v1(db, empty=True)
     with Ledger(db, clock=Clock()) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 7
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 8
         assert led.doctor()["healthy"] is True
         led.create_task(name="x")
-    assert meta_version(db) == "7"
+    assert meta_version(db) == "8"
     assert same_schema_as_fresh(db, tmp_path)
 
 
@@ -488,7 +490,7 @@ def test_v1_migrates_to_v5(tmp_path) -> None:
     ids = build_v1(db)
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 7
+        assert led.schema_version == 8
         done = led.get_task(ids[0])
         assert done.terminal_code == "worker_completed" and done.ended_at == T0 + 1
         assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
@@ -496,21 +498,21 @@ def test_v1_migrates_to_v5(tmp_path) -> None:
         assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
         assert running.framework_id is None and done.framework_id is None
         report = led.doctor()
-        assert report["healthy"] is True and report["schema_version"] == 7
+        assert report["healthy"] is True and report["schema_version"] == 8
         assert report["task_count"] == 2 and report["event_count"] == 4
         fid = "0ac03e98-045d-499b-a3e1-22df12f98c64"
         task = led.create_task(name="after.migration", framework_id=fid)
         assert led.get_task(task.id).name == "after.migration"
         assert led.get_task(task.id).framework_id == fid
         assert led.set_delivery(ids[0], "delivered").version == 2
-    assert meta_version(db) == "7"
+    assert meta_version(db) == "8"
     assert same_schema_as_fresh(db, tmp_path)
     # the CLI apply path migrates too
     db2 = str(tmp_path / "g" / "tasks.sqlite")
     build_v1(db2)
     result = run_cli("--db", db2, "reconcile")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert meta_version(db2) == "7"
+    assert meta_version(db2) == "8"
 
 
 def test_v2_migrates_to_v5(tmp_path) -> None:
@@ -522,7 +524,7 @@ def test_v2_migrates_to_v5(tmp_path) -> None:
         before = [ro.get_task(i) for i in ids]
     assert meta_version(db) == "2"
     with Ledger(db, clock=Clock(T0 + 10)) as led:
-        assert led.schema_version == 7
+        assert led.schema_version == 8
         after = [led.get_task(i) for i in ids]
         assert after == before
         delivered, running = after
@@ -536,7 +538,7 @@ def test_v2_migrates_to_v5(tmp_path) -> None:
         report = led.doctor()
         assert report["healthy"] is True and report["event_count"] == 5
         assert led.close_task(ids[1], "succeeded").version == 2
-    assert meta_version(db) == "7"
+    assert meta_version(db) == "8"
     assert same_schema_as_fresh(db, tmp_path)
 
 
@@ -562,15 +564,116 @@ def test_v6_reads_in_place_and_migrates_to_rows_inserted_running(tmp_path) -> No
     assert meta_version(db) == "6"
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 7
+        assert led.schema_version == 8
         upgraded = guarded_job(led, clock)
         assert led.doctor()["healthy"] is True
         assert led.get_task(old.id).version == 1
-    assert meta_version(db) == "7"
+    assert meta_version(db) == "8"
     assert same_schema_as_fresh(db, tmp_path)
     clock = Clock(T0 + 10)
     with Ledger(str(tmp_path / "other" / "tasks.sqlite"), clock=clock) as led:
         assert guarded_job(led, clock) == upgraded
+
+
+def test_v7_reads_in_place_and_migrates_to_checks_without_lists(tmp_path) -> None:
+    """A v7 file (checks and trigger conditions tested against lists of constants) is read as
+    it is by a read-only open and rewritten in place by the first writable open: no row is
+    copied, a connection opened before the upgrade sees the new definitions, the checks refuse
+    what they refused, and a guarded job stores what it stores on a fresh ledger."""
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    with Ledger(db, clock=Clock(T0)) as led:
+        old = led.create_task(name="before")
+        led.start_task(old.id, owner=False)
+    as_v7(db)
+    with open(db, "rb") as handle:
+        before = handle.read()
+    with Ledger(db, read_only=True) as ro:
+        assert ro.schema_version == 7
+        assert ro.get_task(old.id).status == "running"
+        assert ro.doctor()["healthy"] is True
+    with open(db, "rb") as handle:
+        assert handle.read() == before
+    early = sqlite3.connect(db, isolation_level=None)  # another process's older connection
+    assert "IN ('queued','running','succeeded'" in early.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'tsg_tasks'").fetchone()[0]
+    rowids = early.execute("SELECT seq, rowid FROM tsg_tasks").fetchall()
+    clock = Clock(T0 + 10)
+    with Ledger(db, clock=clock) as led:
+        assert led.schema_version == 8
+        upgraded = guarded_job(led, clock)
+        assert led.doctor()["healthy"] is True
+        assert led.get_task(old.id).version == 1
+    assert meta_version(db) == "8"
+    assert same_schema_as_fresh(db, tmp_path)
+    try:
+        stored = " ".join(sql for (sql,) in early.execute(
+            "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL"))
+        assert not re.search(r"IN \([^()]*,[^()]*,", stored)  # no list of three or more
+        assert early.execute("SELECT seq, rowid FROM tsg_tasks WHERE seq = ?",
+                             (rowids[0][0],)).fetchall() == rowids
+        for bad in ("UPDATE tsg_tasks SET status = 'bogus'",
+                    "UPDATE tsg_tasks SET delivery_status = 'bogus'",
+                    "UPDATE tsg_tasks SET framework = 'bogus'",
+                    "UPDATE tsg_events SET kind = 'bogus'",
+                    "UPDATE tsg_events SET step = 9",
+                    "UPDATE tsg_totals SET kind = 'bogus'"):
+            with pytest.raises(sqlite3.IntegrityError):
+                early.execute(bad)
+        assert early.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        early.close()
+    clock = Clock(T0 + 10)
+    with Ledger(str(tmp_path / "other" / "tasks.sqlite"), clock=clock) as led:
+        assert guarded_job(led, clock) == upgraded
+
+
+def test_a_sqlite_that_refuses_to_rewrite_its_schema_keeps_a_v7_file_working(
+    tmp_path, monkeypatch
+) -> None:
+    """Where SQLite will not let a connection rewrite its stored schema (defensive mode, an
+    authorizer), the upgrade to v8 is left out: the file stays an exact, healthy v7 that is
+    written and read as it is, and the other upgrade steps still happen."""
+    from task_state_guard.sqlite import connections
+
+    plain = connections.connect_writable
+
+    def defensive(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
+        conn = plain(path, busy_timeout_ms)
+
+        def authorize(action: int, table: str | None, *_: object) -> int:
+            if action == sqlite3.SQLITE_UPDATE and table == "sqlite_master":
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK
+
+        conn.set_authorizer(authorize)
+        return conn
+
+    files = {}
+    for build in (as_v7, as_v6):
+        db = files[build] = str(tmp_path / build.__name__ / "tasks.sqlite")
+        with Ledger(db, clock=Clock(T0)) as led:
+            old = led.create_task(name="before", task_id="0000000b-0000-4000-8000-00000000000b")
+        build(db)
+    monkeypatch.setattr(connections, "connect_writable", defensive)
+    for db in files.values():
+        clock = Clock(T0 + 10)
+        with Ledger(db, clock=clock) as led:
+            assert led.schema_version == 7
+            assert led.doctor()["healthy"] is True
+            job = guarded_job(led, clock)
+            assert led.get_task(old.id).status == "queued"
+        assert meta_version(db) == "7"
+        conn = sqlite3.connect(db)
+        try:
+            assert schema.detect_format(conn) == schema.V7
+        finally:
+            conn.close()
+    monkeypatch.setattr(connections, "connect_writable", plain)
+    with Ledger(db, clock=Clock(T0 + 20)) as led:  # an ordinary SQLite upgrades it later
+        assert led.schema_version == 8 and led.doctor()["healthy"] is True
+    clock = Clock(T0 + 10)
+    with Ledger(str(tmp_path / "other" / "tasks.sqlite"), clock=clock) as led:
+        assert guarded_job(led, clock) == job
 
 
 def test_v1_with_legacy_reason_text_fails_closed(tmp_path) -> None:

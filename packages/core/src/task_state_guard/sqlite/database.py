@@ -320,6 +320,7 @@ class SQLiteDatabase:
                 fmt = schema.detect_format(conn)
                 if fmt == schema.EMPTY:
                     schema.create(conn)
+                    fmt = schema.CURRENT
                 elif fmt == schema.NEWER:
                     raise StorageError(
                         "the ledger's schema is newer than this release", reason=r.SCHEMA_NEWER
@@ -330,8 +331,8 @@ class SQLiteDatabase:
                         reason=r.FOREIGN_SCHEMA,
                     )
                 elif fmt != schema.CURRENT:
-                    schema.migrate(conn, fmt)  # one transaction: all of it or nothing
-                version = schema.SCHEMA_VERSION
+                    fmt = schema.migrate(conn, fmt)  # one transaction: all of it or nothing
+                version = schema.STORED_VERSION[fmt]
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -28,10 +28,20 @@ each in one INSERT of a running row, and an INSERT trigger rendered from
 ``rules.EventRule.inserted`` writes the started event beside the created one, so the chain, the
 version and the times are those of a create followed by a start at the same instant. The
 tables are v6's (a read-only open of a v6 file reads it in place).
+
+v8 writes every check and trigger condition that tested a value against a list of three or more
+constants as a chain of equalities (:func:`_as_comparisons`): SQLite builds a temporary B-tree
+for such a list each time a statement runs it, which had cost a guarded job about half of all
+the instructions it executes. What the conditions accept is unchanged, and so are the tables'
+columns and rows: the upgrade from v7 rewrites the three tables' stored definitions in place
+(``PRAGMA writable_schema``, no row is copied) and recreates the three triggers. A SQLite that
+refuses to rewrite its own schema keeps the file at v7, which this release reads and writes
+as it is.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from functools import cache
@@ -40,7 +50,7 @@ from .. import reasons as r
 from .. import rules
 from ..model import DELIVERY_CODES, TASK_CODES, TASK_KIND_SQL, StorageError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 APPLICATION = "task-state-guard"
 
 EMPTY = "empty"
@@ -51,16 +61,17 @@ V4 = "v4"
 V5 = "v5"
 V6 = "v6"
 V7 = "v7"
+V8 = "v8"
 #: The layout this release writes.
-CURRENT = V7
+CURRENT = V8
 #: The layouts that have the verdict outbox (v5 and later).
-OUTBOX_LAYOUTS = frozenset({"v5", "v6", "v7"})
+OUTBOX_LAYOUTS = frozenset({"v5", "v6", "v7", "v8"})
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
 #: A ledger written by a later release (its own metadata says so): ``schema_newer``, never
 #: "foreign".
 NEWER = "newer"
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
-STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, V7: 7, RELEASE_010: 2}
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, V7: 7, V8: 8, RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
 _TERMINAL = rules.TERMINAL_SQL
@@ -206,7 +217,7 @@ DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
 _CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL)
 DDL_V6 = [_CLOSED_TOTAL_TRIGGER_V6 if s == _TOTAL_TRIGGERS[0] else s for s in DDL_V5]
 
-# ----------------------------------------------------------------------------- v7 (current)
+# ----------------------------------------------------------------------------- v7
 
 
 def _inserted_triggers() -> list[str]:
@@ -222,6 +233,35 @@ def _inserted_triggers() -> list[str]:
 
 _V7_ADDITIONS = _inserted_triggers()
 DDL_V7 = [*DDL_V6, *_V7_ADDITIONS]
+
+# ----------------------------------------------------------------------------- v8 (current)
+
+# ``column IN (constants)``: the lists of v7's checks and trigger conditions (never nested).
+_IN_LIST = re.compile(r"([\w.]+) IN \(([^()]*)\)")
+
+
+def _as_comparisons(sql: str) -> str:
+    """``sql`` with each test against a list of three or more constants written as a chain of
+    equalities (the same truth value, NULL included); shorter lists SQLite already compares
+    one by one."""
+
+    def chain(match: re.Match[str]) -> str:
+        values = [value.strip() for value in match.group(2).split(",")]
+        if len(values) < 3:
+            return match.group(0)
+        return "(" + " OR ".join(f"{match.group(1)} = {value}" for value in values) + ")"
+
+    return _IN_LIST.sub(chain, sql)
+
+
+DDL_V8 = [_as_comparisons(statement) for statement in DDL_V7]
+#: The statements v8 changed: the tables' definitions and the triggers' (by name).
+_V8_TABLES = ("tsg_tasks", "tsg_events", "tsg_totals")
+_V8_TRIGGERS = {
+    statement.split()[2]: statement
+    for statement, before in zip(DDL_V8, DDL_V7)
+    if statement != before and statement.startswith("CREATE TRIGGER")
+}
 
 # ----------------------------------------------------------------------------- v1 and v2
 
@@ -389,7 +429,7 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
     conn = sqlite3.connect(":memory:")
     try:
         ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6,
-               V7: DDL_V7}[fmt]
+               V7: DDL_V7, V8: DDL_V8}[fmt]
         for statement in ddl:
             conn.execute(statement)
         return read_fingerprint(conn)
@@ -398,7 +438,7 @@ def expected_fingerprint(fmt: str) -> Fingerprint:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1 to V7 or RELEASE_010 for an exact known schema; NEWER for a layout
+    """Return EMPTY, V1 to V8 or RELEASE_010 for an exact known schema; NEWER for a layout
     this release does not know whose metadata says it is a ledger of a later release; else
     None (foreign, or tampered: a known layout whose metadata says otherwise)."""
     found = read_fingerprint(conn, schema)
@@ -407,7 +447,7 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
     if not any(found == expected_fingerprint(fmt) for fmt in KNOWN):
         has_meta = any(row[:2] == ("table", "tsg_meta") for row in found)
         return NEWER if has_meta and _is_newer(conn, schema) else None
-    for fmt in (V7, V6, V5, V4, V3, V2, V1, RELEASE_010):
+    for fmt in (V8, V7, V6, V5, V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
         if fmt == RELEASE_010:
@@ -442,7 +482,7 @@ def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V7:
+    for statement in DDL_V8:
         conn.execute(statement)
     _write_meta(conn)
 
@@ -586,6 +626,34 @@ def _v6_to_v7(conn: sqlite3.Connection, fmt: str) -> None:
     _set_version(conn, V7)
 
 
+def _v7_to_v8(conn: sqlite3.Connection, fmt: str) -> None:
+    """v7 to v8: the three tables' checks and the three triggers' conditions without lists.
+
+    A table's stored definition is rewritten in place, as SQLite documents for a change that
+    leaves every stored row valid (the conditions accept exactly what they accepted), with the
+    schema cookie raised so that every connection reads the new definitions; nothing is copied.
+    A SQLite that refuses (defensive mode, an authorizer) raises and the caller keeps v7.
+    """
+    cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        for table in _V8_TABLES:
+            (sql,) = conn.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
+            conn.execute(
+                "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?",
+                (_as_comparisons(sql), table),
+            )
+        conn.execute(f"PRAGMA schema_version = {int(cookie) + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    for name, statement in _V8_TRIGGERS.items():
+        conn.execute(f"DROP TRIGGER {name}")
+        conn.execute(statement)
+    _set_version(conn, V8)
+
+
 def _set_version(conn: sqlite3.Connection, fmt: str) -> None:
     conn.execute(
         "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(STORED_VERSION[fmt]),)
@@ -601,12 +669,19 @@ MIGRATIONS: dict[str, tuple[str, Callable[[sqlite3.Connection, str], None]]] = {
     V4: (V5, _v4_to_v5),
     V5: (V6, _v5_to_v6),
     V6: (V7, _v6_to_v7),
+    V7: (V8, _v7_to_v8),
 }
 
 
-def migrate(conn: sqlite3.Connection, fmt: str) -> None:
+#: Steps whose layout only makes the file faster: when SQLite refuses one, the file stays at
+#: the layout before it, which this release reads and writes as it is.
+_OPTIONAL = frozenset({V8})
+
+
+def migrate(conn: sqlite3.Connection, fmt: str) -> str:
     """Upgrade an exact older layout to the current one in the caller's transaction, step by
-    step; fail closed (StorageError, nothing changed once the caller rolls back).
+    step; fail closed (StorageError, nothing changed once the caller rolls back). Return the
+    layout reached: the current one, or the one before an optional step SQLite refused.
 
     Each step ends with the exact fingerprint of the layout it produced.
     """
@@ -615,8 +690,19 @@ def migrate(conn: sqlite3.Connection, fmt: str) -> None:
                            reason=r.FOREIGN_SCHEMA)
     while fmt in MIGRATIONS:
         target, step = MIGRATIONS[fmt]
-        step(conn, fmt)
+        if target in _OPTIONAL:
+            conn.execute("SAVEPOINT tsg_optional_step")
+            try:
+                step(conn, fmt)
+            except sqlite3.DatabaseError:
+                conn.execute("ROLLBACK TO tsg_optional_step")
+                conn.execute("RELEASE tsg_optional_step")
+                return fmt
+            conn.execute("RELEASE tsg_optional_step")
+        else:
+            step(conn, fmt)
         if read_fingerprint(conn) != expected_fingerprint(target):  # never a half-known layout
             raise StorageError("the migrated schema does not match the current schema",
                                reason=r.MIGRATION_REFUSED)
         fmt = target
+    return fmt
