@@ -143,6 +143,27 @@ def test_begin_refusals(ledger: Ledger, clock) -> None:
     assert ledger.get_task(late).status == "running"
 
 
+def test_begin_refuses_a_deadline_past_the_largest_timestamp(ledger: Ledger, clock) -> None:
+    """Whether its logical task is new or recorded earlier, an attempt whose deadline would not
+    be a finite timestamp is refused and the begin writes nothing."""
+    clock.set(1e308)
+    earlier = new_id()
+    ledger.create_task(task_id=earlier)
+    before = ledger.status()["tasks"]
+    for logical in (new_id(), earlier):
+        with pytest.raises(InvalidInput):
+            ledger.begin_attempt(logical, timeout_seconds=1e308)
+    assert ledger.status()["tasks"] == before
+    assert ledger.get_task(earlier).status == "queued"
+    assert ledger.children_of(earlier) == []
+    taken = ledger.create_task().id  # an attempt id another task holds
+    for logical in (new_id(), earlier):
+        with pytest.raises(StateConflict):
+            ledger.begin_attempt(logical, attempt_id=taken)
+    assert ledger.status()["tasks"] == {**before, "queued": before["queued"] + 1}
+    assert ledger.get_task(earlier).status == "queued"
+
+
 def test_end_reports_what_it_refused(ledger: Ledger, clock) -> None:
     logical = new_id()
     attempt = ledger.begin_attempt(logical, delivery_required=False)

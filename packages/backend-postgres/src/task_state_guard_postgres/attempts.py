@@ -28,6 +28,11 @@ from task_state_guard.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from .driver import Conn
 
 _NOW = "%(now)s::float8"
+# An attempt's deadline is a finite timestamp (PostgreSQL raises on a float8 overflow, where
+# SQLite gives infinity): checked before the sum, which a CASE keeps from being folded early.
+_DEADLINE_FITS = (
+    f"(%(timeout)s::float8 IS NULL OR %(timeout)s::float8 <= %(fmax)s::float8 - {_NOW})"
+)
 _RUNNING_COLUMNS = (
     "id, parent_id, name, status, delivery_required, delivery_status, timeout_seconds, "
     "deadline_at, created_at, started_at, delivery_updated_at, updated_at, owner, "
@@ -36,21 +41,24 @@ _RUNNING_COLUMNS = (
 # An attempt inserted already running (as created, then started: version 1).
 _ATTEMPT_VALUES = (
     "%(lid)s::text, %(name)s::text, 'running', 0, 'pending', %(timeout)s::float8, "
-    f"{_NOW} + %(timeout)s::float8, {_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, "
-    "%(redelivery)s::float8, 1"
+    f"CASE WHEN {_DEADLINE_FITS} THEN {_NOW} + %(timeout)s::float8 END, "
+    f"{_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, %(redelivery)s::float8, 1"
 )
+# The logical task is opened (inserted, or started when queued) only when the attempt can be:
+# ``<startable>`` is the attempt's deadline check and, when no placeholder may be picked, that
+# its id is free (a refused begin writes nothing, as one transaction on SQLite).
 _LOGICAL = f"""lg AS (
     INSERT INTO tsg_tasks(id, name, status, delivery_required, delivery_status, created_at,
         started_at, delivery_updated_at, updated_at, owner, version, framework_id, framework)
     SELECT %(lid)s::text, %(name)s::text, 'running', %(ldr)s::int, 'pending', {_NOW}, {_NOW},
         {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text, %(lfw)s::text
-    WHERE %(open)s::boolean
+    WHERE %(open)s::boolean AND <startable>
     ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
 lgu AS (
     UPDATE tsg_tasks SET status = 'running', started_at = {_NOW},
         deadline_at = {_NOW} + timeout_seconds, owner = %(lowner)s::text,
         redelivery_seconds = NULL, updated_at = {_NOW}, version = version + 1
-    WHERE %(open)s::boolean AND id = %(lid)s::text AND status = 'queued'
+    WHERE %(open)s::boolean AND <startable> AND id = %(lid)s::text AND status = 'queued'
         AND {_NOW} >= updated_at
         AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW})
     RETURNING seq),
@@ -68,7 +76,7 @@ cand AS (
     LEFT JOIN tsg_tasks t ON t.id = c.id AND t.id = ANY(%(cids)s::text[])),
 pick AS (
     SELECT id, status FROM cand
-    WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par))
+    WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par) AND {_DEADLINE_FITS})
        OR (status = 'queued' AND (NOT make OR same) AND {_NOW} >= updated_at
            AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW}))
     ORDER BY ord LIMIT 1),
@@ -99,11 +107,14 @@ def _begin_parts(candidates: bool) -> tuple[str, str]:
         + ") AS s",
     )
     result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
-    ctes = f"""{_LOGICAL}{_CANDIDATES if candidates else ""}
+    startable = _DEADLINE_FITS if candidates else (
+        f"{_DEADLINE_FITS} AND NOT EXISTS (SELECT 1 FROM tsg_tasks WHERE id = %(fresh)s::text)")
+    logical = _LOGICAL.replace("<startable>", startable)
+    ctes = f"""{logical}{_CANDIDATES if candidates else ""}
 fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
-    WHERE EXISTS (SELECT 1 FROM par){fresh}
+    WHERE EXISTS (SELECT 1 FROM par) AND {_DEADLINE_FITS}{fresh}
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
 ev AS ({started})"""
     return ctes, f"{result}SELECT id FROM fr"
