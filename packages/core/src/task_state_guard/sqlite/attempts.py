@@ -24,17 +24,26 @@ _INSERT = (
 )
 # A new task already running: what :data:`_INSERT` followed by :data:`_START` at the same
 # instant store (the start's guards included: a deadline must be a finite timestamp).
-_INSERT_RUNNING = (
+_RUNNING_INTO = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "timeout_seconds, deadline_at, created_at, started_at, owner, redelivery_seconds, "
     "delivery_updated_at, updated_at, version, framework_id, framework) "
-    "SELECT :id, :parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
-    ":now, :now, :owner, :redelivery, :now, :now, 1, :fid, :framework "
+)
+_RUNNING_ROW = (
+    ":id, :parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
+    ":now, :now, :owner, :redelivery, :now, :now, 1, :fid, :framework"
+)
+_INSERT_RUNNING = (
+    f"{_RUNNING_INTO}SELECT {_RUNNING_ROW} "
     "WHERE (:parent IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)) "
     "AND (:timeout IS NULL OR :timeout <= :fmax - :now) "
     "ON CONFLICT(id) DO NOTHING"
 )
+# The same row once its guards are known to hold (no parent, or a parent this begin inserted
+# at this instant; a deadline that is a finite timestamp): SQLite collects the rows of any
+# INSERT ... SELECT into a table with triggers in a temporary B-tree first, a VALUES row not.
+_INSERT_RUNNING_CHECKED = f"{_RUNNING_INTO}VALUES ({_RUNNING_ROW}) ON CONFLICT(id) DO NOTHING"
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
     "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
@@ -92,24 +101,34 @@ def _running(now: float, task_id: str, parent: str | None, name: str | None, req
             **_start(now, task_id, owner, redelivery)}
 
 
+def _insert_running(parent_inserted: bool, timeout: float | None, now: float) -> str:
+    """The INSERT of a running row: :data:`_INSERT_RUNNING_CHECKED` when its guards hold."""
+    if parent_inserted and (timeout is None or timeout <= FLOAT_MAX - now):
+        return _INSERT_RUNNING_CHECKED
+    return _INSERT_RUNNING
+
+
 def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | None:
     """Run *begin attempt* inside the caller's write transaction: the attempt's id, or None
     when no attempt could be started here (the caller explains)."""
     lid, name, timeout = spec.logical_id, spec.name, spec.timeout_seconds
     try:
         owner, redelivery = spec.owner, spec.redelivery_seconds
-        if spec.open_logical and not _one(conn, _INSERT_RUNNING, _running(
+        opened = spec.open_logical and _one(
+            conn, _insert_running(spec.parent_id is None, None, now), _running(
                 now, lid, spec.parent_id, name, spec.delivery_required, None,
-                spec.logical_owner, None, spec.framework_id, spec.framework)):
+                spec.logical_owner, None, spec.framework_id, spec.framework))
+        if spec.open_logical and not opened:
             if not spec.attempt:  # recorded earlier: the ledger runs the steps and explains
                 return None
             # A logical task recorded earlier is started if still queued (else left as it is).
             _one(conn, _START, _start(now, lid, spec.logical_owner, None))
         if not spec.attempt:
             return lid if spec.open_logical else None
+        insert = _insert_running(opened, timeout, now)
         for candidate, create in spec.candidates:
             if create:
-                started = _one(conn, _INSERT_RUNNING, _running(
+                started = _one(conn, insert, _running(
                     now, candidate, lid, name, False, timeout, owner, redelivery))
                 # A placeholder recorded earlier is claimed if it is the one this would record.
                 started = started or _one(conn, _START_SAME, {
@@ -120,7 +139,7 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
             if started:
                 return candidate
         fresh = spec.attempt_id
-        if not _one(conn, _INSERT_RUNNING, _running(now, fresh, lid, name, False, timeout,
+        if not _one(conn, insert, _running(now, fresh, lid, name, False, timeout,
                                                    owner, redelivery)):
             return None
         return fresh
