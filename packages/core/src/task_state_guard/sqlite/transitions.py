@@ -29,6 +29,15 @@ _CREATE = (
     "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
     "ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
+# A root reads no other row: VALUES, which SQLite does not first collect in a temporary B-tree
+# as it does any INSERT ... SELECT into a table with triggers.
+_CREATE_ROOT = (
+    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, "
+    "framework) "
+    "VALUES (:id, NULL, :name, 'queued', :required, 'pending', :hash, :timeout, :now, :now, "
+    ":now, :fid, :framework) ON CONFLICT(id) DO NOTHING RETURNING seq"
+)
 # updated_at is the last task-state change or heartbeat; a delivery change moves only
 # delivery_updated_at. version counts state and delivery changes (heartbeats do not count).
 # :fmax is the largest finite float: a start whose deadline (:now + timeout) would not be a
@@ -66,7 +75,7 @@ _CLOSE_SETTLED = (
 _DELIVER = (
     "UPDATE tsg_tasks SET delivery_status = :status, delivery_code = :code, "
     "delivery_updated_at = :now, version = version + 1 WHERE id = :id "
-    "AND delivery_status = 'pending' AND status IN ('succeeded','failed','timed_out','cancelled') "
+    "AND delivery_status = 'pending' AND status NOT IN ('queued','running') "
     "AND delivery_required = :required AND :now >= updated_at AND :now >= delivery_updated_at"
 )
 _STATEMENTS = {
@@ -88,7 +97,10 @@ def run(conn: sqlite3.Connection, spec: Step, now: float) -> Outcome:
             # Every row fetched: the statement runs to its end and is reset, so its cached
             # compilation is reused by the next call.
             name, values = bind(spec, now)
-            rows = conn.execute(_STATEMENTS[name], values).fetchall()
+            sql = _STATEMENTS[name]
+            if sql is _CREATE and values["parent"] is None:
+                sql = _CREATE_ROOT
+            rows = conn.execute(sql, values).fetchall()
             if rows:
                 return Outcome(rows[0], now, None)
         found = conn.execute(SELECT_BY_ID, {"id": spec.task_id}).fetchone()
