@@ -259,7 +259,7 @@ DDL_V8 = [_as_comparisons(statement) for statement in DDL_V7]
 _V8_TABLES = ("tsg_tasks", "tsg_events", "tsg_totals")
 _V8_TRIGGERS = {
     statement.split()[2]: statement
-    for statement, before in zip(DDL_V8, DDL_V7)
+    for statement, before in zip(DDL_V8, DDL_V7, strict=True)
     if statement != before and statement.startswith("CREATE TRIGGER")
 }
 
