@@ -42,6 +42,15 @@ def ledger(db: str) -> Iterator[Ledger]:
     led.close()
 
 
+def start_worker(worker: dramatiq.Worker) -> None:
+    """Start ``worker`` and wait until each of its threads runs: Dramatiq's threads set
+    ``running`` at the start of ``run()``, so a ``stop()`` that comes before a thread was first
+    scheduled is lost and ``stop()`` then waits out its join timeout (seen under load)."""
+    worker.start()
+    threads = [*worker.workers, *worker.consumers.values()]
+    wait_for(lambda: all(t.running for t in threads), 30, "the worker's threads running")
+
+
 class App:
     """A StubBroker app with the guard installed and a programmatic Worker."""
 
@@ -55,7 +64,7 @@ class App:
 
     def start(self) -> App:
         self.worker = dramatiq.Worker(self.broker, worker_threads=2, worker_timeout=50)
-        self.worker.start()
+        start_worker(self.worker)
         return self
 
     def join(self, queue: str = "default") -> None:
@@ -384,7 +393,7 @@ def test_misplaced_middleware_warns(db: str, caplog: pytest.LogCaptureFixture) -
     broker.add_middleware(TaskStateGuardMiddleware(db=db))  # appended: after Retries
     worker = dramatiq.Worker(broker, worker_timeout=50)
     with caplog.at_level(logging.WARNING, logger="task_state_guard_dramatiq"):
-        worker.start()
+        start_worker(worker)
         worker.stop()
     broker.close()
     assert any("must be the outermost" in r.getMessage() for r in caplog.records)
