@@ -19,10 +19,13 @@ from . import connections
 
 _RETURNING = f" RETURNING {TASK_COLUMNS}"
 SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = :id"
-_CREATE = (
+_CREATE_INTO = (
     "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, "
     "framework) "
+)
+_CREATE = (
+    f"{_CREATE_INTO}"
     "SELECT :id, :parent, :name, 'queued', :required, 'pending', :hash, :timeout, :now, :now, "
     ":now, :fid, :framework "
     "WHERE :parent IS NULL OR EXISTS "
@@ -32,9 +35,7 @@ _CREATE = (
 # A root reads no other row: VALUES, which SQLite does not first collect in a temporary B-tree
 # as it does any INSERT ... SELECT into a table with triggers.
 _CREATE_ROOT = (
-    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
-    "payload_hash, timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, "
-    "framework) "
+    f"{_CREATE_INTO}"
     "VALUES (:id, NULL, :name, 'queued', :required, 'pending', :hash, :timeout, :now, :now, "
     ":now, :fid, :framework) ON CONFLICT(id) DO NOTHING RETURNING seq"
 )
