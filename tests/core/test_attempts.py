@@ -135,6 +135,14 @@ def test_begin_refusals(ledger: Ledger, clock) -> None:
     with pytest.raises(InvalidInput):
         ledger.begin_attempt(new_id(), candidates=[(new_id(), "yes")])  # type: ignore[list-item]
     assert ledger.status()["tasks"]["running"] == 2  # the refusals wrote nothing
+    # A clock behind the logical task's creation: no attempt under it, in either write.
+    clock.advance(-1)
+    with pytest.raises(StateConflict):
+        ledger.begin_attempt(logical, open_logical=False)
+    assert ledger.end_and_begin_attempt([], logical)[1] is None
+    assert len(ledger.children_of(logical)) == 1
+    assert ledger.status()["tasks"]["running"] == 2
+    clock.advance(1)
     # A logical task closed already is left as it is; its attempt still runs under it.
     clock.advance(1)
     ledger.close_task_settled(logical, "cancelled", code="revoked")

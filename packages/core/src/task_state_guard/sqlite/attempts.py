@@ -14,36 +14,40 @@ from typing import Any
 from ..attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from . import connections
 
+# SQLite collects the rows of any INSERT ... SELECT into a table with triggers in a temporary
+# B-tree first, a VALUES row not: a row's guards decide its id instead, and a row whose id is
+# NULL breaks its NOT NULL constraint, which OR IGNORE turns into no row (an existing id too).
+_PARENT_FITS = (
+    "(:parent IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now))"
+)
+# A new queued task, under a parent that exists and was created no later than now.
 _INSERT = (
-    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
-    "timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, framework) "
-    "SELECT :id, :parent, :name, 'queued', :required, 'pending', :timeout, :now, :now, :now, "
-    ":fid, :framework WHERE :parent IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
-    "ON CONFLICT(id) DO NOTHING"
+    "INSERT OR IGNORE INTO tsg_tasks(id, parent_id, name, status, delivery_required, "
+    "delivery_status, timeout_seconds, created_at, delivery_updated_at, updated_at, "
+    f"framework_id, framework) VALUES (CASE WHEN {_PARENT_FITS} THEN :id END, :parent, "
+    ":name, 'queued', :required, 'pending', :timeout, :now, :now, :now, :fid, :framework)"
 )
 # A new task already running: what :data:`_INSERT` followed by :data:`_START` at the same
 # instant store (the start's guards included: a deadline must be a finite timestamp).
-_RUNNING_INTO = (
-    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+_COLUMNS = (
+    "tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "timeout_seconds, deadline_at, created_at, started_at, owner, redelivery_seconds, "
     "delivery_updated_at, updated_at, version, framework_id, framework) "
 )
 _RUNNING_ROW = (
-    ":id, :parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
+    ":parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
     ":now, :now, :owner, :redelivery, :now, :now, 1, :fid, :framework"
 )
 _INSERT_RUNNING = (
-    f"{_RUNNING_INTO}SELECT {_RUNNING_ROW} "
-    "WHERE (:parent IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)) "
-    "AND (:timeout IS NULL OR :timeout <= :fmax - :now) "
-    "ON CONFLICT(id) DO NOTHING"
+    f"INSERT OR IGNORE INTO {_COLUMNS}VALUES (CASE WHEN {_PARENT_FITS} "
+    f"AND (:timeout IS NULL OR :timeout <= :fmax - :now) THEN :id END, {_RUNNING_ROW})"
 )
 # The same row once its guards are known to hold (no parent, or a parent this begin inserted
-# at this instant; a deadline that is a finite timestamp): SQLite collects the rows of any
-# INSERT ... SELECT into a table with triggers in a temporary B-tree first, a VALUES row not.
-_INSERT_RUNNING_CHECKED = f"{_RUNNING_INTO}VALUES ({_RUNNING_ROW}) ON CONFLICT(id) DO NOTHING"
+# at this instant; a deadline that is a finite timestamp).
+_INSERT_RUNNING_CHECKED = (
+    f"INSERT INTO {_COLUMNS}VALUES (:id, {_RUNNING_ROW}) ON CONFLICT(id) DO NOTHING"
+)
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
     "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
@@ -150,8 +154,13 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
 def sqlite_boundary(conn: sqlite3.Connection, spec: Boundary,
                     now: float) -> tuple[Ended, str | None]:
     """Run a :class:`~task_state_guard.attempts.Boundary` inside the caller's write
-    transaction: the end, then the begin under a savepoint (a refused begin leaves nothing)."""
+    transaction: the end, then the begin under a savepoint (a refused begin leaves nothing).
+    A begin that is one INSERT (a fresh attempt under a logical task that exists) needs no
+    savepoint: refused, it wrote nothing."""
     ended = sqlite_end(conn, spec.end, now)
+    begin = spec.begin
+    if not begin.open_logical and not begin.candidates:
+        return ended, sqlite_begin(conn, begin, now)
     try:
         conn.execute("SAVEPOINT tsg_boundary")
         begun = sqlite_begin(conn, spec.begin, now)
