@@ -11,12 +11,16 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from .. import reasons as r
 from ..attempts import FLOAT_MAX, Begin, Boundary, End, Ended
+from ..model import StorageError
 from . import connections
 
 # SQLite collects the rows of any INSERT ... SELECT into a table with triggers in a temporary
 # B-tree first, a VALUES row not: a row's guards decide its id instead, and a row whose id is
 # NULL breaks its NOT NULL constraint, which OR IGNORE turns into no row (an existing id too).
+# The insert's triggers inherit OR IGNORE: :func:`_insert_new` refuses a row whose events were
+# not all written (they collide only with events a damaged file kept of a removed task).
 _PARENT_FITS = (
     "(:parent IS NULL OR EXISTS "
     "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now))"
@@ -85,6 +89,18 @@ def _one(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> bool:
     return conn.execute(sql, params).rowcount == 1
 
 
+def _insert_new(conn: sqlite3.Connection, sql: str, params: dict[str, Any], events: int) -> bool:
+    """Run an ``INSERT OR IGNORE`` of one task whose triggers write ``events`` events: whether
+    it wrote its row. A row written without all its events is a write the database rejected
+    (as the insert without OR IGNORE would have failed): the caller's transaction is undone."""
+    before = conn.total_changes
+    if conn.execute(sql, params).rowcount != 1:
+        return False
+    if conn.total_changes - before != 1 + events:
+        raise StorageError("the database rejected the write", reason=r.WRITE_REJECTED)
+    return True
+
+
 def _insert(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
             timeout: float | None, fid: str | None = None,
             framework: str | None = None) -> dict[str, Any]:
@@ -118,10 +134,10 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
     lid, name, timeout = spec.logical_id, spec.name, spec.timeout_seconds
     try:
         owner, redelivery = spec.owner, spec.redelivery_seconds
-        opened = spec.open_logical and _one(
+        opened = spec.open_logical and _insert_new(
             conn, _insert_running(spec.parent_id is None, None, now), _running(
                 now, lid, spec.parent_id, name, spec.delivery_required, None,
-                spec.logical_owner, None, spec.framework_id, spec.framework))
+                spec.logical_owner, None, spec.framework_id, spec.framework), 2)
         if spec.open_logical and not opened:
             if not spec.attempt:  # recorded earlier: the ledger runs the steps and explains
                 return None
@@ -132,8 +148,8 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
         insert = _insert_running(opened, timeout, now)
         for candidate, create in spec.candidates:
             if create:
-                started = _one(conn, insert, _running(
-                    now, candidate, lid, name, False, timeout, owner, redelivery))
+                started = _insert_new(conn, insert, _running(
+                    now, candidate, lid, name, False, timeout, owner, redelivery), 2)
                 # A placeholder recorded earlier is claimed if it is the one this would record.
                 started = started or _one(conn, _START_SAME, {
                     **_start(now, candidate, owner, redelivery),
@@ -143,8 +159,8 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
             if started:
                 return candidate
         fresh = spec.attempt_id
-        if not _one(conn, insert, _running(now, fresh, lid, name, False, timeout,
-                                                   owner, redelivery)):
+        if not _insert_new(conn, insert, _running(now, fresh, lid, name, False, timeout,
+                                                  owner, redelivery), 2):
             return None
         return fresh
     except sqlite3.Error as exc:
@@ -179,7 +195,7 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     marked: set[str] = set()
     try:
         for attempt, parent, name, timeout in spec.queue:
-            if _one(conn, _INSERT, _insert(now, attempt, parent, name, False, timeout)):
+            if _insert_new(conn, _INSERT, _insert(now, attempt, parent, name, False, timeout), 1):
                 queued.add(attempt)
         for task_id, status, code, mark in spec.closes:
             state, mcode = mark if mark is not None else (None, None)
