@@ -282,9 +282,13 @@ class HttpServer:
             self.stop()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # A signal may land on a worker thread; the wake socket then still wakes the loop, so
+        # the handler runs in this thread instead of waiting for the next connection.
+        wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         try:
             self._loop()
         finally:
+            signal.set_wakeup_fd(wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
