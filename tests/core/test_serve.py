@@ -507,3 +507,20 @@ def test_no_network_module_loads_unless_serving() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=cli_env(), check=True)
     assert result.stdout == "[]\n"
+
+
+def test_a_stop_signal_delivered_to_a_worker_thread_stops_the_server() -> None:
+    """The kernel may hand SIGTERM to any thread; one that lands on a worker still stops the
+    server (the selector is woken, the handler runs), instead of waiting for a connection."""
+    script = (
+        "import signal, threading\n"
+        "from task_state_guard.http_server import HttpServer\n"
+        "server = HttpServer(('127.0.0.1', 0), lambda request: None)\n"
+        "worker = next(t for t in threading.enumerate() if t.name.startswith('tsg-serve-'))\n"
+        "threading.Timer(0.5, signal.pthread_kill, (worker.ident, signal.SIGTERM)).start()\n"
+        "server.serve_until_signal()\n"
+        "print('stopped')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert (proc.returncode, proc.stdout) == (0, "stopped\n")
