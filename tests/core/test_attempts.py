@@ -135,6 +135,14 @@ def test_begin_refusals(ledger: Ledger, clock) -> None:
     with pytest.raises(InvalidInput):
         ledger.begin_attempt(new_id(), candidates=[(new_id(), "yes")])  # type: ignore[list-item]
     assert ledger.status()["tasks"]["running"] == 2  # the refusals wrote nothing
+    # A clock behind the logical task's creation: no attempt under it, in either write.
+    clock.advance(-1)
+    with pytest.raises(StateConflict):
+        ledger.begin_attempt(logical, open_logical=False)
+    assert ledger.end_and_begin_attempt([], logical)[1] is None
+    assert len(ledger.children_of(logical)) == 1
+    assert ledger.status()["tasks"]["running"] == 2
+    clock.advance(1)
     # A logical task closed already is left as it is; its attempt still runs under it.
     clock.advance(1)
     ledger.close_task_settled(logical, "cancelled", code="revoked")
@@ -379,3 +387,35 @@ def test_end_and_begin_is_end_then_begin_in_one_write(ledger: Ledger, clock) -> 
         chain = [(e.kind, e.state, e.code, e.at) for e in ledger.events_of(tid)]
         assert chain == rules.expected_events(task.to_dict()), task.to_dict()
     assert ledger.doctor()["healthy"] is True
+
+
+@pytest.mark.sqlite_only
+def test_an_insert_whose_events_collide_is_refused_whole(db: str, ledger: Ledger, clock) -> None:
+    """A file that kept the events of a task removed by hand gives its number to the next row:
+    every insert of the two writes then fails (a rejected write) and writes nothing, instead of
+    recording a task without its events."""
+    import sqlite3
+
+    logical = new_id()
+    ledger.begin_attempt(logical, delivery_required=True, logical_owner=True, attempt=False)
+    first = ledger.begin_attempt(logical, name="plan", open_logical=False)
+    removed = ledger.begin_attempt(logical, name="plan", open_logical=False)
+    with sqlite3.connect(db) as raw:  # the newest task's row removed, its events kept
+        raw.execute("DELETE FROM tsg_tasks WHERE id = ?", (removed,))
+    raw.close()
+    clock.advance(1)
+    before = ledger.status()["tasks"]
+    writes = (
+        lambda: ledger.begin_attempt(new_id()),  # a new logical task and its attempt
+        lambda: ledger.begin_attempt(logical, open_logical=False),  # under a recorded one
+        lambda: ledger.end_and_begin_attempt([(first, "succeeded", None)], logical),
+        lambda: ledger.end_attempt([(first, "failed", "worker_failed")],
+                                   queue=[(new_id(), logical, "plan", None)]),
+    )
+    for write in writes:
+        with pytest.raises(StorageError) as refused:
+            write()
+        assert refused.value.reason == "write_rejected"
+    assert ledger.status()["tasks"] == before
+    assert [c.id for c in ledger.children_of(logical)] == [first]
+    assert ledger.get_task(first).status == "running"

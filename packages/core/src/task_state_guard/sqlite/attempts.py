@@ -11,39 +11,47 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from .. import reasons as r
 from ..attempts import FLOAT_MAX, Begin, Boundary, End, Ended
+from ..model import StorageError
 from . import connections
 
+# SQLite collects the rows of any INSERT ... SELECT into a table with triggers in a temporary
+# B-tree first, a VALUES row not: a row's guards decide its id instead, and a row whose id is
+# NULL breaks its NOT NULL constraint, which OR IGNORE turns into no row (an existing id too).
+# The insert's triggers inherit OR IGNORE: :func:`_insert_new` refuses a row whose events were
+# not all written (they collide only with events a damaged file kept of a removed task).
+_PARENT_FITS = (
+    "(:parent IS NULL OR EXISTS "
+    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now))"
+)
+# A new queued task, under a parent that exists and was created no later than now.
 _INSERT = (
-    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
-    "timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, framework) "
-    "SELECT :id, :parent, :name, 'queued', :required, 'pending', :timeout, :now, :now, :now, "
-    ":fid, :framework WHERE :parent IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now) "
-    "ON CONFLICT(id) DO NOTHING"
+    "INSERT OR IGNORE INTO tsg_tasks(id, parent_id, name, status, delivery_required, "
+    "delivery_status, timeout_seconds, created_at, delivery_updated_at, updated_at, "
+    f"framework_id, framework) VALUES (CASE WHEN {_PARENT_FITS} THEN :id END, :parent, "
+    ":name, 'queued', :required, 'pending', :timeout, :now, :now, :now, :fid, :framework)"
 )
 # A new task already running: what :data:`_INSERT` followed by :data:`_START` at the same
 # instant store (the start's guards included: a deadline must be a finite timestamp).
-_RUNNING_INTO = (
-    "INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+_COLUMNS = (
+    "tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "timeout_seconds, deadline_at, created_at, started_at, owner, redelivery_seconds, "
     "delivery_updated_at, updated_at, version, framework_id, framework) "
 )
 _RUNNING_ROW = (
-    ":id, :parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
+    ":parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
     ":now, :now, :owner, :redelivery, :now, :now, 1, :fid, :framework"
 )
 _INSERT_RUNNING = (
-    f"{_RUNNING_INTO}SELECT {_RUNNING_ROW} "
-    "WHERE (:parent IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)) "
-    "AND (:timeout IS NULL OR :timeout <= :fmax - :now) "
-    "ON CONFLICT(id) DO NOTHING"
+    f"INSERT OR IGNORE INTO {_COLUMNS}VALUES (CASE WHEN {_PARENT_FITS} "
+    f"AND (:timeout IS NULL OR :timeout <= :fmax - :now) THEN :id END, {_RUNNING_ROW})"
 )
 # The same row once its guards are known to hold (no parent, or a parent this begin inserted
-# at this instant; a deadline that is a finite timestamp): SQLite collects the rows of any
-# INSERT ... SELECT into a table with triggers in a temporary B-tree first, a VALUES row not.
-_INSERT_RUNNING_CHECKED = f"{_RUNNING_INTO}VALUES ({_RUNNING_ROW}) ON CONFLICT(id) DO NOTHING"
+# at this instant; a deadline that is a finite timestamp).
+_INSERT_RUNNING_CHECKED = (
+    f"INSERT INTO {_COLUMNS}VALUES (:id, {_RUNNING_ROW}) ON CONFLICT(id) DO NOTHING"
+)
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
     "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
@@ -81,6 +89,18 @@ def _one(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> bool:
     return conn.execute(sql, params).rowcount == 1
 
 
+def _insert_new(conn: sqlite3.Connection, sql: str, params: dict[str, Any], events: int) -> bool:
+    """Run an ``INSERT OR IGNORE`` of one task whose triggers write ``events`` events: whether
+    it wrote its row. A row written without all its events is a write the database rejected
+    (as the insert without OR IGNORE would have failed): the caller's transaction is undone."""
+    before = conn.total_changes
+    if conn.execute(sql, params).rowcount != 1:
+        return False
+    if conn.total_changes - before != 1 + events:
+        raise StorageError("the database rejected the write", reason=r.WRITE_REJECTED)
+    return True
+
+
 def _insert(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
             timeout: float | None, fid: str | None = None,
             framework: str | None = None) -> dict[str, Any]:
@@ -114,10 +134,10 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
     lid, name, timeout = spec.logical_id, spec.name, spec.timeout_seconds
     try:
         owner, redelivery = spec.owner, spec.redelivery_seconds
-        opened = spec.open_logical and _one(
+        opened = spec.open_logical and _insert_new(
             conn, _insert_running(spec.parent_id is None, None, now), _running(
                 now, lid, spec.parent_id, name, spec.delivery_required, None,
-                spec.logical_owner, None, spec.framework_id, spec.framework))
+                spec.logical_owner, None, spec.framework_id, spec.framework), 2)
         if spec.open_logical and not opened:
             if not spec.attempt:  # recorded earlier: the ledger runs the steps and explains
                 return None
@@ -128,8 +148,8 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
         insert = _insert_running(opened, timeout, now)
         for candidate, create in spec.candidates:
             if create:
-                started = _one(conn, insert, _running(
-                    now, candidate, lid, name, False, timeout, owner, redelivery))
+                started = _insert_new(conn, insert, _running(
+                    now, candidate, lid, name, False, timeout, owner, redelivery), 2)
                 # A placeholder recorded earlier is claimed if it is the one this would record.
                 started = started or _one(conn, _START_SAME, {
                     **_start(now, candidate, owner, redelivery),
@@ -139,8 +159,8 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
             if started:
                 return candidate
         fresh = spec.attempt_id
-        if not _one(conn, insert, _running(now, fresh, lid, name, False, timeout,
-                                                   owner, redelivery)):
+        if not _insert_new(conn, insert, _running(now, fresh, lid, name, False, timeout,
+                                                  owner, redelivery), 2):
             return None
         return fresh
     except sqlite3.Error as exc:
@@ -150,8 +170,13 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
 def sqlite_boundary(conn: sqlite3.Connection, spec: Boundary,
                     now: float) -> tuple[Ended, str | None]:
     """Run a :class:`~task_state_guard.attempts.Boundary` inside the caller's write
-    transaction: the end, then the begin under a savepoint (a refused begin leaves nothing)."""
+    transaction: the end, then the begin under a savepoint (a refused begin leaves nothing).
+    A begin that is one INSERT (a fresh attempt under a logical task that exists) needs no
+    savepoint: refused, it wrote nothing."""
     ended = sqlite_end(conn, spec.end, now)
+    begin = spec.begin
+    if not begin.open_logical and not begin.candidates:
+        return ended, sqlite_begin(conn, begin, now)
     try:
         conn.execute("SAVEPOINT tsg_boundary")
         begun = sqlite_begin(conn, spec.begin, now)
@@ -170,7 +195,7 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     marked: set[str] = set()
     try:
         for attempt, parent, name, timeout in spec.queue:
-            if _one(conn, _INSERT, _insert(now, attempt, parent, name, False, timeout)):
+            if _insert_new(conn, _INSERT, _insert(now, attempt, parent, name, False, timeout), 1):
                 queued.add(attempt)
         for task_id, status, code, mark in spec.closes:
             state, mcode = mark if mark is not None else (None, None)
