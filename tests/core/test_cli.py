@@ -236,6 +236,46 @@ def test_unexpected_error_is_internal_error_exit_3(db: str) -> None:
     assert CANARY not in proc.stdout and tid not in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("raised", "named"),
+    [
+        # a class of the process's own: its nearest built-in base is named, never its own name
+        (f"type('{CANARY}', (ConnectionResetError,), {{}})", "ConnectionResetError"),
+        ("MemoryError", "MemoryError"),  # what SQLite's own allocation failure raises
+        (f"type('{CANARY}', (sqlite3.OperationalError,), {{}})", "sqlite3.OperationalError"),
+    ],
+    ids=["own-class", "memory", "untranslated-sqlite"],
+)
+def test_an_internal_error_names_its_standard_class_when_asked(
+    db: str, raised: str, named: str
+) -> None:
+    tid = ok(run_cli("--db", db, "create"))["task"]["id"]
+    script = (
+        "import runpy, sqlite3, sys\n"
+        "import task_state_guard.ledger as ledger_module\n"
+        "def boom(*args, **kwargs):\n"
+        f"    raise ({raised})('{CANARY} ' + repr(args))\n"
+        "ledger_module.Ledger.get_task = boom\n"
+        "sys.argv[0] = 'task_state_guard'\n"
+        "runpy.run_module('task_state_guard', run_name='__main__', alter_sys=True)\n"
+    )
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                              text=True, env=cli_env(), check=False, timeout=60)
+
+    for proc, expected in (
+        (cli("--db", db, "get", tid), '{"error":"InternalError","ok":false}\n'),
+        (cli("--explain", "--db", db, "get", tid),
+         f'{{"error":"InternalError","exception":"{named}","ok":false}}\n'),
+        (cli("--explain", "--db", db, "get", tid, "--format", "text"),
+         f"error: InternalError\nexception: {named}\n"),
+        (cli("--db", db, "get", tid, "--format", "text"), "error: InternalError\n"),
+    ):
+        assert (proc.returncode, proc.stdout, proc.stderr) == (3, expected, "")
+        assert CANARY not in proc.stdout and tid not in proc.stdout
+
+
 @pytest.mark.sqlite_only
 def test_unhealthy_doctor_exits_1(tmp_path) -> None:
     import sqlite3

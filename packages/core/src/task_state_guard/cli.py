@@ -11,17 +11,21 @@ specification's ``{"error":"<category>","ok":false}``, the category one of 0.1.0
 ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
 ``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
 ``InternalError``. ``--explain`` (or ``TSG_EXPLAIN=1``) adds ``"reason"`` to a usage or storage
-error: the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`;
-``--format text`` prints the category, the reason, what failed and its fix as text.
+error: the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`; to an
+``InternalError`` it adds ``"exception"``, the standard class of what was raised (the nearest
+built-in or ``sqlite3`` class, never its text); ``--format text`` prints the category, the
+reason, what failed and its fix as text.
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
 import contextlib
 import io
 import json
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -527,13 +531,32 @@ def _emit(payload: dict[str, Any] | str) -> None:
         raise OSError("stdout cannot be written")
 
 
-def _report(category: str, reason: str | None, *, explain: bool, text: bool, code: int) -> int:
+def exception_class(exc: BaseException) -> str:
+    """The standard class ``exc`` is (or derives from) for an ``InternalError`` line: the
+    nearest built-in exception, or ``sqlite3.<class>``; never a class this process defined
+    itself, whose name is not a closed set."""
+    for cls in type(exc).__mro__:
+        name: str = cls.__qualname__
+        if cls.__module__ == "builtins" and getattr(builtins, name, None) is cls:
+            return name
+        if cls.__module__ == "sqlite3" and getattr(sqlite3, name, None) is cls:
+            return f"sqlite3.{name}"
+    return "BaseException"  # pragma: no cover - every exception derives from it
+
+
+def _report(category: str, reason: str | None, *, explain: bool, text: bool, code: int,
+            exception: str | None = None) -> int:
     if text:
-        written = _write(error_text(category, reason))
+        rendered = error_text(category, reason)
+        if explain and exception is not None:
+            rendered += f"exception: {exception}\n"
+        written = _write(rendered)
     else:
         payload: dict[str, Any] = {"error": category, "ok": False}
         if explain and reason is not None:
             payload["reason"] = reason
+        if explain and exception is not None:
+            payload["exception"] = exception
         written = _write(_render(payload))
     return code if written else 3
 
@@ -556,8 +579,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload, code = _run(args)
     except LedgerError as exc:
         return _report(error_category(exc), exc.reason, explain=explain, text=text, code=2)
-    except Exception:
-        return _report("InternalError", None, explain=explain, text=text, code=3)
+    except Exception as exc:
+        return _report("InternalError", None, explain=explain, text=text, code=3,
+                       exception=exception_class(exc))
     return code if _write(_render(payload)) else 3
 
 
