@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -215,21 +216,29 @@ def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
     assert ok(run_cli("--db", db, "get", tid))["task"]["status"] == "queued"
 
 
-def test_unexpected_error_is_internal_error_exit_3(db: str) -> None:
-    tid = ok(run_cli("--db", db, "create"))["task"]["id"]
+def internal_error_cli(raised: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """The CLI in a process whose ``Ledger.get_task`` raises ``raised`` (an expression) with
+    the canary and its arguments in the message."""
     script = (
-        "import runpy, sys\n"
+        "import runpy, sqlite3, sys\n"
         "import task_state_guard.ledger as ledger_module\n"
         "def boom(*args, **kwargs):\n"
-        f"    raise RuntimeError('{CANARY} ' + repr(args))\n"
+        f"    raise ({raised})('{CANARY} ' + repr(args))\n"
         "ledger_module.Ledger.get_task = boom\n"
         "sys.argv[0] = 'task_state_guard'\n"
         "runpy.run_module('task_state_guard', run_name='__main__', alter_sys=True)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, "--db", db, "get", tid],
-        capture_output=True, text=True, env=cli_env(), check=False, timeout=60,
-    )
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                              text=True, env=cli_env(), check=False, timeout=60)
+
+    return cli
+
+
+def test_unexpected_error_is_internal_error_exit_3(db: str) -> None:
+    tid = ok(run_cli("--db", db, "create"))["task"]["id"]
+    proc = internal_error_cli("RuntimeError")("--db", db, "get", tid)
     assert proc.returncode == 3
     assert proc.stderr == ""
     assert proc.stdout == '{"error":"InternalError","ok":false}\n'
@@ -250,20 +259,7 @@ def test_an_internal_error_names_its_standard_class_when_asked(
     db: str, raised: str, named: str
 ) -> None:
     tid = ok(run_cli("--db", db, "create"))["task"]["id"]
-    script = (
-        "import runpy, sqlite3, sys\n"
-        "import task_state_guard.ledger as ledger_module\n"
-        "def boom(*args, **kwargs):\n"
-        f"    raise ({raised})('{CANARY} ' + repr(args))\n"
-        "ledger_module.Ledger.get_task = boom\n"
-        "sys.argv[0] = 'task_state_guard'\n"
-        "runpy.run_module('task_state_guard', run_name='__main__', alter_sys=True)\n"
-    )
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                              text=True, env=cli_env(), check=False, timeout=60)
-
+    cli = internal_error_cli(raised)
     for proc, expected in (
         (cli("--db", db, "get", tid), '{"error":"InternalError","ok":false}\n'),
         (cli("--explain", "--db", db, "get", tid),
