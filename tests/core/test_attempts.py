@@ -88,6 +88,68 @@ def test_begin_and_end_write_what_the_transitions_write(ledger: Ledger, clock) -
     assert ledger.doctor()["healthy"] is True
 
 
+@pytest.mark.parametrize("timeout", [None, 30.0])
+@pytest.mark.parametrize("redelivery", [None, 5.0])
+@pytest.mark.parametrize("under_parent", [False, True])
+def test_every_shape_of_the_two_writes_writes_what_the_transitions_write(
+    ledger: Ledger, clock, timeout: float | None, redelivery: float | None, under_parent: bool
+) -> None:
+    """A logical task at the root or (alone) under a parent; an attempt with or without a
+    timeout and a redelivery window, under a logical task begun in the same write or earlier;
+    closes with and without a delivery mark: each the same tasks and events as the one-task
+    transitions (each backend writes every shape with its own statement)."""
+    parent = None
+    if under_parent:
+        parent = new_id()
+        ledger.create_task(task_id=parent)
+    a_logical, b_logical = new_id(), new_id()
+    ledger.create_task(task_id=a_logical, parent_id=parent, delivery_required=True, name="job",
+                       framework_id=a_logical, framework="dramatiq")
+    ledger.start_task(a_logical, owner=False)
+    a_attempt = new_id()
+    ledger.create_task(task_id=a_attempt, parent_id=a_logical, delivery_required=False,
+                       name="job", timeout_seconds=timeout)
+    ledger.start_task(a_attempt, owner=True, redelivery_seconds=redelivery)
+    opening = {"name": "job", "delivery_required": True, "framework_id": b_logical,
+               "framework": "dramatiq"}
+    if under_parent:  # the logical task alone under its parent, then the attempt under it
+        ledger.begin_attempt(b_logical, parent_id=parent, attempt=False, **opening)
+        opening = {"name": "job", "open_logical": False}
+    b_attempt = ledger.begin_attempt(b_logical, timeout_seconds=timeout,
+                                     redelivery_seconds=redelivery, **opening)
+    assert shape(ledger, a_logical) == shape(ledger, b_logical)
+    assert shape(ledger, a_attempt) == shape(ledger, b_attempt)
+    assert ledger.get_task(b_logical).parent_id == parent
+    clock.advance(1)
+    a_second = new_id()
+    ledger.create_task(task_id=a_second, parent_id=a_logical, delivery_required=False,
+                       name="job", timeout_seconds=timeout)
+    ledger.start_task(a_second, owner=True, redelivery_seconds=redelivery)
+    b_second = ledger.begin_attempt(b_logical, name="job", timeout_seconds=timeout,
+                                    redelivery_seconds=redelivery)
+    assert shape(ledger, a_second) == shape(ledger, b_second)
+    clock.advance(1)
+    ledger.close_task_settled(a_attempt, "failed", code="worker_failed")
+    ledger.close_task_settled(a_second, "succeeded", code="worker_completed")
+    ledger.close_task_settled(a_logical, "succeeded", code="worker_completed")
+    ledger.set_delivery(a_logical, "delivered", code="transport_acknowledged")
+    ended = ledger.end_attempt(
+        [(b_attempt, "failed", "worker_failed"), (b_second, "succeeded", "worker_completed"),
+         (b_logical, "succeeded", "worker_completed")],
+        marks={b_logical: ("delivered", "transport_acknowledged")})
+    assert ended.closed == {b_attempt, b_second, b_logical} and ended.marked == {b_logical}
+    for a, b in ((a_logical, b_logical), (a_attempt, b_attempt), (a_second, b_second)):
+        assert shape(ledger, a) == shape(ledger, b)
+    # A mark on a task that owes no delivery closes nothing (nor half of it).
+    clock.advance(1)
+    c_attempt = ledger.begin_attempt(b_logical, name="job", timeout_seconds=timeout)
+    before = shape(ledger, c_attempt)
+    ended = ledger.end_attempt([(c_attempt, "succeeded", "worker_completed")],
+                               marks={c_attempt: ("delivered", "transport_acknowledged")})
+    assert not ended.closed and shape(ledger, c_attempt) == before
+    assert ledger.doctor()["healthy"] is True
+
+
 def test_candidates_claim_the_first_startable_placeholder(ledger: Ledger, clock) -> None:
     logical = new_id()
     first = ledger.begin_attempt(logical, name="job")

@@ -21,37 +21,61 @@ from . import connections
 # NULL breaks its NOT NULL constraint, which OR IGNORE turns into no row (an existing id too).
 # The insert's triggers inherit OR IGNORE: :func:`_insert_new` refuses a row whose events were
 # not all written (they collide only with events a damaged file kept of a removed task).
-_PARENT_FITS = (
-    "(:parent IS NULL OR EXISTS "
-    "(SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now))"
-)
-# A new queued task, under a parent that exists and was created no later than now.
-_INSERT = (
-    "INSERT OR IGNORE INTO tsg_tasks(id, parent_id, name, status, delivery_required, "
-    "delivery_status, timeout_seconds, created_at, delivery_updated_at, updated_at, "
-    f"framework_id, framework) VALUES (CASE WHEN {_PARENT_FITS} THEN :id END, :parent, "
-    ":name, 'queued', :required, 'pending', :timeout, :now, :now, :now, :fid, :framework)"
-)
-# A new task already running: what :data:`_INSERT` followed by :data:`_START` at the same
-# instant store (the start's guards included: a deadline must be a finite timestamp).
+#
+# A value known to be NULL in a statement's shape is written NULL in its text, not bound: the
+# sqlite3 module passes each bound None through its adaptation protocol (a registry lookup and,
+# on CPython 3.11, a failed attribute lookup that formats an error message), ~0.3 µs a value,
+# 12 values a job before. Each shape below is a constant chosen by the caller.
+_PARENT_EXISTS = "EXISTS (SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)"
+_PARENT_FITS = f"(:parent IS NULL OR {_PARENT_EXISTS})"
 _COLUMNS = (
     "tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
     "timeout_seconds, deadline_at, created_at, started_at, owner, redelivery_seconds, "
     "delivery_updated_at, updated_at, version, framework_id, framework) "
 )
-_RUNNING_ROW = (
-    ":parent, :name, 'running', :required, 'pending', :timeout, :now + :timeout, "
-    ":now, :now, :owner, :redelivery, :now, :now, 1, :fid, :framework"
+# A new queued attempt (a scheduled retry), under a parent that exists and was created no
+# later than now.
+_INSERT_QUEUED = (
+    "INSERT OR IGNORE INTO tsg_tasks(id, parent_id, name, status, delivery_required, "
+    "delivery_status, timeout_seconds, created_at, delivery_updated_at, updated_at) "
+    f"VALUES (CASE WHEN {_PARENT_FITS} THEN :id END, :parent, :name, 'queued', 0, 'pending', "
+    ":timeout, :now, :now, :now)"
 )
-_INSERT_RUNNING = (
-    f"INSERT OR IGNORE INTO {_COLUMNS}VALUES (CASE WHEN {_PARENT_FITS} "
-    f"AND (:timeout IS NULL OR :timeout <= :fmax - :now) THEN :id END, {_RUNNING_ROW})"
+# A new logical task already running (no deadline, no redelivery window): what an insert
+# followed by a start at the same instant store; a root needs no guard.
+_LOGICAL_ROW = (
+    ":name, 'running', :required, 'pending', NULL, NULL, :now, :now, :owner, NULL, :now, :now, "
+    "1, :fid, :framework"
 )
-# The same row once its guards are known to hold (no parent, or a parent this begin inserted
-# at this instant; a deadline that is a finite timestamp).
-_INSERT_RUNNING_CHECKED = (
-    f"INSERT INTO {_COLUMNS}VALUES (:id, {_RUNNING_ROW}) ON CONFLICT(id) DO NOTHING"
+_INSERT_LOGICAL_ROOT = (
+    f"INSERT INTO {_COLUMNS}VALUES (:id, NULL, {_LOGICAL_ROW}) ON CONFLICT(id) DO NOTHING"
 )
+_INSERT_LOGICAL_CHILD = (
+    f"INSERT OR IGNORE INTO {_COLUMNS}VALUES (CASE WHEN {_PARENT_EXISTS} THEN :id END, "
+    f":parent, {_LOGICAL_ROW})"
+)
+
+
+def _attempt_insert(checked: bool, timed: bool, redelivered: bool) -> str:
+    """The INSERT of an attempt already running under its logical task (``:parent``), in one
+    shape: ``checked`` when its guards are known to hold (a logical task this begin inserted
+    at this instant, a deadline that is a finite timestamp), ``timed`` when it has a timeout,
+    ``redelivered`` when it has a redelivery window."""
+    timeout, deadline = (":timeout", ":now + :timeout") if timed else ("NULL", "NULL")
+    redelivery = ":redelivery" if redelivered else "NULL"
+    row = (f":parent, :name, 'running', 0, 'pending', {timeout}, {deadline}, :now, :now, "
+           f":owner, {redelivery}, :now, :now, 1, NULL, NULL")
+    if checked:
+        return f"INSERT INTO {_COLUMNS}VALUES (:id, {row}) ON CONFLICT(id) DO NOTHING"
+    guard = _PARENT_EXISTS + (" AND :timeout <= :fmax - :now" if timed else "")
+    return f"INSERT OR IGNORE INTO {_COLUMNS}VALUES (CASE WHEN {guard} THEN :id END, {row})"
+
+
+# Every shape of :func:`_attempt_insert`, by (checked, timed, redelivered).
+_INSERT_ATTEMPT = {
+    (checked, timed, redelivered): _attempt_insert(checked, timed, redelivered)
+    for checked in (False, True) for timed in (False, True) for redelivered in (False, True)
+}
 _START = (
     "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
     "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
@@ -65,20 +89,29 @@ _START_SAME = (
     "AND timeout_seconds IS :timeout AND payload_hash IS NULL AND framework_id IS NULL"
 )
 # The close of a task with, in the same change, its delivery: ``not_applicable/internal_task``
-# when it owes none, the job's own mark (:mstate, :mcode) when it owes one and made one.
+# when it owes none (:data:`_CLOSE`); the job's own mark (:mstate, :mcode) when it owes one and
+# made one (:data:`_CLOSE_MARKED`: a task that owes none is not closed with a mark).
+_CLOSE_WHERE = (
+    "WHERE id = :id AND status IN ('queued','running') AND delivery_status = 'pending' "
+    "AND :now >= updated_at AND :now >= delivery_updated_at "
+    "AND :now >= coalesce(heartbeat_at, 0)"
+)
 _CLOSE = (
     "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
     "updated_at = :now, "
     "delivery_status = CASE WHEN delivery_required = 0 THEN 'not_applicable' "
-    "WHEN :mstate IS NOT NULL THEN :mstate ELSE delivery_status END, "
+    "ELSE delivery_status END, "
     "delivery_code = CASE WHEN delivery_required = 0 THEN 'internal_task' "
-    "WHEN :mstate IS NOT NULL THEN :mcode ELSE delivery_code END, "
-    "delivery_updated_at = CASE WHEN delivery_required = 0 OR :mstate IS NOT NULL THEN :now "
+    "ELSE delivery_code END, "
+    "delivery_updated_at = CASE WHEN delivery_required = 0 THEN :now "
     "ELSE delivery_updated_at END, "
-    "version = version + CASE WHEN delivery_required = 0 OR :mstate IS NOT NULL THEN 2 ELSE 1 END "
-    "WHERE id = :id AND status IN ('queued','running') AND delivery_status = 'pending' "
-    "AND (:mstate IS NULL OR delivery_required = 1) AND :now >= updated_at "
-    "AND :now >= delivery_updated_at AND :now >= coalesce(heartbeat_at, 0)"
+    "version = version + CASE WHEN delivery_required = 0 THEN 2 ELSE 1 END " + _CLOSE_WHERE
+)
+_CLOSE_MARKED = (
+    "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
+    "updated_at = :now, delivery_status = :mstate, delivery_code = :mcode, "
+    "delivery_updated_at = :now, version = version + 2 "
+    + _CLOSE_WHERE + " AND delivery_required = 1"
 )
 
 
@@ -101,31 +134,10 @@ def _insert_new(conn: sqlite3.Connection, sql: str, params: dict[str, Any], even
     return True
 
 
-def _insert(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
-            timeout: float | None, fid: str | None = None,
-            framework: str | None = None) -> dict[str, Any]:
-    return {"now": now, "id": task_id, "parent": parent, "name": name,
-            "required": int(required), "timeout": timeout, "fid": fid, "framework": framework}
-
-
 def _start(now: float, task_id: str, owner: str | None,
            redelivery: float | None) -> dict[str, Any]:
     return {"now": now, "id": task_id, "owner": owner, "redelivery": redelivery,
             "fmax": FLOAT_MAX}
-
-
-def _running(now: float, task_id: str, parent: str | None, name: str | None, required: bool,
-             timeout: float | None, owner: str | None, redelivery: float | None,
-             fid: str | None = None, framework: str | None = None) -> dict[str, Any]:
-    return {**_insert(now, task_id, parent, name, required, timeout, fid, framework),
-            **_start(now, task_id, owner, redelivery)}
-
-
-def _insert_running(parent_inserted: bool, timeout: float | None, now: float) -> str:
-    """The INSERT of a running row: :data:`_INSERT_RUNNING_CHECKED` when its guards hold."""
-    if parent_inserted and (timeout is None or timeout <= FLOAT_MAX - now):
-        return _INSERT_RUNNING_CHECKED
-    return _INSERT_RUNNING
 
 
 def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | None:
@@ -134,10 +146,12 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
     lid, name, timeout = spec.logical_id, spec.name, spec.timeout_seconds
     try:
         owner, redelivery = spec.owner, spec.redelivery_seconds
+        parent = spec.parent_id
         opened = spec.open_logical and _insert_new(
-            conn, _insert_running(spec.parent_id is None, None, now), _running(
-                now, lid, spec.parent_id, name, spec.delivery_required, None,
-                spec.logical_owner, None, spec.framework_id, spec.framework), 2)
+            conn, _INSERT_LOGICAL_ROOT if parent is None else _INSERT_LOGICAL_CHILD,
+            {"now": now, "id": lid, "parent": parent, "name": name,
+             "required": int(spec.delivery_required), "owner": spec.logical_owner,
+             "fid": spec.framework_id, "framework": spec.framework}, 2)
         if spec.open_logical and not opened:
             if not spec.attempt:  # recorded earlier: the ledger runs the steps and explains
                 return None
@@ -145,11 +159,12 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
             _one(conn, _START, _start(now, lid, spec.logical_owner, None))
         if not spec.attempt:
             return lid if spec.open_logical else None
-        insert = _insert_running(opened, timeout, now)
+        fits = timeout is None or timeout <= FLOAT_MAX - now  # a finite deadline
+        insert = _INSERT_ATTEMPT[opened and fits, timeout is not None, redelivery is not None]
         for candidate, create in spec.candidates:
             if create:
-                started = _insert_new(conn, insert, _running(
-                    now, candidate, lid, name, False, timeout, owner, redelivery), 2)
+                started = _insert_new(conn, insert, _attempt(
+                    now, candidate, lid, name, timeout, owner, redelivery), 2)
                 # A placeholder recorded earlier is claimed if it is the one this would record.
                 started = started or _one(conn, _START_SAME, {
                     **_start(now, candidate, owner, redelivery),
@@ -159,12 +174,19 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
             if started:
                 return candidate
         fresh = spec.attempt_id
-        if not _insert_new(conn, insert, _running(now, fresh, lid, name, False, timeout,
-                                                  owner, redelivery), 2):
+        if not _insert_new(conn, insert, _attempt(now, fresh, lid, name, timeout, owner,
+                                                  redelivery), 2):
             return None
         return fresh
     except sqlite3.Error as exc:
         raise connections.translate(exc) from None
+
+
+def _attempt(now: float, task_id: str, parent: str, name: str | None, timeout: float | None,
+             owner: str | None, redelivery: float | None) -> dict[str, Any]:
+    """The parameters of an :data:`_INSERT_ATTEMPT` (a shape binds only those it names)."""
+    return {"now": now, "id": task_id, "parent": parent, "name": name, "timeout": timeout,
+            "owner": owner, "redelivery": redelivery, "fmax": FLOAT_MAX}
 
 
 def sqlite_boundary(conn: sqlite3.Connection, spec: Boundary,
@@ -195,12 +217,18 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     marked: set[str] = set()
     try:
         for attempt, parent, name, timeout in spec.queue:
-            if _insert_new(conn, _INSERT, _insert(now, attempt, parent, name, False, timeout), 1):
+            if _insert_new(conn, _INSERT_QUEUED, {"now": now, "id": attempt, "parent": parent,
+                                                  "name": name, "timeout": timeout}, 1):
                 queued.add(attempt)
         for task_id, status, code, mark in spec.closes:
-            state, mcode = mark if mark is not None else (None, None)
-            if _one(conn, _CLOSE, {"now": now, "id": task_id, "status": status, "code": code,
-                                   "mstate": state, "mcode": mcode}):
+            if mark is None:
+                done = _one(conn, _CLOSE, {"now": now, "id": task_id, "status": status,
+                                           "code": code})
+            else:
+                done = _one(conn, _CLOSE_MARKED, {"now": now, "id": task_id, "status": status,
+                                                  "code": code, "mstate": mark[0],
+                                                  "mcode": mark[1]})
+            if done:
                 closed.add(task_id)
                 if mark is not None:
                     marked.add(task_id)
