@@ -259,15 +259,15 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
 
     def _start_attempt(self, broker: Broker, message: MessageProxy) -> _Attempt:
         rt = self.runtime
-        message_id = message.message_id
-        options = message.options
+        # Each read through the worker's MessageProxy is a failed lookup first: read once.
+        message_id, options, actor_name = message.message_id, message.options, message.actor_name
         delivery = options.get(ACTOR_OPTION)
         if delivery is None:
             try:
-                delivery = broker.get_actor(message.actor_name).options.get(ACTOR_OPTION)
+                delivery = broker.get_actor(actor_name).options.get(ACTOR_OPTION)
             except Exception:
                 delivery = None
-        name = name_label(message.actor_name)
+        name = name_label(actor_name)
         parent_id = logical_task_id(message_id)
         retries = int(options.get("retries") or 0)
         # No owner for the logical task: the broker redelivers an unacked message after a
