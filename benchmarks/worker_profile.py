@@ -17,7 +17,8 @@ are not sampled) for ``--seconds``. Each sample's stack is put in one category:
   (threading, contextlib, uuid, time) called from it, ``interpreter`` for CPython's own frames.
 
 Samples of a blocked thread (the ledger's writer lock, SQLite's busy handler, the GIL, a
-socket) are counted as ``wait_*`` apart: py-spy's native mode samples them as running. Prints
+socket) are counted as ``wait_*`` apart: py-spy's native mode samples them as running; the
+heartbeat thread between its beats is ``wait_heartbeat_idle``. Prints
 one JSON object with sample counts and the shares of the ledger's CPU samples (the ledger's
 share is over the worker processes' CPU samples; its CPU per message is
 ``dramatiq_overhead.py``'s ``ledger_cpu_ms``), and ``per_message_while_sampled``: the worker
@@ -72,6 +73,11 @@ _WAITS = (("sqlite3InvokeBusyHandler", "wait_sqlite_busy"), ("take_gil", "wait_g
           ("recv", "wait_io"), ("futex", "wait_lock"))
 
 
+#: The heartbeat thread's loop (``task_state_guard/heartbeat.py``'s ``_run``): its samples
+#: between beats wait on an ``Event`` like a lock would, but nothing holds them up.
+_HEARTBEAT_LOOP = "task_state_guard/heartbeat.py"
+
+
 def _wait(stack: list[str]) -> str | None:
     """The kind of wait a sample is in (a thread blocked, not using the CPU), if any."""
     for frame in reversed(stack[-8:]):
@@ -91,6 +97,9 @@ def categorise(stack: list[str]) -> str:
     in_ledger = any("task_state_guard" in f for f in files)
     wait = _wait(stack)
     if wait is not None:
+        if any(_frame_name(f)[0] == "_run" and _frame_name(f)[1].endswith(_HEARTBEAT_LOOP)
+               for f in stack):
+            return "wait_heartbeat_idle"  # the heartbeat thread between beats: not a lock
         return f"{wait}{'' if in_ledger else '_outside_ledger'}"
     if not in_ledger:
         return "framework"
