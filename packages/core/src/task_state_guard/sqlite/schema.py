@@ -237,7 +237,10 @@ DDL_V7 = [*DDL_V6, *_V7_ADDITIONS]
 # ----------------------------------------------------------------------------- v8 (current)
 
 # ``column IN (constants)``: the lists of v7's checks and trigger conditions (never nested).
-_IN_LIST = re.compile(r"([\w.]+) IN \(([^()]*)\)")
+# Any whitespace around ``IN``: a file's stored text is the text that created it, and builds
+# before the layouts were rendered from ``rules`` broke the checks' lines after ``IN`` (the
+# fingerprint compares whitespace-normalised text, so such a file is the same layout).
+_IN_LIST = re.compile(r"([\w.]+)\s+IN\s*\(([^()]*)\)")
 
 
 def _as_comparisons(sql: str) -> str:
