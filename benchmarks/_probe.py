@@ -100,6 +100,8 @@ class Probe:
             from task_state_guard_postgres.driver import Conn
         except ImportError:
             return
+        if not hasattr(Conn, "fetch_named"):  # a tree from before the prepared statements:
+            return  # every statement goes through a psycopg cursor (counted above)
         self._saved["fetch_named"] = Conn.fetch_named
         fetch_original = Conn.fetch_named
         inside = self._inside
