@@ -1,0 +1,73 @@
+"""PostgreSQL ledgers written by earlier builds migrate to the current layout whole.
+
+Each ``pg-v<N>-<commit>.sql.gz`` in ``tests/core/fixtures/layouts/`` is a ``pg_dump`` of the
+schema the PostgreSQL package of that commit wrote (``scripts/layout_fixtures.py
+--postgresql``: a queued task, a running one with a failed child, a closed and delivered one),
+so the functions, triggers and rows are what that build left, not what this release's
+migration list says it created. Restored into a fresh schema, each is opened by this release,
+which migrates it; every task reads back as stored, doctor is healthy, and new work is
+recorded. (The other tests of this directory build earlier layouts from today's migration
+list, which would not notice an edited earlier step.)
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import psycopg
+import pytest
+from pg_helpers import schema_of, sql
+from task_state_guard import Ledger
+from task_state_guard_postgres import SCHEMA_VERSION
+from task_state_guard_postgres.ddl import MIGRATIONS
+
+LAYOUTS = Path(__file__).resolve().parent.parent / "core" / "fixtures" / "layouts"
+DUMPS = sorted(LAYOUTS.glob("pg-v*.sql.gz"))
+DUMPED_SCHEMA = "tsg_layout_fixture"  # the schema name inside every dump
+
+
+def test_every_earlier_layout_has_a_dump() -> None:
+    versions = {int(p.name.split("-")[1][1:]) for p in DUMPS}
+    assert versions == set(range(min(MIGRATIONS), SCHEMA_VERSION))
+
+
+def restore(dump: Path, url: str) -> None:
+    """The dumped schema, renamed to the URL's, in one transaction."""
+    text = gzip.decompress(dump.read_bytes()).decode()
+    assert text.count(DUMPED_SCHEMA) > 10
+    with psycopg.connect(url.split("?", 1)[0]) as conn:  # commits on leaving
+        conn.execute(text.replace(DUMPED_SCHEMA, schema_of(url)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dump", DUMPS, ids=lambda p: p.name.split(".")[0])
+def test_a_schema_an_earlier_build_wrote_migrates_whole(dump: Path, pg_url: str) -> None:
+    restore(dump, pg_url)
+    version = int(dump.name.split("-")[1][1:])
+    assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(version,)]
+    before = dict(
+        (row[0], row[1:])
+        for row in sql(pg_url, "SELECT id, status, delivery_status, parent_id FROM tsg_tasks")
+    )
+    assert sorted(state[:2] for state in before.values()) == [
+        ("failed", "pending"),
+        ("queued", "pending"),
+        ("running", "pending"),
+        ("succeeded", "delivered"),
+    ]
+    with Ledger(pg_url) as ledger:
+        assert ledger.schema_version == SCHEMA_VERSION
+        assert ledger.doctor()["healthy"] is True
+        for task_id, (status, delivery, parent) in before.items():
+            task = ledger.get_task(task_id)
+            assert (task.status.value, task.delivery_status.value, task.parent_id) == (
+                status, delivery, parent
+            )
+            assert ledger.events_of(task_id)
+        task = ledger.create_task(delivery_required=True)
+        ledger.start_task(task.id)
+        ledger.close_task(task.id, "succeeded")
+        ledger.set_delivery(task.id, "delivered")
+        assert ledger.doctor()["healthy"] is True
+        assert ledger.status()["tasks"]["succeeded"] == 2
+    assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(SCHEMA_VERSION,)]
