@@ -20,6 +20,8 @@ processes (default 4) writing one file pre-filled with ``--fill`` tasks (default
 - ``all_levers_mmap`` / ``today_mmap``: with ``PRAGMA mmap_size`` = 256 MiB;
 - ``all_levers_group4``: all levers, the begins (and the ends) of 4 jobs in one transaction
   (a per-process group commit for threads, as 4 concurrent threads would get it).
+- ``rowid_events``: ``running_insert`` with the events in a rowid table keyed by
+  ``seq * 4 + step - 1`` instead of a ``WITHOUT ROWID`` table keyed by ``(task_seq, step)``.
 
 PostgreSQL (the shared server, fsync as configured), 1 client and ``--clients`` clients
 (default 8), each its own process:
@@ -40,6 +42,7 @@ rotated each round) and the JSON gives the medians. Nothing is asserted.
 
     .venv/bin/python benchmarks/lever_study.py [--rounds 5] [--seconds 2] [--fill 100000]
         [--backends sqlite postgresql] [--processes 4] [--clients 8] [--pg URL]
+        [--variants today running_insert rowid_events ...]
 """
 
 from __future__ import annotations
@@ -162,6 +165,21 @@ def sqlite_schema(path: str, levers: set[str]) -> None:
         conn.execute("DROP INDEX tsg_tasks_prunable")
         conn.execute("CREATE INDEX tsg_tasks_prunable ON tsg_tasks(delivery_updated_at) "
                      "WHERE parent_seq IS NULL AND delivery_status != 'pending'")
+    if "rowid_events" in levers:
+        # Events in a rowid table keyed by seq * 4 + step - 1 (the same uniqueness as the
+        # (task_seq, step) key): an append to a rowid B-tree's last page splits off a new page
+        # (balance_quick) instead of rebalancing three siblings as an index B-tree does.
+        conn.execute("DROP TABLE tsg_events")
+        conn.execute("CREATE TABLE tsg_events (id INTEGER PRIMARY KEY, task_seq INTEGER NOT "
+                     "NULL, step INTEGER NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL, "
+                     "code TEXT, at REAL NOT NULL)")
+        for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = "
+                                      "'trigger' AND sql LIKE '%tsg_events%'").fetchall():
+            conn.execute(f"DROP TRIGGER {name}")
+            sql = sql.replace("tsg_events(task_seq, step,", "tsg_events(id, task_seq, step,")
+            conn.execute(re.sub(r"(VALUES \(|SELECT )NEW\.seq, (\d)",
+                                lambda m: f"{m.group(1)}NEW.seq * 4 + {int(m.group(2)) - 1}, "
+                                          f"NEW.seq, {m.group(2)}", sql))
     if "merged_index" in levers:
         conn.execute("DROP INDEX tsg_tasks_open")
         conn.execute("DROP INDEX tsg_tasks_prunable")
@@ -232,6 +250,7 @@ SQLITE_VARIANTS: dict[str, tuple[set[str], bool, int]] = {
     "today_mmap": (set(), True, 1),
     "all_levers_mmap": ({"running_insert", "int_parent", "merged_index"}, True, 1),
     "all_levers_group4": ({"running_insert", "int_parent", "merged_index"}, False, 4),
+    "rowid_events": ({"running_insert", "rowid_events"}, False, 1),
 }
 
 
@@ -302,6 +321,8 @@ def _run_procs(target: Callable[..., None], args: tuple[Any, ...], procs: int, s
 def study_sqlite(args: argparse.Namespace, root: str) -> dict[str, Any]:
     files: dict[str, str] = {}
     for name, (levers, _mmap, _group) in SQLITE_VARIANTS.items():
+        if args.variants and name not in args.variants:
+            continue
         path = os.path.join(root, name, "tasks.sqlite")
         sqlite_schema(path, levers)
         _sqlite_fill(path, levers, args.fill)
@@ -553,6 +574,8 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
                         choices=("sqlite", "postgresql"))
     parser.add_argument("--pg", default=_bench.PG_BASE)
+    parser.add_argument("--variants", nargs="+", default=[], metavar="NAME",
+                        help="SQLite variants to run (default: all)")
     args = parser.parse_args()
     report: dict[str, Any] = {"benchmark": "lever_study", "rounds": args.rounds,
                               "seconds_per_round": args.seconds,
