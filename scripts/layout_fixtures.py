@@ -1,22 +1,22 @@
-"""Write the SQLite ledgers of earlier builds that ``tests/core/test_earlier_layouts.py`` opens.
+"""Write the ledgers of earlier builds that the tests of earlier layouts migrate.
 
 A file keeps the exact text of the statements that created it, so a layout is only tested
 against a migration when a file was written by the build that wrote that layout: for each
 commit below, ``git archive`` exports its core package (standard library only, no install),
-the system Python writes a small ledger with it through the public API (a queued task, a
+this interpreter writes a small ledger with it through the public API (a queued task, a
 running one with a failed child, a closed and delivered one), and the file is stored gzipped
 under ``tests/core/fixtures/layouts/`` as ``<layout>-<commit>.sqlite.gz``.
 
 With ``--postgresql URL`` (a database such as ``postgresql://postgres@127.0.0.1:5432/test``)
 it writes the PostgreSQL layouts too: the core and the PostgreSQL package of each commit in
 ``PG_LAYOUTS`` write the same tasks into a scratch schema, ``pg_dump --inserts`` saves it (as
-``pg-<layout>-<commit>.sql.gz``, the schema named ``tsg_layout_fixture``) and the schema is
+``pg-v<N>-<commit>.sql.gz``, the schema named ``tsg_layout_fixture``) and the schema is
 dropped. Run from the repository root, with the history present (a full clone), by the
 project's interpreter (the PostgreSQL builds need psycopg)::
 
     .venv/bin/python scripts/layout_fixtures.py [--postgresql URL]
 
-``LAYOUTS`` names the last commit of main that wrote each stored text of a layout (found by
+``LAYOUTS`` names a commit of main that wrote each stored text of a layout (found by
 writing a fresh ledger with every commit that changed the core and grouping the files by
 their schema text); ``REFUSED`` holds a development snapshot whose layout was changed again
 before its version number was final (it must be refused, unchanged).
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "core" / "fixtures" / "layouts"
 
-#: layout name -> the commit whose core wrote it.
+#: layout name -> a commit whose core wrote it (the first with that stored text).
 LAYOUTS = {
     "v2": "ba47583",
     "v3": "2eb6a88",
