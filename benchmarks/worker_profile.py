@@ -97,8 +97,8 @@ def categorise(stack: list[str]) -> str:
     in_ledger = any("task_state_guard" in f for f in files)
     wait = _wait(stack)
     if wait is not None:
-        if any(_frame_name(f)[0] == "_run" and _frame_name(f)[1].endswith(_HEARTBEAT_LOOP)
-               for f in stack):
+        if any(name == "_run" and path.endswith(_HEARTBEAT_LOOP)
+               for name, path in map(_frame_name, stack)):
             return "wait_heartbeat_idle"  # the heartbeat thread between beats: not a lock
         return f"{wait}{'' if in_ledger else '_outside_ledger'}"
     if not in_ledger:

@@ -96,13 +96,14 @@ def write_pg(version: int, commit: str, base: str, scratch: Path) -> Path:
     """The gzipped ``pg_dump`` of the schema ``commit``'s PostgreSQL package writes."""
     env = export(commit, scratch, "core", "backend-postgres")
     url = f"{base}{'&' if '?' in base else '?'}schema={PG_SCHEMA}"
-    drop = ["psql", base.split("?", 1)[0], "-qc", f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE"]
+    database = base.split("?", 1)[0]
+    drop = ["psql", database, "-qc", f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE"]
     subprocess.run(drop, check=True, capture_output=True)
     try:
         subprocess.run([sys.executable, "-c", _WRITE, url], check=True, env=env, cwd=scratch)
         dump = subprocess.run(
             ["pg_dump", "--schema", PG_SCHEMA, "--inserts", "--no-owner", "--no-privileges",
-             base.split("?", 1)[0]],
+             database],
             check=True, capture_output=True,
         ).stdout
     finally:
