@@ -282,7 +282,7 @@ import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 start = time.perf_counter()
 cpu_start = time.process_time()
-from task_state_guard.cli import main
+from task_state_guard.cli.commands import main
 code = main(sys.argv[2:])
 elapsed = time.perf_counter() - start
 cpu = time.process_time() - cpu_start

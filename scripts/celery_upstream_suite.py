@@ -213,7 +213,7 @@ def celery_states(port: int, ids: list[str]) -> dict[str, str]:
 def counters(metrics: Path) -> dict[str, Any]:
     """The adapter's counters summed over every process (the metrics directory, as
     ``tsg metrics --metrics-dir`` exposes them)."""
-    from task_state_guard import adapter_counters
+    from task_state_guard.metrics import adapter_counters
 
     found = adapter_counters.read(str(metrics))
     out: dict[str, Any] = {}

@@ -54,7 +54,7 @@ TELEMETRY_MODULES = frozenset({
 #: (alias ``tsg metrics --serve``; loopback by default, a token beyond it, read-only), imported
 #: only by that command. It may import these modules (``http`` for its status phrases) and
 #: nothing else of NETWORK_MODULES; network calls stay flagged.
-SERVER_MODULE = "task_state_guard/http_server.py"
+SERVER_MODULE = "task_state_guard/web/http_server.py"
 SERVER_ALLOWED = frozenset({"socket", "http"})
 NETWORK_CALLS = frozenset({
     "create_connection", "urlopen", "getaddrinfo", "gethostbyname", "gethostname",

@@ -219,7 +219,7 @@ def test_with_a_metrics_directory_tsg_metrics_shows_the_same_counters(
     """Every increment also reaches the metrics directory, where `tsg metrics` reads the sums
     of every process (here one): the same errors, conflicts at zero, the same reconciles."""
     from task_state_guard import Ledger
-    from task_state_guard.adapter_counters import format_directory
+    from task_state_guard.metrics.adapter_counters import format_directory
 
     metrics_dir = tmp_path / "metrics"
     guard = driver.install(broken_db, metrics_dir=str(metrics_dir))

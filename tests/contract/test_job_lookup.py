@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from task_state_guard import InvalidInput, Ledger, TaskNotFound
-from task_state_guard.cli import JOB_OPTIONS
+from task_state_guard.cli.commands import JOB_OPTIONS
 from task_state_guard.integration import FRAMEWORKS, find_job, job_task_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))

@@ -166,7 +166,7 @@ def assert_cli_text_error(
 ) -> None:
     """A ``--format text`` error: ``error: <category>``; with a reason, ``reason: <name>: <what
     failed>`` and ``fix: <fix>`` from the vocabulary's help (nothing else, nothing on stderr)."""
-    from task_state_guard.reason_help import describe
+    from task_state_guard.cli.reason_help import describe
 
     assert result.stderr == "" and result.code == code, result
     lines = result.stdout.splitlines()

@@ -40,7 +40,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # Runs the CLI in this child and reports its own peak RSS (VmHWM) on stderr.
 _MEASURED_CLI = r"""
 import json, os, sys
-from task_state_guard.cli import main
+from task_state_guard.cli.commands import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
 rss_kib = next(int(line.split()[1]) for line in open("/proc/self/status")

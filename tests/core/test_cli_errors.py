@@ -24,7 +24,7 @@ from core_helpers import (
     run_cli,
 )
 from task_state_guard import InvalidInput, Ledger, reasons
-from task_state_guard.reason_help import HELP
+from task_state_guard.cli.reason_help import HELP
 
 REPO = Path(__file__).resolve().parents[2]
 

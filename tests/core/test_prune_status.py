@@ -111,7 +111,7 @@ def test_prune_cutoff_is_inclusive_and_validated(ledger: Ledger, clock: Clock) -
 
 
 def test_prune_in_batches(ledger: Ledger, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    from task_state_guard import prune
+    from task_state_guard.ops import prune
 
     monkeypatch.setattr(prune, "BATCH", 300)  # 1100 roots: four batches, the last one short
     with ledger.atomic():  # the set-up in one transaction (3300 on their own: slow on a server)

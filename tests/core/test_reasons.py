@@ -35,9 +35,9 @@ from task_state_guard import (
     StateConflict,
     StorageError,
     UnsafeLocation,
-    cli,
     reasons,
 )
+from task_state_guard.cli import commands as cli
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "packages" / "core" / "src" / "task_state_guard"

@@ -502,7 +502,7 @@ def test_no_network_module_loads_unless_serving() -> None:
             "    main(['--db', '/nonexistent/x.sqlite', 'metrics'])\n"
             "    main(['--db', '/nonexistent/x.sqlite', 'serve'])\n"
             "print(sorted(m for m in ('http.server', 'socketserver', 'socket',\n"
-            "             'task_state_guard.http_server', 'task_state_guard.web_app')\n"
+            "             'task_state_guard.web.http_server', 'task_state_guard.web.app')\n"
             "             if m in sys.modules))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=cli_env(), check=True)
@@ -514,7 +514,7 @@ def test_a_stop_signal_delivered_to_a_worker_thread_stops_the_server() -> None:
     server (the selector is woken, the handler runs), instead of waiting for a connection."""
     script = (
         "import signal, threading\n"
-        "from task_state_guard.http_server import HttpServer\n"
+        "from task_state_guard.web.http_server import HttpServer\n"
         "server = HttpServer(('127.0.0.1', 0), lambda request: None)\n"
         "worker = next(t for t in threading.enumerate() if t.name.startswith('tsg-serve-'))\n"
         "threading.Timer(0.5, signal.pthread_kill, (worker.ident, signal.SIGTERM)).start()\n"

@@ -26,7 +26,7 @@ import sys
 import time
 
 from task_state_guard import Ledger, LedgerError, StateConflict
-from task_state_guard.reconcile import ReconcilePolicy
+from task_state_guard.ops.reconcile import ReconcilePolicy
 
 
 def _wait(until: float) -> None:

@@ -7,7 +7,7 @@ import time
 import pytest
 from pg_helpers import Workers, schema_of, sql
 from task_state_guard import InvalidInput, Ledger, ReconcilePolicy, StorageError
-from task_state_guard.cli import main as tsg
+from task_state_guard.cli.commands import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
 from task_state_guard_postgres.ddl import MIGRATIONS
 

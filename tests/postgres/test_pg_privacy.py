@@ -11,9 +11,9 @@ import traceback
 
 import pytest
 from task_state_guard import InvalidInput, Ledger, StorageError
-from task_state_guard.backends import MISSING_BACKEND, redact
-from task_state_guard.cli import main as tsg
+from task_state_guard.cli.commands import main as tsg
 from task_state_guard.integration import AdapterRuntime, resolve_settings
+from task_state_guard.store.backends import MISSING_BACKEND, redact
 
 SECRET = "S3cr3t-pw-7Q9x"  # the server trusts 127.0.0.1, so any password connects
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pg_helpers import sql
 from task_state_guard import Ledger, ReconcilePolicy
-from task_state_guard import status as core_status
+from task_state_guard.ops import status as core_status
 from task_state_guard_postgres.driver import Conn
 from task_state_guard_postgres.queries import PostgresQueries
 

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from pg_fixtures import PG_BASE
 from task_state_guard import Ledger, StorageError
-from task_state_guard.backends import redact
-from task_state_guard.cli import main as tsg
+from task_state_guard.cli.commands import main as tsg
 from task_state_guard.integration import AdapterRuntime, resolve_settings
+from task_state_guard.store.backends import redact
 
 REAL, DECOY = "R3al-S3cret-4k9", "D3coy-S3cret-7p2"
 

@@ -13,7 +13,7 @@ import io
 import logging
 from collections.abc import Iterator
 
-from task_state_guard import cli
+from task_state_guard.cli import commands as cli
 
 from .privacy_hooks import adapter_privacy_run
 

@@ -42,11 +42,11 @@ from task_state_guard import (
     ReconcilePolicy,
     StorageError,
     UnsafeLocation,
-    cli,
     payload_fingerprint,
     reasons,
     reconcile_restart,
 )
+from task_state_guard.cli import commands as cli
 from task_state_guard.sqlite import storage
 
 from .conftest import assert_cli_error, cli_env, one_json_line, private_dir, run_cli

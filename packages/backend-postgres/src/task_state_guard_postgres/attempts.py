@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from task_state_guard import rules
-from task_state_guard.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
+from task_state_guard.store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 
 from .driver import Conn
 
@@ -204,7 +204,7 @@ def _end_sql(queue: bool, marks: bool) -> str:
 
 
 def _boundary_sql(queue: bool, marks: bool, candidates: bool) -> str:
-    """A :class:`~task_state_guard.attempts.Boundary`'s statement: the end's sub-statements
+    """A :class:`~task_state_guard.store.attempts.Boundary`'s statement: the end's sub-statements
     and the begin's (under a logical task that exists, so never opening one) side by side;
     rows ``(id, what, marked)`` with ``what`` 0 queued, 1 closed, 2 begun."""
     end_ctes, end_result = _end_parts(queue, marks)

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from typing import Any, overload
 
 from task_state_guard import reasons as r
-from task_state_guard.attempts import Begin, Boundary, End, Ended
 from task_state_guard.model import (
     InvalidInput,
     LedgerError,
@@ -33,8 +32,9 @@ from task_state_guard.model import (
     StorageError,
     check_snapshot_limit,
 )
-from task_state_guard.store import Layout, Opened, read_clock
-from task_state_guard.transitions import Outcome, Step
+from task_state_guard.store.attempts import Begin, Boundary, End, Ended
+from task_state_guard.store.protocol import Layout, Opened, read_clock
+from task_state_guard.store.transitions import Outcome, Step
 
 from . import attempts as _attempts
 from . import ddl, driver, owners

@@ -1,6 +1,6 @@
 """Counts-only health check of a PostgreSQL ledger, with the core's report and rules.
 
-The rules and the report are the core's (``task_state_guard.doctor``); this module supplies
+The rules and the report are the core's (``task_state_guard.ops.doctor``); this module supplies
 the probes: PostgreSQL's dialect, the count of broken parent links, rows streamed through a
 server-side cursor, and the layout check. PostgreSQL has no
 ``quick_check``: ``quick_check`` is ``"ok"`` when every check could read the ledger, and the
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from task_state_guard import doctor as core
 from task_state_guard.model import LedgerError
-from task_state_guard.store import Database
+from task_state_guard.ops import doctor as core
+from task_state_guard.store.protocol import Database
 
 from . import ddl
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from task_state_guard import rules
 from task_state_guard.model import ATTEMPT_SQL, LOST_CODES, TASK_KIND_SQL
-from task_state_guard.queries import (
+from task_state_guard.store.queries import (
     AT_RISK,
     FIND_IDLE_SINCE,
     FIND_IDLE_SINCE_CLOSED,
@@ -37,7 +37,7 @@ from task_state_guard.queries import (
     before,
     render,
 )
-from task_state_guard.transitions import TASK_COLUMNS
+from task_state_guard.store.transitions import TASK_COLUMNS
 
 from . import ddl
 from .driver import Conn
@@ -259,7 +259,7 @@ def _rows(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[An
 
 
 class PostgresQueries:
-    """The PostgreSQL backend's :class:`~task_state_guard.queries.Queries`."""
+    """The PostgreSQL backend's :class:`~task_state_guard.store.queries.Queries`."""
 
     @staticmethod
     def status_groups(conn: Conn, now: float, stale_before: float,

@@ -1,4 +1,4 @@
-"""One-task transitions on PostgreSQL (see :mod:`task_state_guard.transitions`): each step
+"""One-task transitions on PostgreSQL (see :mod:`task_state_guard.store.transitions`): each step
 one guarded statement in psycopg's named placeholders (every value cast to its type, so a
 ``NULL`` needs nothing more), prepared on the server once per connection.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from task_state_guard.transitions import (
+from task_state_guard.store.transitions import (
     TASK_COLUMNS,
     Heartbeats,
     Look,

@@ -19,9 +19,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from task_state_guard import reasons as r
-from task_state_guard.backends import redact
 from task_state_guard.durations import parse_seconds
 from task_state_guard.model import InvalidInput
+from task_state_guard.store.backends import redact
 
 DEFAULT_SCHEMA = "tsg"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")

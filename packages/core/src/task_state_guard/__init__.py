@@ -7,7 +7,6 @@ doctor.
 """
 
 from . import reasons
-from .events import TaskEvent
 from .heartbeat import Heartbeater
 from .ledger import Ledger
 from .model import (
@@ -23,9 +22,10 @@ from .model import (
     UnsafeLocation,
     payload_fingerprint,
 )
-from .reconcile import ReconcileDecision, ReconcilePolicy, reconcile_restart
-from .task_list import ListedTask, TaskListing
-from .verdicts import Verdict
+from .ops.events import TaskEvent
+from .ops.reconcile import ReconcileDecision, ReconcilePolicy, reconcile_restart
+from .ops.task_list import ListedTask, TaskListing
+from .ops.verdicts import Verdict
 
 __version__ = "0.2.0"
 

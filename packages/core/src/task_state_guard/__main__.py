@@ -1,5 +1,5 @@
 """``python -m task_state_guard``: the CLI."""
 
-from .cli import main
+from .cli.commands import main
 
 raise SystemExit(main())

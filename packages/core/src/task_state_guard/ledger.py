@@ -14,16 +14,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from . import attempts, backends, store, task_list, writes
-from . import events as _events
-from . import history as _history
-from . import prune as _prune
-from . import reconcile as _reconcile
-from . import status as _status
-from . import verdicts as _verdicts
+from . import writes
 from .model import LedgerError, Task, canonical_id
+from .ops import events as _events
+from .ops import history as _history
+from .ops import prune as _prune
+from .ops import reconcile as _reconcile
+from .ops import status as _status
+from .ops import task_list
+from .ops import verdicts as _verdicts
 from .sqlite import schema
-from .transitions import TASK_COLUMNS, row_to_task
+from .store import attempts, backends
+from .store import protocol as store
+from .store.transitions import TASK_COLUMNS, row_to_task
 
 
 class Ledger:

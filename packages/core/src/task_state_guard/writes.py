@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from typing import Any, NoReturn
 
-from . import attempts, store
 from . import reasons as r
 from .model import (
     DELIVERY_CLOSED,
@@ -39,7 +38,9 @@ from .model import (
     check_state,
     is_canonical,
 )
-from .transitions import (
+from .store import attempts
+from .store import protocol as store
+from .store.transitions import (
     Close,
     Create,
     Deliver,
@@ -325,7 +326,7 @@ def _begin_spec(
     parent_id: str | uuid.UUID | None,
     attempt: bool,
 ) -> attempts.Begin:
-    """The validated :class:`~task_state_guard.attempts.Begin` of a ``begin_attempt``."""
+    """The validated :class:`~task_state_guard.store.attempts.Begin` of a ``begin_attempt``."""
     lid = canonical_id(logical_id)
     if not isinstance(attempt, bool):
         raise InvalidInput("flags must be booleans")
@@ -450,7 +451,7 @@ def _end_spec(
     marks: Mapping[str, tuple[str, str | None]] | None,
     queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]],
 ) -> attempts.End:
-    """The validated :class:`~task_state_guard.attempts.End` of an ``end_attempt``."""
+    """The validated :class:`~task_state_guard.store.attempts.End` of an ``end_attempt``."""
     marked = {} if marks is None else {canonical_id(k): v for k, v in marks.items()}
     rows: list[tuple[str, str, str | None, tuple[str, str | None] | None]] = []
     for task_id, status, code in closes:

@@ -10,7 +10,7 @@ shipped adapter's namespace is defined once, in :mod:`~task_state_guard.integrat
 ``docs/architecture.md`` ("Writing an adapter").
 """
 
-from ..verdicts import Verdict
+from ..ops.verdicts import Verdict
 from . import codes
 from .errors import ErrorPolicy
 from .ids import FRAMEWORKS, IdScheme, job_task_id, name_label

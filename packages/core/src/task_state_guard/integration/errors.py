@@ -14,7 +14,7 @@ failure, so it is counted by kind and logged once, and never raised.
 
 Counters belong to one process: a forked child starts with empty counters. ``on_count`` (set by
 the runtime when a metrics directory is configured) hears of each increment, so the counts of
-every process can be summed outside it (:mod:`task_state_guard.adapter_counters`).
+every process can be summed outside it (:mod:`task_state_guard.metrics.adapter_counters`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..model import LedgerError
 from ..process import THIS
 
 T = TypeVar("T")
-#: Told of each increment: ``(family, labels)`` of ``task_state_guard.adapter_counters``.
+#: Told of each increment: ``(family, labels)`` of ``task_state_guard.metrics.adapter_counters``.
 CountListener = Callable[[str, Mapping[str, str]], None]
 
 

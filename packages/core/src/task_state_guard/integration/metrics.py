@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..metrics import Exposition, Sample
+from ..metrics.prometheus import Exposition, Sample
 
 #: The conflict kinds the runtime counts (always exposed, zeros included).
 CONFLICT_KINDS = ("attempt_close", "logical_close", "delivery_mark_dropped")

@@ -40,10 +40,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from .. import adapter_counters
-from ..attempts import Ended
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
+from ..metrics import adapter_counters
 from ..model import (
     LedgerBusy,
     LedgerError,
@@ -53,9 +52,10 @@ from ..model import (
     check_framework,
     is_canonical,
 )
+from ..ops.reconcile import DecisionCallback, ReconcilePolicy
+from ..ops.verdicts import Verdict
 from ..process import THIS
-from ..reconcile import DecisionCallback, ReconcilePolicy
-from ..verdicts import Verdict
+from ..store.attempts import Ended
 from . import codes
 from .errors import ErrorPolicy, Guarded
 from .metrics import CONFLICT_KINDS

@@ -35,7 +35,7 @@ backend for a job a reconcile found lost (the ``on_lost`` hook still fires).
 default it starts, logs the reason once at ERROR and records nothing until the ledger works).
 ``metrics_dir``: a directory where every process adds its counters (ledger errors, conflicts,
 reconciles) to one shared file, for ``tsg metrics`` to expose summed over all processes
-(:mod:`task_state_guard.adapter_counters`).
+(:mod:`task_state_guard.metrics.adapter_counters`).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, TypedDict
 
-from ..backends import redact
 from ..durations import parse_count, parse_seconds
 from ..model import MAX_SECONDS, InvalidInput
+from ..store.backends import redact
 
 DEFAULT_GRACE_SECONDS: Final = 600.0
 MAX_DEFAULT_HEARTBEAT_SECONDS: Final = 30.0

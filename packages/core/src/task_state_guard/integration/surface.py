@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import Task
-from ..reconcile import DecisionCallback
+from ..ops.reconcile import DecisionCallback
 from .ids import IdScheme
 from .metrics import format_adapter_metrics
 from .runtime import AdapterRuntime, LostHook

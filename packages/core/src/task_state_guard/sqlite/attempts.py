@@ -1,5 +1,5 @@
 """*Begin attempt* and *end attempt* on SQLite: each one transaction of guarded statements
-(see :mod:`task_state_guard.attempts`); the schema's triggers write every event and total.
+(see :mod:`task_state_guard.store.attempts`); the schema's triggers write every event and total.
 
 *Begin* inserts a new logical task and a new attempt already running, one INSERT each (layout
 7: the insert's triggers write the created and started events, the chain a create followed by
@@ -12,8 +12,8 @@ import sqlite3
 from typing import Any
 
 from .. import reasons as r
-from ..attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from ..model import StorageError
+from ..store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from . import connections
 
 # SQLite collects the rows of any INSERT ... SELECT into a table with triggers in a temporary
@@ -191,7 +191,7 @@ def _attempt(now: float, task_id: str, parent: str, name: str | None, timeout: f
 
 def sqlite_boundary(conn: sqlite3.Connection, spec: Boundary,
                     now: float) -> tuple[Ended, str | None]:
-    """Run a :class:`~task_state_guard.attempts.Boundary` inside the caller's write
+    """Run a :class:`~task_state_guard.store.attempts.Boundary` inside the caller's write
     transaction: the end, then the begin under a savepoint (a refused begin leaves nothing).
     A begin that is one INSERT (a fresh attempt under a logical task that exists) needs no
     savepoint: refused, it wrote nothing."""

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, overload
 
-from .. import attempts
 from .. import reasons as r
 from ..model import LedgerBusy, Liveness, StorageError, check_snapshot_limit
 from ..process import THIS
-from ..store import Layout, Opened, read_clock
-from ..transitions import Outcome, Step
+from ..store import attempts
+from ..store.protocol import Layout, Opened, read_clock
+from ..store.transitions import Outcome, Step
 from . import attempts as sqlite_attempts
 from . import connections, doctor, owners, schema, storage
 from . import transitions as sqlite_transitions

@@ -1,5 +1,5 @@
 """Doctor's probes of a SQLite ledger: SQLite's own integrity check, the exact layout, and the
-core's rules (:mod:`task_state_guard.doctor`) in SQLite's dialect.
+core's rules (:mod:`task_state_guard.ops.doctor`) in SQLite's dialect.
 
 A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
 ``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
@@ -13,8 +13,8 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import doctor
-from ..store import Database
+from ..ops import doctor
+from ..store.protocol import Database
 from . import connections, schema
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import rules
 from ..model import ATTEMPT_SQL, LOST_CODES
-from ..queries import (
+from ..store.queries import (
     AT_RISK,
     FIND_IDLE_SINCE,
     FIND_IDLE_SINCE_CLOSED,
@@ -35,7 +35,7 @@ from ..queries import (
     add_group,
     render,
 )
-from ..transitions import TASK_COLUMNS
+from ..store.transitions import TASK_COLUMNS
 
 
 def _mark(name: str) -> str:
@@ -208,7 +208,7 @@ def _finding(query: FindQuery) -> tuple[str, list[Any]]:
 
 
 class SQLiteQueries:
-    """The SQLite backend's :class:`~task_state_guard.queries.Queries`."""
+    """The SQLite backend's :class:`~task_state_guard.store.queries.Queries`."""
 
     @staticmethod
     def status_groups(conn: sqlite3.Connection, now: float, stale_before: float,

@@ -1,4 +1,4 @@
-"""One-task transitions on SQLite (see :mod:`task_state_guard.transitions`): each step one
+"""One-task transitions on SQLite (see :mod:`task_state_guard.store.transitions`): each step one
 guarded statement, its values bound by name, run inside the caller's IMMEDIATE transaction (the
 whole database is locked before the clock is read); the schema's triggers write every event.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..transitions import (
+from ..store.transitions import (
     TASK_COLUMNS,
     Heartbeats,
     Look,

@@ -34,13 +34,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from . import web_pages as pages
-from .durations import parse_seconds
-from .exposition import metrics_text
-from .http_server import Counters, Request, Response
-from .ledger import Ledger
-from .metrics import CONTENT_TYPE, format_server_counters
-from .model import (
+from ..durations import parse_seconds
+from ..ledger import Ledger
+from ..metrics.exposition import metrics_text
+from ..metrics.prometheus import CONTENT_TYPE, format_server_counters
+from ..model import (
     TASK_STATES,
     InvalidInput,
     LedgerError,
@@ -49,8 +47,10 @@ from .model import (
     canonical_id,
     check_name,
 )
-from .task_list import ORDERS, TaskListing, parse_cursor
-from .web_html import View
+from ..ops.task_list import ORDERS, TaskListing, parse_cursor
+from . import pages
+from .html import View
+from .http_server import Counters, Request, Response
 
 HTML = "text/html; charset=utf-8"
 SESSION_COOKIE = "tsg_session"
@@ -120,7 +120,7 @@ class Settings:
 
 
 class WebApp:
-    """The request handler given to :class:`~task_state_guard.http_server.HttpServer`."""
+    """The request handler given to :class:`~task_state_guard.web.http_server.HttpServer`."""
 
     def __init__(self, open_ledger: Callable[[], Ledger], settings: Settings,
                  counters: Counters, categorize: Callable[[LedgerError], str]) -> None:
@@ -340,7 +340,7 @@ class WebApp:
 def _ledger_id(kind: str, value: str) -> str:
     if kind == "ledger":
         return canonical_id(value.lower() if len(value) == 36 else value)
-    from .integration.ids import job_task_id
+    from ..integration.ids import job_task_id
 
     return job_task_id(kind, value)
 

@@ -177,7 +177,7 @@ def format_directory(directory: str) -> str:
     """The summed counters of ``directory`` as Prometheus text (``tsg metrics --metrics-dir``),
     with ``tsg_adapter_counters_readable`` (0 when the file exists and cannot be read; the
     counter families are then empty)."""
-    from .metrics import Exposition  # the exposition format lives with the ledger's families
+    from .prometheus import Exposition  # the exposition format lives with the ledger's families
 
     try:
         counters, readable = read(directory), 1

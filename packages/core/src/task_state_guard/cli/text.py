@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from .durations import humanize
-from .events import TaskEvent
-from .model import Task
-from .task_list import TaskListing
+from ..durations import humanize
+from ..model import Task
+from ..ops.events import TaskEvent
+from ..ops.task_list import TaskListing
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]],

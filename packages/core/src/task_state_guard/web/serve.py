@@ -16,10 +16,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import reasons as r
-from .durations import parse_seconds
-from .ledger import Ledger
-from .model import InvalidInput, LedgerError
+from .. import reasons as r
+from ..durations import parse_seconds
+from ..ledger import Ledger
+from ..model import InvalidInput, LedgerError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 DEFAULT_REFRESH_SECONDS = 30
@@ -102,8 +102,8 @@ def run_serve(
                            reason=r.SERVE_TOKEN_REQUIRED)
     open_ledger().close()  # a missing, foreign or unsafe ledger fails here, before binding
 
+    from .app import Settings, WebApp
     from .http_server import Counters, HttpServer  # the network code loads only to serve
-    from .web_app import Settings, WebApp
 
     counters = Counters()
     settings = Settings(grace=values["grace"], refresh_seconds=values["refresh"], token=token,

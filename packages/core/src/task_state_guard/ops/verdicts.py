@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .model import (
+from ..model import (
     FRAMEWORK_LABELS,
     LOST_CODES,
     InvalidInput,
@@ -35,10 +35,10 @@ from .model import (
     is_canonical,
     is_valid_name,
 )
-from .rules import sql_set as sql_list
+from ..rules import sql_set as sql_list
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 #: Most verdicts one claim may take.
 MAX_CLAIM = 10_000

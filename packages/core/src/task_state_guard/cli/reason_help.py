@@ -6,7 +6,7 @@ One entry per name of :mod:`task_state_guard.reasons`: what failed, and the fix.
 
 from __future__ import annotations
 
-from . import reasons as r
+from .. import reasons as r
 
 #: reason -> (what failed, the fix)
 HELP: dict[str, tuple[str, str]] = {

@@ -16,8 +16,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
+from ..model import InvalidInput, Liveness
 from . import attempts, transitions
-from .model import InvalidInput, Liveness
 from .queries import Queries
 
 _FLOAT_MAX = sys.float_info.max
@@ -91,11 +91,11 @@ class Health(Protocol):
     """A backend's probes of its own storage, the reads only it can make (SQLite: PRAGMAs and
     ``quick_check`` on the file; PostgreSQL: the migration record, ``information_schema`` and
     the triggers): how healthy what it stores is, and what storage it runs on. The rules and
-    the report are the core's (:mod:`task_state_guard.doctor`); each backend supplies its
+    the report are the core's (:mod:`task_state_guard.ops.doctor`); each backend supplies its
     dialect, its integrity and layout checks, and its storage facts."""
 
     def doctor(self) -> dict[str, Any]:
-        """The counts-only health report (:func:`task_state_guard.doctor.report`'s keys):
+        """The counts-only health report (:func:`task_state_guard.ops.doctor.report`'s keys):
         the core's rules run on the ledger with this backend's probes."""
         ...
 
@@ -161,16 +161,16 @@ class Database(Protocol):
     ) -> transitions.Outcome | str | attempts.Ended | tuple[attempts.Ended, str | None] | None:
         """One guarded write of the ledger's domain, run with the backend's own SQL:
 
-        - a one-task step (:mod:`task_state_guard.transitions`) in a write transaction (its
+        - a one-task step (:mod:`task_state_guard.store.transitions`) in a write transaction (its
           own, or the open group's) whose clock is read once the task is locked: its
           ``Outcome``; on a refusal the outcome carries the row that transaction read, to
           explain it;
-        - *begin attempt* (:class:`~task_state_guard.attempts.Begin`) as one write (its own
+        - *begin attempt* (:class:`~task_state_guard.store.attempts.Begin`) as one write (its own
           transaction, or the open group's): the attempt's id, or None when a step was refused
           (the ledger then explains it);
-        - *end attempt* (:class:`~task_state_guard.attempts.End`) as one write (its own
+        - *end attempt* (:class:`~task_state_guard.store.attempts.End`) as one write (its own
           transaction, or the open group's): what it wrote;
-        - a :class:`~task_state_guard.attempts.Boundary` (an *end attempt* and then a *begin
+        - a :class:`~task_state_guard.store.attempts.Boundary` (an *end attempt* and then a *begin
           attempt*) as one write: what the end wrote, and the attempt begun (None when the
           begin was refused: it left nothing, the end still commits).
         """

@@ -30,12 +30,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import __version__, cli_text, operator_reads
-from . import reasons as r
-from .durations import parse_count, parse_seconds
-from .ledger import Ledger
-from .metrics_command import check_metrics_dir, check_metrics_options, run_metrics
-from .model import (
+from .. import __version__
+from .. import reasons as r
+from ..durations import parse_count, parse_seconds
+from ..ledger import Ledger
+from ..model import (
     DELIVERY_CLOSED,
     TASK_STATES,
     TERMINAL_STATES,
@@ -49,10 +48,13 @@ from .model import (
     check_payload_hash,
     check_state,
 )
+from ..ops.reconcile import ReconcilePolicy
+from ..ops.status import format_text
+from ..web.serve import DEFAULT_LISTEN, check_serve_options, run_serve
+from . import operator_reads
+from . import text as cli_text
+from .metrics_command import check_metrics_dir, check_metrics_options, run_metrics
 from .reason_help import describe
-from .reconcile import ReconcilePolicy
-from .serve_command import DEFAULT_LISTEN, check_serve_options, run_serve
-from .status import format_text
 
 DEFAULT_ACTIVE_GRACE = 600.0
 DEFAULT_DELIVERY_GRACE = 600.0
@@ -268,7 +270,7 @@ def _check_ids(args: argparse.Namespace) -> None:
     framework's job id into its ledger id (computed, so the typed id is never printed)."""
     job = _named_job(args) if args.command in ("get", "children", "tasks") else None
     if job is not None:
-        from .integration.ids import job_task_id
+        from ..integration.ids import job_task_id
 
         args.task_id = job_task_id(*job)
     elif args.command == "tasks":

@@ -14,9 +14,9 @@ import argparse
 import time
 from typing import Any
 
-from . import cli_text
-from .ledger import Ledger
-from .task_list import DEFAULT_LIMIT
+from ..ledger import Ledger
+from ..ops.task_list import DEFAULT_LIMIT
+from . import text as cli_text
 
 
 def run(ledger: Ledger, args: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any] | str:

@@ -1,5 +1,5 @@
 """``tsg metrics``: print the exposition or replace a textfile atomically; ``--serve`` is an
-alias of ``tsg serve`` (:mod:`task_state_guard.serve_command`), which serves ``/metrics``.
+alias of ``tsg serve`` (:mod:`task_state_guard.web.serve`), which serves ``/metrics``.
 
 Every run reads a fresh status through a read-only ledger open and closes it again; nothing
 here writes the ledger.
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .exposition import metrics_text
-from .ledger import Ledger
-from .metrics import check_textfile, write_textfile
-from .model import InvalidInput
-from .serve_command import check_serve_options
+from ..ledger import Ledger
+from ..metrics.exposition import metrics_text
+from ..metrics.prometheus import check_textfile, write_textfile
+from ..model import InvalidInput
+from ..web.serve import check_serve_options
 
 Payload = dict[str, Any] | str
 

@@ -13,8 +13,9 @@ import stat
 from collections.abc import Iterable
 from typing import Any
 
-from . import backends, reasons
-from .model import InvalidInput, StorageError
+from .. import reasons
+from ..model import InvalidInput, StorageError
+from ..store import backends
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXTFILE_MODE = 0o644  # a new textfile: readable by the node exporter's user; no ids in it

@@ -12,11 +12,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_plus
 
-from . import reasons as r
-from .model import InvalidInput, StorageError
+from .. import reasons as r
+from ..model import InvalidInput, StorageError
 
 if TYPE_CHECKING:
-    from .store import Database
+    from .protocol import Database
 
 URL_PREFIXES = ("postgresql://", "postgres://")
 #: The fixed error when a PostgreSQL URL is given but the backend is not installed.

@@ -1,6 +1,6 @@
 """The overview's chart: jobs closed per time bucket, stacked by outcome, as inline SVG.
 
-Drawn by the server from counts (:class:`~task_state_guard.history.OutcomeHistory`): no
+Drawn by the server from counts (:class:`~task_state_guard.ops.history.OutcomeHistory`): no
 script, no library, nothing fetched. Each bar carries a ``<title>`` with its figures, and the
 figures are also given as a table for screen readers and text browsers.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import time
 
-from .history import OUTCOMES, OutcomeHistory
-from .web_html import esc, table
+from ..ops.history import OUTCOMES, OutcomeHistory
+from .html import esc, table
 
 COLOURS = {"succeeded": "#1f8a4c", "failed": "#c0392b", "lost": "#7d3cb5",
            "timed_out": "#b7650b", "cancelled": "#6b7280"}

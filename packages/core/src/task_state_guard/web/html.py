@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from .cli_text import utc
-from .durations import humanize
+from ..cli.text import utc
+from ..durations import humanize
 
 
 def esc(value: object) -> str:

@@ -8,11 +8,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..model import TERMINAL_STATES, InvalidInput, check_seconds
 from . import verdicts
-from .model import TERMINAL_STATES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 BATCH = 2000  # roots per transaction
 

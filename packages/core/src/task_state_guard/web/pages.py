@@ -12,15 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cli_text import utc
-from .durations import humanize
-from .events import TaskEvent
-from .history import OutcomeHistory
-from .model import Task
-from .status import INVALID_LABEL
-from .task_list import TaskListing
-from .web_chart import outcome_chart
-from .web_html import View, ago, badge, esc, link, page, table
+from ..cli.text import utc
+from ..durations import humanize
+from ..model import Task
+from ..ops.events import TaskEvent
+from ..ops.history import OutcomeHistory
+from ..ops.status import INVALID_LABEL
+from ..ops.task_list import TaskListing
+from .chart import outcome_chart
+from .html import View, ago, badge, esc, link, page, table
 
 TASK_STATES_SHOWN = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
 #: The overview's chart windows: (label, seconds, buckets).

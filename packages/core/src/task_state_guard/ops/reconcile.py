@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import rules, verdicts
-from .model import (
+from .. import rules
+from ..model import (
     TERMINAL_STATES,
     InvalidInput,
     LedgerError,
@@ -26,9 +26,10 @@ from .model import (
     check_seconds,
     is_canonical,
 )
+from . import verdicts
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 BATCH = 2000
 

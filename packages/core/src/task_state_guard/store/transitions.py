@@ -16,9 +16,8 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeAlias
 
-from . import reasons as r
-from .attempts import FLOAT_MAX
-from .model import (
+from .. import reasons as r
+from ..model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     TASK_CODES,
@@ -31,6 +30,7 @@ from .model import (
     is_payload_hash,
     is_valid_name,
 )
+from .attempts import FLOAT_MAX
 
 #: The columns of a task row, in the order :func:`row_to_task` reads them.
 TASK_COLUMNS = (

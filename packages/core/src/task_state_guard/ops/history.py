@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .model import LOST_CODES, InvalidInput, check_seconds
+from ..model import LOST_CODES, InvalidInput, check_seconds
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 OUTCOMES = ("succeeded", "failed", "lost", "timed_out", "cancelled")
 MAX_BUCKETS = 500

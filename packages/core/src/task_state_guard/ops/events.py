@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import reasons
-from .model import (
+from .. import reasons
+from ..model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     TASK_CODES,
@@ -22,7 +22,7 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 _FIXED = {1: ("created", "queued", "created"), 2: ("started", "running", "started")}
 

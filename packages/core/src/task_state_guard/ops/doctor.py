@@ -24,14 +24,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import rules, verdicts
-from .model import (
+from .. import rules
+from ..model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     FRAMEWORK_LABELS,
     TASK_CODES,
     TASK_STATES,
 )
+from . import verdicts
 
 FINDINGS = (
     "integrity_errors",

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 
-from .model import InvalidInput
+from ..model import InvalidInput
 
 SERVER_NAME = "task-state-guard"
 MAX_HEAD = 16 * 1024

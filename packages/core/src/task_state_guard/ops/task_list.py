@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import queries
-from .model import (
+from ..model import (
     ACTIVE_STATES,
     TASK_STATES,
     InvalidInput,
@@ -32,9 +31,10 @@ from .model import (
     is_canonical,
     task_kind,
 )
+from ..store import queries
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10**6

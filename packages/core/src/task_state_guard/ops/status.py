@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import queries, rules, verdicts
-from .model import (
+from .. import rules
+from ..model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
     TASK_CODES,
@@ -17,9 +17,11 @@ from .model import (
     is_valid_name,
     task_kind,
 )
+from ..store import queries
+from . import verdicts
 
 if TYPE_CHECKING:
-    from .store import Database
+    from ..store.protocol import Database
 
 DEFAULT_ACTIVE_GRACE = 600.0
 INVALID_LABEL = queries.INVALID_LABEL  # a tampered name counts under this label, never shown

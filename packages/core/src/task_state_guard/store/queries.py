@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import rules
+from .. import rules
 
 #: The open work: every task whose delivery is not closed yet.
 OPEN_WORK = "delivery_status = 'pending'"
@@ -220,7 +220,7 @@ class Queries(Protocol):
         ...
 
     def task(self, conn: Any, task_id: str) -> tuple[Any, ...] | None:
-        """The task's row (:data:`~task_state_guard.transitions.TASK_COLUMNS`), or None when
+        """The task's row (:data:`~task_state_guard.store.transitions.TASK_COLUMNS`), or None when
         no task has ``task_id``."""
         ...
 

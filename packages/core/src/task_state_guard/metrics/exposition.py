@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import adapter_counters
-from .metrics import format_prometheus
+from .prometheus import format_prometheus
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from ..ledger import Ledger
 
 
 def metrics_text(
