@@ -93,7 +93,7 @@ def test_manifest_wiring(name: str) -> None:
         # the ledger's own directory is below the mount point, never the mount point itself
         assert db.parent != Path(mount) and db.parent.parent == Path(mount)
         ledger_mounts.add((mounts[mount], mount, str(db)))
-        # any reconcile will do: the workers publish the verdicts it records
+        # at a start either will do: the workers publish at boot the verdicts it records
         assert env["TSG_RECONCILE"] == "apply"
         if container["args"][0] == "celery":
             assert pod["terminationGracePeriodSeconds"] >= _celery_time_limit() + 30
@@ -153,7 +153,7 @@ def test_systemd_unit(name: str, tmp_path: Path) -> None:
     assert _values(service, "KillSignal") == ["SIGTERM"]
     assert _values(service, "KillMode") == ["mixed"]
     (stop,) = (int(v) for v in _values(service, "TimeoutStopSec"))
-    # any reconcile will do: the worker publishes the verdicts this one records
+    # at a start either will do: the worker publishes at boot the verdicts this one records
     assert pre == ["init", "reconcile --dry-run", "reconcile"]
     if start.split()[0].endswith("/celery"):
         assert stop >= _celery_time_limit() + 30
