@@ -5,9 +5,12 @@
 #
 # TSG_DB         the ledger (required), e.g. /data/tsg/tasks.sqlite; tsg creates the 0700
 #                directory and the database on a fresh volume.
-# TSG_RECONCILE  "apply" (default): log the preview, then apply the reconcile here. Any
-#                reconcile will do: each lost job's verdict is recorded in the ledger, and the
-#                worker publishes it when it starts (Celery FAILURE, Dramatiq Results, on_lost).
+# TSG_RECONCILE  "apply" (default): log the preview, then apply the reconcile here. At a start
+#                either will do: each lost job's verdict is recorded in the ledger, and the
+#                worker this script execs publishes it when it boots, before it consumes
+#                (Celery FAILURE, Dramatiq Results, on_lost). (A `tsg reconcile` run later,
+#                beside running workers, is published only by their periodic pass, off by
+#                default: reconcile_interval_seconds=0. See docs/deploy.md.)
 #                "preview": log the preview only and leave the applying to the worker's own
 #                boot reconcile.
 # TSG_ACTIVE_GRACE_SECONDS, TSG_DELIVERY_GRACE_SECONDS, TSG_BUSY_TIMEOUT_MS: as for tsg.

@@ -81,6 +81,29 @@ def test_format_text_shows_the_class_the_reason_and_its_fix(tmp_path: Path) -> N
     assert unknown.stdout == "error: TaskNotFound\n" and unknown.code == 2
 
 
+def test_tasks_names_the_option_it_misses(tmp_path: Path) -> None:
+    """The id list needs ``--status``; ``--attempts`` lists rows, so it needs ``--details`` (or
+    ``--format text``): each refusal says an option is missing, not that a value was bad."""
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    assert_json_line(run_cli("--db", db, "init"))
+    for argv in (["tasks"], ["tasks", "--name", "report.build"],
+                 ["tasks", "--status", "running", "--attempts"], ["tasks", "--attempts"]):
+        assert_cli_error(run_cli("--explain", "--db", db, *argv), "InvalidInput",
+                         reason="missing_argument")
+        assert_cli_error(run_cli("--db", db, *argv), "InvalidInput")  # 0.1.0's line by default
+    # a state that is not one is still a bad value; the rows it asks for are fine
+    assert_cli_error(run_cli("--explain", "--db", db, "tasks", "--status", "stuck"),
+                     "InvalidInput", reason="invalid_value")
+    assert assert_json_line(run_cli("--db", db, "tasks", "--status", "running", "--attempts",
+                                    "--details"))["ok"] is True
+    assert assert_json_line(run_cli("--db", db, "tasks", "--status", "running")) == {
+        "ok": True, "task_ids": []}
+    helped = subprocess.run([sys.executable, "-m", "task_state_guard", "tasks", "--help"],
+                            capture_output=True, text=True, env=cli_env(), timeout=60,
+                            check=True).stdout
+    assert "needs --details or --format text" in " ".join(helped.split())
+
+
 def test_exceptions_keep_their_reason(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as info:
         Ledger(str(tmp_path / "nowhere" / "tasks.sqlite"), read_only=True)

@@ -3,15 +3,19 @@ the example projects and with docs/deploy.md (loaded and checked, not just prese
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import signal
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_helpers import BIN, DEPLOY, EXAMPLES, REPO
+from deploy_helpers import BIN, DEPLOY, EXAMPLES, REPO, base_env, free_port, tsg
 
 K8S = DEPLOY / "k8s"
 SYSTEMD = DEPLOY / "systemd"
@@ -50,6 +54,21 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", [])}
 
 
+def _is_sidecar(container: dict[str, Any]) -> bool:
+    """The ``tsg serve`` sidecar (every other container runs the entrypoint)."""
+    return bool(container["command"][:2] == ["tsg", "serve"])
+
+
+def _sidecar(workload: dict[str, Any]) -> dict[str, Any]:
+    (sidecar,) = [c for c in workload["spec"]["template"]["spec"]["containers"]
+                  if _is_sidecar(c)]
+    return sidecar
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
 def test_dockerfile_installs_the_entrypoint_it_runs() -> None:
     docker = _dockerfile()
     assert docker["entrypoint"] == docker["copied_to"]
@@ -82,6 +101,8 @@ def test_manifest_wiring(name: str) -> None:
     ledger_mounts = set()
     for container in pod["containers"]:
         env = _env(container)
+        if _is_sidecar(container):
+            continue  # test_serve_sidecar
         assert container["command"] == [docker["entrypoint"]]
         assert container["args"], "the worker command goes in args"
         assert "securityContext" not in container or "runAsUser" not in container[
@@ -93,12 +114,17 @@ def test_manifest_wiring(name: str) -> None:
         # the ledger's own directory is below the mount point, never the mount point itself
         assert db.parent != Path(mount) and db.parent.parent == Path(mount)
         ledger_mounts.add((mounts[mount], mount, str(db)))
-        # any reconcile will do: the workers publish the verdicts it records
+        # at a start either will do: the workers publish at boot the verdicts it records
         assert env["TSG_RECONCILE"] == "apply"
         if container["args"][0] == "celery":
             assert pod["terminationGracePeriodSeconds"] >= _celery_time_limit() + 30
     assert len(ledger_mounts) == 1, "containers of one pod share one ledger on one volume"
-    (volume, mount, _db), = ledger_mounts
+    (volume, mount, db_path), = ledger_mounts
+    # the sidecar reads that same ledger, on the same volume, as the pod's uid
+    sidecar = _sidecar(workload)
+    assert _env(sidecar)["TSG_DB"] == db_path
+    assert {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}[mount] == volume
+    assert "runAsUser" not in sidecar["securityContext"]
     assert volume in volumes or volume in claims
     if volume in claims:
         assert workload["kind"] == "StatefulSet"
@@ -115,6 +141,79 @@ def test_manifest_wiring(name: str) -> None:
     assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {volume: mount}
     assert init["securityContext"]["runAsUser"] == 0
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["FOWNER"]}
+
+
+@pytest.mark.parametrize("name", ["celery-statefulset.yaml", "shared-ledger-pod.yaml",
+                                  "agent-statefulset.yaml"])
+def test_serve_sidecar(name: str) -> None:
+    """Each pod serves its ledger read-only with tsg serve: beyond loopback with a token file
+    from a Secret, error lines with their reason (TSG_EXPLAIN), the port named for scraping."""
+    (workload,) = [doc for file, doc in _workloads() if file == name]
+    pod = workload["spec"]["template"]["spec"]
+    sidecar = _sidecar(workload)
+    argv = sidecar["command"] + sidecar.get("args", [])
+    assert argv[:2] == ["tsg", "serve"]
+    env = _env(sidecar)
+    assert env["TSG_EXPLAIN"] == "1"
+    host, port = _option(argv, "--listen").rsplit(":", 1)
+    assert host == "0.0.0.0" and "--token-file" in argv  # beyond loopback only with a token
+    token_dir = str(Path(_option(argv, "--token-file")).parent)
+    mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
+    assert mounts[token_dir].get("readOnly") is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    secret = volumes[mounts[token_dir]["name"]]["secret"]
+    assert secret["secretName"] == "tsg-serve-token"
+    # root-owned Secret files reach the pod's uid through fsGroup: group-readable, no more
+    assert secret["defaultMode"] == 0o440 and "fsGroup" in pod["securityContext"]
+    assert [p["containerPort"] for p in sidecar["ports"] if p["name"] == "metrics"] == [int(port)]
+    assert sidecar["securityContext"]["allowPrivilegeEscalation"] is False
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    if sidecar["securityContext"].get("readOnlyRootFilesystem"):
+        assert "/tmp" in mounts
+    assert not any(m.get("name") == "data" and m.get("readOnly") for m in mounts.values())
+
+
+def test_the_sidecar_command_serves_the_ledger(tmp_path: Path) -> None:
+    """The sidecar's command line and environment, run for real (its port and token file
+    moved into the test's reach): an error line with its reason before the ledger exists,
+    then /metrics for the token only, and a clean stop on SIGTERM."""
+    (workload,) = [doc for file, doc in _workloads() if file == "celery-statefulset.yaml"]
+    sidecar = _sidecar(workload)
+    argv = sidecar["command"] + sidecar.get("args", [])
+    port = free_port()
+    token = "t0ken-" + "x" * 26
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    argv[argv.index("--listen") + 1] = f"0.0.0.0:{port}"
+    argv[argv.index("--token-file") + 1] = str(token_file)
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    env = base_env(**{**_env(sidecar), "TSG_DB": str(data / "tsg" / "tasks.sqlite")})
+    argv[0] = str(Path(BIN) / "tsg")
+
+    early = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert early.returncode == 2 and early.stderr == ""
+    assert json.loads(early.stdout) == {"error": "InvalidInput", "ok": False,
+                                        "reason": "directory_missing"}
+
+    tsg(env["TSG_DB"], "init")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"listen": f"0.0.0.0:{port}", "ok": True}
+        url = f"http://127.0.0.1:{port}/metrics"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=30)
+        assert refused.value.code == 401
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+            assert "tsg_tasks" in response.read().decode()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
 
 
 def _unit(path: Path) -> dict[str, list[tuple[str, str]]]:
@@ -147,13 +246,15 @@ def test_systemd_unit(name: str, tmp_path: Path) -> None:
     state = _values(service, "StateDirectory")
     assert state and Path(db).parent == Path("/var/lib") / state[0]
     assert _values(service, "StateDirectoryMode") == ["0700"]
+    # tsg's error lines in the journal carry their reason
+    assert "TSG_EXPLAIN=1" in _values(service, "Environment")
     pre = [v.split(None, 1)[1] for v in _values(service, "ExecStartPre")]
     assert all(v.split()[0].endswith("/tsg") for v in _values(service, "ExecStartPre"))
     (start,) = _values(service, "ExecStart")
     assert _values(service, "KillSignal") == ["SIGTERM"]
     assert _values(service, "KillMode") == ["mixed"]
     (stop,) = (int(v) for v in _values(service, "TimeoutStopSec"))
-    # any reconcile will do: the worker publishes the verdicts this one records
+    # at a start either will do: the worker publishes at boot the verdicts this one records
     assert pre == ["init", "reconcile --dry-run", "reconcile"]
     if start.split()[0].endswith("/celery"):
         assert stop >= _celery_time_limit() + 30
@@ -161,15 +262,41 @@ def test_systemd_unit(name: str, tmp_path: Path) -> None:
         graceful = int(start.split("--timeout-graceful-shutdown ", 1)[1].split()[0])
         assert stop > graceful
 
+    _verify_unit(path, start, tmp_path)
+
+
+def _verify_unit(path: Path, start: str, tmp_path: Path) -> None:
+    """``systemd-analyze verify``, with the commands pointed at this interpreter's scripts."""
     analyze = shutil.which("systemd-analyze")
-    if analyze:  # verify the unit too, with the commands pointed at this interpreter's scripts
-        prefix = start.split()[0].rsplit("/", 1)[0]
-        local = tmp_path / name
-        local.write_text(path.read_text().replace(prefix, BIN))
-        done = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
-                              timeout=120)
-        problems = [ln for ln in (done.stdout + done.stderr).splitlines() if name in ln]
-        assert done.returncode == 0 and problems == [], done.stdout + done.stderr
+    if not analyze:
+        return
+    prefix = start.split()[0].rsplit("/", 1)[0]
+    local = tmp_path / path.name
+    local.write_text(path.read_text().replace(prefix, BIN))
+    done = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
+                          timeout=120)
+    problems = [ln for ln in (done.stdout + done.stderr).splitlines() if path.name in ln]
+    assert done.returncode == 0 and problems == [], done.stdout + done.stderr
+
+
+def test_systemd_serve_unit(tmp_path: Path) -> None:
+    """tsg serve beside the worker: the worker's user and ledger, loopback (no token needed),
+    TSG_EXPLAIN, nothing run before it (it never writes)."""
+    service = _unit(SYSTEMD / "tsg-serve.service")["Service"]
+    worker = _unit(SYSTEMD / "report-worker.service")["Service"]
+    for key in ("User", "Group", "StateDirectory", "StateDirectoryMode"):
+        assert _values(service, key) == _values(worker, key), key
+    env = _values(service, "Environment")
+    assert "TSG_EXPLAIN=1" in env
+    assert [v for v in env if v.startswith("TSG_DB=")] == [
+        v for v in _values(worker, "Environment") if v.startswith("TSG_DB=")]
+    assert _values(service, "ExecStartPre") == []
+    (start,) = _values(service, "ExecStart")
+    argv = start.split()
+    assert argv[0].endswith("/tsg") and argv[1] == "serve"
+    assert _option(argv, "--listen").startswith("127.0.0.1:")
+    assert _values(service, "Restart") == ["on-failure"]
+    _verify_unit(SYSTEMD / "tsg-serve.service", start, tmp_path)
 
 
 def test_the_doc_covers_every_shipped_file() -> None:

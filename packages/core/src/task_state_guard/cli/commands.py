@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--stale-seconds", help="only tasks idle this long (" + _DURATION + ")")
     tasks.add_argument("--older-than", help="only tasks created this long ago (" + _DURATION + ")")
     tasks.add_argument("--attempts", action="store_true",
-                       help="rows: list attempts (child tasks) instead of logical tasks")
+                       help="rows: list attempts (child tasks) instead of logical tasks; "
+                            "needs --details or --format text")
     tasks.add_argument("--details", action="store_true",
                        help="one row per task instead of ids (implied by --format text)")
     tasks.add_argument("--limit", help="at most this many (rows: default 100)")
@@ -324,10 +325,13 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
         check_code_shape(args.code)
     elif command == "tasks":
         values["rows"] = bool(args.details) or args.format == "text"
-        if args.status is not None or not values["rows"]:
-            check_state(args.status, TASK_STATES, "task status")  # the id list needs one
         if args.attempts and not values["rows"]:
-            raise InvalidInput("--attempts lists rows: add --details or --format text")
+            raise InvalidInput("--attempts lists rows: add --details or --format text",
+                               reason=r.MISSING_ARGUMENT)
+        if args.status is None and not values["rows"]:
+            raise InvalidInput("the id list needs --status", reason=r.MISSING_ARGUMENT)
+        if args.status is not None:
+            check_state(args.status, TASK_STATES, "task status")
         check_name(args.name)
         values["stale"] = None if args.stale_seconds is None else _seconds(
             args.stale_seconds, "", 0.0, "stale_seconds")
