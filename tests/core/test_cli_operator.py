@@ -601,7 +601,7 @@ def test_events_and_rows_of_a_0_1_0_file_read_as_it_is_and_after_the_upgrade(tmp
     directory = tmp_path / "old"
     directory.mkdir(mode=0o700)
     db = str(directory / "tasks.sqlite")
-    shutil.copyfile(Path(__file__).parent / "fixtures" / "ledger-0.1.0.sqlite", db)
+    shutil.copyfile(Path(__file__).parents[1] / "fixtures" / "ledger-0.1.0.sqlite", db)
     os.chmod(db, 0o600)
 
     def read() -> tuple[list[Any], dict[str, list[TaskEvent]]]:
