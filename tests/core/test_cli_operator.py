@@ -61,8 +61,7 @@ class Scene:
 
 
 @pytest.fixture
-def scene(tmp_path) -> Scene:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def scene(db: str) -> Scene:
     now = time.time()
     clock = Clock(now - DAY - 3 * HOUR)
     with Ledger(db, clock=clock) as led:
@@ -421,8 +420,7 @@ REJECTED = ["1h30", "-5m", "1w", "nan", "", "15 m", "1H", "inf", "m", "+5m", "-5
 
 
 @pytest.mark.parametrize(("text", "seconds"), ACCEPTED)
-def test_create_timeout_takes_a_duration(tmp_path, text: str, seconds: float) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_create_timeout_takes_a_duration(db: str, text: str, seconds: float) -> None:
     task = ok(run_cli("--db", db, "create", "--timeout-seconds", text))["task"]
     assert task["timeout_seconds"] == seconds
 
@@ -528,8 +526,7 @@ def _closed_roots(db: str, count: int, age: float) -> None:
             led.close_task_settled(task.id, "succeeded")
 
 
-def test_prune_progress_over_several_batches(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_prune_progress_over_several_batches(db: str) -> None:
     _closed_roots(db, 4500, 2 * DAY)
     preview = run_cli("--db", db, "prune", "--older-than", "1d", "--dry-run", "--progress")
     lines = _progress_lines(preview, "prune")
@@ -543,8 +540,7 @@ def test_prune_progress_over_several_batches(tmp_path) -> None:
     assert run_cli("--db", db, "prune", "--older-than", "1d").stderr == ""
 
 
-def test_core_progress_callbacks_count_every_batch(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_core_progress_callbacks_count_every_batch(db: str) -> None:
     _closed_roots(db, 4500, 2 * DAY)
     calls: list[tuple[int, int]] = []
     with Ledger(db) as led:
@@ -565,8 +561,7 @@ def test_core_progress_callbacks_count_every_batch(tmp_path) -> None:
             led.prune(DAY, progress="no")  # type: ignore[arg-type]
 
 
-def test_a_failing_progress_callback_aborts_the_reconcile_unapplied(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_a_failing_progress_callback_aborts_the_reconcile_unapplied(db: str) -> None:
     clock = Clock(time.time() - DAY)
     with Ledger(db, clock=clock) as led:
         stale = led.create_task()
@@ -583,6 +578,7 @@ def test_a_failing_progress_callback_aborts_the_reconcile_unapplied(tmp_path) ->
         assert led.reconcile()["tasks_timed_out"] == 1
 
 
+@pytest.mark.sqlite_only(reason="a missing SQLite path stays missing")
 def test_new_read_forms_never_create_a_database(tmp_path) -> None:
     existing = tmp_path / "present"
     existing.mkdir(mode=0o700)
@@ -597,6 +593,7 @@ def test_new_read_forms_never_create_a_database(tmp_path) -> None:
         assert os.listdir(existing) == []
 
 
+@pytest.mark.sqlite_only(reason="0.1.0's SQLite file (tests/fixtures)")
 def test_events_and_rows_of_a_0_1_0_file_read_as_it_is_and_after_the_upgrade(tmp_path) -> None:
     directory = tmp_path / "old"
     directory.mkdir(mode=0o700)

@@ -65,8 +65,7 @@ def cli_doctor(db: str, ids: dict[str, str], expect_code: int) -> dict:
     return payload
 
 
-def test_healthy_doctor(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_healthy_doctor(db: str) -> None:
     ids = build(db)
     report = cli_doctor(db, ids, 0)  # the report's keys at the top level of the line
     assert set(report) == REPORT_KEYS | {"ok"}
@@ -87,8 +86,7 @@ def test_healthy_doctor(tmp_path) -> None:
     assert api == {k: v for k, v in report.items() if k != "ok"}
 
 
-def test_retained_history_is_still_healthy(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_retained_history_is_still_healthy(db: str) -> None:
     ids = build(db)
     with Ledger(db, clock=Clock(T0 + 10**8)) as led:
         assert led.doctor()["healthy"] is True
@@ -198,6 +196,7 @@ TAMPERS: dict[str, Any] = {
 }
 
 
+@pytest.mark.sqlite_only(reason="tampers with the SQLite file (sqlite3)")
 @pytest.mark.parametrize("name", sorted(TAMPERS))
 def test_tamper_makes_doctor_unhealthy(tmp_path, name: str) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
@@ -251,6 +250,7 @@ def test_tamper_makes_doctor_unhealthy(tmp_path, name: str) -> None:
         assert report["invalid_state_count"] >= 1
 
 
+@pytest.mark.sqlite_only(reason="tampers with the SQLite file (sqlite3)")
 def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     ids = build(db)
@@ -266,6 +266,7 @@ def test_api_doctor_reports_tamper_without_ids(tmp_path) -> None:
         assert tid not in text and tid.upper() not in text
 
 
+@pytest.mark.sqlite_only(reason="the SQLite directory's entries and sidecars")
 def test_doctor_is_read_only(tmp_path) -> None:
     from core_helpers import sidecars, snapshot_entries
 

@@ -339,8 +339,8 @@ def test_clock_regression_for_queued_close_and_child_creation(ledger: Ledger, cl
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, "now", None, True])
-def test_clock_returning_garbage_is_rejected(tmp_path, bad: object) -> None:
-    led = Ledger(str(tmp_path / "d" / "t.sqlite"), clock=lambda: bad)  # type: ignore[arg-type,return-value]
+def test_clock_returning_garbage_is_rejected(db: str, bad: object) -> None:
+    led = Ledger(db, clock=lambda: bad)  # type: ignore[arg-type,return-value]
     with pytest.raises(LedgerError):
         led.create_task()
     led.close()

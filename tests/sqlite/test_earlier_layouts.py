@@ -21,7 +21,7 @@ import pytest
 from core_helpers import assert_json_line, run_cli
 from task_state_guard import Ledger, StorageError
 
-pytestmark = pytest.mark.sqlite_only
+pytestmark = pytest.mark.sqlite_only(reason="SQLite files earlier builds wrote")
 
 LAYOUTS = Path(__file__).parents[1] / "fixtures" / "layouts"
 MIGRATED = sorted(p for p in LAYOUTS.glob("v*.sqlite.gz") if "snapshot" not in p.name)

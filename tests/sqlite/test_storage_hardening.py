@@ -45,7 +45,7 @@ def _refused(path: Path, reason: str) -> None:
 # ----------------------------------------------------------------------------- symlinked paths
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_symlinked_directory_is_judged_where_it_leads(tmp_path: Path) -> None:
     """``--db w/lnk/t.sqlite`` with ``w/lnk -> ww/d`` and ``ww`` world-writable is refused like
     ``--db ww/d/t.sqlite``: whoever controls ``ww`` could swap ``d``."""
@@ -64,7 +64,7 @@ def test_a_symlinked_directory_is_judged_where_it_leads(tmp_path: Path) -> None:
     assert os.listdir(d) == []
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_the_directory_holding_a_link_is_judged_too(tmp_path: Path) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
@@ -76,7 +76,7 @@ def test_the_directory_holding_a_link_is_judged_too(tmp_path: Path) -> None:
     assert os.listdir(private) == []
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_safe_symlinked_directory_opens_at_its_real_path(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
@@ -91,7 +91,7 @@ def test_a_safe_symlinked_directory_opens_at_its_real_path(tmp_path: Path) -> No
         assert ro.get_task(task.id).status == "queued"
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_path_that_later_leads_elsewhere_is_refused(tmp_path: Path) -> None:
     """Re-pointing a directory link under an open ledger: its next connection (another
     thread) finds the path leading to another file and refuses it."""
@@ -136,7 +136,7 @@ def _modes(directory: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_file_that_is_not_a_ledger_keeps_its_mode(tmp_path: Path) -> None:
     m = tmp_path / "m"
     m.mkdir(mode=0o700)
@@ -167,7 +167,7 @@ def test_a_file_that_is_not_a_ledger_keeps_its_mode(tmp_path: Path) -> None:
         holder.close()
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_ledger_is_tightened_once_recognised(tmp_path: Path) -> None:
     db = tmp_path / "d" / "t.sqlite"
     Ledger(str(db)).close()
@@ -189,7 +189,7 @@ with Ledger(sys.argv[1]) as led:
 """
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_reconcile_never_follows_a_symlinked_owner_directory(tmp_path: Path) -> None:
     """A dead owner's lock file behind a symlinked ``<db>-owners``: reconcile neither takes it
     as proof (the task waits for its grace) nor deletes anything there."""
@@ -223,7 +223,7 @@ def test_reconcile_never_follows_a_symlinked_owner_directory(tmp_path: Path) -> 
 # ----------------------------------------------------------------------------- creating
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 @pytest.mark.parametrize("args", NEVER_CREATE, ids=lambda a: a[0])
 def test_a_mistyped_db_is_never_created_by_a_task_command(tmp_path: Path, args: list[str]) -> None:
     typo_dir = tmp_path / "typo" / "tasks.sqlite"
