@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from core_helpers import CliResult, Clock, assert_cli_error, assert_json_line, cli_env, run_cli
+from ledger_backends import write_raw
 from task_state_guard import (
     InvalidInput,
     Ledger,
@@ -325,13 +325,9 @@ def test_events_of_errors_and_tampered_events(scene: Scene) -> None:
             led.events_of("not-an-id")
         assert [e.kind for e in led.events_of(scene.render)] == ["created"]
     assert_cli_error(tsg(scene, "get", str(uuid.uuid4()), "--events"), "TaskNotFound")
-    conn = sqlite3.connect(scene.db, isolation_level=None)
-    try:
-        conn.execute(
-            "UPDATE tsg_events SET code = 'CANARYq7x9zz' WHERE kind = 'closed' AND task_seq = "
-            "(SELECT seq FROM tsg_tasks WHERE id = ?)", (scene.first_attempt,))
-    finally:
-        conn.close()
+    write_raw(scene.db,
+              "UPDATE tsg_events SET code = 'CANARYq7x9zz' WHERE kind = 'closed' AND task_seq = "
+              "(SELECT seq FROM tsg_tasks WHERE id = ?)", (scene.first_attempt,))
     with Ledger(scene.db, read_only=True) as led, pytest.raises(StorageError):
         led.events_of(scene.first_attempt)
     for fmt in ("json", "text"):
@@ -383,11 +379,7 @@ def test_aggregates_as_text_are_counts_without_ids(scene: Scene) -> None:
 
 
 def test_doctor_text_keeps_exit_1_when_unhealthy(scene: Scene) -> None:
-    conn = sqlite3.connect(scene.db, isolation_level=None)
-    try:
-        conn.execute("UPDATE tsg_events SET at = at + 1 WHERE kind = 'created'")
-    finally:
-        conn.close()
+    write_raw(scene.db, "UPDATE tsg_events SET at = at + 1 WHERE kind = 'created'")
     result = tsg(scene, "doctor", "--format", "text")
     assert result.code == 1 and result.stdout.startswith("DOCTOR: UNHEALTHY\n")
     findings = assert_counts_block(block(result.stdout, "FINDINGS"))

@@ -319,6 +319,7 @@ def test_error_classes_catch_what_0_1_0_code_expects(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.sqlite_only(reason="0.1.0's storage keys are the SQLite file's")
 def test_cli_surface(db: str) -> None:
     init = run_cli("--db", db, "--allow-external-acl", "init")
     payload = assert_json_line(init)
