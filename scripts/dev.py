@@ -11,10 +11,11 @@ the PostgreSQL ledger, on 127.0.0.1; a service that cannot be started is an erro
 skip). It also puts Prometheus (and promtool) from Debian's ``prometheus`` package into
 ./.tools/prometheus for the dashboard test, when they are not on PATH. The matrix:
 
-* the conformance suite (tests/core, tests/contract) on the SQLite backend on every other
-  CPython >= 3.11 installed on this machine, each in its own ./.venv-py<version> built from
-  uv.lock (interpreters are found, never downloaded; a supported minor version that is not
-  installed is printed as not tested);
+* the conformance suite (tests/core, tests/contract) on the SQLite backend, and the tests of
+  SQLite storage itself (tests/sqlite), on every other CPython >= 3.11 installed on this
+  machine, each in its own ./.venv-py<version> built from uv.lock (interpreters are found,
+  never downloaded; a supported minor version that is not installed is printed as not
+  tested);
 * each adapter's suite (and the PostgreSQL backend's, ``tests/postgres``) against the lowest
   framework (driver) versions its pyproject declares, on the newest interpreter found (uv's
   ``lowest-direct`` resolution into ./.venv-lowest-<name>; uv.lock is not touched), with a
@@ -24,8 +25,9 @@ skip). It also puts Prometheus (and promtool) from Debian's ``prometheus`` packa
 * the whole suite on the interpreter running this script, with uv.lock's (newest) framework
   versions, every ledger-backed test on both backends, SQLite and PostgreSQL (``pytest
   --backend``, default ``all``; the test id names the backend: ``[sqlite]``,
-  ``[postgresql]``): the conformance suite (tests/core, tests/contract), the Celery, Dramatiq
-  and LangGraph suites with their real workers (a PostgreSQL row's workers get a ledger URL
+  ``[postgresql]``): the conformance suite (tests/core, tests/contract), SQLite storage
+  (tests/sqlite), the Celery, Dramatiq and LangGraph suites with their real workers (a
+  PostgreSQL row's workers get a ledger URL
   naming a schema of the test's own), the crash-consistency audit of tests/reliability (which
   runs once, here; its SIGKILL soak on SQLite only until the PostgreSQL prune race it found is
   fixed) and the example projects; tests/fleet runs workers of several "hosts" on one
@@ -118,10 +120,11 @@ def package_dir(name: str) -> str:
                         else f"adapter-{name}")
 # The ledger backend of the adapters' lowest-version legs (the whole-suite leg runs both).
 LOWEST_LEG_BACKEND = "sqlite"
-# What each other CPython runs: the conformance suite on SQLite (the interpreter-dependent part:
-# sqlite3, fork, signals, the CLI, the adapters' in-process contract). tests/reliability
-# (faults, hostile input, privacy, load, release) runs once, in the whole-suite leg.
-SUITE_CORE = ["tests/core", "tests/contract"]
+# What each other CPython runs: the conformance suite on SQLite and the tests of SQLite storage
+# itself (the interpreter-dependent part: sqlite3, file modes, locks, fork, signals, the CLI, the
+# adapters' in-process contract). tests/reliability (faults, hostile input, privacy, load,
+# release) runs once, in the whole-suite leg.
+SUITE_CORE = ["tests/core", "tests/sqlite", "tests/contract"]
 # Compiled into each environment before its tests: site-packages and these source trees. The
 # suites start hundreds of CLI, worker and helper processes, and where bytecode is not written
 # (PYTHONDONTWRITEBYTECODE, set for every CLI subprocess) each would compile its imports anew.
@@ -303,8 +306,8 @@ def _lock_version(name: str) -> str:
 
 
 def python_leg(version: str, exe: str) -> Leg:
-    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/contract on the SQLite "
-              "backend, uv.lock versions")
+    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/sqlite + tests/contract on the "
+              "SQLite backend, uv.lock versions")
     env_dir = os.path.join(ROOT, f".venv-py{version}")
     if run([uv(), "sync", "--quiet", "--all-packages", "--frozen", "--python", exe],
            env=_env(UV_PROJECT_ENVIRONMENT=env_dir)) != 0:

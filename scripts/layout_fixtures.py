@@ -5,7 +5,7 @@ against a migration when a file was written by the build that wrote that layout:
 commit below, ``git archive`` exports its core package (standard library only, no install),
 this interpreter writes a small ledger with it through the public API (a queued task, a
 running one with a failed child, a closed and delivered one), and the file is stored gzipped
-under ``tests/core/fixtures/layouts/`` as ``<layout>-<commit>.sqlite.gz``.
+under ``tests/fixtures/layouts/`` as ``<layout>-<commit>.sqlite.gz``.
 
 With ``--postgresql URL`` (a database such as ``postgresql://postgres@127.0.0.1:5432/test``)
 it writes the PostgreSQL layouts too: the core and the PostgreSQL package of each commit in
@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "tests" / "core" / "fixtures" / "layouts"
+OUT = ROOT / "tests" / "fixtures" / "layouts"
 
 #: layout name -> a commit whose core wrote it (the first with that stored text).
 LAYOUTS = {

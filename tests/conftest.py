@@ -5,7 +5,15 @@ Every test that uses the ``backend`` fixture, directly or through ``ledger_targe
 directory's ``db`` fixture built on it), runs once per selected backend; its test id names the
 backend (``test_x[sqlite]``, ``test_x[postgresql]``). A test that checks
 something only the SQLite file has (file modes, sidecars, snapshots of the directory, the raw
-file) carries ``@pytest.mark.sqlite_only`` and runs on SQLite alone.
+file) carries ``@pytest.mark.sqlite_only(reason="...")`` and runs on SQLite alone; the reason
+is required (a bare marker fails collection). Tests of SQLite storage itself live in
+``tests/sqlite``.
+
+In the conformance suite (``tests/core``, ``tests/contract``) a test that takes a private
+directory (``tmp_path``, ``tmp_path_factory``, directly or through a fixture) is where a SQLite
+ledger path is made, so it must run on the backend matrix (``backend``) or carry
+``sqlite_only`` or ``postgresql_only`` with its reason; otherwise collection fails. A test
+whose directory holds no ledger says so with ``@pytest.mark.no_ledger(reason="...")``.
 """
 
 from __future__ import annotations
@@ -42,10 +50,15 @@ def _selected(config: pytest.Config) -> tuple[str, ...]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "sqlite_only: checks SQLite storage itself; runs on the SQLite backend only"
+        "markers",
+        "sqlite_only(reason): runs on the SQLite backend only; the reason (required) says why",
     )
     config.addinivalue_line(
         "markers", "postgresql_only: needs a PostgreSQL ledger; runs when it is selected"
+    )
+    config.addinivalue_line(
+        "markers",
+        "no_ledger(reason): a conformance test whose private directory holds no ledger",
     )
 
 
@@ -61,7 +74,41 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", backends or ["unselected"], scope="function")
 
 
+TESTS = Path(__file__).resolve().parent
+# The conformance suite: every test that makes a ledger runs on the backend matrix or says why.
+MATRIX_DIRS = (TESTS / "core", TESTS / "contract")
+PRIVATE_DIRECTORY = frozenset({"tmp_path", "tmp_path_factory"})
+EXEMPTING_MARKERS = ("sqlite_only", "postgresql_only", "no_ledger")
+
+
+def _reasonless(item: pytest.Item) -> list[str]:
+    """The markers of ``item`` that must give a reason and do not."""
+    return [
+        mark.name for name in ("sqlite_only", "no_ledger") for mark in item.iter_markers(name)
+        if not isinstance(mark.kwargs.get("reason"), str) or not mark.kwargs["reason"].strip()
+    ]
+
+
+def _off_the_matrix(item: pytest.Item) -> bool:
+    """A conformance test that takes a private directory (where a SQLite ledger path is made)
+    without running on the backend matrix or a marker that says why."""
+    if not any(item.path.is_relative_to(folder) for folder in MATRIX_DIRS):
+        return False
+    names = set(getattr(item, "fixturenames", ()))
+    if "backend" in names or not names & PRIVATE_DIRECTORY:
+        return False
+    return not any(item.get_closest_marker(name) for name in EXEMPTING_MARKERS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = [f"{item.nodeid}: {name} needs reason=\"...\""
+                for item in items for name in _reasonless(item)]
+    problems += [f"{item.nodeid}: takes a private directory (a SQLite ledger path) but runs "
+                 "on no backend matrix: use the backend/db/ledger fixtures, or mark it "
+                 "sqlite_only(reason=...) or no_ledger(reason=...)"
+                 for item in items if _off_the_matrix(item)]
+    if problems:
+        raise pytest.UsageError("ledger backend rules:\n  " + "\n  ".join(problems))
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)

@@ -226,7 +226,7 @@ def test_wait_for_helper_fails_loudly() -> None:
         wait_for(lambda: False, timeout=0.1)
 
 
-@pytest.mark.sqlite_only  # the ledger's directory mounted read-only
+@pytest.mark.sqlite_only(reason="the ledger's directory mounted read-only")
 def test_unwritable_ledger_tasks_still_run(scenario: Scenario) -> None:
     """Ledger in a read-only directory: tasks still run; each error kind is logged once."""
     ledger_dir = str(Path(scenario.db).parent)

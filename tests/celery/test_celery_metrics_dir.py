@@ -21,7 +21,7 @@ READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@
 JOBS = 8
 
 
-@pytest.mark.sqlite_only  # the ledger's directory mounted read-only for the worker
+@pytest.mark.sqlite_only(reason="the ledger's directory mounted read-only for the worker")
 def test_error_counters_of_two_prefork_children_in_one_scrape(scenario: Scenario) -> None:
     metrics_dir = scenario.tmp / "metrics"
     scenario.ledger.create_task(name="seed")  # a healthy ledger, read-only for the worker

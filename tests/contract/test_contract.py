@@ -140,6 +140,7 @@ def test_a_bad_argument_and_a_missing_path_are_the_same_clear_error(
 # ---------------------------------------------------------------------------- error policy
 
 
+@pytest.mark.sqlite_only(reason="an unusable ledger: a SQLite path whose directory is a file")
 def test_ledger_errors_are_counted_logged_once_by_class_and_reason_and_jobs_run(
     driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -164,6 +165,7 @@ def test_ledger_errors_are_counted_logged_once_by_class_and_reason_and_jobs_run(
                for message in logged)
 
 
+@pytest.mark.sqlite_only(reason="an unusable ledger: a SQLite path whose directory is a file")
 def test_strict_mode_raises_the_ledger_error_out_of_the_hook(
     driver: Any, broken_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -175,6 +177,7 @@ def test_strict_mode_raises_the_ledger_error_out_of_the_hook(
     assert driver.guard.stats()["errors"]  # counted as well
 
 
+@pytest.mark.sqlite_only(reason="an unusable ledger: a SQLite path whose directory is a file")
 def test_an_unusable_ledger_shows_in_stats_and_metrics(driver: Any, broken_db: str) -> None:
     """Whoever opened it first (the boot, a job's hook), an unusable ledger is visible in the
     process's counters with its fixed reason, never the path; the jobs ran anyway."""
@@ -189,6 +192,7 @@ def test_an_unusable_ledger_shows_in_stats_and_metrics(driver: Any, broken_db: s
     assert broken_db not in text and "not-a-directory" not in text
 
 
+@pytest.mark.sqlite_only(reason="an unusable ledger: a SQLite path whose directory is a file")
 def test_ledger_errors_are_scrapeable_as_prometheus_text(driver: Any, broken_db: str) -> None:
     guard = driver.install(broken_db)
     driver.boot()

@@ -1,7 +1,8 @@
 """Fixtures for the core tests: an injected clock and a private ledger on each backend.
 
 ``db`` is a SQLite path in the test's directory or a PostgreSQL URL with a schema of its own
-(the root conftest's backend matrix); tests of the SQLite file itself are ``sqlite_only``."""
+(the root conftest's backend matrix). Tests of SQLite storage itself live in ``tests/sqlite``;
+a test here that runs on SQLite alone carries ``sqlite_only`` with its reason."""
 
 from __future__ import annotations
 

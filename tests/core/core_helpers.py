@@ -41,6 +41,17 @@ TASK_KEYS = frozenset(
     }
 )
 
+_ANY_TASK = "6f1c1d4e-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
+#: CLI commands (with their arguments) that act on an existing ledger and must never create a
+#: missing one (a mistyped ``--db``): only init, create and reconcile do.
+NEVER_CREATE = [
+    ["start", _ANY_TASK],
+    ["heartbeat", _ANY_TASK],
+    ["close", _ANY_TASK, "--status", "succeeded"],
+    ["delivery", _ANY_TASK, "--status", "delivered"],
+    ["prune", "--older-than", "1d"],
+]
+
 
 class Clock:
     """An injected, manually advanced clock."""

@@ -451,7 +451,7 @@ def test_end_and_begin_is_end_then_begin_in_one_write(ledger: Ledger, clock) -> 
     assert ledger.doctor()["healthy"] is True
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="events removed by hand from the SQLite file free their numbers")
 def test_an_insert_whose_events_collide_is_refused_whole(db: str, ledger: Ledger, clock) -> None:
     """A file that kept the events of a task removed by hand gives its number to the next row:
     every insert of the two writes then fails (a rejected write) and writes nothing, instead of

@@ -107,7 +107,7 @@ def test_full_lifecycle_through_cli(db: str) -> None:
     assert ok(run_cli("--db", db, "doctor"))["task_count"] == 0
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the installed console scripts, run on a SQLite path")
 def test_console_scripts_share_the_entry_point(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     for script in ("task-state-guard", "tsg"):
@@ -194,7 +194,7 @@ def _bad_invocations(db: str, tid: str) -> list[tuple[list[str], dict[str, str],
     ]
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="rejected SQLite paths are among the values never echoed")
 def test_rejected_values_and_paths_never_echoed(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     tid = ok(run_cli("--db", db, "create"))["task"]["id"]
@@ -272,7 +272,7 @@ def test_an_internal_error_names_its_standard_class_when_asked(
         assert CANARY not in proc.stdout and tid not in proc.stdout
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="tampers with the SQLite file (sqlite3)")
 def test_unhealthy_doctor_exits_1(tmp_path) -> None:
     import sqlite3
 
@@ -302,7 +302,7 @@ READ_COMMANDS = [
 ]
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a missing SQLite path and its directory stay missing")
 @pytest.mark.parametrize("args", READ_COMMANDS, ids=lambda a: "-".join(a[:2]))
 def test_read_commands_never_create_a_database(tmp_path, args: list[str]) -> None:
     missing_dir = tmp_path / "missing" / "tasks.sqlite"

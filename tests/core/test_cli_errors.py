@@ -29,6 +29,7 @@ from task_state_guard.cli.reason_help import HELP
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.sqlite_only(reason="the error lines of a missing SQLite path")
 def test_the_default_error_line_is_exactly_the_specifications(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere" / "tasks.sqlite")
     for argv in (["--db", missing, "status"], ["stauts"], ["--db", missing, "bogus"], ["init"]):
@@ -42,6 +43,7 @@ def test_the_default_error_line_is_exactly_the_specifications(tmp_path: Path) ->
         '{"error":"TaskNotFound","ok":false}\n')
 
 
+@pytest.mark.sqlite_only(reason="the error lines of a missing SQLite path")
 def test_explain_and_tsg_explain_add_the_reason(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere" / "tasks.sqlite")
     for result in (
@@ -64,6 +66,7 @@ def test_explain_and_tsg_explain_add_the_reason(tmp_path: Path) -> None:
                              "6f1c1d4e-4a5b-4c6d-8e9f-0a1b2c3d4e5f"), "TaskNotFound")
 
 
+@pytest.mark.sqlite_only(reason="the error lines of a missing SQLite path")
 def test_format_text_shows_the_class_the_reason_and_its_fix(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere" / "tasks.sqlite")
     result = run_cli("--db", missing, "status", "--format", "text")
@@ -81,10 +84,9 @@ def test_format_text_shows_the_class_the_reason_and_its_fix(tmp_path: Path) -> N
     assert unknown.stdout == "error: TaskNotFound\n" and unknown.code == 2
 
 
-def test_tasks_names_the_option_it_misses(tmp_path: Path) -> None:
+def test_tasks_names_the_option_it_misses(db: str) -> None:
     """The id list needs ``--status``; ``--attempts`` lists rows, so it needs ``--details`` (or
     ``--format text``): each refusal says an option is missing, not that a value was bad."""
-    db = str(tmp_path / "d" / "tasks.sqlite")
     assert_json_line(run_cli("--db", db, "init"))
     for argv in (["tasks"], ["tasks", "--name", "report.build"],
                  ["tasks", "--status", "running", "--attempts"], ["tasks", "--attempts"]):
@@ -104,6 +106,7 @@ def test_tasks_names_the_option_it_misses(tmp_path: Path) -> None:
     assert "needs --details or --format text" in " ".join(helped.split())
 
 
+@pytest.mark.sqlite_only(reason="the errors of a missing SQLite path")
 def test_exceptions_keep_their_reason(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as info:
         Ledger(str(tmp_path / "nowhere" / "tasks.sqlite"), read_only=True)
@@ -126,8 +129,7 @@ def test_every_reason_has_its_help_and_the_readme_shows_the_same() -> None:
 # ----------------------------------------------------------------------------- stdout
 
 
-def _stale_ledger(tmp_path: Path) -> tuple[str, str]:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def _stale_ledger(db: str) -> tuple[str, str]:
     with Ledger(db, clock=Clock(1_000.0)) as led:
         task = led.create_task(timeout_seconds=10)
         led.start_task(task.id, owner=False)
@@ -143,9 +145,9 @@ def _shell(command: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("command", ["status", "doctor", "reconcile", "init"])
 def test_a_closed_stdout_is_an_internal_failure_and_nothing_runs(
-    tmp_path: Path, command: str
+    db: str, command: str
 ) -> None:
-    db, tid = _stale_ledger(tmp_path)
+    db, tid = _stale_ledger(db)
     done = _shell(">&-", "--db", db, command)
     assert (done.returncode, done.stderr) == (3, "")
     with Ledger(db, read_only=True) as led:  # nothing could be reported, so nothing was done
@@ -155,9 +157,9 @@ def test_a_closed_stdout_is_an_internal_failure_and_nothing_runs(
 @pytest.mark.parametrize("argv", [["status"], ["reconcile"], ["--explain", "stauts"],
                                   ["metrics"], ["status", "--format", "text"]])
 def test_a_full_stdout_is_an_internal_failure_without_a_traceback(
-    tmp_path: Path, argv: list[str]
+    db: str, argv: list[str]
 ) -> None:
-    db, tid = _stale_ledger(tmp_path)
+    db, tid = _stale_ledger(db)
     done = _shell("> /dev/full", "--db", db, *argv)
     assert (done.returncode, done.stderr) == (3, "")
     if argv == ["reconcile"]:  # the pass ran; only its report was lost (exit 3 says so)

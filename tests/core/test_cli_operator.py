@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from core_helpers import CliResult, Clock, assert_cli_error, assert_json_line, cli_env, run_cli
+from ledger_backends import write_raw
 from task_state_guard import (
     InvalidInput,
     Ledger,
@@ -61,8 +61,7 @@ class Scene:
 
 
 @pytest.fixture
-def scene(tmp_path) -> Scene:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def scene(db: str) -> Scene:
     now = time.time()
     clock = Clock(now - DAY - 3 * HOUR)
     with Ledger(db, clock=clock) as led:
@@ -326,13 +325,9 @@ def test_events_of_errors_and_tampered_events(scene: Scene) -> None:
             led.events_of("not-an-id")
         assert [e.kind for e in led.events_of(scene.render)] == ["created"]
     assert_cli_error(tsg(scene, "get", str(uuid.uuid4()), "--events"), "TaskNotFound")
-    conn = sqlite3.connect(scene.db, isolation_level=None)
-    try:
-        conn.execute(
-            "UPDATE tsg_events SET code = 'CANARYq7x9zz' WHERE kind = 'closed' AND task_seq = "
-            "(SELECT seq FROM tsg_tasks WHERE id = ?)", (scene.first_attempt,))
-    finally:
-        conn.close()
+    write_raw(scene.db,
+              "UPDATE tsg_events SET code = 'CANARYq7x9zz' WHERE kind = 'closed' AND task_seq = "
+              "(SELECT seq FROM tsg_tasks WHERE id = ?)", (scene.first_attempt,))
     with Ledger(scene.db, read_only=True) as led, pytest.raises(StorageError):
         led.events_of(scene.first_attempt)
     for fmt in ("json", "text"):
@@ -384,11 +379,7 @@ def test_aggregates_as_text_are_counts_without_ids(scene: Scene) -> None:
 
 
 def test_doctor_text_keeps_exit_1_when_unhealthy(scene: Scene) -> None:
-    conn = sqlite3.connect(scene.db, isolation_level=None)
-    try:
-        conn.execute("UPDATE tsg_events SET at = at + 1 WHERE kind = 'created'")
-    finally:
-        conn.close()
+    write_raw(scene.db, "UPDATE tsg_events SET at = at + 1 WHERE kind = 'created'")
     result = tsg(scene, "doctor", "--format", "text")
     assert result.code == 1 and result.stdout.startswith("DOCTOR: UNHEALTHY\n")
     findings = assert_counts_block(block(result.stdout, "FINDINGS"))
@@ -421,8 +412,7 @@ REJECTED = ["1h30", "-5m", "1w", "nan", "", "15 m", "1H", "inf", "m", "+5m", "-5
 
 
 @pytest.mark.parametrize(("text", "seconds"), ACCEPTED)
-def test_create_timeout_takes_a_duration(tmp_path, text: str, seconds: float) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_create_timeout_takes_a_duration(db: str, text: str, seconds: float) -> None:
     task = ok(run_cli("--db", db, "create", "--timeout-seconds", text))["task"]
     assert task["timeout_seconds"] == seconds
 
@@ -528,8 +518,7 @@ def _closed_roots(db: str, count: int, age: float) -> None:
             led.close_task_settled(task.id, "succeeded")
 
 
-def test_prune_progress_over_several_batches(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_prune_progress_over_several_batches(db: str) -> None:
     _closed_roots(db, 4500, 2 * DAY)
     preview = run_cli("--db", db, "prune", "--older-than", "1d", "--dry-run", "--progress")
     lines = _progress_lines(preview, "prune")
@@ -543,8 +532,7 @@ def test_prune_progress_over_several_batches(tmp_path) -> None:
     assert run_cli("--db", db, "prune", "--older-than", "1d").stderr == ""
 
 
-def test_core_progress_callbacks_count_every_batch(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_core_progress_callbacks_count_every_batch(db: str) -> None:
     _closed_roots(db, 4500, 2 * DAY)
     calls: list[tuple[int, int]] = []
     with Ledger(db) as led:
@@ -565,8 +553,7 @@ def test_core_progress_callbacks_count_every_batch(tmp_path) -> None:
             led.prune(DAY, progress="no")  # type: ignore[arg-type]
 
 
-def test_a_failing_progress_callback_aborts_the_reconcile_unapplied(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_a_failing_progress_callback_aborts_the_reconcile_unapplied(db: str) -> None:
     clock = Clock(time.time() - DAY)
     with Ledger(db, clock=clock) as led:
         stale = led.create_task()
@@ -583,6 +570,7 @@ def test_a_failing_progress_callback_aborts_the_reconcile_unapplied(tmp_path) ->
         assert led.reconcile()["tasks_timed_out"] == 1
 
 
+@pytest.mark.sqlite_only(reason="a missing SQLite path stays missing")
 def test_new_read_forms_never_create_a_database(tmp_path) -> None:
     existing = tmp_path / "present"
     existing.mkdir(mode=0o700)
@@ -597,11 +585,12 @@ def test_new_read_forms_never_create_a_database(tmp_path) -> None:
         assert os.listdir(existing) == []
 
 
+@pytest.mark.sqlite_only(reason="0.1.0's SQLite file (tests/fixtures)")
 def test_events_and_rows_of_a_0_1_0_file_read_as_it_is_and_after_the_upgrade(tmp_path) -> None:
     directory = tmp_path / "old"
     directory.mkdir(mode=0o700)
     db = str(directory / "tasks.sqlite")
-    shutil.copyfile(Path(__file__).parent / "fixtures" / "ledger-0.1.0.sqlite", db)
+    shutil.copyfile(Path(__file__).parents[1] / "fixtures" / "ledger-0.1.0.sqlite", db)
     os.chmod(db, 0o600)
 
     def read() -> tuple[list[Any], dict[str, list[TaskEvent]]]:

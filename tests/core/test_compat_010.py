@@ -202,7 +202,7 @@ def test_doctor_report_shape(ledger: Ledger) -> None:
     assert all(type(report[k]) is int and report[k] == 0 for k in counts)
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="storage_info() of the SQLite backend")
 def test_storage_info_keys(db: str) -> None:
     with Ledger(db, busy_timeout_ms=1234) as led:
         led.create_task()
@@ -271,6 +271,7 @@ def test_any_finite_timeout_is_taken_and_a_start_without_a_finite_deadline_refus
     assert ledger.doctor()["healthy"] is True
 
 
+@pytest.mark.sqlite_only(reason="errors of SQLite files and paths (foreign file, links, modes)")
 def test_error_classes_catch_what_0_1_0_code_expects(tmp_path: Path) -> None:
     assert issubclass(StorageError, StateConflict) and issubclass(LedgerBusy, StateConflict)
     assert issubclass(UnsafeLocation, InvalidInput)
@@ -318,8 +319,8 @@ def test_error_classes_catch_what_0_1_0_code_expects(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
-def test_cli_surface(tmp_path: Path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+@pytest.mark.sqlite_only(reason="0.1.0's storage keys are the SQLite file's")
+def test_cli_surface(db: str) -> None:
     init = run_cli("--db", db, "--allow-external-acl", "init")
     payload = assert_json_line(init)
     assert init.code == 0 and set(payload) == {"ok", "storage"} and payload["ok"] is True
@@ -356,6 +357,7 @@ def test_cli_surface(tmp_path: Path) -> None:
     assert report["task_status_counts"]["failed"] == 1
 
 
+@pytest.mark.sqlite_only(reason="0.1.0's error names for SQLite paths and modes")
 def test_cli_error_names_are_0_1_0_categories(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
@@ -381,6 +383,7 @@ def owners_dir(db: str) -> str:
     return db + "-owners"
 
 
+@pytest.mark.sqlite_only(reason="the SQLite backend's owner lock directory")
 def test_owner_lock_directory_only_when_an_owner_is_recorded(tmp_path: Path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     with Ledger(db) as led:  # opening creates only the database (and SQLite's sidecars)
@@ -465,6 +468,7 @@ task-state-guard --db ./private-state/tasks.sqlite doctor
 '''
 
 
+@pytest.mark.sqlite_only(reason="the specification's quick start, verbatim, on a SQLite path")
 def test_specification_quick_start_runs_verbatim(tmp_path: Path) -> None:
     work = tmp_path / "app"
     work.mkdir(mode=0o700)

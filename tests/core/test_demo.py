@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from core_helpers import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +36,7 @@ def run_demo(tmpdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, cwd=str(REPO), timeout=120, check=False)
 
 
+@pytest.mark.sqlite_only(reason="the demo makes its own SQLite ledger in a temporary directory")
 def test_demo_twice_identical_and_matches_specification(tmp_path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir(mode=0o700)
@@ -59,6 +61,7 @@ def test_demo_twice_identical_and_matches_specification(tmp_path) -> None:
     assert os.listdir(scratch) == []  # the temporary ledger is removed
 
 
+@pytest.mark.sqlite_only(reason="the demo makes its own SQLite ledger in a temporary directory")
 def test_demo_as_the_specification_runs_it(tmp_path) -> None:
     """``PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python3 examples/...`` from the repository
     root (this repository keeps the core's source under packages/core/src; the demo finds it),

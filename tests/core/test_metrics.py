@@ -176,7 +176,7 @@ def test_exposition_is_strict_and_documented(ledger: Ledger, db: str) -> None:
     assert str(Path(db).parent) not in result.stdout
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="tampers with the SQLite file (raw UPDATE)")
 def test_a_tampered_name_is_an_escaped_invalid_label(ledger: Ledger, db: str) -> None:
     task = ledger.create_task(name="app.ok")
     raw_execute(db, ("UPDATE tsg_tasks SET name = ? WHERE id = ?", ('a"b\\c\nd', task.id)))
@@ -199,7 +199,7 @@ def _digest(db: str) -> str:
     return hashlib.sha256(Path(db).read_bytes()).hexdigest()
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a SQLite file taken back to layout 3")
 def test_a_v3_ledger_reads_totals_read_only_and_migrates_with_them(db: str) -> None:
     with Ledger(db) as led:
         _build(led)
@@ -230,7 +230,7 @@ def test_a_v3_ledger_reads_totals_read_only_and_migrates_with_them(db: str) -> N
 # ---------------------------------------------------------------------------- --textfile
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the textfile and the SQLite ledger's files side by side")
 def test_textfile_is_replaced_atomically_and_kept_on_error(ledger: Ledger, db: str,
                                                            tmp_path: Path) -> None:
     _build(ledger)
@@ -273,7 +273,7 @@ def test_textfile_is_replaced_atomically_and_kept_on_error(ledger: Ledger, db: s
     assert target.read_bytes() == before and os.listdir(out) == ["tsg.prom"]
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="digests the SQLite file's bytes")
 def test_a_read_command_never_writes(ledger: Ledger, db: str, tmp_path: Path) -> None:
     _build(ledger)
     ledger.close()

@@ -133,7 +133,7 @@ def test_read_only_live_ledger_from_many_threads(db: str) -> None:
     assert errors == []
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a closed SQLite file read in place (transient sidecars)")
 @pytest.mark.parametrize("transient", [True, False])
 def test_read_only_closed_ledger_from_many_threads(db: str, transient: bool) -> None:
     with Ledger(db, clock=Clock()) as writer:
@@ -207,7 +207,7 @@ def test_ledger_after_fork_child_and_parent_both_work(db: str) -> None:
     led.close()
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a closed SQLite file read in place (transient sidecars)")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 @pytest.mark.parametrize("transient", [True, False])
 def test_read_only_closed_ledger_after_fork(db: str, transient: bool) -> None:
@@ -519,7 +519,7 @@ def test_processes_opening_a_new_ledger_at_once_all_succeed(tmp_path, backend: s
                 assert led.doctor()["healthy"] is True
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the WAL/SHM pair a closing SQLite writer removes")
 def test_read_only_open_waits_out_a_writer_closing(db: str) -> None:
     """A closing writer removes the WAL, then the SHM: a read-only open that looks in between
     sees an incomplete pair. It waits (up to the busy timeout) instead of failing."""

@@ -126,7 +126,7 @@ def test_prune_in_batches(ledger: Ledger, clock: Clock, monkeypatch: pytest.Monk
     assert ledger.doctor() == {**ledger.doctor(), "healthy": True, "task_count": 0}
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite connection's page cache")
 def test_bulk_writes_restore_the_connection_settings(ledger: Ledger, clock: Clock) -> None:
     """Reconcile apply and prune borrow a larger page cache and give it back."""
     from task_state_guard.sqlite import connections
@@ -143,6 +143,7 @@ def test_bulk_writes_restore_the_connection_settings(ledger: Ledger, clock: Cloc
     assert after == before
 
 
+@pytest.mark.sqlite_only(reason="every byte and entry of the SQLite directory")
 def test_cli_prune_dry_run_changes_nothing(tmp_path) -> None:
     directory = str(tmp_path / "d")
     db = os.path.join(directory, "tasks.sqlite")
@@ -220,8 +221,7 @@ def test_status_of_empty_ledger(ledger: Ledger) -> None:
     assert report["oldest_running_age_seconds"] is None
 
 
-def test_cli_status_and_metrics_have_no_ids(tmp_path) -> None:
-    db = str(tmp_path / "d" / "tasks.sqlite")
+def test_cli_status_and_metrics_have_no_ids(db: str) -> None:
     clock = Clock(time.time() - 1000)
     with Ledger(db, clock=clock) as led:
         ids = build_status_ledger(led, clock)

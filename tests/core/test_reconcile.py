@@ -331,7 +331,7 @@ def raw_row(db: str, task_id: str, column: str) -> object:
         conn.close()
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a corrupt row written into the SQLite file by hand")
 def test_one_corrupt_row_does_not_block_the_others(db: str, clock: Clock) -> None:
     with Ledger(db, clock=clock) as led:
         running = [led.create_task() for _ in range(5)]
@@ -358,7 +358,7 @@ def test_one_corrupt_row_does_not_block_the_others(db: str, clock: Clock) -> Non
         assert corrupt not in repr(doctor)
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a corrupt row written into the SQLite file by hand")
 def test_corrupt_pending_delivery_row_does_not_block_the_others(db: str, clock: Clock) -> None:
     with Ledger(db, clock=clock) as led:
         pending = [led.create_task() for _ in range(4)]

@@ -132,7 +132,7 @@ def test_cli_get_shows_framework_id(db: str) -> None:
         _ids_absent(result.stdout + result.stderr, task.id, CELERY_ID)
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="tampers with the SQLite file (sqlite3)")
 def test_doctor_counts_a_tampered_framework_id(db: str) -> None:
     with Ledger(db) as led:
         task = led.create_task(framework_id=CELERY_ID)
@@ -144,7 +144,7 @@ def test_doctor_counts_a_tampered_framework_id(db: str) -> None:
         _ids_absent(json.dumps(report), task.id, "user data")
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's layout, read with sqlite3")
 def test_v3_schema_has_a_nullable_framework_id(db: str) -> None:
     with Ledger(db) as led:
         led.create_task()

@@ -295,7 +295,7 @@ def test_every_response_carries_the_security_headers(served: tuple[Served, Ledge
     assert first != server.request("/")[1]["Content-Security-Policy"]
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="a SQLite file made unreadable (file modes)")
 def test_an_unreadable_ledger_answers_503_without_detail(db: str, tmp_path: Path) -> None:
     with Ledger(db) as led:
         led.create_task()

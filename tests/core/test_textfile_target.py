@@ -14,7 +14,7 @@ from core_helpers import Clock, assert_cli_error, assert_json_line, run_cli
 from task_state_guard import Ledger
 
 pytestmark = [pytest.mark.skipif(os.name != "posix", reason="POSIX files"),
-              pytest.mark.sqlite_only]
+              pytest.mark.sqlite_only(reason="the SQLite file, sidecars and owner locks beside it")]
 
 
 def _state(path: Path) -> tuple[int, int, str | None]:

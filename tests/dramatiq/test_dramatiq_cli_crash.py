@@ -205,7 +205,7 @@ def test_shutdown_interrupts_notified_actor(redis_env: BrokerEnv) -> None:
         ledger.close()
 
 
-@pytest.mark.sqlite_only  # a ledger path whose directory is a file
+@pytest.mark.sqlite_only(reason="a ledger path whose directory is a file")
 def test_unwritable_ledger_never_breaks_messages(redis_env: BrokerEnv) -> None:
     blocker = redis_env.scratch / "not-a-directory"
     blocker.write_text("a file where the ledger's directory should be")

@@ -21,7 +21,7 @@ def _unusable(env: BrokerEnv, tmp_path: Path) -> str:
     return str(directory / "tasks.sqlite")
 
 
-@pytest.mark.sqlite_only  # a SQLite directory others could write
+@pytest.mark.sqlite_only(reason="a SQLite directory others could write")
 def test_an_unusable_ledger_is_logged_once_per_process(redis_env: BrokerEnv,
                                                        tmp_path: Path) -> None:
     db = _unusable(redis_env, tmp_path)
@@ -42,7 +42,7 @@ def test_an_unusable_ledger_is_logged_once_per_process(redis_env: BrokerEnv,
         worker.stop()
 
 
-@pytest.mark.sqlite_only  # a SQLite directory others could write
+@pytest.mark.sqlite_only(reason="a SQLite directory others could write")
 def test_require_ledger_refuses_to_start_the_worker(redis_env: BrokerEnv,
                                                     tmp_path: Path) -> None:
     db = _unusable(redis_env, tmp_path)

@@ -109,7 +109,7 @@ def test_preview_mode_only_logs_the_preview(ledgers: Ledgers, owners: tuple[str,
     assert tsg(ledgers.db, "get", dead_id)["task"]["status"] == "running"
 
 
-@pytest.mark.sqlite_only  # the volume's directory and file modes
+@pytest.mark.sqlite_only(reason="the volume's directory and file modes")
 def test_a_fresh_volume_gets_a_private_ledger(ledgers: Ledgers) -> None:
     done = _run(ledgers.db, sys.executable, "-c", WORKER)
     assert done.returncode == 7, done.stdout + done.stderr
@@ -155,7 +155,7 @@ def test_sigterm_reaches_the_worker_itself(ledgers: Ledgers) -> None:
         ("no-command", None, 64),
     ],
 )
-@pytest.mark.sqlite_only  # refusals of the volume's path; nothing created on it
+@pytest.mark.sqlite_only(reason="refusals of the volume's path; nothing created on it")
 def test_a_refusal_never_starts_the_worker(
     ledgers: Ledgers, tmp_path: Path, setup: str, mode: str | None, code: int
 ) -> None:

@@ -184,7 +184,7 @@ def _group_writable(ledgers: Ledgers) -> str:
     return str(directory / "tasks.sqlite")
 
 
-@pytest.mark.sqlite_only  # a SQLite directory others could write
+@pytest.mark.sqlite_only(reason="a SQLite directory others could write")
 def test_an_unusable_ledger_is_logged_once_and_the_server_serves(
     ledgers: Ledgers, tmp_path: Path, servers: list[Api]
 ) -> None:
@@ -202,7 +202,7 @@ def test_an_unusable_ledger_is_logged_once_and_the_server_serves(
     assert api.call("GET", "/healthz")[1]["ledger_errors"] > 0  # counted, not hidden
 
 
-@pytest.mark.sqlite_only  # a SQLite directory others could write
+@pytest.mark.sqlite_only(reason="a SQLite directory others could write")
 def test_require_ledger_refuses_to_start_the_server(
     ledgers: Ledgers, tmp_path: Path, servers: list[Api]
 ) -> None:

@@ -79,7 +79,7 @@ def server(db: str) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-@pytest.mark.sqlite_only  # another process holds the SQLite file's write lock
+@pytest.mark.sqlite_only(reason="another process holds the SQLite file's write lock")
 def test_event_loop_never_waits_for_a_locked_ledger(server: str, db: str) -> None:
     # Warm up: the ledger is open and the writer thread running before the lock is taken.
     assert _get(server + "/run/warm")["running_before_first_node"] is True

@@ -1,6 +1,6 @@
 """PostgreSQL ledgers written by earlier builds migrate to the current layout whole.
 
-Each ``pg-v<N>-<commit>.sql.gz`` in ``tests/core/fixtures/layouts/`` is a ``pg_dump`` of the
+Each ``pg-v<N>-<commit>.sql.gz`` in ``tests/fixtures/layouts/`` is a ``pg_dump`` of the
 schema the PostgreSQL package of that commit wrote (``scripts/layout_fixtures.py
 --postgresql``: a queued task, a running one with a failed child, a closed and delivered one),
 so the functions, triggers and rows are what that build left, not what this release's
@@ -22,7 +22,7 @@ from task_state_guard import Ledger
 from task_state_guard_postgres import SCHEMA_VERSION
 from task_state_guard_postgres.ddl import MIGRATIONS
 
-LAYOUTS = Path(__file__).resolve().parent.parent / "core" / "fixtures" / "layouts"
+LAYOUTS = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 DUMPS = sorted(LAYOUTS.glob("pg-v*.sql.gz"))
 DUMPED_SCHEMA = "tsg_layout_fixture"  # the schema name inside every dump
 

@@ -86,7 +86,7 @@ def test_checker_excuses_only_a_prune_under_way(tmp_path: Path, ledger_target: s
     assert checker.pruned_ok == 1
 
 
-@pytest.mark.sqlite_only  # the SQLite backend's owner lock files (flock)
+@pytest.mark.sqlite_only(reason="the SQLite backend's owner lock files (flock)")
 def test_owner_lock_survives_a_concurrent_cleanup(ledger_target: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression (found by the crash soak, once in 1,000 SIGKILL cycles, fixed in the core): the

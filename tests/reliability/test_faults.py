@@ -37,7 +37,7 @@ from task_state_guard import Ledger, LedgerBusy, LedgerError, StorageError, reas
 
 from .conftest import assert_cli_error, cli_env, one_json_line, run_cli
 
-pytestmark = pytest.mark.sqlite_only  # the SQLite file's faults (see above)
+pytestmark = pytest.mark.sqlite_only(reason="the SQLite file's faults (see above)")
 
 UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
                 "--inh-caps=-dac_override,-dac_read_search"]

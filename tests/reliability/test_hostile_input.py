@@ -233,7 +233,7 @@ def test_cli_real_subprocess_undecodable_argv(env: _Env) -> None:
     assert_cli_error(proc.returncode, proc.stdout.decode(), "")
 
 
-@pytest.mark.sqlite_only  # a SQLite path (a directory named with the canary)
+@pytest.mark.sqlite_only(reason="a SQLite path (a directory named with the canary)")
 def test_cli_canary_database_path_is_not_echoed(tmp_path: Path) -> None:
     db = tmp_path / f"d{CANARY}" / "tasks.sqlite"
     for args in (["doctor"], ["init"], ["create"], ["status"], ["metrics"]):
@@ -342,7 +342,7 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
         ledger.close()
 
 
-@pytest.mark.sqlite_only  # fuzzed SQLite file paths
+@pytest.mark.sqlite_only(reason="fuzzed SQLite file paths")
 @FUZZ
 @given(path=st.one_of(canary_text(), st.text(max_size=30), st.binary(max_size=10), ANY))
 def test_api_ledger_path_fuzz(path: Any) -> None:
@@ -418,7 +418,7 @@ def test_tampered_rows_are_not_returned(ledger_target: str, field: str) -> None:
     _tamper_case(ledger_target, field)
 
 
-@pytest.mark.sqlite_only  # text in a REAL column: PostgreSQL's double precision refuses it
+@pytest.mark.sqlite_only(reason="text in a REAL column: PostgreSQL's double precision refuses it")
 def test_tampered_timestamp_is_not_returned(ledger_target: str) -> None:
     _tamper_case(ledger_target, "timestamp")
 
@@ -437,7 +437,7 @@ def _victim(tmp_path: Path, wal: bool = True) -> tuple[Path, bytes]:
     return victim, victim.read_bytes()
 
 
-@pytest.mark.sqlite_only  # the SQLite file's path checks
+@pytest.mark.sqlite_only(reason="the SQLite file's path checks")
 @pytest.mark.parametrize("existing", [True, False], ids=["existing-db", "new-db"])
 def test_symlink_swapped_between_check_and_open(tmp_path: Path, existing: bool,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
@@ -476,7 +476,7 @@ def _exchange(a: Path, b: Path) -> None:
         raise OSError(ctypes.get_errno(), "renameat2")
 
 
-@pytest.mark.sqlite_only  # the SQLite file's path checks
+@pytest.mark.sqlite_only(reason="the SQLite file's path checks")
 def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
     """The database path flips atomically between the real file and a symlink to a victim
     while ledgers keep opening and writing: only ok or StorageError (a replaced file, or a
@@ -523,7 +523,7 @@ def test_symlink_swap_race_against_a_running_ledger(tmp_path: Path) -> None:
         assert ledger.doctor()["healthy"]
 
 
-@pytest.mark.sqlite_only  # the SQLite file's creation
+@pytest.mark.sqlite_only(reason="the SQLite file's creation")
 def test_database_path_flapping_during_creation(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression (found by the live swap race, fixed in the core). Deterministic interleaving:
@@ -555,7 +555,7 @@ def test_database_path_flapping_during_creation(tmp_path: Path,
     assert result is None or isinstance(result, LedgerError)
 
 
-@pytest.mark.sqlite_only  # links to the SQLite file
+@pytest.mark.sqlite_only(reason="links to the SQLite file")
 def test_hard_links_are_refused(tmp_path: Path) -> None:
     db = tmp_path / "l" / "tasks.sqlite"
     with Ledger(db) as ledger:
@@ -569,7 +569,7 @@ def test_hard_links_are_refused(tmp_path: Path) -> None:
     Ledger(db).close()
 
 
-@pytest.mark.sqlite_only  # the SQLite file's sidecars
+@pytest.mark.sqlite_only(reason="the SQLite file's sidecars")
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
 @pytest.mark.parametrize("kind", ["symlink", "hardlink", "directory", "fifo"])
 def test_sidecar_aliases_are_refused(tmp_path: Path, suffix: str, kind: str) -> None:
@@ -594,7 +594,7 @@ def test_sidecar_aliases_are_refused(tmp_path: Path, suffix: str, kind: str) -> 
     assert victim.read_bytes() == before
 
 
-@pytest.mark.sqlite_only  # the SQLite file's path
+@pytest.mark.sqlite_only(reason="the SQLite file's path")
 def test_database_path_aliases_are_refused(tmp_path: Path) -> None:
     victim, before = _victim(tmp_path)
     d = tmp_path / "l"
@@ -611,7 +611,7 @@ def test_database_path_aliases_are_refused(tmp_path: Path) -> None:
     assert victim.read_bytes() == before
 
 
-@pytest.mark.sqlite_only  # the SQLite backend's owner lock directory
+@pytest.mark.sqlite_only(reason="the SQLite backend's owner lock directory")
 def test_owner_directory_alias_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "l" / "tasks.sqlite"
     elsewhere = tmp_path / "elsewhere"
@@ -624,7 +624,7 @@ def test_owner_directory_alias_is_refused(tmp_path: Path) -> None:
         assert os.listdir(elsewhere) == []
 
 
-@pytest.mark.sqlite_only  # the SQLite file's directories
+@pytest.mark.sqlite_only(reason="the SQLite file's directories")
 @pytest.mark.parametrize("case", ["ancestor-0777", "ancestor-0775", "leaf-0777", "leaf-0770",
                                   "ancestor-foreign-owner", "leaf-foreign-owner",
                                   "leaf-symlink-to-open-dir"])
@@ -653,7 +653,7 @@ def test_unsafe_ancestors_are_refused(tmp_path: Path, case: str) -> None:
     assert not db.exists()
 
 
-@pytest.mark.sqlite_only  # the SQLite file's directories
+@pytest.mark.sqlite_only(reason="the SQLite file's directories")
 def test_sticky_world_writable_ancestor_is_accepted(tmp_path: Path) -> None:
     base = tmp_path / "shared"
     base.mkdir()

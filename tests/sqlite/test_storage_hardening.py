@@ -1,7 +1,8 @@
 """What a hostile local user and a careless operator found in the storage rules, each a
 regression test: symbolic links in the path are judged where they lead, a file that is not a
-ledger is never chmodded, the owner lock directory is never followed through a link, and only
-the commands that create a ledger ever create one."""
+ledger is never chmodded, the owner lock directory is never followed through a link, and a
+task command never creates a mistyped SQLite path (on either backend:
+``tests/core/test_creating_commands.py``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from pathlib import Path
 
 import pytest
 from core_helpers import (
+    NEVER_CREATE,
     Clock,
     assert_cli_error,
     assert_json_line,
-    is_sqlite,
     run_cli,
 )
-from ledger_backends import pg_schema_exists
-from task_state_guard import InvalidInput, Ledger, StorageError, UnsafeLocation
+from task_state_guard import Ledger, StorageError, UnsafeLocation
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX storage contract")
 TID = "6f1c1d4e-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
@@ -45,7 +45,7 @@ def _refused(path: Path, reason: str) -> None:
 # ----------------------------------------------------------------------------- symlinked paths
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_symlinked_directory_is_judged_where_it_leads(tmp_path: Path) -> None:
     """``--db w/lnk/t.sqlite`` with ``w/lnk -> ww/d`` and ``ww`` world-writable is refused like
     ``--db ww/d/t.sqlite``: whoever controls ``ww`` could swap ``d``."""
@@ -64,7 +64,7 @@ def test_a_symlinked_directory_is_judged_where_it_leads(tmp_path: Path) -> None:
     assert os.listdir(d) == []
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_the_directory_holding_a_link_is_judged_too(tmp_path: Path) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
@@ -76,7 +76,7 @@ def test_the_directory_holding_a_link_is_judged_too(tmp_path: Path) -> None:
     assert os.listdir(private) == []
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_safe_symlinked_directory_opens_at_its_real_path(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
@@ -91,7 +91,7 @@ def test_a_safe_symlinked_directory_opens_at_its_real_path(tmp_path: Path) -> No
         assert ro.get_task(task.id).status == "queued"
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_path_that_later_leads_elsewhere_is_refused(tmp_path: Path) -> None:
     """Re-pointing a directory link under an open ledger: its next connection (another
     thread) finds the path leading to another file and refuses it."""
@@ -136,7 +136,7 @@ def _modes(directory: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_file_that_is_not_a_ledger_keeps_its_mode(tmp_path: Path) -> None:
     m = tmp_path / "m"
     m.mkdir(mode=0o700)
@@ -167,7 +167,7 @@ def test_a_file_that_is_not_a_ledger_keeps_its_mode(tmp_path: Path) -> None:
         holder.close()
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_a_ledger_is_tightened_once_recognised(tmp_path: Path) -> None:
     db = tmp_path / "d" / "t.sqlite"
     Ledger(str(db)).close()
@@ -189,7 +189,7 @@ with Ledger(sys.argv[1]) as led:
 """
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 def test_reconcile_never_follows_a_symlinked_owner_directory(tmp_path: Path) -> None:
     """A dead owner's lock file behind a symlinked ``<db>-owners``: reconcile neither takes it
     as proof (the task waits for its grace) nor deletes anything there."""
@@ -223,16 +223,7 @@ def test_reconcile_never_follows_a_symlinked_owner_directory(tmp_path: Path) -> 
 # ----------------------------------------------------------------------------- creating
 
 
-NEVER_CREATE = [
-    ["start", TID],
-    ["heartbeat", TID],
-    ["close", TID, "--status", "succeeded"],
-    ["delivery", TID, "--status", "delivered"],
-    ["prune", "--older-than", "1d"],
-]
-
-
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")
 @pytest.mark.parametrize("args", NEVER_CREATE, ids=lambda a: a[0])
 def test_a_mistyped_db_is_never_created_by_a_task_command(tmp_path: Path, args: list[str]) -> None:
     typo_dir = tmp_path / "typo" / "tasks.sqlite"
@@ -244,57 +235,3 @@ def test_a_mistyped_db_is_never_created_by_a_task_command(tmp_path: Path, args: 
     assert_cli_error(run_cli("--explain", "--db", str(present / "tasks.sqlite"), *args),
                      "InvalidInput", reason="database_missing")
     assert os.listdir(present) == []
-
-
-@pytest.mark.postgresql_only
-@pytest.mark.parametrize("args", NEVER_CREATE, ids=lambda a: a[0])
-def test_a_mistyped_postgresql_schema_is_never_created(db: str, args: list[str]) -> None:
-    assert_cli_error(run_cli("--explain", "--db", db, *args), "InvalidInput",
-                     reason="database_missing")
-    assert not pg_schema_exists(db)
-
-
-def test_the_creating_commands_and_create_false(db: str, tmp_path: Path) -> None:
-    """init, create and reconcile (whose apply mode the specification keeps on the normal,
-    creating open) make a missing ledger; ``Ledger(path, create=False)`` never does."""
-    with pytest.raises(InvalidInput) as info:
-        Ledger(db, create=False)
-    assert info.value.reason in ("database_missing", "directory_missing")
-    if is_sqlite(db):
-        assert not os.path.exists(db)
-    else:
-        assert not pg_schema_exists(db)
-    assert_json_line(run_cli("--db", db, "reconcile"))
-    with Ledger(db, create=False, clock=Clock()) as led:  # an existing one opens as usual
-        led.create_task()
-    if is_sqlite(db):
-        for command in ("init", "create"):
-            fresh = str(tmp_path / command / "tasks.sqlite")
-            assert_json_line(run_cli("--db", fresh, command))
-            assert os.path.exists(fresh)
-
-
-@pytest.mark.parametrize(("option", "value", "message"), [
-    ("clock", 5, "clock must be callable"),
-    ("clock", 0, "clock must be callable"),
-    ("busy_timeout_ms", 1.5, "busy_timeout_ms must be an integer"),
-    ("busy_timeout_ms", True, "busy_timeout_ms must be an integer"),
-    ("busy_timeout_ms", -1, "busy_timeout_ms is out of range"),
-    ("busy_timeout_ms", 600_001, "busy_timeout_ms is out of range"),
-    ("read_only", 1, "flags must be booleans"),
-    ("create", "yes", "flags must be booleans"),
-    ("transient_sidecars", None, "flags must be booleans"),
-    ("allow_external_acl", 0, "flags must be booleans"),
-])
-def test_an_invalid_open_option_is_refused_before_anything_is_made(
-    db: str, option: str, value: object, message: str
-) -> None:
-    """Every backend refuses the same invalid options with the same fixed error, before it
-    connects or creates anything."""
-    with pytest.raises(InvalidInput) as info:
-        Ledger(db, **{option: value})  # type: ignore[arg-type]
-    assert str(info.value) == message
-    if is_sqlite(db):
-        assert not os.path.exists(db)
-    else:
-        assert not pg_schema_exists(db)

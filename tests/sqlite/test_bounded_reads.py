@@ -35,7 +35,7 @@ TASKS = 100_000
 RENDER = "app.tasks." + "render_" * 25
 PLAN = "agent." + "plan_" * 35
 FETCH = "app.tasks." + "fetch_" * 30
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 # Runs the CLI in this child and reports its own peak RSS (VmHWM) on stderr.
 _MEASURED_CLI = r"""

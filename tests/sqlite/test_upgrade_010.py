@@ -1,5 +1,6 @@
-"""Upgrading a ledger written by the published 0.1.0: the file in ``fixtures/`` (see its README)
-is copied into a private directory, then opened the way a 0.1.0 user's upgrade would open it.
+"""Upgrading a ledger written by the published 0.1.0: the file in ``tests/fixtures/`` (see its
+README) is copied into a private directory, then opened the way a 0.1.0 user's upgrade would
+open it.
 
 A writable open migrates it to the current schema in one transaction; every task reads back with
 exactly the values 0.1.0 returned; doctor calls it healthy; reconcile, new transitions and the
@@ -38,7 +39,7 @@ from task_state_guard import (
 )
 from task_state_guard.integration import AdapterRuntime, resolve_settings
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 EXPECTED: dict[str, dict[str, Any]] = json.loads(
     (FIXTURES / "ledger-0.1.0.expected.json").read_text()
 )["tasks"]

@@ -1,6 +1,6 @@
 """Ledgers written by earlier builds open, migrate and stay whole.
 
-Each file in ``fixtures/layouts/`` was written by the core of an earlier commit of this
+Each file in ``tests/fixtures/layouts/`` was written by the core of an earlier commit of this
 repository (``scripts/layout_fixtures.py``: a queued task, a running one with a failed child, a
 closed and delivered one), so it keeps the exact text of the statements that build used: a
 migration that matches the text it rewrites is tested against what real files hold, not
@@ -21,9 +21,9 @@ import pytest
 from core_helpers import assert_json_line, run_cli
 from task_state_guard import Ledger, StorageError
 
-pytestmark = pytest.mark.sqlite_only
+pytestmark = pytest.mark.sqlite_only(reason="SQLite files earlier builds wrote")
 
-LAYOUTS = Path(__file__).parent / "fixtures" / "layouts"
+LAYOUTS = Path(__file__).parents[1] / "fixtures" / "layouts"
 MIGRATED = sorted(p for p in LAYOUTS.glob("v*.sqlite.gz") if "snapshot" not in p.name)
 SNAPSHOTS = sorted(LAYOUTS.glob("*snapshot*.sqlite.gz"))
 

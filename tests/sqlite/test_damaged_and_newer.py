@@ -15,7 +15,7 @@ from core_helpers import Clock, assert_cli_error, assert_json_line, run_cli
 from task_state_guard import Ledger, StorageError
 
 pytestmark = [pytest.mark.skipif(os.name != "posix", reason="POSIX files"),
-              pytest.mark.sqlite_only]
+              pytest.mark.sqlite_only(reason="damaged and newer SQLite files")]
 
 
 def _fingerprint(path: Path) -> tuple[int, str]:
