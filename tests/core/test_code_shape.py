@@ -141,6 +141,7 @@ _FAKE = {
 }
 
 
+@pytest.mark.no_ledger(reason="writes a small source tree to check, no ledger")
 def test_the_checker_finds_what_it_looks_for(tmp_path: Path) -> None:
     for rel, text in _FAKE.items():
         path = tmp_path / "packages" / rel
