@@ -28,7 +28,8 @@ HELP: dict[str, tuple[str, str]] = {
         'remove it; quote values with spaces',
     ),
     r.MISSING_ARGUMENT: (
-        'a required argument or option is absent (an id, `--status`, `--older-than`)',
+        'a required argument or option is absent (an id, `--status`, `--older-than`, `--details` '
+        'with `tasks --attempts`)',
         'add it',
     ),
     r.MISSING_VALUE: (
@@ -282,7 +283,8 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     r.BACKEND_MISSING: (
         'a `postgresql://` URL, but `task-state-guard-postgres` is not installed',
-        '`pip install task-state-guard-postgres`',
+        'install `task-state-guard-postgres` beside the core (from a clone: '
+        '`pip install ./packages/backend-postgres`)',
     ),
     r.SERVER_UNREACHABLE: (
         'the PostgreSQL server could not be reached, or the connection broke (also a refusal '
