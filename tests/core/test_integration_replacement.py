@@ -56,10 +56,10 @@ def test_a_stage_delivery_claims_its_placeholders_and_holds_them(
     ledger: Ledger, rt: AdapterRuntime
 ) -> None:
     replaced_a, replaced_b, own = job(rt), job(rt), job(rt, start=False)
-    queued = new_id()
-    rt.queue_attempt(queued, replaced_a, name="app.stage")
+    queued = new_id()  # published as the delivery claims it: same name, same timeout
+    rt.queue_attempt(queued, replaced_a, name="app.stage", timeout_seconds=30.0)
     taken = new_id()  # another delivery of the same message has this one
-    rt.queue_attempt(taken, replaced_b, name="app.stage")
+    rt.queue_attempt(taken, replaced_b, name="app.stage", timeout_seconds=30.0)
     rt.claim_attempt(replaced_b, name="app.stage", expected=[(taken, False)])
     missing = new_id()  # its publish was not recorded: claimed as it is created
 
