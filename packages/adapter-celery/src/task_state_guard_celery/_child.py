@@ -11,7 +11,6 @@ the outcome signals.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 from celery.exceptions import (  # type: ignore[import-untyped]
@@ -22,8 +21,9 @@ from celery.exceptions import (  # type: ignore[import-untyped]
 from task_state_guard import TaskNotFound
 from task_state_guard.integration import AdapterRuntime, name_label
 from task_state_guard.integration import codes as c
+from task_state_guard.integration.replacement import begin_with_stages, settle_if_idle
 
-from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id
+from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id, stage_fallback_id
 from ._redelivery import broker_window
 from ._replace import ReplaceLinks
 from ._request import (
@@ -98,29 +98,29 @@ class ChildReceivers:
             # exists; the other tasks of a replacement (a stage: they carry the replaced ids)
             # are logical tasks of their own.
             opens = retries(ctx) == 0 and (nesting(ctx) == 0 or bool(replaced_ids(ctx)))
-            attempt: str | None = None
             stages: dict[str, str] = {}
-            try:
-                # One write; with stages to claim, one transaction with their claims.
-                with rt.ledger.atomic() if waiting else nullcontext():
+            if not waiting:  # one write
+                try:
+                    attempt = begin(opens)
+                except TaskNotFound:
+                    # A retry or replacement whose parent was never recorded (the ledger
+                    # was unavailable when the first attempt ran): record the parent now.
+                    attempt = begin(True)
+            else:
+
+                def begin_or_open() -> str:
                     try:
-                        attempt = begin(opens)
-                    except TaskNotFound:
-                        # A retry or replacement whose parent was never recorded (the ledger
-                        # was unavailable when the first attempt ran): record the parent now.
-                        attempt = begin(True)
-                    if waiting:
-                        stages = self.links.claim(
-                            ctx, celery_id, attempt, waiting, name=name,
-                            timeout_seconds=attempt_timeout(task),
-                        )
-            except BaseException:
-                if attempt is not None:
-                    rt.release(attempt, parent)
-                raise
+                        return begin(opens)
+                    except TaskNotFound:  # as above
+                        return begin(True)
+
+                # One transaction: this delivery's attempt and its stage claims.
+                attempt, stages = begin_with_stages(
+                    rt, begin_or_open, parent, self.links.stages(ctx, celery_id, waiting),
+                    fallback_id=stage_fallback_id, name=name,
+                    timeout_seconds=attempt_timeout(task),
+                )
             set_attempt(ctx, Attempt(attempt, parent, stages=stages))
-            if stages:
-                rt.hold(*stages.values())
 
     # ------------------------------------------------------------------ outcomes
 
@@ -216,7 +216,9 @@ class ChildReceivers:
                 self._finish(ctx, "task_postrun", c.CANCELLED, c.IGNORED, parent_close=False)
                 with self.rt.guarded("task_postrun"):
                     for logical in (att.parent_id, *map(logical_task_id, att.stages)):
-                        self.links.close_if_idle(logical, c.CANCELLED, c.IGNORED, "task_postrun")
+                        settle_if_idle(
+                            self.rt, logical, (c.CANCELLED, c.IGNORED), where="task_postrun"
+                        )
             elif state == "REJECTED":
                 self._rejected(task, ctx, att, retval, task_id)
             elif state == "SUCCESS":

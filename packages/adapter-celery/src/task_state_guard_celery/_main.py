@@ -21,6 +21,7 @@ from celery.exceptions import (  # type: ignore[import-untyped]
 )
 from task_state_guard.integration import AdapterRuntime, name_label
 from task_state_guard.integration import codes as c
+from task_state_guard.integration.supervisor import attempt_ran_as, end_if_open
 
 from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id, token_attempt_id
 from ._replace import ReplaceLinks
@@ -61,20 +62,11 @@ class MainReceivers:
     def _resolve(self, ctx: Any, celery_id: str, *, with_nesting: bool = True) -> str | None:
         """The attempt a delivery ran as: the token's fresh attempt if recorded, else a running
         placeholder the executing process claimed."""
-        named = token_attempt_id(token(ctx)) if token(ctx) else None
-        if named is not None and self.rt.get(named) is not None:
-            return named
-        for candidate in placeholder_attempts(ctx, celery_id, with_nesting=with_nesting):
-            found = self.rt.get(candidate)
-            if found is not None and found.status == c.RUNNING:
-                return candidate
-        return None
-
-    def _close_if_open(self, attempt: str | None, status: str, code: str, where: str) -> None:
-        if attempt is not None:
-            found = self.rt.get(attempt)
-            if found is not None and found.status in c.ACTIVE:
-                self.rt.close_attempt(attempt, status, code, where=where)
+        return attempt_ran_as(
+            self.rt,
+            token_attempt_id(token(ctx)) if token(ctx) else None,
+            placeholder_attempts(ctx, celery_id, with_nesting=with_nesting),
+        )
 
     def _queue(self, attempt_id: str, celery_id: str, task: Any) -> None:
         self.rt.queue_attempt(
@@ -155,10 +147,10 @@ class MainReceivers:
                 continue
             earlier = _Earlier(tag, count, again)
             attempt = self._resolve(earlier, celery_id, with_nesting=False)
-            if attempt is not None:
-                found = self.rt.get(attempt)
-                if found is not None and found.status == c.RUNNING:
-                    self.rt.close_attempt(attempt, c.FAILED, c.WORKER_LOST, where="task_received")
+            end_if_open(
+                self.rt, attempt, (c.FAILED, c.WORKER_LOST), where="task_received",
+                states=(c.RUNNING,),
+            )
         with self._inflight_lock:
             if keep:
                 self._inflight[celery_id] = keep
@@ -190,7 +182,7 @@ class MainReceivers:
             )
             if requeued:
                 self._queue(requeue_attempt_id(task_id, retries(ctx) if same else 0), task_id, task)
-            self._close_if_open(attempt, status, code, "task_failure")
+            end_if_open(self.rt, attempt, (status, code), where="task_failure")
             if same:  # Celery fails the rest of a chain / a chord's body with this task
                 self.links.end_delivery(
                     ctx, task_id, attempt, status, code, settle=not requeued, where="task_failure"
@@ -215,7 +207,7 @@ class MainReceivers:
                 if not parent_close:
                     # acks_late: the broker gets the message back; keep the parent open.
                     self._queue(requeue_attempt_id(celery_id, count), celery_id, sender)
-            self._close_if_open(attempt, status, code, "task_retry")
+            end_if_open(self.rt, attempt, (status, code), where="task_retry")
             self.links.end_delivery(
                 ctx, celery_id, attempt, status, code, settle=parent_close, where="task_retry"
             )
@@ -253,11 +245,11 @@ class MainReceivers:
                 if attempt is not None:
                     self.rt.close_attempt(attempt, c.CANCELLED, c.REVOKED, where="task_revoked")
             elif count > 0:
-                placeholder = self.rt.get(retry_attempt_id(celery_id, count))
-                if placeholder is not None and placeholder.status == c.QUEUED:
-                    self.rt.close_attempt(
-                        placeholder.id, c.CANCELLED, c.REVOKED, where="task_revoked"
-                    )
+                # A retry still waiting in the broker (its countdown) is cancelled with it.
+                end_if_open(
+                    self.rt, retry_attempt_id(celery_id, count), (c.CANCELLED, c.REVOKED),
+                    where="task_revoked", states=(c.QUEUED,),
+                )
             self.links.end_delivery(
                 request, celery_id, attempt, c.CANCELLED, c.REVOKED, settle=True,
                 where="task_revoked",

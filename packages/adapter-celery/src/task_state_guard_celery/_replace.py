@@ -39,7 +39,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
-from task_state_guard.integration import codes as c
+from task_state_guard.integration.replacement import job_open, replaced_endings
+from task_state_guard.integration.supervisor import first_open
 
 from ._ids import logical_task_id, replace_attempt_id, stage_attempt_id, stage_fallback_id
 from ._request import REPLACED_KEY, Attempt, attempt_timeout, nesting, replaced_ids, retries
@@ -136,39 +137,23 @@ class ReplaceLinks:
     def waiting(self, ctx: Any, celery_id: str) -> list[str]:
         """The replaced tasks still open that this delivery works for (read before the prerun
         transaction: the ledger reads outside of it)."""
-        out: list[str] = []
-        for replaced in dict.fromkeys(replaced_ids(ctx)):
-            if replaced != celery_id and self._open(replaced):
-                out.append(replaced)  # a closed one (an earlier stage failed) waits no more
-        return out
+        return [
+            replaced  # a closed one (an earlier stage failed) waits no more
+            for replaced in dict.fromkeys(replaced_ids(ctx))
+            if replaced != celery_id and job_open(self.rt, logical_task_id(replaced))
+        ]
 
-    def _open(self, celery_id: str) -> bool:
-        found = self.rt.get(logical_task_id(celery_id))
-        return found is not None and found.status not in c.TERMINAL
-
-    def claim(
-        self,
-        ctx: Any,
-        celery_id: str,
-        attempt_id: str,
-        waiting: Iterable[str],
-        *,
-        name: str | None,
-        timeout_seconds: float | None,
-    ) -> dict[str, str]:
-        """Claim this delivery's stage attempts under the ``waiting`` replaced tasks (inside
-        the prerun transaction)."""
-        stages: dict[str, str] = {}
-        for replaced in waiting:
-            placeholder = stage_attempt_id(replaced, celery_id, retries(ctx), nesting(ctx))
-            stages[replaced] = self.rt.claim_attempt(
+    @staticmethod
+    def stages(ctx: Any, celery_id: str, waiting: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """The stage attempts this delivery claims under the ``waiting`` replaced tasks: Celery
+        id -> (the replaced logical task, the stage placeholder queued for this message)."""
+        return {
+            replaced: (
                 logical_task_id(replaced),
-                name=name,
-                timeout_seconds=timeout_seconds,
-                expected=[(placeholder, True)],
-                fresh_id=stage_fallback_id(replaced, attempt_id),
+                stage_attempt_id(replaced, celery_id, retries(ctx), nesting(ctx)),
             )
-        return stages
+            for replaced in waiting
+        }
 
     @staticmethod
     def stage_closings(stages: Mapping[str, str], status: str, code: str) -> list[Closing]:
@@ -176,32 +161,10 @@ class ReplaceLinks:
         return [(stage, status, code, True) for stage in stages.values()]
 
     def end_replaced(self, replaced: Iterable[str], status: str, code: str) -> list[Closing]:
-        """Closes that end replaced tasks whose replacement ended without success: what of the
-        replacement is still queued (``cancelled/skipped``), then the logical task itself.
-        Reads the ledger: call it outside of a transaction."""
-        closings: list[Closing] = []
-        for celery_id in replaced:
-            logical = logical_task_id(celery_id)
-            found = self.rt.get(logical)
-            if found is None or found.status in c.TERMINAL:
-                continue
-            closings += [
-                (child.id, c.CANCELLED, c.SKIPPED, True)
-                for child in self.rt.ledger.children_of(logical)
-                if child.status == c.QUEUED
-            ]
-            closings.append((logical, status, code, False))
-        return closings
-
-    def close_if_idle(self, logical: str, status: str, code: str, where: str) -> None:
-        """Close a logical task unless it is closed already or still has work queued or running
-        (``Task.replace()``: the replacement carries it on)."""
-        found = self.rt.get(logical)
-        if found is None or found.status in c.TERMINAL:
-            return
-        if any(child.status in c.ACTIVE for child in self.rt.ledger.children_of(logical)):
-            return
-        self.rt.close_logical(logical, status, code, where=where)
+        """Closes that end replaced tasks whose replacement ended without success (see
+        :func:`~task_state_guard.integration.replacement.replaced_endings`). Reads the ledger:
+        call it outside of a transaction."""
+        return replaced_endings(self.rt, map(logical_task_id, replaced), (status, code))
 
     # ------------------------------------------------------------------ main process
 
@@ -212,11 +175,9 @@ class ReplaceLinks:
             candidates = [stage_attempt_id(replaced, celery_id, retries(ctx), nesting(ctx))]
             if attempt is not None:
                 candidates.insert(0, stage_fallback_id(replaced, attempt))
-            for candidate in candidates:
-                found = self.rt.get(candidate)
-                if found is not None and found.status in c.ACTIVE:
-                    stages[replaced] = candidate
-                    break
+            found = first_open(self.rt, candidates)
+            if found is not None:
+                stages[replaced] = found
         return stages
 
     def end_delivery(
