@@ -52,22 +52,11 @@ def begin_child(
     """
     if ended:
         runtime.release(*(closing[0] for closing in ended))
-    if owner:
-        begun = _claim(runtime, parent_id, attempt_id, name, ended, where)
-    else:
-        begun = _start_unowned(runtime, parent_id, attempt_id, name, ended, where)
-    runtime.hold(begun)
-    return begun
-
-
-def _claim(
-    runtime: AdapterRuntime,
-    parent_id: str,
-    attempt_id: str,
-    name: str | None,
-    ended: Sequence[Closing],
-    where: str,
-) -> str:
+    if not owner:
+        _start_unowned(runtime, parent_id, attempt_id, name, ended, where)
+        runtime.hold(attempt_id)
+        return attempt_id
+    begun: str | None = None
     if ended:
         try:
             begun = runtime.close_and_claim(
@@ -75,12 +64,12 @@ def _claim(
             )
         except Exception:
             runtime.close_tasks(ended, where=where)  # nothing was written: the closes alone
-            begun = None
-        if begun is not None:
-            return begun
-    # Nothing ended, the shared write failed, or it refused the start: the start alone (a
-    # refusal is explained by the error it raises).
-    return runtime.claim_attempt(parent_id, name=name, fresh_id=attempt_id)
+    if begun is None:
+        # Nothing ended, the shared write failed, or it refused the start: the start alone
+        # (a refusal is explained by the error it raises).
+        begun = runtime.claim_attempt(parent_id, name=name, fresh_id=attempt_id)
+    runtime.hold(begun)
+    return begun
 
 
 def _start_unowned(
@@ -90,7 +79,7 @@ def _start_unowned(
     name: str | None,
     ended: Sequence[Closing],
     where: str,
-) -> str:
+) -> None:
     def start() -> None:
         runtime.start_task(
             attempt_id, parent_id=parent_id, delivery_required=False, name=name, owner=False
@@ -98,7 +87,7 @@ def _start_unowned(
 
     if not ended:
         start()
-        return attempt_id
+        return
     refused: StateConflict | None = None
     try:
         with runtime.ledger.atomic():
@@ -112,7 +101,6 @@ def _start_unowned(
         start()
     if refused is not None:
         raise refused
-    return attempt_id
 
 
 def end_tasks(
