@@ -184,7 +184,10 @@ class Recorder:
         losing the claim to another process is normal). Any other ledger error is counted as
         ``open:<Class>``.
         """
-        if not delivery_required and parent_id is None:
+        if delivery_required:
+            if closings:
+                raise TypeError("closings ride with a node attempt's start only")
+        elif parent_id is None:
             raise TypeError("a node attempt needs its parent's task id")
         label = name_label(name)
         try:
