@@ -1,15 +1,19 @@
 """The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
 
+A translation, no choreography of its own: an invocation starts with the runtime's
+``begin_task`` (created and started in one write), each node attempt begins with the core's
+shared child attempt (``integration.child_attempts.begin_child``) under the invocation, or
+under the node attempt that runs its subgraph, and the invocation ends with ``end_tasks``.
+
 Transitions share one ledger write per node boundary: the close of a node attempt that just
 ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed together
 with the start of the next attempt (the core's *begin attempt*; both one statement on
-PostgreSQL, ``Ledger.end_and_begin_attempt``), or with the invocation's close. The
-invocation's start is one write too (its create and start: ``begin_attempt`` with
-``attempt=False``). A starting attempt is always committed before its
-node runs, so after a crash the ledger shows which attempt was running; an attempt that had
-ended but whose close was still waiting for the next boundary shows as running too (never as
-succeeded). Each commit on the caller's thread hands the GIL to the checkpointer's background
-writer; halving the commits per node removes most of that wait.
+PostgreSQL, ``Ledger.end_and_begin_attempt``), or with the invocation's close. A starting
+attempt is always committed before its node runs, so after a crash the ledger shows which
+attempt was running; an attempt that had ended but whose close was still waiting for the next
+boundary shows as running too (never as succeeded). Each commit on the caller's thread hands
+the GIL to the checkpointer's background writer; halving the commits per node removes most of
+that wait.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 
 from task_state_guard import StateConflict
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
+from task_state_guard.integration.child_attempts import begin_child, end_tasks
 
 T = TypeVar("T")
 
@@ -163,20 +168,36 @@ class Recorder:
         closings: Sequence[Closing] = (),
         framework_id: str | None = None,
     ) -> bool:
-        """Create ``task_id`` (idempotent) and start it, in one transaction; True when this
-        call started it (it is then heartbeaten until closed). ``closings`` (see
-        :meth:`close_many`) are committed in the same transaction, before the start.
-        ``framework_id`` (an invocation id) is stored only when it is a canonical UUID.
+        """Start ``task_id`` and hold it (heartbeats) until it is closed; True when this call
+        started it.
+
+        ``delivery_required``: an invocation (a job of its own, under ``parent_id`` when it
+        continues another run), created and started in one write; ``framework_id`` (the
+        invocation id) is stored only when it is a canonical UUID. Otherwise a node attempt,
+        begun under ``parent_id`` (the invocation, or the node attempt running its subgraph)
+        with the core's shared child attempt (``integration.child_attempts.begin_child``):
+        ``closings``, the attempts that ended since the last write (see :meth:`close_many`),
+        are committed in the same write, before the start.
 
         A task that exists but is no longer ``queued`` cannot be started again: counted as
         ``open:StateConflict`` unless ``claim_errors`` is False (used by ``recover()``, where
-        losing the claim to another process is normal).
+        losing the claim to another process is normal). Any other ledger error is counted as
+        ``open:<Class>``.
         """
-        try:
+        if delivery_required:
             if closings:
-                self._close_and_start(closings, task_id, parent_id, delivery_required, name)
+                raise TypeError("closings ride with a node attempt's start only")
+        elif parent_id is None:
+            raise TypeError("a node attempt needs its parent's task id")
+        label = name_label(name)
+        try:
+            if delivery_required:
+                self._begin_invocation(task_id, parent_id, label, framework_id)
             else:
-                self._start(task_id, parent_id, delivery_required, name, framework_id)
+                assert parent_id is not None  # checked above
+                begin_child(
+                    self.rt, parent_id, task_id, name=label, ended=closings, owner=self.owner
+                )
         except StateConflict as exc:
             if claim_errors:
                 self.rt.policy.error("open", exc)
@@ -184,77 +205,20 @@ class Recorder:
         except Exception as exc:
             self.rt.policy.error("open", exc)
             return False
-        self.rt.hold(task_id)
         return True
 
-    def _start(
-        self,
-        task_id: str,
-        parent_id: str | None,
-        delivery_required: bool,
-        name: object,
-        framework_id: str | None = None,
+    def _begin_invocation(
+        self, task_id: str, parent_id: str | None, name: str | None, framework_id: str | None
     ) -> None:
-        if parent_id is not None and not delivery_required and self.owner:
-            # A node attempt: the core's *begin attempt* under its parent, which exists and is
-            # running already (one statement on PostgreSQL).
-            self.rt.ledger.begin_attempt(
-                parent_id, name=name_label(name), open_logical=False, attempt_id=task_id
+        if self.owner:
+            # Created and started in one write (one statement on PostgreSQL).
+            self.rt.begin_task(task_id, parent_id=parent_id, name=name, framework_id=framework_id)
+        else:
+            self.rt.start_task(
+                task_id, parent_id=parent_id, delivery_required=True, name=name, owner=False,
+                framework_id=framework_id,
             )
-            return
-        if delivery_required and self.owner:
-            # An invocation: created and started in one write (one statement on PostgreSQL).
-            self.rt.begin_task(
-                task_id, parent_id=parent_id, name=name_label(name), framework_id=framework_id
-            )
-            return
-        self.rt.start_task(
-            task_id,
-            parent_id=parent_id,
-            delivery_required=delivery_required,
-            name=name_label(name),
-            owner=self.owner,
-            framework_id=framework_id,
-        )
-
-    def _close_and_start(
-        self,
-        closings: Sequence[Closing],
-        task_id: str,
-        parent_id: str | None,
-        delivery_required: bool,
-        name: object,
-    ) -> None:
-        self.rt.release(*(closing[0] for closing in closings))
-        if parent_id is not None and not delivery_required and self.owner:
-            # A node boundary: the ended attempts' close and the next attempt's start as one
-            # write (one statement on PostgreSQL).
-            try:
-                begun = self.rt.close_and_claim(
-                    closings, parent_id, name=name_label(name), fresh_id=task_id
-                )
-            except Exception:
-                # Nothing was written: the closes on their own, then the start on its own.
-                self.rt.close_tasks(closings, where="close")
-                self._start(task_id, parent_id, delivery_required, name)
-                return
-            if begun is None:  # refused: the start on its own explains why
-                self._start(task_id, parent_id, delivery_required, name)
-            return
-        refused: StateConflict | None = None
-        try:
-            with self.rt.ledger.atomic():
-                self.rt.close_tasks(closings, where="close")
-                try:
-                    self._start(task_id, parent_id, delivery_required, name)
-                except StateConflict as exc:  # the closes still commit
-                    refused = exc
-        except Exception:
-            # The shared commit failed: the closes on their own, then the start on its own.
-            self.rt.close_tasks(closings, where="close")
-            self._start(task_id, parent_id, delivery_required, name)
-        if refused is not None:
-            raise refused
+        self.rt.hold(task_id)
 
     def close(self, task_id: str, status: str, code: str | None, *, internal: bool) -> None:
         """Close one task (see :meth:`close_many`)."""
@@ -263,6 +227,4 @@ class Recorder:
     def close_many(self, closings: Sequence[Closing]) -> None:
         """Close several tasks (innermost first) in one transaction; each is judged on its own
         (a refused close is counted as a conflict and never rewrites a terminal record)."""
-        if closings:
-            self.rt.release(*(closing[0] for closing in closings))
-            self.rt.close_tasks(closings, where="close")
+        end_tasks(self.rt, closings)
