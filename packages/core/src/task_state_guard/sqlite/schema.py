@@ -170,7 +170,8 @@ def _totals_table(kind: str) -> str:
 
 _TOTALS = _totals_table(f"kind IN {rules.sql_list(_TOTAL_KINDS)}")
 
-_TASK_KIND_V4 = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+#: v4 and v5's kind of a close in the totals: a root or a child.
+_TASK_KIND_V4 = "CASE WHEN NEW.parent_id IS NULL THEN 'task' ELSE 'attempt' END"
 _DELIVERY_KIND = rules.DELIVERY_KIND_SQL
 _CLOSED = rules.EVENTS_BY_KIND["closed"]
 _DELIVERED = rules.EVENTS_BY_KIND["delivery"]
@@ -193,8 +194,8 @@ def _total_trigger(name: str, rule: rules.EventRule, event: str, kind: str,
 
 def _closed_total_trigger(task_kind: str,
                           transition: Callable[[rules.EventRule], str] = _rule_when) -> str:
-    return _total_trigger("tsg_total_closed", _CLOSED, "closed", task_kind.format(row="NEW."),
-                          transition)
+    """The trigger that counts closes under ``task_kind`` (of the ``NEW`` row)."""
+    return _total_trigger("tsg_total_closed", _CLOSED, "closed", task_kind, transition)
 
 
 def _delivery_total_trigger(
@@ -257,7 +258,7 @@ DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
 # ----------------------------------------------------------------------------- v6
 
 #: v6's close trigger: the kind a person calls the task (``model.TASK_KIND_SQL``).
-_CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL)
+_CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL.format(row="NEW."))
 DDL_V6 = [_CLOSED_TOTAL_TRIGGER_V6 if s == _TOTAL_TRIGGERS[0] else s for s in DDL_V5]
 
 # ----------------------------------------------------------------------------- v7
@@ -346,7 +347,7 @@ DDL_V8 = [
     *_INDEXES,
     *_triggers("terminal_code", "ended_at", "delivery_updated_at", _when_v8),
     _totals_table(_one_of("kind", _quoted(_TOTAL_KINDS))),
-    _closed_total_trigger(TASK_KIND_SQL, _when_v8),
+    _closed_total_trigger(TASK_KIND_SQL.format(row="NEW."), _when_v8),
     _delivery_total_trigger(_when_v8),
     *[f"ALTER TABLE tsg_tasks ADD COLUMN {_declare_v8(c)}" for c in rules.TASK_COLUMNS_OUTBOX],
     _VERDICTS,
