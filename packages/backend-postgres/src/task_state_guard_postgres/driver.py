@@ -4,11 +4,10 @@ fork safety.
 Every statement is the backend's own, written in psycopg's placeholders and run as written
 (nothing rewrites another dialect's text): :meth:`Conn.run` binds values on the client side,
 so a ``NULL`` or a repeated parameter needs no type annotation; :meth:`Conn.fetch_named` (the
-transitions, a guarded job's writes: every value cast to its type) binds values on the server
-through psycopg's own placeholder conversion and prepared statements (psycopg prepares each
-statement once per connection and parameter types, and runs it by name after that);
-:meth:`Conn.execute` runs a statement without parameters (``BEGIN``, a count, a DDL statement,
-doctor's shared checks).
+transitions, a guarded job's writes: every value cast to its type) is prepared once per
+connection, values bound by the server and sent as text straight through libpq (the hot path:
+no cursor, no adaptation per call); :meth:`Conn.execute` runs a statement without parameters
+(``BEGIN``, a count, a DDL statement, doctor's shared checks).
 Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
 deadlocks and serialization failures), never the server's text, which may quote stored values.
 
@@ -22,12 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import abc as pg_abc
 from psycopg import errors as pg_errors
-from psycopg import pq
+from psycopg import generators, pq
+from psycopg.adapt import Transformer
 from task_state_guard import reasons as r
 from task_state_guard.model import LedgerBusy, LedgerError, StorageError, TaskNotFound
 
@@ -82,8 +84,10 @@ class Conn:
         self.pid = os.getpid()
         #: Rows changed by this connection's statements (the core's heartbeat count).
         self.total_changes = 0
-        # :meth:`fetch_named`'s cursor (values bound by the server, statements prepared).
-        self._prepared: psycopg.Cursor[Any] | None = None
+        # :meth:`fetch_named`'s statements: text -> (prepared name, parameter names in order)
+        self._prepared: dict[str, tuple[bytes, tuple[str, ...]]] = {}
+        self._rows: pg_abc.Transformer | None = None
+        self._encoding = "utf-8"
 
     @property
     def usable(self) -> bool:
@@ -146,22 +150,39 @@ class Conn:
 
     def fetch_named(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Run one statement written with psycopg's named placeholders (every one cast to its
-        type, which gives the server the parameter's type) as a server-side prepared statement:
-        psycopg converts the placeholders, binds the values and prepares the statement on its
-        first use on this connection (one per statement and parameter types), then runs it by
-        name. Return its rows (sent in binary, which costs the client less to read). Driver
-        errors become ledger errors."""
-        cursor = self._prepared
-        if cursor is None:
-            cursor = self._prepared = psycopg.Cursor(self.raw)
+        type, which gives the server the parameter's type) as a server-side prepared statement
+        (prepared on its first use on this connection); return its rows. Values go as text
+        (:func:`_as_text`). Driver errors become ledger errors."""
         try:
-            cursor.execute(sql, params, prepare=True, binary=True)
-            rows = cursor.fetchall()
+            rows = self._fetch_prepared(sql, params)
         except psycopg.Error as exc:
             error = translate_error(exc)
         else:
             return rows
         raise error  # outside the handler: the driver's text is not even chained
+
+    def _fetch_prepared(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        raw = self.raw
+        with raw.lock:
+            pgconn = raw.pgconn
+            entry = self._prepared.get(sql)
+            if entry is None:
+                self._encoding = raw.info.encoding
+                names = tuple(dict.fromkeys(_NAMED.findall(sql)))
+                text = _NAMED.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql)
+                name = f"tsg_{len(self._prepared)}".encode()
+                pgconn.send_prepare(name, text.replace("%%", "%").encode(self._encoding))
+                _check(raw.wait(generators.execute(pgconn)), self._encoding)
+                entry = self._prepared[sql] = (name, names)
+            name, names = entry
+            encoding = self._encoding
+            pgconn.send_query_prepared(name, [_as_text(params[n], encoding) for n in names])
+            result = _check(raw.wait(generators.execute(pgconn)), encoding)
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = Transformer(raw)
+        rows.set_pgresult(result)
+        return rows.load_rows(0, result.ntuples, tuple)
 
     def stream(self, sql: str, size: int = 5000) -> Iterator[tuple[Any, ...]]:
         """The rows of one query (no parameters) through a server-side cursor, ``size`` rows
@@ -213,6 +234,32 @@ def connect_refusal(exc: BaseException) -> str:
     return r.SERVER_UNREACHABLE
 
 
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def _as_text(value: Any, encoding: str) -> bytes | None:
+    """A parameter in PostgreSQL's text input form (``None``: SQL ``NULL``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode(encoding)
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return str(int(value)).encode()
+    if isinstance(value, float):
+        return repr(float(value)).encode()  # float8's input reads repr's inf, -inf and nan too
+    raise TypeError(f"no text form for a {type(value).__name__} parameter")
+
+
+def _check(results: list[pq.abc.PGresult], encoding: str) -> pq.abc.PGresult:
+    """The last of a statement's results; a failed one raised as psycopg's error."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise pg_errors.error_from_result(result, encoding=encoding)
+    return results[-1]
+
+
 def _is_write(text: str) -> bool:
     head = text.lstrip()[:6].upper()
     return head in ("INSERT", "UPDATE", "DELETE")
@@ -226,9 +273,7 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     try:
         raw = psycopg.Connection.connect(
             target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
-            # Only :meth:`Conn.fetch_named` prepares (it asks for it on every call); a client
-            # cursor never does, whatever the threshold.
-            prepare_threshold=0,
+            prepare_threshold=None,
         )
     except psycopg.Error as exc:
         refused = connect_refusal(exc)
