@@ -119,3 +119,27 @@ def test_a_development_snapshot_is_refused_unchanged(fixture: Path, tmp_path: Pa
         Ledger(db)
     assert caught.value.reason == "foreign_schema"
     assert hashlib.sha256(Path(db).read_bytes()).hexdigest() == before
+
+
+def test_layout_8_changes_only_the_form_of_the_checks_and_conditions() -> None:
+    """The v7 to v8 step replaces stored definitions in place: what it replaces are the three
+    tables and three triggers that tested a list, and each table keeps its columns (name, type,
+    NOT NULL, default, key) in the same order, so every stored row keeps its meaning."""
+    from task_state_guard.sqlite import schema
+
+    changed = schema._changed_by(schema.V8, schema.V7)
+    assert sorted(changed) == [
+        ("table", "tsg_events"), ("table", "tsg_tasks"), ("table", "tsg_totals"),
+        ("trigger", "tsg_event_closed"), ("trigger", "tsg_total_closed"),
+        ("trigger", "tsg_verdict_owed"),
+    ]
+    built = {fmt: schema._built(fmt) for fmt in (schema.V7, schema.V8)}
+    try:
+        for kind, name in changed:
+            if kind == "table":
+                v7, v8 = (built[fmt].execute(f"PRAGMA table_xinfo({name})").fetchall()
+                          for fmt in (schema.V7, schema.V8))
+                assert v7 == v8 and v7
+    finally:
+        for conn in built.values():
+            conn.close()
