@@ -44,6 +44,7 @@ LAYOUTS = {
     "v6": "c808a6b",  # the checks' lines broken after IN, as every layout before rules.py
     "v6-rendered": "09bece6",  # the same layout rendered from rules.py on one line
     "v7": "cd372bd",
+    "v8": "37672fd",  # rendered from v7's text by a regular expression, as no build since
 }
 REFUSED = {"v3-snapshot": "6737902"}
 #: PostgreSQL layout version -> the last commit whose PostgreSQL package wrote it.

@@ -6,7 +6,9 @@ closed and delivered one), so it keeps the exact text of the statements that bui
 migration that matches the text it rewrites is tested against what real files hold, not
 against the layout as this release renders it. (Builds before the layouts were rendered from
 ``rules`` broke the checks' lines after ``IN``; the v7 to v8 step once missed those and refused
-such files.) 0.1.0's own file has its own test (``test_upgrade_010.py``).
+such files.) The current layout's file is here too: a build that renders it differently from
+the build that first wrote it must still recognise that file as it is. 0.1.0's own file has its
+own test (``test_upgrade_010.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def unpack(fixture: Path, tmp_path: Path) -> str:
 
 def test_every_layout_an_earlier_build_wrote_is_here() -> None:
     names = {p.name.split("-")[0] for p in MIGRATED}
-    assert names == {"v2", "v3", "v4", "v5", "v6", "v7"}
+    assert names == {"v2", "v3", "v4", "v5", "v6", "v7", "v8"}
     assert SNAPSHOTS
 
 
@@ -87,6 +89,26 @@ def test_a_file_an_earlier_build_wrote_migrates_whole(fixture: Path, tmp_path: P
         ledger.close()
     after = stored_tasks(db)  # the migration was committed with the new task
     assert len(after) == 5 and {k: after[k] for k in before} == before
+    # The file stores, character for character, what a file this release creates stores.
+    assert stored_schema(db) == stored_schema(fresh_ledger(tmp_path))
+
+
+def stored_schema(db: str) -> dict[tuple[str, str], str]:
+    """Each object's (type, name) and the text the file stores for it."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")
+        return {(kind, name): sql for kind, name, sql in rows}
+    finally:
+        conn.close()
+
+
+def fresh_ledger(tmp_path: Path) -> str:
+    directory = tmp_path / "fresh"
+    directory.mkdir(mode=0o700)
+    db = str(directory / "tasks.sqlite")
+    Ledger(db).close()
+    return db
 
 
 @pytest.mark.parametrize("fixture", SNAPSHOTS, ids=lambda p: p.name.split(".")[0])
@@ -97,3 +119,27 @@ def test_a_development_snapshot_is_refused_unchanged(fixture: Path, tmp_path: Pa
         Ledger(db)
     assert caught.value.reason == "foreign_schema"
     assert hashlib.sha256(Path(db).read_bytes()).hexdigest() == before
+
+
+def test_layout_8_changes_only_the_form_of_the_checks_and_conditions() -> None:
+    """The v7 to v8 step replaces stored definitions in place: what it replaces are the three
+    tables and three triggers that tested a list, and each table keeps its columns (name, type,
+    NOT NULL, default, key) in the same order, so every stored row keeps its meaning."""
+    from task_state_guard.sqlite import schema
+
+    changed = schema._changed_by(schema.V8, schema.V7)
+    assert sorted(changed) == [
+        ("table", "tsg_events"), ("table", "tsg_tasks"), ("table", "tsg_totals"),
+        ("trigger", "tsg_event_closed"), ("trigger", "tsg_total_closed"),
+        ("trigger", "tsg_verdict_owed"),
+    ]
+    built = {fmt: schema._built(fmt) for fmt in (schema.V7, schema.V8)}
+    try:
+        for kind, name in changed:
+            if kind == "table":
+                v7, v8 = (built[fmt].execute(f"PRAGMA table_xinfo({name})").fetchall()
+                          for fmt in (schema.V7, schema.V8))
+                assert v7 == v8 and v7
+    finally:
+        for conn in built.values():
+            conn.close()

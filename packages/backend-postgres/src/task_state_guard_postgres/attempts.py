@@ -44,27 +44,32 @@ _ATTEMPT_VALUES = (
     f"CASE WHEN {_DEADLINE_FITS} THEN {_NOW} + %(timeout)s::float8 END, "
     f"{_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, %(redelivery)s::float8, 1"
 )
-# The logical task is opened (inserted, or started when queued) only when the attempt can be:
-# ``<startable>`` is the attempt's deadline check and, when no placeholder may be picked, that
-# its id is free (a refused begin writes nothing, as one transaction on SQLite).
-_LOGICAL = f"""lg AS (
+
+
+def _logical(startable: str) -> str:
+    """The sub-statements that open the logical task (inserted, or started when queued) and
+    find it (``par``), only when ``startable`` holds: the attempt's deadline check and, when
+    no placeholder may be picked, that its id is free (a refused begin writes nothing, as one
+    transaction on SQLite)."""
+    return f"""lg AS (
     INSERT INTO tsg_tasks(id, name, status, delivery_required, delivery_status, created_at,
         started_at, delivery_updated_at, updated_at, owner, version, framework_id, framework)
     SELECT %(lid)s::text, %(name)s::text, 'running', %(ldr)s::int, 'pending', {_NOW}, {_NOW},
         {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text, %(lfw)s::text
-    WHERE %(open)s::boolean AND <startable>
+    WHERE %(open)s::boolean AND {startable}
     ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
 lgu AS (
     UPDATE tsg_tasks SET status = 'running', started_at = {_NOW},
         deadline_at = {_NOW} + timeout_seconds, owner = %(lowner)s::text,
         redelivery_seconds = NULL, updated_at = {_NOW}, version = version + 1
-    WHERE %(open)s::boolean AND <startable> AND id = %(lid)s::text AND status = 'queued'
+    WHERE %(open)s::boolean AND {startable} AND id = %(lid)s::text AND status = 'queued'
         AND {_NOW} >= updated_at
         AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW})
     RETURNING seq),
 par AS (
     SELECT seq FROM lg
     UNION ALL SELECT seq FROM tsg_tasks WHERE id = %(lid)s::text AND created_at <= {_NOW}),"""
+
 _CANDIDATES = f"""
 cand AS (
     SELECT c.id, c.make, c.ord, t.status, t.updated_at, t.timeout_seconds,
@@ -109,8 +114,7 @@ def _begin_parts(candidates: bool) -> tuple[str, str]:
     result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
     startable = _DEADLINE_FITS if candidates else (
         f"{_DEADLINE_FITS} AND NOT EXISTS (SELECT 1 FROM tsg_tasks WHERE id = %(fresh)s::text)")
-    logical = _LOGICAL.replace("<startable>", startable)
-    ctes = f"""{logical}{_CANDIDATES if candidates else ""}
+    ctes = f"""{_logical(startable)}{_CANDIDATES if candidates else ""}
 fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
@@ -156,10 +160,12 @@ _QUEUE = f"""q AS (
 """
 
 
-def _end_parts(queue: bool, marks: bool) -> tuple[str, str]:
-    """*End attempt*'s sub-statements and its result (id, closed, marked); without ``queue``
-    the retry's insert is left out, without ``marks`` every close leaves a delivering task's
-    delivery pending."""
+def _end_parts(queue: bool, marks: bool, queued: str = "false",
+               closed: str = "true") -> tuple[str, str]:
+    """*End attempt*'s sub-statements and its result (id, what, marked: ``what`` is
+    ``queued`` for a retry queued, ``closed`` for a close); without ``queue`` the retry's
+    insert is left out, without ``marks`` every close leaves a delivering task's delivery
+    pending."""
     if marks:
         delivery = "WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END"
         code = "WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END"
@@ -178,7 +184,7 @@ def _end_parts(queue: bool, marks: bool) -> tuple[str, str]:
     # ``coalesce(... = 'pending', false)``: the same guard (the column is never NULL), which
     # the planner cannot match to the open-work index's predicate (a generic plan that
     # intersected that index with the ids would scan every open task's entry).
-    head = "SELECT id, false, false FROM q UNION ALL " if queue else ""
+    head = f"SELECT id, {queued}, false FROM q UNION ALL " if queue else ""
     ctes = f"""{_QUEUE if queue else ""}c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {_NOW},
         updated_at = {_NOW},
@@ -194,7 +200,7 @@ def _end_parts(queue: bool, marks: bool) -> tuple[str, str]:
         {guard}AND {_NOW} >= t.updated_at
         AND {_NOW} >= t.delivery_updated_at AND {_NOW} >= coalesce(t.heartbeat_at, 0)
     RETURNING t.id, {marked} AS marked)"""
-    return ctes, f"{head}SELECT id, true, marked FROM c"
+    return ctes, f"{head}SELECT id, {closed}, marked FROM c"
 
 
 def _end_sql(queue: bool, marks: bool) -> str:
@@ -207,10 +213,8 @@ def _boundary_sql(queue: bool, marks: bool, candidates: bool) -> str:
     """A :class:`~task_state_guard.store.attempts.Boundary`'s statement: the end's sub-statements
     and the begin's (under a logical task that exists, so never opening one) side by side;
     rows ``(id, what, marked)`` with ``what`` 0 queued, 1 closed, 2 begun."""
-    end_ctes, end_result = _end_parts(queue, marks)
+    end_ctes, ended = _end_parts(queue, marks, queued="0", closed="1")
     begin_ctes, begin_result = _begin_parts(candidates)
-    ended = end_result.replace("SELECT id, false, false FROM q", "SELECT id, 0, false FROM q")
-    ended = ended.replace("SELECT id, true, marked FROM c", "SELECT id, 1, marked FROM c")
     return f"""WITH
 {end_ctes},
 {begin_ctes}

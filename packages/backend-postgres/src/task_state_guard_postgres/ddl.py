@@ -67,7 +67,10 @@ def _v3(s: str) -> list[str]:
     ]
 
 
-_TASK_KIND_V4 = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+def _task_kind_v4(row: str) -> str:
+    """Versions 4 to 6's kind of a close in the totals: a root or a child (``row``: the row's
+    prefix)."""
+    return f"CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
 
 
 def _event_function(
@@ -78,7 +81,7 @@ def _event_function(
     ``replace``: ``CREATE OR REPLACE`` (a later version's body) instead of ``CREATE``.
     ``kinds`` (version 7): a close's total under ``model.TASK_KIND_SQL`` (the kind a person
     calls the task) instead of root or child."""
-    task_kind = (TASK_KIND_SQL if kinds else _TASK_KIND_V4).format(row="NEW.")
+    task_kind = TASK_KIND_SQL.format(row="NEW.") if kinds else _task_kind_v4("NEW.")
     delivery_kind = rules.DELIVERY_KIND_SQL.format(row="NEW.")
     closed_total = (
         f"""

@@ -30,10 +30,11 @@ version and the times are those of a create followed by a start at the same inst
 tables are v6's (a read-only open of a v6 file reads it in place).
 
 v8 writes every check and trigger condition that tested a value against a list of three or more
-constants as a chain of equalities (:func:`_as_comparisons`): SQLite builds a temporary B-tree
-for such a list each time a statement runs it, which had cost a guarded job about half of all
-the instructions it executes. What the conditions accept is unchanged, and so are the tables'
-columns and rows: the upgrade from v7 rewrites the three tables' stored definitions in place
+constants as a chain of equalities (:func:`_one_of`, rendered from the same rules as v7's
+lists): SQLite builds a temporary B-tree for such a list each time a statement runs it, which
+had cost a guarded job about half of all the instructions it executes. What the conditions
+accept is unchanged, and so are the tables' columns and rows: the upgrade from v7 replaces the
+three tables' stored definitions in place with the text a v8 file stores
 (``PRAGMA writable_schema``, no row is copied) and recreates the three triggers. A SQLite that
 refuses to rewrite its own schema keeps the file at v7, which this release reads and writes
 as it is.
@@ -41,14 +42,21 @@ as it is.
 
 from __future__ import annotations
 
-import re
+import dataclasses
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 
 from .. import reasons as r
 from .. import rules
-from ..model import DELIVERY_CODES, TASK_CODES, TASK_KIND_SQL, StorageError
+from ..model import (
+    DELIVERY_CODES,
+    FRAMEWORK_LABELS,
+    LOST_CODES,
+    TASK_CODES,
+    TASK_KIND_SQL,
+    StorageError,
+)
 
 SCHEMA_VERSION = 8
 APPLICATION = "task-state-guard"
@@ -86,34 +94,48 @@ V3_COLUMNS = ", ".join(c.name for c in rules.TASK_COLUMNS_BASE)
 _META = "CREATE TABLE tsg_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
 # Events are clustered by task: one B-tree page per transition, read in chain order.
 # No foreign key (it costs every transition a lookup); doctor counts orphan events.
-_EVENTS = f"""CREATE TABLE tsg_events (
+
+
+def _events_table(step: str, kind: str) -> str:
+    """``tsg_events`` with the checks ``step`` and ``kind`` (conditions on those columns)."""
+    return f"""CREATE TABLE tsg_events (
     task_seq INTEGER NOT NULL,
-    step INTEGER NOT NULL CHECK (step IN {rules.EVENT_STEPS_SQL}),
-    kind TEXT NOT NULL CHECK (kind IN {rules.EVENT_KINDS_SQL}),
+    step INTEGER NOT NULL CHECK ({step}),
+    kind TEXT NOT NULL CHECK ({kind}),
     state TEXT NOT NULL,
     code TEXT,
     at REAL NOT NULL,
     PRIMARY KEY (task_seq, step)
 ) WITHOUT ROWID"""
 
+
+_EVENTS = _events_table(f"step IN {rules.EVENT_STEPS_SQL}", f"kind IN {rules.EVENT_KINDS_SQL}")
+
 _TABLES_V3 = [_META, f"CREATE TABLE tsg_tasks ({_TASK_COLUMNS_V3}\n)", _EVENTS]
 
 
-def _triggers(code: str, ended: str, delivered: str) -> list[str]:
+def _rule_when(rule: rules.EventRule) -> str:
+    """A transition's condition as the rules write it (v3 to v7)."""
+    return rule.when()
+
+
+def _triggers(code: str, ended: str, delivered: str,
+              transition: Callable[[rules.EventRule], str] = _rule_when) -> list[str]:
     """Every state change writes its event in the same statement, enforced by the database
     (``rules.EVENT_RULES``; ``code``, ``ended``, ``delivered``: the layout's names of the
-    close's code and time and of the delivery's time)."""
+    close's code and time and of the delivery's time; ``transition``: the layout's form of a
+    transition's condition)."""
     renames = {"terminal_code": code, "ended_at": ended, "delivery_updated_at": delivered}
     out = []
     for rule in rules.EVENT_RULES:
         on = "INSERT" if rule.before is None else f"UPDATE OF {rule.before.column}"
-        when = f" WHEN {rule.when()}" if rule.when() else ""
+        when = f" WHEN {transition(rule)}" if rule.when() else ""
         out.append(f"CREATE TRIGGER tsg_event_{rule.kind} AFTER {on} ON tsg_tasks{when} BEGIN "
                    f"{rules.event_insert(rule, renames=renames)}; END")
     return out
 
 
-_INDEXES_V3 = [
+_INDEXES = [
     # Open work: every task whose delivery is still pending (active or awaiting delivery).
     # start/close never touch this index; only creation and the delivery close do.
     "CREATE INDEX tsg_tasks_open ON tsg_tasks(seq) WHERE delivery_status = 'pending'",
@@ -121,8 +143,8 @@ _INDEXES_V3 = [
     # Prune candidates: closed roots by their last change (the delivery close).
     """CREATE INDEX tsg_tasks_prunable ON tsg_tasks(delivery_updated_at)
     WHERE parent_id IS NULL AND delivery_status != 'pending'""",
-    *_triggers("terminal_code", "ended_at", "delivery_updated_at"),
 ]
+_INDEXES_V3 = [*_INDEXES, *_triggers("terminal_code", "ended_at", "delivery_updated_at")]
 
 DDL_V3 = [*_TABLES_V3, *_INDEXES_V3]
 
@@ -131,43 +153,58 @@ DDL_V3 = [*_TABLES_V3, *_INDEXES_V3]
 # Outcome totals. ``event`` 'closed': ``kind`` 'task' (a root, the logical task) or 'attempt'
 # (a child); ``event`` 'delivery': ``kind`` 'owed' (delivery_required) or 'internal'. ``code``
 # is '' when the transition gave none. Only ever incremented (by the triggers below).
-_TOTALS = """CREATE TABLE tsg_totals (
+_TOTAL_KINDS = ("task", "attempt", "owed", "internal")
+
+
+def _totals_table(kind: str) -> str:
+    """``tsg_totals`` with the check ``kind`` (a condition on that column)."""
+    return f"""CREATE TABLE tsg_totals (
     event TEXT NOT NULL CHECK (event IN ('closed','delivery')),
-    kind TEXT NOT NULL CHECK (kind IN ('task','attempt','owed','internal')),
+    kind TEXT NOT NULL CHECK ({kind}),
     state TEXT NOT NULL,
     code TEXT NOT NULL,
     total INTEGER NOT NULL CHECK (total >= 0),
     PRIMARY KEY (event, kind, state, code)
 ) WITHOUT ROWID"""
 
-_TASK_KIND_V4 = "CASE WHEN {row}parent_id IS NULL THEN 'task' ELSE 'attempt' END"
+
+_TOTALS = _totals_table(f"kind IN {rules.sql_list(_TOTAL_KINDS)}")
+
+#: v4 and v5's kind of a close in the totals: a root or a child.
+_TASK_KIND_V4 = "CASE WHEN NEW.parent_id IS NULL THEN 'task' ELSE 'attempt' END"
 _DELIVERY_KIND = rules.DELIVERY_KIND_SQL
 _CLOSED = rules.EVENTS_BY_KIND["closed"]
 _DELIVERED = rules.EVENTS_BY_KIND["delivery"]
 
 
-def _total_trigger(name: str, rule: rules.EventRule, event: str, kind: str) -> str:
-    """The trigger that counts ``rule``'s transition in the outcome totals."""
+def _total_trigger(name: str, rule: rules.EventRule, event: str, kind: str,
+                   transition: Callable[[rules.EventRule], str] = _rule_when) -> str:
+    """The trigger that counts ``rule``'s transition in the outcome totals (``transition``:
+    the layout's form of its condition)."""
     assert rule.before is not None
     state, code, _at = rule.values("NEW.")
     return (
         f"CREATE TRIGGER {name} AFTER UPDATE OF {rule.before.column} ON tsg_tasks "
-        f"WHEN {rule.when()} BEGIN "
+        f"WHEN {transition(rule)} BEGIN "
         "INSERT INTO tsg_totals(event, kind, state, code, total) "
         f"VALUES ('{event}', {kind}, {state}, coalesce({code}, ''), 1) "
         "ON CONFLICT(event, kind, state, code) DO UPDATE SET total = total + 1; END"
     )
 
 
-def _closed_total_trigger(task_kind: str) -> str:
-    return _total_trigger("tsg_total_closed", _CLOSED, "closed", task_kind.format(row="NEW."))
+def _closed_total_trigger(task_kind: str,
+                          transition: Callable[[rules.EventRule], str] = _rule_when) -> str:
+    """The trigger that counts closes under ``task_kind`` (of the ``NEW`` row)."""
+    return _total_trigger("tsg_total_closed", _CLOSED, "closed", task_kind, transition)
 
 
-_TOTAL_TRIGGERS = [
-    _closed_total_trigger(_TASK_KIND_V4),
-    _total_trigger("tsg_total_delivery", _DELIVERED, "delivery",
-                   _DELIVERY_KIND.format(row="NEW.")),
-]
+def _delivery_total_trigger(
+        transition: Callable[[rules.EventRule], str] = _rule_when) -> str:
+    return _total_trigger("tsg_total_delivery", _DELIVERED, "delivery",
+                          _DELIVERY_KIND.format(row="NEW."), transition)
+
+
+_TOTAL_TRIGGERS = [_closed_total_trigger(_TASK_KIND_V4), _delivery_total_trigger()]
 
 # The totals of the tasks a file holds (seeds a migrated file; what a read-only open of an
 # older layout reads). History pruned before the upgrade is not in it.
@@ -201,12 +238,19 @@ _VERDICTS_PENDING = (
     "WHERE state = 'pending'"
 )
 VERDICT_OWED = rules.VERDICT_OWED
-_VERDICT_TRIGGER = (
-    f"CREATE TRIGGER tsg_verdict_owed AFTER UPDATE OF status ON tsg_tasks WHEN {VERDICT_OWED} "
-    "BEGIN INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
-    "VALUES (NEW.seq, NEW.framework, 'pending', NEW.ended_at) "
-    "ON CONFLICT(task_seq) DO NOTHING; END"
-)
+
+
+def _verdict_trigger(owed: str) -> str:
+    """The trigger that writes the verdict a close owes when ``owed`` holds."""
+    return (
+        f"CREATE TRIGGER tsg_verdict_owed AFTER UPDATE OF status ON tsg_tasks WHEN {owed} "
+        "BEGIN INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
+        "VALUES (NEW.seq, NEW.framework, 'pending', NEW.ended_at) "
+        "ON CONFLICT(task_seq) DO NOTHING; END"
+    )
+
+
+_VERDICT_TRIGGER = _verdict_trigger(VERDICT_OWED)
 _V5_ADDITIONS = [*_TASK_COLUMNS_V5, _VERDICTS, _VERDICTS_PENDING, _VERDICT_TRIGGER]
 
 DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
@@ -214,7 +258,7 @@ DDL_V5 = [*DDL_V4, *_V5_ADDITIONS]
 # ----------------------------------------------------------------------------- v6
 
 #: v6's close trigger: the kind a person calls the task (``model.TASK_KIND_SQL``).
-_CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL)
+_CLOSED_TOTAL_TRIGGER_V6 = _closed_total_trigger(TASK_KIND_SQL.format(row="NEW."))
 DDL_V6 = [_CLOSED_TOTAL_TRIGGER_V6 if s == _TOTAL_TRIGGERS[0] else s for s in DDL_V5]
 
 # ----------------------------------------------------------------------------- v7
@@ -236,35 +280,81 @@ DDL_V7 = [*DDL_V6, *_V7_ADDITIONS]
 
 # ----------------------------------------------------------------------------- v8 (current)
 
-# ``column IN (constants)``: the lists of v7's checks and trigger conditions (never nested).
-# Any whitespace around ``IN``: a file's stored text is the text that created it, and builds
-# before the layouts were rendered from ``rules`` broke the checks' lines after ``IN`` (the
-# fingerprint compares whitespace-normalised text, so such a file is the same layout).
-_IN_LIST = re.compile(r"([\w.]+)\s+IN\s*\(([^()]*)\)")
+# The same layout as v7, every test of a value against a list of three or more constants
+# rendered from the same rules as a chain of equalities (shorter lists SQLite already compares
+# one by one, and they stay as v7 writes them).
 
 
-def _as_comparisons(sql: str) -> str:
-    """``sql`` with each test against a list of three or more constants written as a chain of
-    equalities (the same truth value, NULL included); shorter lists SQLite already compares
-    one by one."""
-
-    def chain(match: re.Match[str]) -> str:
-        values = [value.strip() for value in match.group(2).split(",")]
-        if len(values) < 3:
-            return match.group(0)
-        return "(" + " OR ".join(f"{match.group(1)} = {value}" for value in values) + ")"
-
-    return _IN_LIST.sub(chain, sql)
+def _one_of(column: str, literals: Iterable[str]) -> str:
+    """``column`` equal to one of ``literals`` (SQL constants) as a chain of equalities: the
+    truth value of ``column IN (literals)``, NULL included."""
+    return "(" + " OR ".join(f"{column} = {literal}" for literal in literals) + ")"
 
 
-DDL_V8 = [_as_comparisons(statement) for statement in DDL_V7]
-#: The statements v8 changed: the tables' definitions and the triggers' (by name).
-_V8_TABLES = ("tsg_tasks", "tsg_events", "tsg_totals")
-_V8_TRIGGERS = {
-    statement.split()[2]: statement
-    for statement, before in zip(DDL_V8, DDL_V7, strict=True)
-    if statement != before and statement.startswith("CREATE TRIGGER")
+def _quoted(labels: Iterable[str]) -> list[str]:
+    return [f"'{label}'" for label in labels]
+
+
+def _test_v8(condition: rules.Condition, row: str) -> str:
+    """v8's form of a rule's condition on a row prefixed ``row``: where the rule writes a list
+    of three or more values (``rules.Condition.sql`` writes one value as ``=`` and all of a
+    column's states but one as ``!=``), a chain of equalities."""
+    values = condition.values
+    rest = [v for v in condition.domain if values is not None and v not in values]
+    if values is None or len(values) < 3 or len(rest) == 1:
+        return condition.sql(row)
+    return _one_of(row + condition.column, _quoted(values))
+
+
+def _when_v8(rule: rules.EventRule) -> str:
+    """v8's form of a transition's condition (``rules.EventRule.when``)."""
+    assert rule.before is not None and rule.after is not None
+    return f"{_test_v8(rule.before, 'OLD.')} AND {_test_v8(rule.after, 'NEW.')}"
+
+
+#: The columns of ``tsg_tasks`` whose check lists three or more labels, and those labels (the
+#: ones the rules' checks list, in the same order).
+_LABELS_V8 = {
+    "status": rules.TASK_ORDER,
+    "delivery_status": rules.DELIVERY_ORDER,
+    "framework": tuple(sorted(FRAMEWORK_LABELS)),
 }
+
+
+def _declare_v8(column: rules.Column) -> str:
+    """A column of ``tsg_tasks`` as v8 declares it."""
+    labels = _LABELS_V8.get(column.name)
+    if labels is not None:
+        check = f"CHECK ({_one_of(column.name, _quoted(labels))})"
+        column = dataclasses.replace(column, constraint=check)
+    return column.declare("sqlite")
+
+
+_TASKS_V8 = ("CREATE TABLE tsg_tasks (\n    "
+             + ",\n    ".join(_declare_v8(c) for c in rules.TASK_COLUMNS_BASE) + "\n)")
+_EVENTS_V8 = _events_table(_one_of("step", (str(rule.step) for rule in rules.EVENT_RULES)),
+                           _one_of("kind", _quoted(rule.kind for rule in rules.EVENT_RULES)))
+_VERDICT_OWED_V8 = (  # rules.VERDICT_OWED
+    f"NEW.framework IS NOT NULL AND OLD.status IN {rules.ACTIVE_SQL} "
+    f"AND NEW.status = 'timed_out' "
+    f"AND {_one_of('NEW.terminal_code', _quoted(sorted(LOST_CODES)))}"
+)
+
+DDL_V8 = [
+    _META,
+    _TASKS_V8,
+    _EVENTS_V8,
+    *_INDEXES,
+    *_triggers("terminal_code", "ended_at", "delivery_updated_at", _when_v8),
+    _totals_table(_one_of("kind", _quoted(_TOTAL_KINDS))),
+    _closed_total_trigger(TASK_KIND_SQL.format(row="NEW."), _when_v8),
+    _delivery_total_trigger(_when_v8),
+    *[f"ALTER TABLE tsg_tasks ADD COLUMN {_declare_v8(c)}" for c in rules.TASK_COLUMNS_OUTBOX],
+    _VERDICTS,
+    _VERDICTS_PENDING,
+    _verdict_trigger(_VERDICT_OWED_V8),
+    *_V7_ADDITIONS,
+]
 
 # ----------------------------------------------------------------------------- v1 and v2
 
@@ -424,20 +514,47 @@ def read_fingerprint(conn: sqlite3.Connection, schema: str = "main") -> Fingerpr
     return tuple((str(a), str(b), str(c), " ".join(str(d).split())) for a, b, c, d in rows)
 
 
+def _built(fmt: str) -> sqlite3.Connection:
+    """An in-memory database built from the DDL of layout ``fmt`` (the caller closes it)."""
+    ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6,
+           V7: DDL_V7, V8: DDL_V8}[fmt]
+    conn = sqlite3.connect(":memory:")
+    for statement in ddl:
+        conn.execute(statement)
+    return conn
+
+
 @cache
 def expected_fingerprint(fmt: str) -> Fingerprint:
     """Fingerprint of a database built from the DDL of layout ``fmt``."""
     if fmt == RELEASE_010:
         return _RELEASE_010_FINGERPRINT
-    conn = sqlite3.connect(":memory:")
+    conn = _built(fmt)
     try:
-        ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6,
-               V7: DDL_V7, V8: DDL_V8}[fmt]
-        for statement in ddl:
-            conn.execute(statement)
         return read_fingerprint(conn)
     finally:
         conn.close()
+
+
+@cache
+def _stored_texts(fmt: str) -> dict[tuple[str, str], str]:
+    """The text a file of layout ``fmt`` stores for each of its objects, by (type, name), as
+    SQLite writes it from the layout's statements (a table's from its CREATE and ADD COLUMN
+    statements)."""
+    conn = _built(fmt)
+    try:
+        rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")
+        return {(str(kind), str(name)): str(sql) for kind, name, sql in rows}
+    finally:
+        conn.close()
+
+
+def _changed_by(fmt: str, before: str) -> dict[tuple[str, str], str]:
+    """The objects whose stored text layout ``fmt`` changed from layout ``before`` (both have
+    the same objects), with ``fmt``'s text."""
+    old, new = _stored_texts(before), _stored_texts(fmt)
+    assert old.keys() == new.keys()
+    return {key: sql for key, sql in new.items() if old[key] != sql}
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
@@ -632,28 +749,30 @@ def _v6_to_v7(conn: sqlite3.Connection, fmt: str) -> None:
 def _v7_to_v8(conn: sqlite3.Connection, fmt: str) -> None:
     """v7 to v8: the three tables' checks and the three triggers' conditions without lists.
 
-    A table's stored definition is rewritten in place, as SQLite documents for a change that
-    leaves every stored row valid (the conditions accept exactly what they accepted), with the
-    schema cookie raised so that every connection reads the new definitions; nothing is copied.
-    A SQLite that refuses (defensive mode, an authorizer) raises and the caller keeps v7.
+    A table's stored definition is replaced in place by the one a v8 file stores (the same
+    columns, in the same order; only the checks' form differs), as SQLite documents for a
+    change that leaves every stored row valid (the conditions accept exactly what they
+    accepted), with the schema cookie raised so that every connection reads the new
+    definitions; nothing is copied. A SQLite that refuses (defensive mode, an authorizer)
+    raises and the caller keeps v7.
     """
+    changed = _changed_by(V8, V7)
     cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
     conn.execute("PRAGMA writable_schema = ON")
     try:
-        for table in _V8_TABLES:
-            (sql,) = conn.execute(
-                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-            ).fetchone()
-            conn.execute(
-                "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?",
-                (_as_comparisons(sql), table),
-            )
+        for (kind, name), sql in changed.items():
+            if kind == "table":
+                conn.execute(
+                    "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?",
+                    (sql, name),
+                )
         conn.execute(f"PRAGMA schema_version = {int(cookie) + 1}")
     finally:
         conn.execute("PRAGMA writable_schema = OFF")
-    for name, statement in _V8_TRIGGERS.items():
-        conn.execute(f"DROP TRIGGER {name}")
-        conn.execute(statement)
+    for (kind, name), sql in changed.items():
+        if kind == "trigger":
+            conn.execute(f"DROP TRIGGER {name}")
+            conn.execute(sql)
     _set_version(conn, V8)
 
 
