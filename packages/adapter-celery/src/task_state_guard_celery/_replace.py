@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from task_state_guard.integration import AdapterRuntime, Closing, name_label
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, Closing, name_label
 from task_state_guard.integration import codes as c
 
 from ._ids import logical_task_id, replace_attempt_id, stage_attempt_id, stage_fallback_id
@@ -161,13 +161,13 @@ class ReplaceLinks:
         stages: dict[str, str] = {}
         for replaced in waiting:
             placeholder = stage_attempt_id(replaced, celery_id, retries(ctx), nesting(ctx))
-            stages[replaced] = self.rt.claim_attempt(
+            stages[replaced] = self.rt.claim_attempt(AttemptSpec(
                 logical_task_id(replaced),
-                name=name,
+                name,
+                candidates=[(placeholder, True)],
+                attempt_id=stage_fallback_id(replaced, attempt_id),
                 timeout_seconds=timeout_seconds,
-                expected=[(placeholder, True)],
-                fresh_id=stage_fallback_id(replaced, attempt_id),
-            )
+            ))
         return stages
 
     @staticmethod

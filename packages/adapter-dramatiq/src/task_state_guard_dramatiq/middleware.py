@@ -13,6 +13,7 @@ from task_state_guard import Ledger, LedgerError
 from task_state_guard.integration import (
     AdapterRuntime,
     AdapterSurface,
+    AttemptSpec,
     LostHook,
     LostTask,
     SettingArgs,
@@ -273,9 +274,11 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         # No owner for the logical task: the broker redelivers an unacked message after a
         # crash, so the logical task outlives the process that happens to run an attempt.
         attempt_id = rt.begin_attempt(
-            parent_id, delivery_required=bool(delivery), name=name, framework_id=message_id,
-            expected=((attempt_task_id(message_id, retries), True),),
-            redelivery_window=self._redelivery_window(broker),
+            AttemptSpec(
+                parent_id, name, candidates=((attempt_task_id(message_id, retries), True),),
+                redelivery_seconds=self._redelivery_window(broker),
+            ),
+            delivery_required=bool(delivery), framework_id=message_id,
         )
         return _Attempt(message_id, parent_id, attempt_id, name)
 

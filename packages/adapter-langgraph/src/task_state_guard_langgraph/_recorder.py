@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from task_state_guard import StateConflict
-from task_state_guard.integration import AdapterRuntime, Closing, name_label
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, Closing, name_label
 
 T = TypeVar("T")
 
@@ -198,9 +198,7 @@ class Recorder:
         if parent_id is not None and not delivery_required and self.owner:
             # A node attempt: the core's *begin attempt* under its parent, which exists and is
             # running already (one statement on PostgreSQL).
-            self.rt.ledger.begin_attempt(
-                parent_id, name=name_label(name), open_logical=False, attempt_id=task_id
-            )
+            self.rt.claim_attempt(AttemptSpec(parent_id, name_label(name), attempt_id=task_id))
             return
         if delivery_required and self.owner:
             # An invocation: created and started in one write (one statement on PostgreSQL).
@@ -231,7 +229,7 @@ class Recorder:
             # write (one statement on PostgreSQL).
             try:
                 begun = self.rt.close_and_claim(
-                    closings, parent_id, name=name_label(name), fresh_id=task_id
+                    closings, AttemptSpec(parent_id, name_label(name), attempt_id=task_id)
                 )
             except Exception:
                 # Nothing was written: the closes on their own, then the start on its own.
