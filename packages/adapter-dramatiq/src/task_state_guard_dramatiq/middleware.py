@@ -30,7 +30,14 @@ if TYPE_CHECKING:
     from dramatiq.message import Message
     from dramatiq.worker import Worker
 
-__all__ = ["ACTOR_OPTION", "LedgerUnavailable", "TaskLostError", "TaskStateGuardMiddleware"]
+__all__ = [
+    "ACTOR_OPTION",
+    "LedgerUnavailable",
+    "TaskLostError",
+    "TaskStateGuardMiddleware",
+    "find",
+    "uninstall",
+]
 
 logger = logging.getLogger("task_state_guard_dramatiq")
 
@@ -145,8 +152,6 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
 
     def uninstall(self) -> None:
         """Remove this middleware from the broker it was installed on and close it."""
-        from ._install import uninstall
-
         broker = self._broker
         if broker is not None:
             uninstall(broker)
@@ -373,3 +378,30 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
                 state.attempt_id, outcome, logical_id=state.parent_id,
                 settled=state.parent_outcome, retry=retry, where=where,
             )
+
+
+def find(broker: Broker) -> TaskStateGuardMiddleware | None:
+    """The TaskStateGuard middleware installed on ``broker``, if any."""
+    for mw in broker.middleware:
+        if isinstance(mw, TaskStateGuardMiddleware):
+            return mw
+    return None
+
+
+def uninstall(broker: Broker) -> bool:
+    """Remove the middleware that ``install`` added; ``True`` if there was one.
+
+    Stops its heartbeat and periodic-reconcile threads in this process, closes its ledger
+    handle, and withdraws the ``tsg_delivery`` actor option unless another middleware still
+    declares it. Actors already declared keep their options (Dramatiq does not re-validate).
+    """
+    middleware = find(broker)
+    if middleware is None:
+        return False
+    broker.middleware.remove(middleware)
+    middleware._broker = None
+    middleware.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
+    middleware.runtime.close()
+    if not any(ACTOR_OPTION in mw.actor_options for mw in broker.middleware):
+        broker.actor_options.discard(ACTOR_OPTION)
+    return True
