@@ -1,8 +1,8 @@
 """Ref-counted heartbeats: one daemon thread per process beats every held task.
 
-A job :meth:`Heartbeats.hold` s its running tasks while it runs and :meth:`Heartbeats.release` s
-them after; the thread (started by the first hold, when ``heartbeat_seconds`` > 0) beats every
-held task every ``heartbeat_seconds`` in one write.
+A job holds its running tasks while it runs (:meth:`Heartbeats.hold`) and releases them after
+(:meth:`Heartbeats.release`); the thread (started by the first hold, when ``heartbeat_seconds``
+> 0) beats every held task every ``heartbeat_seconds`` in one write.
 """
 
 from __future__ import annotations
