@@ -1,5 +1,5 @@
-"""``install``: put the middleware outermost on a broker, idempotently (``find`` and
-``uninstall`` live beside the middleware, which uninstalls itself with them)."""
+"""``install``: put the middleware outermost on a broker, idempotently (``add_outermost``,
+``find`` and ``uninstall`` live beside the middleware, which uninstalls itself with them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from task_state_guard.integration import LostHook, SettingArgs
 
-from .middleware import TaskStateGuardMiddleware, find, uninstall
+from .middleware import TaskStateGuardMiddleware, add_outermost, find, uninstall
 
 if TYPE_CHECKING:
     from dramatiq.broker import Broker
@@ -49,12 +49,5 @@ def install(
                 "keeping the installed middleware (uninstall first to change them)."
             )
         return existing
-    if broker.middleware:
-        broker.add_middleware(middleware, before=type(broker.middleware[0]))
-        if broker.middleware[0] is not middleware:  # pragma: no cover - defensive
-            broker.middleware.remove(middleware)
-            broker.middleware.insert(0, middleware)
-    else:
-        broker.add_middleware(middleware)
-    middleware._broker = broker
+    add_outermost(broker, middleware)
     return middleware

@@ -35,6 +35,7 @@ __all__ = [
     "LedgerUnavailable",
     "TaskLostError",
     "TaskStateGuardMiddleware",
+    "add_outermost",
     "find",
     "uninstall",
 ]
@@ -378,6 +379,19 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
                 state.attempt_id, outcome, logical_id=state.parent_id,
                 settled=state.parent_outcome, retry=retry, where=where,
             )
+
+
+def add_outermost(broker: Broker, middleware: TaskStateGuardMiddleware) -> None:
+    """Add ``middleware`` to ``broker`` before every other middleware, and remember the broker
+    (for :meth:`TaskStateGuardMiddleware.uninstall`)."""
+    if broker.middleware:
+        broker.add_middleware(middleware, before=type(broker.middleware[0]))
+        if broker.middleware[0] is not middleware:  # pragma: no cover - defensive
+            broker.middleware.remove(middleware)
+            broker.middleware.insert(0, middleware)
+    else:
+        broker.add_middleware(middleware)
+    middleware._broker = broker
 
 
 def find(broker: Broker) -> TaskStateGuardMiddleware | None:
