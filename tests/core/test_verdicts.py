@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from core_helpers import T0, Clock, as_v4, is_sqlite, raw_execute, run_cli
 from task_state_guard import InvalidInput, Ledger, ReconcilePolicy, Verdict
-from task_state_guard.integration import AdapterRuntime, LostTask, resolve_settings
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, LostTask, resolve_settings
 
 GRACE = 60.0
 FID = "0ac03e98-045d-499b-a3e1-22df12f98c64"
@@ -38,7 +38,7 @@ def open_job(rt: AdapterRuntime, fid: str | None = FID, name: str = "app.job",
     """A job as an adapter records it: its logical task and a running attempt."""
     logical = str(uuid.uuid5(uuid.NAMESPACE_URL, f"job:{fid}:{uuid.uuid4()}"))
     rt.open_logical(logical, delivery_required=False, name=name, framework_id=fid)
-    attempt = rt.claim_attempt(logical, name=name, redelivery_window=redelivery)
+    attempt = rt.claim_attempt(AttemptSpec(logical, name, redelivery_seconds=redelivery))
     return logical, attempt
 
 
@@ -294,7 +294,7 @@ def test_a_redelivered_attempt_takes_over_and_the_job_succeeds(
     logical, _lost = open_job(rt, redelivery=100)
     clock.advance(GRACE + 1)
     reconcile(ledger)
-    again = rt.claim_attempt(logical, name="app.job", redelivery_window=100)  # redelivered
+    again = rt.claim_attempt(AttemptSpec(logical, "app.job", redelivery_seconds=100))  # redelivered
     rt.close_tasks([(again, "succeeded", "worker_completed", True),
                     (logical, "succeeded", "worker_completed", False)])
     clock.advance(1000)

@@ -352,7 +352,7 @@ def test_heartbeats_continue_until_after_worker_shutdown(app: App, ledger: Ledge
     stopper.join(10)
     app.worker = None
     assert ledger.get_task(attempt_id).status == "succeeded"
-    assert app.guard.runtime._proc.heartbeater is None  # stopped at after_worker_shutdown
+    assert app.guard.runtime.handle.state().heartbeater is None  # stopped at after_worker_shutdown
 
 
 def test_no_connection_crosses_fork(app: App, ledger: Ledger) -> None:

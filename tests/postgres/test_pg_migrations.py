@@ -237,7 +237,7 @@ def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url:
     row trigger) declares it lost."""
     import logging
 
-    from task_state_guard.integration import AdapterRuntime, resolve_settings
+    from task_state_guard.integration import AdapterRuntime, AttemptSpec, resolve_settings
 
     schema = schema_of(pg_url)
     sql(pg_url, f'CREATE SCHEMA "{schema}"')
@@ -264,7 +264,7 @@ def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url:
         for index in range(2):
             logical = f"00000000-0000-4000-8000-00000000001{index}"
             rt.open_logical(logical, delivery_required=False, name="job")
-            jobs.append((logical, rt.claim_attempt(logical, name="job")))
+            jobs.append((logical, rt.claim_attempt(AttemptSpec(logical, "job"))))
         (closed, closed_attempt), (passed, _) = jobs
         rt.close_tasks([(closed_attempt, "timed_out", "owner_lost", True),
                         (closed, "timed_out", "owner_lost", False)])  # the row trigger

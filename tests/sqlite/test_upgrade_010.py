@@ -37,7 +37,7 @@ from task_state_guard import (
     StorageError,
     TaskStatus,
 )
-from task_state_guard.integration import AdapterRuntime, resolve_settings
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, resolve_settings
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 EXPECTED: dict[str, dict[str, Any]] = json.loads(
@@ -242,7 +242,7 @@ def test_the_upgraded_file_has_the_verdict_outbox(tmp_path: Path) -> None:
                                  framework="celery")
         job = "00000000-0000-4000-8000-0000000000aa"
         runtime.open_logical(job, delivery_required=True, name="app.job")
-        runtime.claim_attempt(job, name="app.job")
+        runtime.claim_attempt(AttemptSpec(job, "app.job"))
         clock.advance(1000)
         report = led.reconcile(active_grace_seconds=600, delivery_grace_seconds=600)
         assert report["tasks_timed_out"] == 3  # the job, its attempt, and 0.1.0's running one

@@ -19,7 +19,7 @@ from celery.exceptions import (  # type: ignore[import-untyped]
     TimeLimitExceeded,
 )
 from task_state_guard import TaskNotFound
-from task_state_guard.integration import AdapterRuntime, name_label
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, name_label
 from task_state_guard.integration import codes as c
 from task_state_guard.integration.replacement import begin_with_stages, settle_if_idle
 
@@ -83,14 +83,16 @@ class ChildReceivers:
             owner = not acks_late(task) or bool(getattr(ctx, "is_eager", False))
             name = name_label(getattr(task, "name", None))
 
+            spec = AttemptSpec(
+                parent, name, candidates=expected_attempts(ctx, celery_id),
+                attempt_id=fresh_attempt_id(ctx), timeout_seconds=attempt_timeout(task),
+                redelivery_seconds=self.redelivery_window(task, ctx),
+            )
+
             def begin(open_logical: bool) -> str:
                 return rt.begin_attempt(
-                    parent, delivery_required=delivers(task), name=name,
-                    framework_id=celery_id, open_logical=open_logical, logical_owner=owner,
-                    timeout_seconds=attempt_timeout(task),
-                    expected=expected_attempts(ctx, celery_id),
-                    fresh_id=fresh_attempt_id(ctx),
-                    redelivery_window=self.redelivery_window(task, ctx),
+                    spec, delivery_required=delivers(task), framework_id=celery_id,
+                    open_logical=open_logical, logical_owner=owner,
                 )
 
             waiting = self.links.waiting(ctx, celery_id) if replaced_ids(ctx) else []

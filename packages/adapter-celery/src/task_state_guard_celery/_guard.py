@@ -11,6 +11,7 @@ fresh attempt of its own). Everything that touches the ledger goes through the c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import signals  # type: ignore[import-untyped]
@@ -85,8 +86,18 @@ class CeleryGuard(AdapterSurface):
     adapter_name = "celery"
     id_scheme = IDS
 
-    def __init__(self, app: Any, settings: Settings, on_lost: LostHook | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        settings: Settings,
+        on_lost: LostHook | None = None,
+        *,
+        uninstall: Callable[[CeleryGuard], None] | None = None,
+    ) -> None:
         self.app = app
+        # What uninstall() does: install() passes its own (which also forgets the guard and
+        # its boot step); a guard made otherwise only disconnects and closes.
+        self._uninstall = unwire if uninstall is None else uninstall
         self.runtime = AdapterRuntime(
             settings, logger=log, subject="task", framework="celery", on_lost=on_lost,
             adapter=self.adapter_name,
@@ -124,9 +135,7 @@ class CeleryGuard(AdapterSurface):
 
     def uninstall(self) -> None:
         """Disconnect every receiver and the boot step, stop heartbeats, close the ledger."""
-        from ._install import uninstall_guard
-
-        uninstall_guard(self)
+        self._uninstall(self)
 
     close = uninstall
 
@@ -176,4 +185,11 @@ class CeleryGuard(AdapterSurface):
             self._main.on_retry(sender, ctx, celery_id, reason)
 
 
-__all__ = ["TOKEN_KEY", "CeleryGuard"]
+def unwire(guard: CeleryGuard) -> None:
+    """Disconnect ``guard``'s receivers and close its runtime, if connected (idempotent)."""
+    if guard.installed:
+        guard.wiring.disconnect()
+        guard.runtime.close()
+
+
+__all__ = ["TOKEN_KEY", "CeleryGuard", "unwire"]

@@ -9,7 +9,7 @@ from typing import Any, Unpack
 from celery import bootsteps  # type: ignore[import-untyped]
 from task_state_guard.integration import LostHook, SettingArgs, resolve_settings
 
-from ._guard import CeleryGuard
+from ._guard import CeleryGuard, unwire
 
 _lock = threading.RLock()
 _guards: dict[int, CeleryGuard] = {}
@@ -82,7 +82,7 @@ def install(
         resolved = resolve_settings(
             framework=lambda name: app.conf.get(f"tsg_{name}"), db=db, **settings
         )
-        guard = CeleryGuard(app, resolved, on_lost)
+        guard = CeleryGuard(app, resolved, on_lost, uninstall=uninstall_guard)
         guard.wiring.connect()
         app.steps["worker"].add(ReconcileOnBoot)
         _guards[id(app)] = guard
@@ -90,14 +90,13 @@ def install(
 
 
 def uninstall_guard(guard: CeleryGuard) -> None:
-    """Undo :func:`install` for ``guard``'s app (idempotent)."""
+    """Undo :func:`install` for ``guard``'s app (idempotent); ``guard.uninstall()`` of an
+    installed guard calls it."""
     with _lock:
         if _guards.get(id(guard.app)) is guard:
             del _guards[id(guard.app)]
             guard.app.steps["worker"].discard(ReconcileOnBoot)
-        if guard.installed:
-            guard.wiring.disconnect()
-            guard.runtime.close()
+        unwire(guard)
 
 
 def uninstall(app: Any) -> None:

@@ -1,4 +1,5 @@
-"""``install`` / ``uninstall``: put the middleware outermost on a broker, idempotently."""
+"""``install``: put the middleware outermost on a broker, idempotently (``add_outermost``,
+``find`` and ``uninstall`` live beside the middleware, which uninstalls itself with them)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from task_state_guard.integration import LostHook, SettingArgs
 
-from .middleware import ACTOR_OPTION, TaskStateGuardMiddleware
+from .middleware import TaskStateGuardMiddleware, add_outermost, find, uninstall
 
 if TYPE_CHECKING:
     from dramatiq.broker import Broker
@@ -16,14 +17,6 @@ if TYPE_CHECKING:
 __all__ = ["find", "install", "uninstall"]
 
 logger = logging.getLogger("task_state_guard_dramatiq")
-
-
-def find(broker: Broker) -> TaskStateGuardMiddleware | None:
-    """The TaskStateGuard middleware installed on ``broker``, if any."""
-    for mw in broker.middleware:
-        if isinstance(mw, TaskStateGuardMiddleware):
-            return mw
-    return None
 
 
 def install(
@@ -56,31 +49,5 @@ def install(
                 "keeping the installed middleware (uninstall first to change them)."
             )
         return existing
-    if broker.middleware:
-        broker.add_middleware(middleware, before=type(broker.middleware[0]))
-        if broker.middleware[0] is not middleware:  # pragma: no cover - defensive
-            broker.middleware.remove(middleware)
-            broker.middleware.insert(0, middleware)
-    else:
-        broker.add_middleware(middleware)
-    middleware._broker = broker
+    add_outermost(broker, middleware)
     return middleware
-
-
-def uninstall(broker: Broker) -> bool:
-    """Remove the middleware that :func:`install` added; ``True`` if there was one.
-
-    Stops its heartbeat and periodic-reconcile threads in this process, closes its ledger
-    handle, and withdraws the ``tsg_delivery`` actor option unless another middleware still
-    declares it. Actors already declared keep their options (Dramatiq does not re-validate).
-    """
-    middleware = find(broker)
-    if middleware is None:
-        return False
-    broker.middleware.remove(middleware)
-    middleware._broker = None
-    middleware.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
-    middleware.runtime.close()
-    if not any(ACTOR_OPTION in mw.actor_options for mw in broker.middleware):
-        broker.actor_options.discard(ACTOR_OPTION)
-    return True

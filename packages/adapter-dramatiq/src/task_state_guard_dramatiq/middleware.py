@@ -13,6 +13,7 @@ from task_state_guard import Ledger, LedgerError
 from task_state_guard.integration import (
     AdapterRuntime,
     AdapterSurface,
+    AttemptSpec,
     LostHook,
     LostTask,
     SettingArgs,
@@ -29,7 +30,15 @@ if TYPE_CHECKING:
     from dramatiq.message import Message
     from dramatiq.worker import Worker
 
-__all__ = ["ACTOR_OPTION", "LedgerUnavailable", "TaskLostError", "TaskStateGuardMiddleware"]
+__all__ = [
+    "ACTOR_OPTION",
+    "LedgerUnavailable",
+    "TaskLostError",
+    "TaskStateGuardMiddleware",
+    "add_outermost",
+    "find",
+    "uninstall",
+]
 
 logger = logging.getLogger("task_state_guard_dramatiq")
 
@@ -144,8 +153,6 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
 
     def uninstall(self) -> None:
         """Remove this middleware from the broker it was installed on and close it."""
-        from ._install import uninstall
-
         broker = self._broker
         if broker is not None:
             uninstall(broker)
@@ -273,9 +280,11 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         # No owner for the logical task: the broker redelivers an unacked message after a
         # crash, so the logical task outlives the process that happens to run an attempt.
         attempt_id = rt.begin_attempt(
-            parent_id, delivery_required=bool(delivery), name=name, framework_id=message_id,
-            expected=((attempt_task_id(message_id, retries), True),),
-            redelivery_window=self._redelivery_window(broker),
+            AttemptSpec(
+                parent_id, name, candidates=((attempt_task_id(message_id, retries), True),),
+                redelivery_seconds=self._redelivery_window(broker),
+            ),
+            delivery_required=bool(delivery), framework_id=message_id,
         )
         return _Attempt(message_id, parent_id, attempt_id, name)
 
@@ -370,3 +379,43 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
                 state.attempt_id, outcome, logical_id=state.parent_id,
                 settled=state.parent_outcome, retry=retry, where=where,
             )
+
+
+def add_outermost(broker: Broker, middleware: TaskStateGuardMiddleware) -> None:
+    """Add ``middleware`` to ``broker`` before every other middleware, and remember the broker
+    (for :meth:`TaskStateGuardMiddleware.uninstall`)."""
+    if broker.middleware:
+        broker.add_middleware(middleware, before=type(broker.middleware[0]))
+        if broker.middleware[0] is not middleware:  # pragma: no cover - defensive
+            broker.middleware.remove(middleware)
+            broker.middleware.insert(0, middleware)
+    else:
+        broker.add_middleware(middleware)
+    middleware._broker = broker
+
+
+def find(broker: Broker) -> TaskStateGuardMiddleware | None:
+    """The TaskStateGuard middleware installed on ``broker``, if any."""
+    for mw in broker.middleware:
+        if isinstance(mw, TaskStateGuardMiddleware):
+            return mw
+    return None
+
+
+def uninstall(broker: Broker) -> bool:
+    """Remove the middleware that ``install`` added; ``True`` if there was one.
+
+    Stops its heartbeat and periodic-reconcile threads in this process, closes its ledger
+    handle, and withdraws the ``tsg_delivery`` actor option unless another middleware still
+    declares it. Actors already declared keep their options (Dramatiq does not re-validate).
+    """
+    middleware = find(broker)
+    if middleware is None:
+        return False
+    broker.middleware.remove(middleware)
+    middleware._broker = None
+    middleware.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
+    middleware.runtime.close()
+    if not any(ACTOR_OPTION in mw.actor_options for mw in broker.middleware):
+        broker.actor_options.discard(ACTOR_OPTION)
+    return True

@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..model import StateConflict
-from .runtime import AdapterRuntime, Closing
+from .attempts import AttemptSpec
+from .closing import Closing
+from .runtime import AdapterRuntime
 
 
 def begin_child(
@@ -57,17 +59,16 @@ def begin_child(
         runtime.hold(attempt_id)
         return attempt_id
     begun: str | None = None
+    spec = AttemptSpec(parent_id, name, attempt_id=attempt_id)
     if ended:
         try:
-            begun = runtime.close_and_claim(
-                ended, parent_id, name=name, fresh_id=attempt_id, where=where
-            )
+            begun = runtime.close_and_claim(ended, spec, where=where)
         except Exception:
             runtime.close_tasks(ended, where=where)  # nothing was written: the closes alone
     if begun is None:
         # Nothing ended, the shared write failed, or it refused the start: the start alone
         # (a refusal is explained by the error it raises).
-        begun = runtime.claim_attempt(parent_id, name=name, fresh_id=attempt_id)
+        begun = runtime.claim_attempt(spec)
     runtime.hold(begun)
     return begun
 

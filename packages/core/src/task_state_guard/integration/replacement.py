@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from . import codes
+from .attempts import AttemptSpec
 
 if TYPE_CHECKING:
     from . import AdapterRuntime, Closing
@@ -61,10 +62,10 @@ def begin_with_stages(
         with rt.ledger.atomic() if stages else nullcontext():
             attempt = begin()
             for key, (replaced, placeholder) in stages.items():
-                claimed[key] = rt.claim_attempt(
-                    replaced, name=name, timeout_seconds=timeout_seconds,
-                    expected=[(placeholder, True)], fresh_id=fallback_id(key, attempt),
-                )
+                claimed[key] = rt.claim_attempt(AttemptSpec(
+                    replaced, name, candidates=[(placeholder, True)],
+                    attempt_id=fallback_id(key, attempt), timeout_seconds=timeout_seconds,
+                ))
     except BaseException:
         if attempt is not None:
             rt.release(attempt, job_id)

@@ -1,0 +1,144 @@
+"""The per-process ledger handle every part of the adapter runtime shares.
+
+:class:`LedgerHandle` holds the state that belongs to one OS process (:class:`ProcessState`:
+the ledger it opened, its heartbeat thread, held tasks, deferred delivery marks, its periodic
+reconcile and counters) and rebuilds it after a fork without touching the parent's. It opens
+the process's ledger lazily on first use and remembers whether that worked
+(:meth:`LedgerHandle.check_ledger` at worker start says loudly when it cannot be used).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+from ..heartbeat import Heartbeater
+from ..ledger import Ledger
+from ..model import LedgerError
+from ..process import THIS
+from . import codes
+from .errors import ErrorPolicy
+from .settings import Settings
+
+
+class ProcessState:
+    """State that belongs to one OS process (rebuilt after fork, never inherited)."""
+
+    def __init__(self) -> None:
+        self.pid = THIS.pid
+        #: Guards the fields below but ``ledger`` (which ``open_lock`` guards).
+        self.lock = threading.Lock()
+        self.open_lock = threading.Lock()
+        self.ledger: Ledger | None = None
+        self.heartbeater: Heartbeater | None = None
+        #: Held task ids, ref-counted (see :class:`~.heartbeats.Heartbeats`).
+        self.refs: Counter[str] = Counter()
+        #: Delivery marks made inside a running job, written with its logical task's close.
+        self.deferred: dict[str, codes.Outcome] = {}
+        self.reconciles = 0
+        self.published = 0
+        self.counted = False  # has this process added to the metrics directory yet
+        self.reconciler: tuple[threading.Event, threading.Thread] | None = None
+
+
+class LedgerHandle:
+    """This process's ledger and :class:`ProcessState`, shared by the runtime's parts.
+
+    ``external``: an already open ledger to use instead of opening ``settings.db`` per process
+    (its owner keeps closing it).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        policy: ErrorPolicy,
+        logger: logging.Logger,
+        external: Ledger | None = None,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.logger = logger
+        self._external = external
+        self._proc = ProcessState()
+        #: ``(usable, reason)`` of this process's last attempt to open the ledger
+        #: (``usable`` None: not tried yet); see :meth:`check_ledger`.
+        self.health: tuple[bool | None, str | None] = (
+            None if external is None else True, None)
+
+    def state(self) -> ProcessState:
+        """This process's state (a forked child gets a fresh one)."""
+        proc = self._proc
+        if proc.pid != THIS.pid:
+            # Forked: drop the inherited state without touching it.
+            proc = self._proc = ProcessState()
+        return proc
+
+    @property
+    def ledger(self) -> Ledger:
+        """This process's ledger (opened on first use; a forked child opens its own)."""
+        if self._external is not None:
+            return self._external
+        proc = self.state()
+        led = proc.ledger
+        if led is None:
+            with proc.open_lock:
+                led = proc.ledger
+                if led is None:
+                    try:
+                        led = Ledger(
+                            self.settings.db, busy_timeout_ms=self.settings.busy_timeout_ms
+                        )
+                    except LedgerError as exc:
+                        self.health = (False, exc.reason)
+                        raise
+                    self.health = (True, None)
+                    proc.ledger = led
+        return led
+
+    def check_ledger(self, where: str = "worker_start") -> bool:
+        """Open this process's ledger now (at worker start, before any job): True when usable.
+
+        An unusable ledger (an unsafe or missing location, a foreign schema, an unreachable
+        server) is logged once at ERROR with its fixed reason, counted as an error of ``where``
+        (like any hook's), shows in ``stats()`` (``ledger_usable``, ``ledger_reason``) and,
+        with ``require_ledger``, is raised so that the worker refuses to start; otherwise the
+        worker runs with nothing recorded and every hook counts its error.
+        """
+        try:
+            self.ledger  # noqa: B018 - opening it runs every safety check
+        except LedgerError as exc:
+            self.policy.record(where, exc)
+            self.logger.error(
+                "task-state-guard: the ledger cannot be used at worker start (%s%s); nothing is "
+                "recorded until it can.%s",
+                type(exc).__name__,
+                "" if exc.reason is None else f", reason {exc.reason}",
+                " require_ledger is set: the worker does not start."
+                if self.settings.require_ledger
+                else " Set require_ledger (TSG_REQUIRE_LEDGER=1) to refuse to start instead.",
+            )
+            if self.settings.require_ledger:
+                raise
+            return False
+        return True
+
+    def ledger_or_none(self) -> Ledger | None:
+        """The ledger, or ``None`` when it cannot be opened right now (not counted)."""
+        try:
+            return self.ledger
+        except LedgerError:
+            return None
+
+    def close_ledger(self) -> None:
+        """Close this process's own ledger handle, if open (the next use opens a fresh one);
+        an error is counted under ``close``. Never closes an external ledger."""
+        proc = self.state()
+        with proc.open_lock:
+            led, proc.ledger = proc.ledger, None
+        if led is not None:
+            with self.policy.guarded("close"):
+                led.close()
+
+
+__all__ = ["LedgerHandle", "ProcessState"]
