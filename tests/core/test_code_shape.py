@@ -82,11 +82,23 @@ def test_no_import_circle_in_any_package(shape: dict[str, Any]) -> None:
     assert shape["import_cycles"] == 0
 
 
-# Fails until the branches that remove the SQL text edits (SQLite ``schema._IN_LIST.sub``;
-# PostgreSQL ``driver._NAMED.sub`` and ``.replace("%%", "%")``, ``attempts``'s
-# ``.replace("<startable>", ...)`` and ``end_result.replace`` pair) are merged.
+#: The one edit of SQL text still in the tree, kept on purpose and listed so that it stays
+#: visible: the PostgreSQL driver turns a statement's psycopg placeholders (``%(name)s``) into
+#: the server's ``$n`` once per connection, to prepare it through libpq. psycopg's own path
+#: (``cursor.execute(..., prepare=True)``) was measured slower per guarded job (the benchmarks
+#: log, "Item 3 against psycopg's own path"); composing those statements with ``$n`` marks is
+#: the way out. Any other edit, or another one in this file, fails the test.
+KNOWN_SQL_EDITS = {
+    "packages/backend-postgres/src/task_state_guard_postgres/driver.py": 2,
+}
+
+
 def test_no_sql_text_is_edited(shape: dict[str, Any]) -> None:
-    assert shape["sql_text_edits"] == 0, shape["sql_text_edit_sites"]
+    by_file: dict[str, int] = {}
+    for site in shape["sql_text_edit_sites"]:
+        path = site.split(":", 1)[0]
+        by_file[path] = by_file.get(path, 0) + 1
+    assert by_file == KNOWN_SQL_EDITS, shape["sql_text_edit_sites"]
 
 
 _FAKE = {
