@@ -17,13 +17,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .model import DELIVERY_CLOSED, FRAMEWORK_LABELS, LOST_CODES, TASK_KIND_SQL, TERMINAL_STATES
+from .model import (
+    ACTIVE_STATES,
+    DELIVERY_CLOSED,
+    FRAMEWORK_LABELS,
+    LOST_CODES,
+    TASK_KIND_SQL,
+    TERMINAL_STATES,
+    DeliveryStatus,
+    TaskStatus,
+)
 
-#: Task states in their lifecycle order (reports list them so).
-TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
+#: Task states in their lifecycle order (reports list them so): the enum's order.
+TASK_ORDER = tuple(s.value for s in TaskStatus)
 #: Delivery states in their lifecycle order.
-DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
-ACTIVE_ORDER = ("queued", "running")
+DELIVERY_ORDER = tuple(s.value for s in DeliveryStatus)
+ACTIVE_ORDER = tuple(s for s in TASK_ORDER if s in ACTIVE_STATES)
 TERMINAL_ORDER = tuple(s for s in TASK_ORDER if s in TERMINAL_STATES)
 DELIVERY_CLOSED_ORDER = tuple(s for s in DELIVERY_ORDER if s in DELIVERY_CLOSED)
 

@@ -217,7 +217,7 @@ def find_task_ids(
     with db.read() as conn:
         now = db.now()
         ids = db.queries.find_ids(conn, queries.FindQuery(
-            status=state, open_only=state in ("queued", "running"),
+            status=state, open_only=state in ACTIVE_STATES,
             idle_before=None if stale is None else now - stale, name=label,
             created_before=None if older is None else now - older, job=job, limit=limit,
         ))

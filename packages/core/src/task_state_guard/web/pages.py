@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cli.text import utc
-from ..durations import humanize
+from ..durations import humanize, utc
 from ..model import Task
 from ..ops.events import TaskEvent
 from ..ops.history import OutcomeHistory
