@@ -153,6 +153,31 @@ def running_idle_since(started_at: float, heartbeat_at: float | None) -> float:
     return started_at if heartbeat_at is None else max(started_at, heartbeat_at)
 
 
+# ------------------------------------------------------------------------------ clock guard
+
+#: The stored times a change's clock must not precede (the clock guard): the task's last change
+#: (state change or heartbeat), its last delivery change, its last heartbeat (none: no bound).
+CHANGED_AT = "updated_at"
+DELIVERY_CHANGED_AT = "delivery_updated_at"
+HEARTBEAT_AT = "coalesce(heartbeat_at, 0)"
+#: The stored times each one-task transition holds its clock to (by the statement names of
+#: ``store.transitions.STATEMENTS``): a delivery change keeps delivery changes in order, a
+#: task-state change or heartbeat keeps heartbeats in order.
+CLOCK_GUARDS: dict[str, tuple[str, ...]] = {
+    "start": (CHANGED_AT,),
+    "heartbeat": (CHANGED_AT, HEARTBEAT_AT),
+    "close": (CHANGED_AT, HEARTBEAT_AT),
+    "close_settled": (CHANGED_AT, DELIVERY_CHANGED_AT, HEARTBEAT_AT),
+    "deliver": (CHANGED_AT, DELIVERY_CHANGED_AT),
+}
+
+
+def clock_guard(transition: str, now: str) -> str:
+    """``transition``'s clock guard as SQL: the clock ``now`` (a placeholder) is not earlier
+    than any stored time of :data:`CLOCK_GUARDS`."""
+    return " AND ".join(f"{now} >= {stamp}" for stamp in CLOCK_GUARDS[transition])
+
+
 # ------------------------------------------------------------------------------ event rules
 
 
@@ -341,6 +366,7 @@ def event_chain_sql(*, is_same: str, as_int: str, false: str, true: str, extra: 
 
 __all__ = [
     "ACTIVE_SQL",
+    "CLOCK_GUARDS",
     "DELIVERY_ORDER",
     "EVENT_RULES",
     "IDLE_SINCE_SQL",
@@ -353,6 +379,7 @@ __all__ = [
     "Column",
     "Condition",
     "EventRule",
+    "clock_guard",
     "event_chain_sql",
     "event_insert",
     "event_insert_select",
