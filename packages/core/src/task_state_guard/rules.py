@@ -320,15 +320,53 @@ VERDICT_OWED = (
 #: The obligation a delivery close is counted under in the outcome totals (``{row}``: ``""``
 #: or ``"NEW."``); a close is counted under ``model.TASK_KIND_SQL``.
 DELIVERY_KIND_SQL = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
+#: The columns of ``tsg_totals``.
+TOTALS_COLUMNS = "event, kind, state, code, total"
+
+
+@dataclass(frozen=True, slots=True)
+class TotalRule:
+    """The outcome-totals rule for one event: a change that writes ``rule``'s event counts
+    one under (``event``, its kind ``kind`` (SQL with ``{row}``), its state, its code or
+    ``''``). Every writer of the totals renders its values from here: the row triggers
+    (:meth:`values` on ``NEW.``), a pass's set-based writes and the seed of a migrated ledger
+    (:meth:`select`)."""
+
+    event: str
+    kind: str
+    rule: EventRule
+
+    def values(self, row: str = "") -> list[str]:
+        """``event``, ``kind``, ``state`` and ``code`` of one changed row prefixed ``row``."""
+        state, code, _at = self.rule.values(row)
+        return [f"'{self.event}'", self.kind.format(row=row), state, f"coalesce({code}, '')"]
+
+    def select(self, source: str, *, where: bool = True, named: bool = False) -> str:
+        """The totals of the rows of ``source`` (``where``: only those that made the
+        transition; ``named``: the columns named as :data:`TOTALS_COLUMNS`)."""
+        names = TOTALS_COLUMNS.split(", ")
+        columns = [*self.values(""), "count(*)"]
+        if named:
+            columns = [f"{value} AS {name}" for value, name in zip(columns, names, strict=True)]
+        cond = f" WHERE {self.rule.present.sql()}" if where else ""
+        return (f"SELECT {', '.join(columns)} FROM {source}{cond} "
+                f"GROUP BY {', '.join(str(i) for i in range(1, 5))}")
+
+    def insert(self, source: str, *, where: bool = True) -> str:
+        """Add :meth:`select`'s totals to ``tsg_totals``."""
+        return f"INSERT INTO tsg_totals({TOTALS_COLUMNS}) {self.select(source, where=where)}"
+
+
+#: The outcome totals' rules, by event.
+TOTAL_RULES = {
+    "closed": TotalRule("closed", TASK_KIND_SQL, EVENTS_BY_KIND["closed"]),
+    "delivery": TotalRule("delivery", DELIVERY_KIND_SQL, EVENTS_BY_KIND["delivery"]),
+}
 #: The outcome totals of the tasks a table ``{tasks}`` holds (seeds a migrated ledger; what a
 #: read-only open of a layout without totals reads).
 TOTALS_SELECT = (
-    f"SELECT 'closed' AS event, {TASK_KIND_SQL.format(row='')} AS kind, status AS state, "
-    f"coalesce(terminal_code, '') AS code, count(*) AS total FROM {{tasks}} "
-    f"WHERE {EVENTS_BY_KIND['closed'].present.sql()} GROUP BY 1, 2, 3, 4 UNION ALL "
-    f"SELECT 'delivery', {DELIVERY_KIND_SQL.format(row='')}, delivery_status, "
-    f"coalesce(delivery_code, ''), count(*) FROM {{tasks}} "
-    f"WHERE {EVENTS_BY_KIND['delivery'].present.sql()} GROUP BY 1, 2, 3, 4"
+    TOTAL_RULES["closed"].select("{tasks}", named=True) + " UNION ALL "
+    + TOTAL_RULES["delivery"].select("{tasks}")
 )
 
 
@@ -375,10 +413,12 @@ __all__ = [
     "TASK_ORDER",
     "TERMINAL_ORDER",
     "TERMINAL_SQL",
+    "TOTAL_RULES",
     "VERDICT_OWED",
     "Column",
     "Condition",
     "EventRule",
+    "TotalRule",
     "clock_guard",
     "event_chain_sql",
     "event_insert",
