@@ -22,6 +22,7 @@ from task_state_guard.model import LOST_CODES
 from task_state_guard.store.queries import (
     AT_RISK,
     COUNT_OPEN,
+    LEAST,
     OPEN_BATCH,
     OPEN_RUNNING_OWNERS,
     OPEN_WORK,
@@ -131,13 +132,13 @@ class PostgresQueries:
     def status_groups(conn: Conn, now: float, stale_before: float,
                       bound: int) -> StatusGroups:
         counts: Counter[GroupKey] = Counter()
-        least: dict[str, Any] = dict.fromkeys(("queued", "running", "owed"))
+        least: dict[str, Any] = dict.fromkeys(LEAST)
         past_deadline = stale = 0
         cursor = conn.run(_STATUS_GROUPS, {"now": now, "stale_before": stale_before})
         while rows := cursor.fetchmany(4096):
             for status, delivery, name, root, owed, count, *risk in rows:
                 add_group(counts, (status, delivery, name, bool(root), bool(owed)), count, bound)
-                for what, value in zip(("queued", "running", "owed"), risk, strict=False):
+                for what, value in zip(LEAST, risk, strict=False):
                     if value is not None and (least[what] is None or before(value, least[what])):
                         least[what] = value
                 past_deadline += risk[3]

@@ -19,6 +19,7 @@ from typing import Any
 from ..store.queries import (
     AT_RISK,
     COUNT_OPEN,
+    LEAST,
     OPEN_BATCH,
     OPEN_RUNNING_OWNERS,
     OPEN_WORK,
@@ -97,7 +98,7 @@ class SQLiteQueries:
                     add_group(counts, row, 1, bound)
         params = {"now": now, "stale_before": stale_before}
         found = {name: conn.execute(sql, params).fetchone()[0] for name, sql in _AT_RISK.items()}
-        least = {name: found[name] for name in ("queued", "running", "owed")}
+        least = {name: found[name] for name in LEAST}
         return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]))
 
     @staticmethod

@@ -38,6 +38,8 @@ AT_RISK: dict[str, tuple[str, str, str]] = {
     "stale": ("count", "*",
               f"status = 'running' AND {rules.RUNNING_IDLE_SINCE_SQL} <= {{stale_before}}"),
 }
+#: The :data:`AT_RISK` figures that are the oldest time of a kind of open work.
+LEAST = tuple(name for name, (agg, _column, _cond) in AT_RISK.items() if agg == "min")
 #: The root closes in a time window (``{start}``, ``{end}``), for the history.
 ROOT_CLOSES = (
     "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= {start} AND ended_at < {end} "
@@ -473,6 +475,7 @@ __all__ = [
     "FIND_IDLE_SINCE",
     "FIND_IDLE_SINCE_CLOSED",
     "INVALID_LABEL",
+    "LEAST",
     "LIST_ATTEMPTS",
     "LIST_ORDERS",
     "MAX_GROUPS",

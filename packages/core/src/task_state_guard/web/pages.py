@@ -18,10 +18,11 @@ from ..ops.events import TaskEvent
 from ..ops.history import OutcomeHistory
 from ..ops.status import INVALID_LABEL
 from ..ops.task_list import TaskListing
+from ..rules import TASK_ORDER
 from .chart import outcome_chart
 from .html import View, ago, badge, esc, link, page, table
 
-TASK_STATES_SHOWN = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
+TASK_STATES_SHOWN = TASK_ORDER
 #: The overview's chart windows: (label, seconds, buckets).
 WINDOWS = {"1h": (3600.0, 12), "6h": (21600.0, 24), "24h": (86400.0, 24), "7d": (604800.0, 28)}
 NAMES_SHOWN = 50
