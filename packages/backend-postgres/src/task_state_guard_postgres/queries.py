@@ -15,6 +15,8 @@ parameter (``= ANY(...)``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from task_state_guard import rules
@@ -126,7 +128,11 @@ def _rows(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[An
 
 
 class PostgresQueries:
-    """The PostgreSQL backend's :class:`~task_state_guard.store.queries.Queries`."""
+    """The PostgreSQL backend's :class:`~task_state_guard.store.queries.Queries`; ``read``
+    opens the database object's read transaction (a read of one task runs in one of its own)."""
+
+    def __init__(self, read: Callable[[], AbstractContextManager[Conn]]) -> None:
+        self._read = read
 
     @staticmethod
     def status_groups(conn: Conn, now: float, stale_before: float,
@@ -198,9 +204,9 @@ class PostgresQueries:
     def totals(conn: Conn) -> list[tuple[Any, Any, Any, Any, Any]]:
         return _rows(conn, TOTALS)
 
-    @staticmethod
-    def task_events(conn: Conn, task_id: str) -> list[tuple[Any, ...]] | None:
-        rows = _rows(conn, _EVENTS, {"id": task_id})
+    def task_events(self, task_id: str) -> list[tuple[Any, ...]] | None:
+        with self._read() as conn:
+            rows = _rows(conn, _EVENTS, {"id": task_id})
         if not rows:
             return None
         return [row for row in rows if row[0] is not None]  # a task without events: one NULL row
@@ -209,18 +215,18 @@ class PostgresQueries:
     def list_tasks(conn: Conn, columns: str, query: TaskQuery) -> list[tuple[Any, ...]]:
         return _rows(conn, *listing(DIALECT, columns, query))
 
-    @staticmethod
-    def task(conn: Conn, task_id: str) -> tuple[Any, ...] | None:
-        row = conn.run(_SQL["task"], {"id": task_id}).fetchone()
+    def task(self, task_id: str) -> tuple[Any, ...] | None:
+        with self._read() as conn:
+            row = conn.run(_SQL["task"], {"id": task_id}).fetchone()
         return None if row is None else tuple(row)
 
-    @staticmethod
-    def children(conn: Conn, task_id: str, limit: int | None) -> list[tuple[Any, ...]] | None:
-        if conn.run(_SQL["exists"], {"id": task_id}).fetchone() is None:
-            return None
-        if limit is None:
-            return _rows(conn, _SQL["children"], {"id": task_id})
-        return _rows(conn, _SQL["children_limit"], {"id": task_id, "limit": limit})
+    def children(self, task_id: str, limit: int | None) -> list[tuple[Any, ...]] | None:
+        with self._read() as conn:
+            if conn.run(_SQL["exists"], {"id": task_id}).fetchone() is None:
+                return None
+            if limit is None:
+                return _rows(conn, _SQL["children"], {"id": task_id})
+            return _rows(conn, _SQL["children_limit"], {"id": task_id, "limit": limit})
 
     @staticmethod
     def find_ids(conn: Conn, query: FindQuery) -> list[Any]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..store.queries import (
@@ -83,7 +85,11 @@ def _list(sql: str, params: dict[str, Any], name: str, values: list[Any]) -> str
 
 
 class SQLiteQueries:
-    """The SQLite backend's :class:`~task_state_guard.store.queries.Queries`."""
+    """The SQLite backend's :class:`~task_state_guard.store.queries.Queries`; ``read`` opens
+    the database object's read transaction (a read of one task runs in one of its own)."""
+
+    def __init__(self, read: Callable[[], AbstractContextManager[sqlite3.Connection]]) -> None:
+        self._read = read
 
     @staticmethod
     def status_groups(conn: sqlite3.Connection, now: float, stale_before: float,
@@ -148,31 +154,31 @@ class SQLiteQueries:
     def totals(conn: sqlite3.Connection) -> list[tuple[Any, Any, Any, Any, Any]]:
         return conn.execute(TOTALS).fetchall()
 
-    @staticmethod
-    def task_events(conn: sqlite3.Connection, task_id: str) -> list[tuple[Any, ...]] | None:
-        found = conn.execute(_TASK_SEQ, (task_id,)).fetchone()
-        if found is None:
-            return None
-        return conn.execute(_EVENTS, (found[0],)).fetchall()
+    def task_events(self, task_id: str) -> list[tuple[Any, ...]] | None:
+        with self._read() as conn:
+            found = conn.execute(_TASK_SEQ, (task_id,)).fetchone()
+            if found is None:
+                return None
+            return conn.execute(_EVENTS, (found[0],)).fetchall()
 
     @staticmethod
     def list_tasks(conn: sqlite3.Connection, columns: str,
                    query: TaskQuery) -> list[tuple[Any, ...]]:
         return conn.execute(*listing(_DIALECT, columns, query)).fetchall()
 
-    @staticmethod
-    def task(conn: sqlite3.Connection, task_id: str) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = conn.execute(_SQL["task"], {"id": task_id}).fetchone()
+    def task(self, task_id: str) -> tuple[Any, ...] | None:
+        with self._read() as conn:
+            row: tuple[Any, ...] | None = conn.execute(_SQL["task"], {"id": task_id}).fetchone()
         return row
 
-    @staticmethod
-    def children(conn: sqlite3.Connection, task_id: str,
-                 limit: int | None) -> list[tuple[Any, ...]] | None:
-        if conn.execute(_SQL["exists"], {"id": task_id}).fetchone() is None:
-            return None
-        if limit is None:
-            return conn.execute(_SQL["children"], {"id": task_id}).fetchall()
-        return conn.execute(_SQL["children_limit"], {"id": task_id, "limit": limit}).fetchall()
+    def children(self, task_id: str, limit: int | None) -> list[tuple[Any, ...]] | None:
+        with self._read() as conn:
+            if conn.execute(_SQL["exists"], {"id": task_id}).fetchone() is None:
+                return None
+            if limit is None:
+                return conn.execute(_SQL["children"], {"id": task_id}).fetchall()
+            params = {"id": task_id, "limit": limit}
+            return conn.execute(_SQL["children_limit"], params).fetchall()
 
     @staticmethod
     def find_ids(conn: sqlite3.Connection, query: FindQuery) -> list[Any]:

@@ -7,7 +7,8 @@ in its own SQL and placeholders (nothing rewrites another dialect's text): SQLit
 and counts them in Python (its GROUP BY would sort every row) and reads the at-risk figures
 through the open-work index; PostgreSQL groups on the server, holds the rows a pass reads, and
 writes a pass's closes as set-based statements. Every method takes the connection of the
-caller's transaction and plain values; no aggregate reads a backend flag, appends a backend's
+caller's transaction and plain values, except a read of one task, which the backend runs in a
+read of its own (see :class:`Queries`); no aggregate reads a backend flag, appends a backend's
 SQL fragment or executes a statement itself.
 """
 
@@ -337,7 +338,16 @@ def finding(d: Dialect, query: FindQuery) -> tuple[str, dict[str, Any]]:
 
 
 class Queries(Protocol):
-    """A backend's answers to the aggregates' reads and to a reconcile pass's writes."""
+    """A backend's answers to the aggregates' reads and to a reconcile pass's writes.
+
+    A read of one task (:meth:`task`, :meth:`children`, :meth:`task_events`) runs inside the
+    backend, in a read transaction of its own (inside this thread's open group, the group's):
+    no connection is handed out for it. Every other method takes the connection of a unit of
+    work the core drives and runs in it: status's one snapshot of several reads; the history,
+    the listing and the id search, whose clock is read inside their snapshot; reconcile's pass
+    (its batches, children, closes, owners); prune (candidates, trees, holds and deletes in one
+    write a batch); the verdict outbox's claim, publish and release.
+    """
 
     def status_groups(self, conn: Any, now: float, stale_before: float,
                       bound: int) -> StatusGroups:
@@ -387,24 +397,23 @@ class Queries(Protocol):
         """The rows of the outcome totals: ``(event, kind, state, code, total)``."""
         ...
 
-    def task_events(self, conn: Any, task_id: str) -> list[tuple[Any, ...]] | None:
+    def task_events(self, task_id: str) -> list[tuple[Any, ...]] | None:
         """``(step, kind, state, code, at)`` of the task's events in step order; None when
-        no task has ``task_id``."""
+        no task has ``task_id`` (in a read of its own)."""
         ...
 
     def list_tasks(self, conn: Any, columns: str, query: TaskQuery) -> list[tuple[Any, ...]]:
         """The rows of one listing page (see :class:`TaskQuery`), ``columns`` first."""
         ...
 
-    def task(self, conn: Any, task_id: str) -> tuple[Any, ...] | None:
+    def task(self, task_id: str) -> tuple[Any, ...] | None:
         """The task's row (:data:`~task_state_guard.store.transitions.TASK_COLUMNS`), or None when
-        no task has ``task_id``."""
+        no task has ``task_id`` (in a read of its own)."""
         ...
 
-    def children(self, conn: Any, task_id: str,
-                 limit: int | None) -> list[tuple[Any, ...]] | None:
+    def children(self, task_id: str, limit: int | None) -> list[tuple[Any, ...]] | None:
         """The rows of the task's direct children in seq order (the first ``limit``, when
-        given), or None when no task has ``task_id``."""
+        given), or None when no task has ``task_id`` (in one read of its own)."""
         ...
 
     def find_ids(self, conn: Any, query: FindQuery) -> list[Any]:
