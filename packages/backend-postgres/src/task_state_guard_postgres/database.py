@@ -87,8 +87,6 @@ class SchemaHealth:
 class PostgresDatabase:
     """A ledger in one schema of a PostgreSQL database."""
 
-    queries = PostgresQueries()
-
     def __init__(
         self,
         url: str,
@@ -113,6 +111,8 @@ class PostgresDatabase:
         self._prepared = False
         self._closed = False
         self.schema_version: int | None = None
+        #: The statements other than transitions (a read of one task opens its own read).
+        self.queries = PostgresQueries(self.read)
 
     def __repr__(self) -> str:
         return f"PostgresDatabase({self._target.shown!r})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 from .model import MAX_SECONDS, InvalidInput
 
@@ -75,3 +76,10 @@ def humanize(seconds: float | None) -> str:
     first = next(i for i, (count, _unit) in enumerate(parts) if count)
     shown = [f"{count}{unit}" for count, unit in parts[first : first + 2] if count]
     return " ".join(shown)
+
+
+def utc(at: float | None) -> str:
+    """A ledger time as ``YYYY-MM-DD HH:MM:SSZ`` (``-`` for none)."""
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))

@@ -23,7 +23,6 @@ from .ops import reconcile as _reconcile
 from .ops import status as _status
 from .ops import task_list
 from .ops import verdicts as _verdicts
-from .sqlite import schema
 from .store import attempts, backends
 from .store import protocol as store
 from .store.transitions import TASK_COLUMNS, row_to_task
@@ -38,7 +37,7 @@ class Ledger:
 
     #: The schema version this release writes (older known layouts migrate to it on open). On
     #: an instance it is its backend's: a PostgreSQL ledger versions its own layout.
-    SCHEMA_VERSION: int = schema.SCHEMA_VERSION
+    SCHEMA_VERSION: int = backends.SQLITE_SCHEMA_VERSION
 
     def __init__(
         self, path: str | os.PathLike[str], *, clock: Callable[[], float] | None = None,

@@ -33,11 +33,14 @@ class DeliveryStatus(StrEnum):
     NOT_APPLICABLE = "not_applicable"
 
 
-ACTIVE_STATES = frozenset({"queued", "running"})
-TERMINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
-TASK_STATES = ACTIVE_STATES | TERMINAL_STATES
-DELIVERY_CLOSED = frozenset({"delivered", "failed", "not_applicable"})
-DELIVERY_STATES = DELIVERY_CLOSED | {"pending"}
+#: The states a task can still leave (the active set) and the states it ends in (the terminal
+#: set): every statement and check that names either set renders it from here
+#: (``rules.ACTIVE_SQL``, ``rules.TERMINAL_SQL``).
+ACTIVE_STATES = frozenset({TaskStatus.QUEUED.value, TaskStatus.RUNNING.value})
+TASK_STATES = frozenset(s.value for s in TaskStatus)
+TERMINAL_STATES = TASK_STATES - ACTIVE_STATES
+DELIVERY_STATES = frozenset(s.value for s in DeliveryStatus)
+DELIVERY_CLOSED = DELIVERY_STATES - {DeliveryStatus.PENDING.value}
 
 #: What a person calls a task: a ``"task"`` is a job somebody asked for (a root, or a child
 #: that owes its own delivery, such as a LangGraph resume or recovery run); an ``"attempt"``
@@ -58,22 +61,54 @@ def task_kind(is_root: object, owes_delivery: object) -> str:
     return "task" if is_root or owes_delivery else "attempt"
 
 
+class TaskCode(StrEnum):
+    """Reason codes of task closes (:data:`TASK_CODES` says which state takes which)."""
+
+    COMPLETED = "completed"
+    WORKER_COMPLETED = "worker_completed"
+    WORKER_FAILED = "worker_failed"
+    RETRY_SCHEDULED = "retry_scheduled"
+    WORKER_LOST = "worker_lost"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    RESTART_STALE = "restart_stale"
+    TIME_LIMIT_EXCEEDED = "time_limit_exceeded"
+    OWNER_LOST = "owner_lost"
+    CALLER_CANCELLED = "caller_cancelled"
+    REVOKED = "revoked"
+    INTERRUPTED = "interrupted"
+    SKIPPED = "skipped"
+    REJECTED = "rejected"
+    IGNORED = "ignored"
+
+
+class DeliveryCode(StrEnum):
+    """Reason codes of delivery closes (:data:`DELIVERY_CODES` says which state takes which)."""
+
+    TRANSPORT_ACKNOWLEDGED = "transport_acknowledged"
+    DELIVERY_GRACE_EXPIRED = "delivery_grace_expired"
+    TRANSPORT_FAILED = "transport_failed"
+    INTERNAL_TASK = "internal_task"
+
+
+def _codes(*codes: StrEnum) -> frozenset[str]:
+    return frozenset(code.value for code in codes)
+
+
+_T, _D = TaskCode, DeliveryCode
 #: Reason codes accepted for each terminal task state.
 TASK_CODES: dict[str, frozenset[str]] = {
-    "succeeded": frozenset({"completed", "worker_completed"}),
-    "failed": frozenset({"worker_failed", "retry_scheduled", "worker_lost"}),
-    "timed_out": frozenset(
-        {"deadline_exceeded", "restart_stale", "time_limit_exceeded", "owner_lost"}
-    ),
-    "cancelled": frozenset(
-        {"caller_cancelled", "revoked", "interrupted", "skipped", "rejected", "ignored"}
-    ),
+    TaskStatus.SUCCEEDED.value: _codes(_T.COMPLETED, _T.WORKER_COMPLETED),
+    TaskStatus.FAILED.value: _codes(_T.WORKER_FAILED, _T.RETRY_SCHEDULED, _T.WORKER_LOST),
+    TaskStatus.TIMED_OUT.value: _codes(
+        _T.DEADLINE_EXCEEDED, _T.RESTART_STALE, _T.TIME_LIMIT_EXCEEDED, _T.OWNER_LOST),
+    TaskStatus.CANCELLED.value: _codes(
+        _T.CALLER_CANCELLED, _T.REVOKED, _T.INTERRUPTED, _T.SKIPPED, _T.REJECTED, _T.IGNORED),
 }
 #: Reason codes accepted for each closed delivery state.
 DELIVERY_CODES: dict[str, frozenset[str]] = {
-    "delivered": frozenset({"transport_acknowledged"}),
-    "failed": frozenset({"delivery_grace_expired", "transport_failed"}),
-    "not_applicable": frozenset({"internal_task"}),
+    DeliveryStatus.DELIVERED.value: _codes(_D.TRANSPORT_ACKNOWLEDGED),
+    DeliveryStatus.FAILED.value: _codes(_D.DELIVERY_GRACE_EXPIRED, _D.TRANSPORT_FAILED),
+    DeliveryStatus.NOT_APPLICABLE.value: _codes(_D.INTERNAL_TASK),
 }
 #: Codes only the ledger itself writes, on its own events.
 RESERVED_CODES = frozenset({"created", "started"})
@@ -83,15 +118,18 @@ RESERVED_CODES = frozenset({"created", "started"})
 #: verdict for that adapter's framework in the same transaction (the verdict outbox), and a
 #: lost attempt the broker will still redeliver keeps its logical task fresh (see reconcile).
 #: The schema's verdict trigger is written from this set: changing it is a new layout version.
-LOST_CODES = frozenset({"deadline_exceeded", "owner_lost", "restart_stale"})
+LOST_CODES = _codes(_T.DEADLINE_EXCEEDED, _T.OWNER_LOST, _T.RESTART_STALE)
 #: The frameworks whose adapters open logical tasks (a closed set of labels, never user data):
 #: a lost verdict is routed to the adapters of the framework that opened the task.
 FRAMEWORK_LABELS = frozenset({"celery", "dramatiq", "langgraph"})
 #: A verdict is ``pending`` until an adapter of its framework published it.
 VERDICT_STATES = ("pending", "published")
 
-_NAME_RE = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
-_HASH_RE = re.compile(r"[0-9a-f]{64}")
+#: A name label (framework task, actor, graph or node name), a payload fingerprint (SHA-256,
+#: lowercase hex) and a canonical task id: what a stored value must match (doctor checks them).
+NAME_RE = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
+HASH_RE = re.compile(r"[0-9a-f]{64}")
+CANONICAL_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAX_SECONDS = 10.0**10  # about 317 years: bounds every duration input
 
 
@@ -161,12 +199,9 @@ class UnsafeLocation(InvalidInput):
     network filesystems, or a non-POSIX host without ``allow_external_acl=True``)."""
 
 
-_CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
 def canonical_id(value: object, what: str = "task id") -> str:
     """Return the canonical lowercase hyphenated form of a UUID, or raise InvalidInput."""
-    if type(value) is str and _CANONICAL.fullmatch(value):
+    if type(value) is str and CANONICAL_RE.fullmatch(value):
         return value
     if isinstance(value, uuid.UUID):
         return str(value)
@@ -232,7 +267,7 @@ def check_name(value: object) -> str | None:
     """Return a valid name label (framework task, actor, graph or node name) or None."""
     if value is None:
         return None
-    if isinstance(value, str) and _NAME_RE.fullmatch(value):
+    if isinstance(value, str) and NAME_RE.fullmatch(value):
         return str(value)
     raise InvalidInput("name must be an identifier label")
 
@@ -250,24 +285,24 @@ def check_payload_hash(value: object) -> str | None:
     """Return a lowercase SHA-256 hex digest or None."""
     if value is None:
         return None
-    if isinstance(value, str) and _HASH_RE.fullmatch(value):
+    if isinstance(value, str) and HASH_RE.fullmatch(value):
         return str(value)
     raise InvalidInput("payload_hash must be a lowercase SHA-256 hex digest")
 
 
 def is_canonical(value: str) -> bool:
     """Tell whether ``value`` is a canonical lowercase UUID string."""
-    return bool(_CANONICAL.fullmatch(value))
+    return bool(CANONICAL_RE.fullmatch(value))
 
 
 def is_payload_hash(value: str) -> bool:
     """Tell whether ``value`` is a lowercase SHA-256 hex digest."""
-    return bool(_HASH_RE.fullmatch(value))
+    return bool(HASH_RE.fullmatch(value))
 
 
 def is_valid_name(value: str) -> bool:
     """Tell whether ``value`` is an acceptable name label."""
-    return bool(_NAME_RE.fullmatch(value))
+    return bool(NAME_RE.fullmatch(value))
 
 
 def payload_fingerprint(data: str | bytes) -> str:

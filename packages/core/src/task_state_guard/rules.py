@@ -17,13 +17,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .model import DELIVERY_CLOSED, FRAMEWORK_LABELS, LOST_CODES, TASK_KIND_SQL, TERMINAL_STATES
+from .model import (
+    ACTIVE_STATES,
+    DELIVERY_CLOSED,
+    FRAMEWORK_LABELS,
+    LOST_CODES,
+    TASK_KIND_SQL,
+    TERMINAL_STATES,
+    DeliveryStatus,
+    TaskStatus,
+)
 
-#: Task states in their lifecycle order (reports list them so).
-TASK_ORDER = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
+#: Task states in their lifecycle order (reports list them so): the enum's order.
+TASK_ORDER = tuple(s.value for s in TaskStatus)
 #: Delivery states in their lifecycle order.
-DELIVERY_ORDER = ("pending", "delivered", "failed", "not_applicable")
-ACTIVE_ORDER = ("queued", "running")
+DELIVERY_ORDER = tuple(s.value for s in DeliveryStatus)
+ACTIVE_ORDER = tuple(s for s in TASK_ORDER if s in ACTIVE_STATES)
 TERMINAL_ORDER = tuple(s for s in TASK_ORDER if s in TERMINAL_STATES)
 DELIVERY_CLOSED_ORDER = tuple(s for s in DELIVERY_ORDER if s in DELIVERY_CLOSED)
 
@@ -142,6 +151,31 @@ def running_idle_since(started_at: float, heartbeat_at: float | None) -> float:
     """:data:`RUNNING_IDLE_SINCE_SQL` for one row's values (doctor holds a heartbeat to be no
     earlier than the start; of a row that breaks it, the later of the two)."""
     return started_at if heartbeat_at is None else max(started_at, heartbeat_at)
+
+
+# ------------------------------------------------------------------------------ clock guard
+
+#: The stored times a change's clock must not precede (the clock guard): the task's last change
+#: (state change or heartbeat), its last delivery change, its last heartbeat (none: no bound).
+CHANGED_AT = "updated_at"
+DELIVERY_CHANGED_AT = "delivery_updated_at"
+HEARTBEAT_AT = "coalesce(heartbeat_at, 0)"
+#: The stored times each one-task transition holds its clock to (by the statement names of
+#: ``store.transitions.STATEMENTS``): a delivery change keeps delivery changes in order, a
+#: task-state change or heartbeat keeps heartbeats in order.
+CLOCK_GUARDS: dict[str, tuple[str, ...]] = {
+    "start": (CHANGED_AT,),
+    "heartbeat": (CHANGED_AT, HEARTBEAT_AT),
+    "close": (CHANGED_AT, HEARTBEAT_AT),
+    "close_settled": (CHANGED_AT, DELIVERY_CHANGED_AT, HEARTBEAT_AT),
+    "deliver": (CHANGED_AT, DELIVERY_CHANGED_AT),
+}
+
+
+def clock_guard(transition: str, now: str) -> str:
+    """``transition``'s clock guard as SQL: the clock ``now`` (a placeholder) is not earlier
+    than any stored time of :data:`CLOCK_GUARDS`."""
+    return " AND ".join(f"{now} >= {stamp}" for stamp in CLOCK_GUARDS[transition])
 
 
 # ------------------------------------------------------------------------------ event rules
@@ -286,15 +320,53 @@ VERDICT_OWED = (
 #: The obligation a delivery close is counted under in the outcome totals (``{row}``: ``""``
 #: or ``"NEW."``); a close is counted under ``model.TASK_KIND_SQL``.
 DELIVERY_KIND_SQL = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
+#: The columns of ``tsg_totals``.
+TOTALS_COLUMNS = "event, kind, state, code, total"
+
+
+@dataclass(frozen=True, slots=True)
+class TotalRule:
+    """The outcome-totals rule for one event: a change that writes ``rule``'s event counts
+    one under (``event``, its kind ``kind`` (SQL with ``{row}``), its state, its code or
+    ``''``). Every writer of the totals renders its values from here: the row triggers
+    (:meth:`values` on ``NEW.``), a pass's set-based writes and the seed of a migrated ledger
+    (:meth:`select`)."""
+
+    event: str
+    kind: str
+    rule: EventRule
+
+    def values(self, row: str = "") -> list[str]:
+        """``event``, ``kind``, ``state`` and ``code`` of one changed row prefixed ``row``."""
+        state, code, _at = self.rule.values(row)
+        return [f"'{self.event}'", self.kind.format(row=row), state, f"coalesce({code}, '')"]
+
+    def select(self, source: str, *, where: bool = True, named: bool = False) -> str:
+        """The totals of the rows of ``source`` (``where``: only those that made the
+        transition; ``named``: the columns named as :data:`TOTALS_COLUMNS`)."""
+        names = TOTALS_COLUMNS.split(", ")
+        columns = [*self.values(""), "count(*)"]
+        if named:
+            columns = [f"{value} AS {name}" for value, name in zip(columns, names, strict=True)]
+        cond = f" WHERE {self.rule.present.sql()}" if where else ""
+        return (f"SELECT {', '.join(columns)} FROM {source}{cond} "
+                f"GROUP BY {', '.join(str(i) for i in range(1, 5))}")
+
+    def insert(self, source: str, *, where: bool = True) -> str:
+        """Add :meth:`select`'s totals to ``tsg_totals``."""
+        return f"INSERT INTO tsg_totals({TOTALS_COLUMNS}) {self.select(source, where=where)}"
+
+
+#: The outcome totals' rules, by event.
+TOTAL_RULES = {
+    "closed": TotalRule("closed", TASK_KIND_SQL, EVENTS_BY_KIND["closed"]),
+    "delivery": TotalRule("delivery", DELIVERY_KIND_SQL, EVENTS_BY_KIND["delivery"]),
+}
 #: The outcome totals of the tasks a table ``{tasks}`` holds (seeds a migrated ledger; what a
 #: read-only open of a layout without totals reads).
 TOTALS_SELECT = (
-    f"SELECT 'closed' AS event, {TASK_KIND_SQL.format(row='')} AS kind, status AS state, "
-    f"coalesce(terminal_code, '') AS code, count(*) AS total FROM {{tasks}} "
-    f"WHERE {EVENTS_BY_KIND['closed'].present.sql()} GROUP BY 1, 2, 3, 4 UNION ALL "
-    f"SELECT 'delivery', {DELIVERY_KIND_SQL.format(row='')}, delivery_status, "
-    f"coalesce(delivery_code, ''), count(*) FROM {{tasks}} "
-    f"WHERE {EVENTS_BY_KIND['delivery'].present.sql()} GROUP BY 1, 2, 3, 4"
+    TOTAL_RULES["closed"].select("{tasks}", named=True) + " UNION ALL "
+    + TOTAL_RULES["delivery"].select("{tasks}")
 )
 
 
@@ -332,6 +404,7 @@ def event_chain_sql(*, is_same: str, as_int: str, false: str, true: str, extra: 
 
 __all__ = [
     "ACTIVE_SQL",
+    "CLOCK_GUARDS",
     "DELIVERY_ORDER",
     "EVENT_RULES",
     "IDLE_SINCE_SQL",
@@ -340,10 +413,13 @@ __all__ = [
     "TASK_ORDER",
     "TERMINAL_ORDER",
     "TERMINAL_SQL",
+    "TOTAL_RULES",
     "VERDICT_OWED",
     "Column",
     "Condition",
     "EventRule",
+    "TotalRule",
+    "clock_guard",
     "event_chain_sql",
     "event_insert",
     "event_insert_select",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from ..durations import humanize
+from ..durations import humanize, utc
 from ..model import Task
 from ..ops.events import TaskEvent
 from ..ops.task_list import TaskListing
@@ -42,13 +42,6 @@ def _counts(pairs: Sequence[tuple[str, Any]], indent: str = "  ") -> list[str]:
     width = max(len(label) for label, _ in pairs)
     digits = max(len(str(value)) for _, value in pairs)
     return [f"{indent}{label:<{width}}  {value!s:>{digits}}" for label, value in pairs]
-
-
-def utc(at: float | None) -> str:
-    """A ledger time as ``YYYY-MM-DD HH:MM:SSZ`` (``-`` for none)."""
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
 
 
 def _since(at: float | None, now: float) -> str:

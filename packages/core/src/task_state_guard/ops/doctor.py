@@ -26,9 +26,13 @@ from typing import Any
 
 from .. import rules
 from ..model import (
+    ACTIVE_STATES,
+    CANONICAL_RE,
     DELIVERY_CODES,
     DELIVERY_STATES,
     FRAMEWORK_LABELS,
+    HASH_RE,
+    NAME_RE,
     TASK_CODES,
     TASK_STATES,
 )
@@ -65,10 +69,7 @@ COUNT_KEYS = {
 }
 _TASK_ORDER = rules.TASK_ORDER
 _DELIVERY_ORDER = rules.DELIVERY_ORDER
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_NAME = re.compile(r"[A-Za-z0-9_<][A-Za-z0-9_.:/<>\-]{0,199}")
-_HEX32 = re.compile(r"[0-9a-f]{32}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")  # an owner token
 
 
 #: The largest finite float as an SQL literal: a stored infinity compares above it.
@@ -186,7 +187,7 @@ def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
         ok = not no_start and no_close and code is None
     else:
         ok = not no_close
-    if status in ("queued", "running") and delivery != "pending":
+    if status in ACTIVE_STATES and delivery != "pending":
         ok = False
     if delivery == "pending":
         ok = ok and dcode is None
@@ -208,7 +209,7 @@ def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str) -> None:
 
 
 def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> None:
-    uuid_ok, name_ok = _UUID.fullmatch, _NAME.fullmatch
+    uuid_ok, name_ok = CANONICAL_RE.fullmatch, NAME_RE.fullmatch
     known_names: set[str] = set()
     bad_ids = bad_values = 0
     for task_id, parent, name, owner, payload, version, framework in rows:
@@ -227,7 +228,7 @@ def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> 
                 continue
         if (
             (owner is not None and not (type(owner) is str and _HEX32.fullmatch(owner)))
-            or (payload is not None and not (type(payload) is str and _HEX64.fullmatch(payload)))
+            or (payload is not None and not (type(payload) is str and HASH_RE.fullmatch(payload)))
             or type(version) is not int
             or version < 0
         ):

@@ -67,8 +67,7 @@ def events_of(db: Database, task_id: str) -> list[TaskEvent]:
     Raises :class:`TaskNotFound` for an unknown task and :class:`StorageError` when a stored
     event fails validation (doctor counts such findings), so no tampered value is returned.
     """
-    with db.read() as conn:
-        rows = db.queries.task_events(conn, task_id)
+    rows = db.queries.task_events(task_id)
     if rows is None:
         raise TaskNotFound("task not found")
     events: list[TaskEvent] = []

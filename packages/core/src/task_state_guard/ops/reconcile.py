@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import rules
 from ..model import (
+    ACTIVE_STATES,
     TERMINAL_STATES,
     InvalidInput,
     LedgerError,
@@ -188,7 +189,7 @@ class _Pass:
             return False
         if created is None or not _finite(created, started, heartbeat, deadline, closed):
             return False
-        if status in ("queued", "running"):
+        if status in ACTIVE_STATES:
             return closed is None and not (status == "running" and started is None)
         return status in TERMINAL_STATES and closed is not None
 
@@ -217,7 +218,7 @@ class _Pass:
             for row in rows:
                 seq, status, required, closed = row[0], row[1], row[8], row[10]
                 owed_later = True  # a delivery somebody may still confirm gets its grace
-                if status in ("queued", "running"):
+                if status in ACTIVE_STATES:
                     counts["active_examined"] += 1
                     code = verdicts.get(seq)
                     if code in ("owner_lost", "restart_stale") and self.fresh_through_children(

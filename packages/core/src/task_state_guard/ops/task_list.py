@@ -175,8 +175,7 @@ def list_tasks(
 
 def get_task(db: Database, task_id: str, to_task: Callable[[tuple[Any, ...]], Task]) -> Task:
     """The task ``task_id`` (a canonical id); ``TaskNotFound`` when unknown."""
-    with db.read() as conn:
-        row = db.queries.task(conn, task_id)
+    row = db.queries.task(task_id)
     if row is None:
         raise TaskNotFound("task not found")
     return to_task(row)
@@ -190,8 +189,7 @@ def children_of(
     only, when given); ``TaskNotFound`` when unknown."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidInput("limit must be a positive integer")
-    with db.read() as conn:
-        rows = db.queries.children(conn, task_id, limit)
+    rows = db.queries.children(task_id, limit)
     if rows is None:
         raise TaskNotFound("task not found")
     return [to_task(row) for row in rows]
@@ -217,7 +215,7 @@ def find_task_ids(
     with db.read() as conn:
         now = db.now()
         ids = db.queries.find_ids(conn, queries.FindQuery(
-            status=state, open_only=state in ("queued", "running"),
+            status=state, open_only=state in ACTIVE_STATES,
             idle_before=None if stale is None else now - stale, name=label,
             created_before=None if older is None else now - older, job=job, limit=limit,
         ))

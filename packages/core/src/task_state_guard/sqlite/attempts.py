@@ -14,7 +14,10 @@ from typing import Any
 from .. import reasons as r
 from ..model import StorageError
 from ..store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
+from ..store.transitions import close_guard
 from . import connections
+from .transitions import GUARDED
+from .transitions import mark as _mark
 
 # SQLite collects the rows of any INSERT ... SELECT into a table with triggers in a temporary
 # B-tree first, a VALUES row not: a row's guards decide its id instead, and a row whose id is
@@ -76,42 +79,23 @@ _INSERT_ATTEMPT = {
     (checked, timed, redelivered): _attempt_insert(checked, timed, redelivered)
     for checked in (False, True) for timed in (False, True) for redelivered in (False, True)
 }
-_START = (
-    "UPDATE tsg_tasks SET status = 'running', started_at = :now, "
-    "deadline_at = :now + timeout_seconds, owner = :owner, redelivery_seconds = :redelivery, "
-    "updated_at = :now, version = version + 1 "
-    "WHERE id = :id AND status = 'queued' AND :now >= updated_at "
-    "AND (timeout_seconds IS NULL OR timeout_seconds <= :fmax - :now)"
-)
+# The start of a task recorded earlier: the one-task transition's statement.
+_START = GUARDED["start"]
 # A placeholder recorded earlier is claimed only when it is the one this begin would record.
 _START_SAME = (
     _START + " AND parent_id = :parent AND delivery_required = 0 AND name IS :name "
     "AND timeout_seconds IS :timeout AND payload_hash IS NULL AND framework_id IS NULL"
 )
 # The close of a task with, in the same change, its delivery: ``not_applicable/internal_task``
-# when it owes none (:data:`_CLOSE`); the job's own mark (:mstate, :mcode) when it owes one and
-# made one (:data:`_CLOSE_MARKED`: a task that owes none is not closed with a mark).
-_CLOSE_WHERE = (
-    "WHERE id = :id AND status IN ('queued','running') AND delivery_status = 'pending' "
-    "AND :now >= updated_at AND :now >= delivery_updated_at "
-    "AND :now >= coalesce(heartbeat_at, 0)"
-)
-_CLOSE = (
-    "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
-    "updated_at = :now, "
-    "delivery_status = CASE WHEN delivery_required = 0 THEN 'not_applicable' "
-    "ELSE delivery_status END, "
-    "delivery_code = CASE WHEN delivery_required = 0 THEN 'internal_task' "
-    "ELSE delivery_code END, "
-    "delivery_updated_at = CASE WHEN delivery_required = 0 THEN :now "
-    "ELSE delivery_updated_at END, "
-    "version = version + CASE WHEN delivery_required = 0 THEN 2 ELSE 1 END " + _CLOSE_WHERE
-)
+# when it owes none (:data:`_CLOSE`, the one-task close that settles); the job's own mark
+# (:mstate, :mcode) when it owes one and made one (:data:`_CLOSE_MARKED`: a task that owes none
+# is not closed with a mark).
+_CLOSE = GUARDED["close_settled"]
 _CLOSE_MARKED = (
     "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
     "updated_at = :now, delivery_status = :mstate, delivery_code = :mcode, "
     "delivery_updated_at = :now, version = version + 2 "
-    + _CLOSE_WHERE + " AND delivery_required = 1"
+    + close_guard(_mark, settle=True) + " AND delivery_required = 1"
 )
 
 

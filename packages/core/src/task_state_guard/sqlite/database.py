@@ -128,8 +128,6 @@ class FileHealth:
 class SQLiteDatabase:
     """The SQLite backend: one connection per thread and per process, never reused after fork."""
 
-    queries = SQLiteQueries()
-
     def __init__(
         self,
         path: str,
@@ -160,6 +158,8 @@ class SQLiteDatabase:
         self._check_schema = check_schema
         self._local = _Local()
         self._lock = threading.Lock()
+        #: The statements other than transitions (a read of one task opens its own read).
+        self.queries = SQLiteQueries(self.read)
         self._snapshot_lock = threading.RLock()  # serializes reads of a shared snapshot
         self._pid = THIS.pid
         self._open_conns: list[sqlite3.Connection] = []

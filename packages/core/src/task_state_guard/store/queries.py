@@ -7,7 +7,8 @@ in its own SQL and placeholders (nothing rewrites another dialect's text): SQLit
 and counts them in Python (its GROUP BY would sort every row) and reads the at-risk figures
 through the open-work index; PostgreSQL groups on the server, holds the rows a pass reads, and
 writes a pass's closes as set-based statements. Every method takes the connection of the
-caller's transaction and plain values; no aggregate reads a backend flag, appends a backend's
+caller's transaction and plain values, except a read of one task, which the backend runs in a
+read of its own (see :class:`Queries`); no aggregate reads a backend flag, appends a backend's
 SQL fragment or executes a statement itself.
 """
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import rules
+from ..model import ATTEMPT_SQL, LOST_CODES
+from .transitions import TASK_COLUMNS
 
 #: The open work: every task whose delivery is not closed yet.
 OPEN_WORK = "delivery_status = 'pending'"
@@ -36,6 +39,8 @@ AT_RISK: dict[str, tuple[str, str, str]] = {
     "stale": ("count", "*",
               f"status = 'running' AND {rules.RUNNING_IDLE_SINCE_SQL} <= {{stale_before}}"),
 }
+#: The :data:`AT_RISK` figures that are the oldest time of a kind of open work.
+LEAST = tuple(name for name, (agg, _column, _cond) in AT_RISK.items() if agg == "min")
 #: The root closes in a time window (``{start}``, ``{end}``), for the history.
 ROOT_CLOSES = (
     "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= {start} AND ended_at < {end} "
@@ -159,8 +164,190 @@ class StatusGroups:
     stale: int
 
 
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How a backend writes the values a shared statement binds: ``mark(name)``, one value
+    bound by name (SQLite ``:name``, psycopg ``%(name)s``); ``among(column, name, type)``,
+    ``column`` is one of the list bound as ``name`` (its elements of SQL type ``type``);
+    ``skip_held``, what a claim appends to read past rows other writers hold (``""`` where a
+    write transaction holds the whole database)."""
+
+    mark: Callable[[str], str]
+    among: Callable[[str, str, str], str]
+    skip_held: str = ""
+
+
+#: Statements a backend runs as they are (no bound value).
+COUNT_OPEN = f"SELECT count(*) FROM tsg_tasks WHERE {OPEN_WORK}"
+OPEN_RUNNING_OWNERS = (
+    f"SELECT owner, count(*) FROM tsg_tasks WHERE {OPEN_WORK} "
+    "AND status = 'running' AND owner IS NOT NULL GROUP BY owner"
+)
+TOTALS = f"SELECT {rules.TOTALS_COLUMNS} FROM tsg_totals"
+VERDICT_COUNTS = (
+    "SELECT framework, state, count(*), min(recorded_at) FROM tsg_verdicts GROUP BY 1, 2"
+)
+#: A task's lost verdict that no adapter has published yet (current layout only), per row ``t``.
+OWED_VERDICTS = (
+    "(SELECT count(*) FROM tsg_verdicts v WHERE v.task_seq = t.seq AND v.state = 'pending')"
+)
+
+
+def statements(d: Dialect) -> dict[str, str]:
+    """The statements both backends run, written once and composed in dialect ``d`` (each
+    backend renders them at import time; what stays in a backend is what really differs)."""
+    v = d.mark
+    # A lost attempt's broker may still redeliver the job while this holds (the pass's cutoff).
+    redelivery_open = (f"(redelivery_seconds IS NOT NULL AND {rules.RUNNING_IDLE_SINCE_SQL} "
+                       f"+ redelivery_seconds > {v('cutoff')})")
+    parents = d.among("parent_id", "parents", "text")
+    prunable = render(PRUNABLE, v, "cutoff")
+    pending_free = (f"framework = {v('framework')} AND state = 'pending' "
+                    f"AND (lease_until IS NULL OR lease_until <= {v('now')})")
+    of_tasks = ("task_seq IN (SELECT seq FROM tsg_tasks WHERE "
+                f"{d.among('id', 'ids', 'text')})")
+    trees = (
+        "WITH RECURSIVE tree(root, seq, id) AS ("
+        f" SELECT seq, seq, id FROM tsg_tasks WHERE {d.among('seq', 'seqs', 'bigint')}"
+        " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
+        " JOIN tree ON c.parent_id = tree.id)"
+        " SELECT tree.root, t.seq, t.status, t.delivery_status,"
+        " CASE WHEN t.updated_at > t.delivery_updated_at THEN t.updated_at"
+        " ELSE t.delivery_updated_at END,"
+        " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq),"
+    )
+    claim = (
+        f"UPDATE tsg_verdicts SET lease_until = {v('until')}, claim = {v('token')} "
+        f"WHERE task_seq IN (SELECT task_seq FROM tsg_verdicts WHERE {pending_free}"
+    )
+    claim_end = f" ORDER BY task_seq LIMIT {v('limit')}{d.skip_held}) RETURNING task_seq"
+    return {
+        "active_children": (
+            f"SELECT parent_id, seq, status, {redelivery_open} FROM tsg_tasks "
+            f"WHERE {parents} AND (status IN {rules.ACTIVE_SQL} "
+            f"OR (status = 'timed_out' AND terminal_code IN {rules.sql_set(LOST_CODES)} "
+            f"AND {redelivery_open}))"
+        ),
+        # An older layout (read in place by a read-only open) records no redelivery windows.
+        "active_children_old": (
+            f"SELECT parent_id, seq, status, 0 FROM tsg_tasks "
+            f"WHERE {parents} AND status IN {rules.ACTIVE_SQL}"
+        ),
+        "runs_for_owner": (
+            f"SELECT 1 FROM tsg_tasks WHERE {OPEN_WORK} AND status = 'running' "
+            f"AND owner = {v('owner')} LIMIT 1"
+        ),
+        "task": f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = {v('id')}",
+        "exists": f"SELECT 1 FROM tsg_tasks WHERE id = {v('id')}",
+        "children": f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = {v('id')} "
+                    "ORDER BY seq",
+        "children_limit": f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE parent_id = {v('id')} "
+                          f"ORDER BY seq LIMIT {v('limit')}",
+        "count_prunable": f"SELECT count(*) FROM tsg_tasks WHERE {prunable}",
+        "prunable_roots": (
+            f"SELECT seq, delivery_updated_at FROM tsg_tasks WHERE {prunable} "
+            f"AND (delivery_updated_at, seq) > ({v('updated')}, {v('seq')}) "
+            f"ORDER BY delivery_updated_at, seq LIMIT {v('limit')}"
+        ),
+        "trees": f"{trees} {OWED_VERDICTS} FROM tree JOIN tsg_tasks t ON t.seq = tree.seq",
+        "trees_old": f"{trees} 0 FROM tree JOIN tsg_tasks t ON t.seq = tree.seq",
+        "any_claimable": f"SELECT 1 FROM tsg_verdicts WHERE {pending_free} LIMIT 1",
+        "claim": claim + claim_end,
+        "claim_only": f"{claim} AND {of_tasks}{claim_end}",
+        "claimed": (
+            "SELECT t.id, t.framework_id, t.name, t.terminal_code, v.framework, v.recorded_at "
+            "FROM tsg_verdicts v JOIN tsg_tasks t ON t.seq = v.task_seq "
+            f"WHERE {d.among('v.task_seq', 'seqs', 'bigint')} ORDER BY v.task_seq"
+        ),
+        "publish": (
+            f"UPDATE tsg_verdicts SET state = 'published', published_at = {v('now')}, "
+            f"lease_until = NULL, claim = NULL WHERE state = 'pending' AND {of_tasks} "
+            "RETURNING task_seq"
+        ),
+        "release": (
+            "UPDATE tsg_verdicts SET lease_until = NULL, claim = NULL WHERE state = 'pending' "
+            f"AND claim = {v('token')} AND {of_tasks} RETURNING task_seq"
+        ),
+    }
+
+
+def listing(d: Dialect, columns: str, query: TaskQuery) -> tuple[str, dict[str, Any]]:
+    """A :class:`TaskQuery`'s statement in dialect ``d`` and the values it binds by name."""
+    v = d.mark
+    clauses = [ATTEMPT_SQL if query.attempts else f"NOT {ATTEMPT_SQL}"]
+    params: dict[str, Any] = {"limit": query.limit}
+    if query.job is not None:  # one job: the task itself, or its attempts
+        clauses.append(f"parent_id = {v('job')}" if query.attempts else f"id = {v('job')}")
+        params["job"] = query.job
+    if query.open_only:
+        clauses.append(OPEN_WORK)  # the open-work index
+    if query.status is not None:
+        clauses.append(f"status = {v('status')}")
+        params["status"] = query.status
+    elif query.active_only:
+        clauses.append(f"status IN {rules.ACTIVE_SQL}")
+    if query.name is not None:
+        clauses.append(f"name = {v('name')}")
+        params["name"] = query.name
+    if query.idle_before is not None:
+        clauses.append(f"{rules.IDLE_SINCE_SQL} <= {v('idle_before')}")
+        params["idle_before"] = query.idle_before
+    if query.created_before is not None:
+        clauses.append(f"created_at <= {v('created_before')}")
+        params["created_before"] = query.created_before
+    key = LIST_ORDERS[query.order]
+    direction, beyond = ("DESC", "<") if query.descending else ("ASC", ">")
+    if query.after is not None:
+        clauses.append(f"({key} {beyond} {v('key')} OR ({key} = {v('key')} "
+                       f"AND seq {beyond} {v('after_seq')}))")
+        params["key"], params["after_seq"] = query.after
+    ordering = f"seq {direction}" if query.order == "created" else (
+        f"{key} {direction}, seq {direction}")
+    sql = (
+        f"SELECT {columns}, {LIST_ATTEMPTS}, {rules.IDLE_SINCE_SQL}, {key}, seq FROM tsg_tasks "
+        f"WHERE {' AND '.join(clauses)} ORDER BY {ordering} LIMIT {v('limit')}"
+    )
+    return sql, params
+
+
+def finding(d: Dialect, query: FindQuery) -> tuple[str, dict[str, Any]]:
+    """A :class:`FindQuery`'s statement in dialect ``d`` and the values it binds by name."""
+    v = d.mark
+    status = f"status = {v('status')}"
+    sql = "SELECT id FROM tsg_tasks WHERE " + (
+        f"{OPEN_WORK} AND {status}" if query.open_only else status)
+    params: dict[str, Any] = {"status": query.status}
+    if query.idle_before is not None:
+        since = FIND_IDLE_SINCE.get(query.status, FIND_IDLE_SINCE_CLOSED)
+        sql += f" AND {since} <= {v('idle_before')}"
+        params["idle_before"] = query.idle_before
+    if query.name is not None:
+        sql += f" AND name = {v('name')}"
+        params["name"] = query.name
+    if query.created_before is not None:
+        sql += f" AND created_at <= {v('created_before')}"
+        params["created_before"] = query.created_before
+    if query.job is not None:
+        sql += f" AND (id = {v('job')} OR parent_id = {v('job')})"
+        params["job"] = query.job
+    sql += " ORDER BY seq"
+    if query.limit is not None:
+        sql += f" LIMIT {v('limit')}"
+        params["limit"] = query.limit
+    return sql, params
+
+
 class Queries(Protocol):
-    """A backend's answers to the aggregates' reads and to a reconcile pass's writes."""
+    """A backend's answers to the aggregates' reads and to a reconcile pass's writes.
+
+    A read of one task (:meth:`task`, :meth:`children`, :meth:`task_events`) runs inside the
+    backend, in a read transaction of its own (inside this thread's open group, the group's):
+    no connection is handed out for it. Every other method takes the connection of a unit of
+    work the core drives and runs in it: status's one snapshot of several reads; the history,
+    the listing and the id search, whose clock is read inside their snapshot; reconcile's pass
+    (its batches, children, closes, owners); prune (candidates, trees, holds and deletes in one
+    write a batch); the verdict outbox's claim, publish and release.
+    """
 
     def status_groups(self, conn: Any, now: float, stale_before: float,
                       bound: int) -> StatusGroups:
@@ -210,24 +397,23 @@ class Queries(Protocol):
         """The rows of the outcome totals: ``(event, kind, state, code, total)``."""
         ...
 
-    def task_events(self, conn: Any, task_id: str) -> list[tuple[Any, ...]] | None:
+    def task_events(self, task_id: str) -> list[tuple[Any, ...]] | None:
         """``(step, kind, state, code, at)`` of the task's events in step order; None when
-        no task has ``task_id``."""
+        no task has ``task_id`` (in a read of its own)."""
         ...
 
     def list_tasks(self, conn: Any, columns: str, query: TaskQuery) -> list[tuple[Any, ...]]:
         """The rows of one listing page (see :class:`TaskQuery`), ``columns`` first."""
         ...
 
-    def task(self, conn: Any, task_id: str) -> tuple[Any, ...] | None:
+    def task(self, task_id: str) -> tuple[Any, ...] | None:
         """The task's row (:data:`~task_state_guard.store.transitions.TASK_COLUMNS`), or None when
-        no task has ``task_id``."""
+        no task has ``task_id`` (in a read of its own)."""
         ...
 
-    def children(self, conn: Any, task_id: str,
-                 limit: int | None) -> list[tuple[Any, ...]] | None:
+    def children(self, task_id: str, limit: int | None) -> list[tuple[Any, ...]] | None:
         """The rows of the task's direct children in seq order (the first ``limit``, when
-        given), or None when no task has ``task_id``."""
+        given), or None when no task has ``task_id`` (in one read of its own)."""
         ...
 
     def find_ids(self, conn: Any, query: FindQuery) -> list[Any]:
@@ -294,17 +480,24 @@ class Queries(Protocol):
 
 __all__ = [
     "AT_RISK",
+    "COUNT_OPEN",
     "FIND_IDLE_SINCE",
     "FIND_IDLE_SINCE_CLOSED",
     "INVALID_LABEL",
+    "LEAST",
     "LIST_ATTEMPTS",
     "LIST_ORDERS",
     "MAX_GROUPS",
     "OPEN_BATCH",
+    "OPEN_RUNNING_OWNERS",
     "OPEN_WORK",
+    "OWED_VERDICTS",
     "PRUNABLE",
     "ROOT_CLOSES",
     "STATUS_KEY",
+    "TOTALS",
+    "VERDICT_COUNTS",
+    "Dialect",
     "FindQuery",
     "GroupKey",
     "Queries",
@@ -312,5 +505,8 @@ __all__ = [
     "TaskQuery",
     "add_group",
     "before",
+    "finding",
+    "listing",
     "render",
+    "statements",
 ]

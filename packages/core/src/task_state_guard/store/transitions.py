@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeAlias
 
 from .. import reasons as r
+from .. import rules
 from ..model import (
     DELIVERY_CODES,
     DELIVERY_STATES,
@@ -127,6 +128,104 @@ class Outcome(NamedTuple):
 #: ``start`` and ``close`` answer with the task's row, ``start_seq`` with its ``seq`` only,
 #: ``close_settled`` also settles the delivery of a task that owes none.
 STATEMENTS = ("create", "start", "start_seq", "heartbeat", "close", "close_settled", "deliver")
+
+
+#: How a dialect writes the value bound under a name (SQLite ``:name``; psycopg
+#: ``%(name)s::type``): the statements below are composed with it, once per backend.
+Mark: TypeAlias = Callable[[str], str]
+#: The columns a create writes, in the order of :func:`create_values`.
+CREATE_COLUMNS = (
+    "id, parent_id, name, status, delivery_required, delivery_status, payload_hash, "
+    "timeout_seconds, created_at, delivery_updated_at, updated_at, framework_id, framework"
+)
+
+
+def create_values(v: Mark, parent: str) -> str:
+    """A create's row (:data:`CREATE_COLUMNS`), its parent written as ``parent``."""
+    now = v("now")
+    return (f"{v('id')}, {parent}, {v('name')}, 'queued', {v('required')}, 'pending', "
+            f"{v('hash')}, {v('timeout')}, {now}, {now}, {now}, {v('fid')}, {v('framework')}")
+
+
+def close_guard(v: Mark, *, settle: bool) -> str:
+    """The WHERE of a close of one task: still active, within its clock guard; ``settle``:
+    its delivery still pending too (the close settles it in the same change)."""
+    pending = " AND delivery_status = 'pending'" if settle else ""
+    name = "close_settled" if settle else "close"
+    return (f"WHERE id = {v('id')} AND status IN {rules.ACTIVE_SQL}{pending} "
+            f"AND {rules.clock_guard(name, v('now'))}")
+
+
+def guarded(v: Mark) -> dict[str, str]:
+    """Each changing step's guarded statement in a dialect (``v``), without what it answers
+    (a create answers its ``seq`` itself). Every backend runs these texts; the guards (source
+    state, :func:`rules.clock_guard`, the active and terminal sets) come from the rules.
+
+    ``updated_at`` is the last task-state change or heartbeat; a delivery change moves only
+    ``delivery_updated_at``; ``version`` counts state and delivery changes (a heartbeat does
+    not). A start whose deadline (now + timeout) would not be a finite timestamp is refused
+    (``fmax``: the largest finite float); a create takes any finite timeout, as 0.1.0 did.
+    """
+    now, parent = v("now"), v("parent")
+    return {
+        "create": (
+            f"INSERT INTO tsg_tasks({CREATE_COLUMNS}) SELECT {create_values(v, parent)} "
+            f"WHERE {parent} IS NULL OR EXISTS "
+            f"(SELECT 1 FROM tsg_tasks WHERE id = {parent} AND created_at <= {now}) "
+            "ON CONFLICT(id) DO NOTHING RETURNING seq"
+        ),
+        "start": (
+            f"UPDATE tsg_tasks SET status = 'running', started_at = {now}, "
+            f"deadline_at = {now} + timeout_seconds, owner = {v('owner')}, "
+            f"redelivery_seconds = {v('redelivery')}, updated_at = {now}, "
+            f"version = version + 1 WHERE id = {v('id')} AND status = 'queued' "
+            f"AND {rules.clock_guard('start', now)} "
+            f"AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now})"
+        ),
+        "heartbeat": (
+            f"UPDATE tsg_tasks SET heartbeat_at = {now}, updated_at = {now} "
+            f"WHERE id = {v('id')} AND status = 'running' "
+            f"AND {rules.clock_guard('heartbeat', now)}"
+        ),
+        "close": (
+            f"UPDATE tsg_tasks SET status = {v('status')}, terminal_code = {v('code')}, "
+            f"ended_at = {now}, updated_at = {now}, version = version + 1 "
+            + close_guard(v, settle=False)
+        ),
+        # A close that also settles the delivery of a task that owes none
+        # (delivery_required = 0): one statement, two events (closed and delivery), version + 2.
+        "close_settled": (
+            f"UPDATE tsg_tasks SET status = {v('status')}, terminal_code = {v('code')}, "
+            f"ended_at = {now}, updated_at = {now}, "
+            "delivery_status = CASE delivery_required WHEN 0 THEN 'not_applicable' "
+            "ELSE delivery_status END, "
+            "delivery_code = CASE delivery_required WHEN 0 THEN 'internal_task' "
+            "ELSE delivery_code END, "
+            f"delivery_updated_at = CASE delivery_required WHEN 0 THEN {now} "
+            "ELSE delivery_updated_at END, "
+            "version = version + 2 - delivery_required " + close_guard(v, settle=True)
+        ),
+        "deliver": (
+            f"UPDATE tsg_tasks SET delivery_status = {v('status')}, "
+            f"delivery_code = {v('code')}, delivery_updated_at = {now}, "
+            f"version = version + 1 WHERE id = {v('id')} AND delivery_status = 'pending' "
+            f"AND status IN {rules.TERMINAL_SQL} AND delivery_required = {v('required')} "
+            f"AND {rules.clock_guard('deliver', now)}"
+        ),
+    }
+
+
+def statements(v: Mark) -> dict[str, str]:
+    """Every statement of :data:`STATEMENTS` in a dialect (``v``): :func:`guarded`'s, each
+    answering what its step answers."""
+    g = guarded(v)
+    row = f" RETURNING {TASK_COLUMNS}"
+    return {
+        "create": g["create"], "start": g["start"] + row,
+        "start_seq": g["start"] + " RETURNING seq", "heartbeat": g["heartbeat"] + row,
+        "close": g["close"] + row,
+        "close_settled": g["close_settled"] + row, "deliver": g["deliver"] + row,
+    }
 
 
 def _create(step: Create, now: float) -> tuple[str, dict[str, Any]]:
@@ -240,6 +339,7 @@ def _float(value: Any) -> float | None:
 
 
 __all__ = [
+    "CREATE_COLUMNS",
     "STATEMENTS",
     "TASK_COLUMNS",
     "Close",
@@ -248,10 +348,15 @@ __all__ = [
     "Heartbeat",
     "Heartbeats",
     "Look",
+    "Mark",
     "Outcome",
     "Start",
     "Step",
     "bind",
+    "close_guard",
+    "create_values",
+    "guarded",
     "row_is_valid",
     "row_to_task",
+    "statements",
 ]

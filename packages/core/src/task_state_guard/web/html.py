@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from ..cli.text import utc
-from ..durations import humanize
+from ..durations import humanize, utc
 
 
 def esc(value: object) -> str:

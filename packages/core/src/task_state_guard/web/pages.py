@@ -12,17 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cli.text import utc
-from ..durations import humanize
+from ..durations import humanize, utc
 from ..model import Task
 from ..ops.events import TaskEvent
 from ..ops.history import OutcomeHistory
 from ..ops.status import INVALID_LABEL
 from ..ops.task_list import TaskListing
+from ..rules import TASK_ORDER
 from .chart import outcome_chart
 from .html import View, ago, badge, esc, link, page, table
 
-TASK_STATES_SHOWN = ("queued", "running", "succeeded", "failed", "timed_out", "cancelled")
+TASK_STATES_SHOWN = TASK_ORDER
 #: The overview's chart windows: (label, seconds, buckets).
 WINDOWS = {"1h": (3600.0, 12), "6h": (21600.0, 24), "24h": (86400.0, 24), "7d": (604800.0, 28)}
 NAMES_SHOWN = 50

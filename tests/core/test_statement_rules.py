@@ -1,0 +1,130 @@
+"""Each backend runs the statements the rules compose, not a copy of its own.
+
+The active and terminal sets, the clock guard, the outcome-totals rule and the statements both
+backends share are written once (``task_state_guard.rules``, ``store.transitions``,
+``store.queries``) and rendered per dialect. Here every backend's statement texts are compared
+with the shared ones rendered in that backend's placeholders, the transitions' guards with the
+rules, and the backends' statement modules are read for a rule spelled out by hand: a backend
+whose statement drifts from a rule fails here (``test_event_rules`` checks the events they
+write by running them).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from types import ModuleType
+
+import pytest
+import task_state_guard_postgres.queries as pg_queries
+import task_state_guard_postgres.transitions as pg_transitions
+from task_state_guard import model, rules
+from task_state_guard.integration import codes
+from task_state_guard.sqlite import attempts as sqlite_attempts
+from task_state_guard.sqlite import queries as sqlite_queries
+from task_state_guard.sqlite import schema as sqlite_schema
+from task_state_guard.sqlite import transitions as sqlite_transitions
+from task_state_guard.store import backends, queries, transitions
+
+#: (backend, its placeholder, its transitions module, its queries module, its query dialect)
+BACKENDS = {
+    "sqlite": (sqlite_transitions.mark, sqlite_transitions, sqlite_queries,
+               sqlite_queries._DIALECT),
+    "postgresql": (pg_transitions.mark, pg_transitions, pg_queries, pg_queries.DIALECT),
+}
+
+
+@pytest.mark.parametrize("which", sorted(BACKENDS))
+def test_transition_statements_are_the_shared_ones(which: str) -> None:
+    mark, module, _, _ = BACKENDS[which]
+    shared = transitions.statements(mark)
+    assert set(shared) == set(transitions.STATEMENTS)
+    assert shared == module._STATEMENTS
+    assert transitions.guarded(mark)["heartbeat"] == module._HEARTBEAT
+
+
+@pytest.mark.parametrize("which", sorted(BACKENDS))
+def test_transition_guards_follow_the_rules(which: str) -> None:
+    mark = BACKENDS[which][0]
+    guarded = transitions.guarded(mark)
+    for name, stamps in rules.CLOCK_GUARDS.items():
+        guard = " AND ".join(f"{mark('now')} >= {stamp}" for stamp in stamps)
+        assert guard in guarded[name], name
+    order = rules.TASK_ORDER
+    active = f"status IN {rules.sql_list(s for s in order if s in model.ACTIVE_STATES)}"
+    terminal = f"status IN {rules.sql_list(s for s in order if s in model.TERMINAL_STATES)}"
+    for name in ("close", "close_settled"):
+        assert active in guarded[name]
+    assert terminal in guarded["deliver"]
+    assert "status = 'queued'" in guarded["start"]
+
+
+def test_sqlite_attempts_reuse_the_one_task_statements() -> None:
+    guarded = transitions.guarded(sqlite_transitions.mark)
+    assert guarded["start"] == sqlite_attempts._START
+    assert guarded["close_settled"] == sqlite_attempts._CLOSE
+    assert transitions.close_guard(sqlite_transitions.mark, settle=True) in (
+        sqlite_attempts._CLOSE_MARKED)
+
+
+@pytest.mark.parametrize("which", sorted(BACKENDS))
+def test_shared_queries_are_rendered_per_backend(which: str) -> None:
+    _, _, module, dialect = BACKENDS[which]
+    assert queries.statements(dialect) == module._SQL
+    for text in module._SQL.values():
+        # a dialect's placeholders only: no other backend's marker left in the text
+        other = ":" if which == "postgresql" else "%("
+        assert f"{other}now" not in text and f"{other}id" not in text
+
+
+def test_pass_writes_count_totals_by_the_rule() -> None:
+    for name, total in (("time_out", "closed"), ("close_delivery", "delivery")):
+        values = ", ".join(rules.TOTAL_RULES[total].values(""))
+        assert f"INSERT INTO tsg_totals({rules.TOTALS_COLUMNS}) SELECT {values}, count(*)" in (
+            pg_queries.PASS_WRITES[name])
+    assert rules.TOTALS_SELECT.count("UNION ALL") == 1
+    for total in rules.TOTAL_RULES.values():
+        assert total.rule.present.sql() in rules.TOTALS_SELECT
+
+
+#: Spellings of a rule a backend's statement module must not contain: it renders the rule.
+_RULE_SPELLINGS = {
+    "the active set": re.compile(r"'queued',\s*'running'"),
+    "the terminal set": re.compile(r"'succeeded',\s*'failed'"),
+    "the clock guard": re.compile(r">=\s*(updated_at|delivery_updated_at|coalesce\(heartbeat_at)"),
+    "the outcome totals": re.compile(r"INTO tsg_totals"),
+}
+#: The backends' statement modules that render every rule (PostgreSQL's begin/end attempt and
+#: both layouts' stored texts are kept as their layouts wrote them).
+_STATEMENT_MODULES: list[ModuleType] = [
+    sqlite_transitions, sqlite_attempts, sqlite_queries, pg_transitions, pg_queries,
+    transitions, queries,
+]
+
+
+@pytest.mark.parametrize("module", _STATEMENT_MODULES, ids=lambda m: m.__name__)
+def test_no_statement_module_spells_a_rule(module: ModuleType) -> None:
+    source = inspect.getsource(module)
+    for rule, spelling in _RULE_SPELLINGS.items():
+        assert not spelling.search(source), f"{module.__name__} spells {rule}"
+
+
+def test_adapter_codes_are_the_models() -> None:
+    states = {s.value for s in model.TaskStatus} | {s.value for s in model.DeliveryStatus}
+    reason_codes = {c.value for c in model.TaskCode} | {c.value for c in model.DeliveryCode}
+    names = [n for n in codes.__all__ if n.isupper() and isinstance(getattr(codes, n), str)]
+    assert len(names) == 25
+    for name in names:
+        value = getattr(codes, name)
+        assert type(value) is str and value in states | reason_codes, name
+    assert codes.ACTIVE == model.ACTIVE_STATES
+    assert codes.TERMINAL == model.TERMINAL_STATES
+    assert codes.QUEUED == "queued" and codes.DELIVERY_FAILED == "failed"
+    assert {c for cs in model.TASK_CODES.values() for c in cs} == {
+        c.value for c in model.TaskCode}
+    assert {c for cs in model.DELIVERY_CODES.values() for c in cs} == {
+        c.value for c in model.DeliveryCode}
+
+
+def test_facade_layout_version_is_the_sqlite_schemas() -> None:
+    assert backends.SQLITE_SCHEMA_VERSION == sqlite_schema.SCHEMA_VERSION
