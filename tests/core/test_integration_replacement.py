@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from task_state_guard import Ledger, TaskNotFound
-from task_state_guard.integration import AdapterRuntime, codes, resolve_settings
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, codes, resolve_settings
 from task_state_guard.integration.replacement import (
     begin_with_stages,
     job_open,
@@ -49,7 +49,7 @@ def state(ledger: Ledger, task_id: str) -> tuple[str, str | None]:
 
 
 def begin(rt: AdapterRuntime, logical: str) -> str:
-    return rt.begin_attempt(logical, delivery_required=False, name="app.stage")
+    return rt.begin_attempt(AttemptSpec(logical, "app.stage"), delivery_required=False)
 
 
 def test_a_stage_delivery_claims_its_placeholders_and_holds_them(
@@ -60,7 +60,7 @@ def test_a_stage_delivery_claims_its_placeholders_and_holds_them(
     rt.queue_attempt(queued, replaced_a, name="app.stage", timeout_seconds=30.0)
     taken = new_id()  # another delivery of the same message has this one
     rt.queue_attempt(taken, replaced_b, name="app.stage", timeout_seconds=30.0)
-    rt.claim_attempt(replaced_b, name="app.stage", expected=[(taken, False)])
+    rt.claim_attempt(AttemptSpec(replaced_b, "app.stage", candidates=[(taken, False)]))
     missing = new_id()  # its publish was not recorded: claimed as it is created
 
     attempt, stages = begin_with_stages(
@@ -102,7 +102,7 @@ def test_a_failed_replacement_ends_open_replaced_jobs_and_skips_their_queued_wor
     ledger: Ledger, rt: AdapterRuntime
 ) -> None:
     replaced, ended = job(rt), job(rt)
-    running = rt.claim_attempt(replaced, name="app.stage")
+    running = rt.claim_attempt(AttemptSpec(replaced, "app.stage"))
     queued = new_id()
     rt.queue_attempt(queued, replaced, name="app.stage")
     rt.close_logical(ended, codes.SUCCEEDED, codes.WORKER_COMPLETED)
@@ -130,7 +130,7 @@ def test_a_quiet_end_settles_a_replaced_job_only_when_nothing_of_it_is_active(
     ignored = (codes.CANCELLED, codes.IGNORED)
 
     assert not settle_if_idle(rt, replaced, ignored, where="test")  # work still queued
-    running = rt.claim_attempt(replaced, name="app.stage", expected=[(queued, False)])
+    running = rt.claim_attempt(AttemptSpec(replaced, "app.stage", candidates=[(queued, False)]))
     assert not settle_if_idle(rt, replaced, ignored, where="test")  # work still running
     assert ledger.get_task(replaced).status == codes.RUNNING
 

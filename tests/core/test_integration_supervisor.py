@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from task_state_guard import Ledger
-from task_state_guard.integration import AdapterRuntime, codes, resolve_settings
+from task_state_guard.integration import AdapterRuntime, AttemptSpec, codes, resolve_settings
 from task_state_guard.integration.supervisor import attempt_ran_as, end_if_open, first_open
 
 
@@ -39,14 +39,15 @@ def test_the_own_attempt_wins_then_the_first_running_placeholder(
     queued, running, own = new_id(), new_id(), new_id()
     rt.queue_attempt(queued, logical, name="app.job")
     rt.queue_attempt(running, logical, name="app.job")
-    assert rt.claim_attempt(logical, name="app.job", expected=[(running, False)]) == running
+    spec = AttemptSpec(logical, "app.job", candidates=[(running, False)])
+    assert rt.claim_attempt(spec) == running
 
     # Not recorded by the process that ran it: the first running placeholder (a queued one is
     # not what the delivery ran as).
     assert attempt_ran_as(rt, own, [new_id(), queued, running]) == running
     assert attempt_ran_as(rt, None, [queued]) is None
     # Recorded, in any state: the delivery's own attempt.
-    assert rt.claim_attempt(logical, name="app.job", fresh_id=own) == own
+    assert rt.claim_attempt(AttemptSpec(logical, "app.job", attempt_id=own)) == own
     rt.close_attempt(own, codes.SUCCEEDED, codes.WORKER_COMPLETED)
     assert attempt_ran_as(rt, own, [running]) == own
     assert first_open(rt, [own, queued, running]) == queued
@@ -58,7 +59,7 @@ def test_an_open_attempt_is_ended_and_an_ended_one_is_left_alone(
     ledger: Ledger, rt: AdapterRuntime
 ) -> None:
     logical = job(rt)
-    running = rt.claim_attempt(logical, name="app.job")
+    running = rt.claim_attempt(AttemptSpec(logical, "app.job"))
     assert end_if_open(rt, running, (codes.FAILED, codes.WORKER_LOST), where="test")
     ended = ledger.get_task(running)
     assert (ended.status, ended.terminal_code) == (codes.FAILED, codes.WORKER_LOST)
@@ -79,7 +80,7 @@ def test_only_an_attempt_in_the_given_states_is_ended(ledger: Ledger, rt: Adapte
     logical = job(rt)
     queued = new_id()
     rt.queue_attempt(queued, logical, name="app.job")
-    running = rt.claim_attempt(logical, name="app.job")
+    running = rt.claim_attempt(AttemptSpec(logical, "app.job"))
 
     # A queued retry is cancelled only while queued; a running attempt is not touched by it.
     assert not end_if_open(rt, running, (codes.CANCELLED, codes.REVOKED), where="test",
