@@ -209,7 +209,10 @@ def guarded(v: Mark) -> dict[str, str]:
             f"UPDATE tsg_tasks SET delivery_status = {v('status')}, "
             f"delivery_code = {v('code')}, delivery_updated_at = {now}, "
             f"version = version + 1 WHERE id = {v('id')} AND delivery_status = 'pending' "
-            f"AND status IN {rules.TERMINAL_SQL} AND delivery_required = {v('required')} "
+            # "Not active" rather than "terminal": the same rows under the table's CHECK, and
+            # SQLite compares a list of two one by one where a list of four builds a lookup
+            # table every time the statement runs.
+            f"AND status NOT IN {rules.ACTIVE_SQL} AND delivery_required = {v('required')} "
             f"AND {rules.clock_guard('deliver', now)}"
         ),
     }
