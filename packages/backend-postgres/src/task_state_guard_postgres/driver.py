@@ -44,7 +44,6 @@ _BUSY = (
 _FOREIGN = (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.UndefinedFunction)
 
 
-
 class Prepared(NamedTuple):
     """A statement :meth:`Conn.fetch_named` prepares: ``text`` written with the server's
     parameters ``$1..$n``, ``names`` the values' names in that order."""
