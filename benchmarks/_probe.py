@@ -106,15 +106,17 @@ class Probe:
         fetch_original = Conn.fetch_named
         inside = self._inside
 
-        def fetch_named(ledger_conn: Any, sql: str, params: Any) -> Any:
+        def fetch_named(ledger_conn: Any, statement: Any, params: Any) -> Any:
             raw = ledger_conn.raw
             before = raw.pgconn.transaction_status
             inside.active = True
             try:
-                rows = fetch_original(ledger_conn, sql, params)
+                rows = fetch_original(ledger_conn, statement, params)
             finally:
                 inside.active = False
-            probe._pg(raw, sql, before, raw.pgconn.transaction_status, None)
+            # a prepared statement's text (a tree from before them passed the text itself)
+            text = statement if isinstance(statement, str) else statement.text
+            probe._pg(raw, text, before, raw.pgconn.transaction_status, None)
             return rows
 
         Conn.fetch_named = fetch_named  # type: ignore[method-assign]

@@ -82,15 +82,10 @@ def test_no_import_circle_in_any_package(shape: dict[str, Any]) -> None:
     assert shape["import_cycles"] == 0
 
 
-#: The one edit of SQL text still in the tree, kept on purpose and listed so that it stays
-#: visible: the PostgreSQL driver turns a statement's psycopg placeholders (``%(name)s``) into
-#: the server's ``$n`` once per connection, to prepare it through libpq. psycopg's own path
-#: (``cursor.execute(..., prepare=True)``) was measured slower per guarded job (the benchmarks
-#: log, "Item 3 against psycopg's own path"); composing those statements with ``$n`` marks is
-#: the way out. Any other edit, or another one in this file, fails the test.
-KNOWN_SQL_EDITS = {
-    "packages/backend-postgres/src/task_state_guard_postgres/driver.py": 2,
-}
+#: Edits of SQL text kept on purpose, by file (none: every statement is composed as it runs;
+#: the PostgreSQL driver's prepared statements are composed with the server's ``$n`` marks, not
+#: converted from psycopg's placeholders). Any edit fails the test.
+KNOWN_SQL_EDITS: dict[str, int] = {}
 
 
 def test_no_sql_text_is_edited(shape: dict[str, Any]) -> None:

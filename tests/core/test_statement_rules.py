@@ -39,7 +39,19 @@ def test_transition_statements_are_the_shared_ones(which: str) -> None:
     mark, module, _, _ = BACKENDS[which]
     shared = transitions.statements(mark)
     assert set(shared) == set(transitions.STATEMENTS)
-    assert shared == module._STATEMENTS
+    if which == "postgresql":  # prepared: each composed on its own with the server's ``$n``
+        assert set(module._STATEMENTS) == set(shared)
+        for name, prepared in module._STATEMENTS.items():
+            used: list[str] = []
+            transitions.statement(lambda n, used=used: used.append(n) or "", name)
+            assert sorted(prepared.names) == sorted(set(used)), name
+
+            def numbered(n: str, names: tuple[str, ...] = prepared.names) -> str:
+                return f"${names.index(n) + 1}::{module.TYPES[n]}"
+
+            assert transitions.statement(numbered, name) == prepared.text, name
+    else:
+        assert shared == module._STATEMENTS
     assert transitions.guarded(mark)["heartbeat"] == module._HEARTBEAT
 
 

@@ -277,8 +277,8 @@ def test_one_statement_per_moment_on_postgresql(
     for name in ("execute", "run", "run_many", "fetch_named", "stream"):
         original = getattr(driver.Conn, name)
 
-        def counted(self: Any, sql: str, *args: Any, _original: Any = original) -> Any:
-            statements.append(sql)
+        def counted(self: Any, sql: Any, *args: Any, _original: Any = original) -> Any:
+            statements.append(getattr(sql, "text", sql))  # a prepared statement's text
             return _original(self, sql, *args)
 
         monkeypatch.setattr(driver.Conn, name, counted)

@@ -1,5 +1,6 @@
 """A guarded job's two writes on PostgreSQL: *begin attempt* and *end attempt*, one statement
-each (a data-modifying CTE, prepared on the server, no row lock taken before it).
+each (a data-modifying CTE composed with the server's own parameters, ``$n`` cast to its type,
+prepared on the server, no row lock taken before it).
 
 At READ COMMITTED each sub-statement's guard is judged on the row it changes, re-checked
 against a row committed meanwhile when it waited for that row's lock. Every lookup of a task
@@ -20,86 +21,108 @@ the client less than adapting a list.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from task_state_guard import rules
 from task_state_guard.store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
+from task_state_guard.store.transitions import Mark
 
-from .driver import Conn
+from .driver import Conn, prepared
 
-_NOW = "%(now)s::float8"
-# An attempt's deadline is a finite timestamp (PostgreSQL raises on a float8 overflow, where
-# SQLite gives infinity): checked before the sum, which a CASE keeps from being folded early.
-_DEADLINE_FITS = (
-    f"(%(timeout)s::float8 IS NULL OR %(timeout)s::float8 <= %(fmax)s::float8 - {_NOW})"
-)
+#: The type each bound value is cast to (arrays go as one text parameter each, :func:`array`).
+TYPES = {
+    "now": "float8", "timeout": "float8", "fmax": "float8", "redelivery": "float8",
+    "lid": "text", "name": "text", "owner": "text", "ldr": "int", "lowner": "text",
+    "lfid": "text", "lfw": "text", "open": "boolean", "fresh": "text", "parent": "text",
+    "cids": "text[]", "cmake": "boolean[]", "qids": "text[]", "qparents": "text[]",
+    "qnames": "text[]", "qtimeouts": "float8[]", "ids": "text[]", "states": "text[]",
+    "codes": "text[]", "mstates": "text[]", "mcodes": "text[]",
+}
 _RUNNING_COLUMNS = (
     "id, parent_id, name, status, delivery_required, delivery_status, timeout_seconds, "
     "deadline_at, created_at, started_at, delivery_updated_at, updated_at, owner, "
     "redelivery_seconds, version"
 )
-# An attempt inserted already running (as created, then started: version 1).
-_ATTEMPT_VALUES = (
-    "%(lid)s::text, %(name)s::text, 'running', 0, 'pending', %(timeout)s::float8, "
-    f"CASE WHEN {_DEADLINE_FITS} THEN {_NOW} + %(timeout)s::float8 END, "
-    f"{_NOW}, {_NOW}, {_NOW}, {_NOW}, %(owner)s::text, %(redelivery)s::float8, 1"
-)
 
 
-def _logical(startable: str) -> str:
+def _deadline_fits(v: Mark) -> str:
+    """An attempt's deadline is a finite timestamp (PostgreSQL raises on a float8 overflow,
+    where SQLite gives infinity): checked before the sum, which a CASE keeps from being folded
+    early."""
+    return f"({v('timeout')} IS NULL OR {v('timeout')} <= {v('fmax')} - {v('now')})"
+
+
+def _attempt_values(v: Mark) -> str:
+    """An attempt inserted already running (as created, then started: version 1)."""
+    now = v("now")
+    return (
+        f"{v('lid')}, {v('name')}, 'running', 0, 'pending', {v('timeout')}, "
+        f"CASE WHEN {_deadline_fits(v)} THEN {now} + {v('timeout')} END, "
+        f"{now}, {now}, {now}, {now}, {v('owner')}, {v('redelivery')}, 1"
+    )
+
+
+def _logical(v: Mark, startable: str) -> str:
     """The sub-statements that open the logical task (inserted, or started when queued) and
     find it (``par``), only when ``startable`` holds: the attempt's deadline check and, when
     no placeholder may be picked, that its id is free (a refused begin writes nothing, as one
     transaction on SQLite)."""
+    now = v("now")
     return f"""lg AS (
     INSERT INTO tsg_tasks(id, name, status, delivery_required, delivery_status, created_at,
         started_at, delivery_updated_at, updated_at, owner, version, framework_id, framework)
-    SELECT %(lid)s::text, %(name)s::text, 'running', %(ldr)s::int, 'pending', {_NOW}, {_NOW},
-        {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text, %(lfw)s::text
-    WHERE %(open)s::boolean AND {startable}
+    SELECT {v('lid')}, {v('name')}, 'running', {v('ldr')}, 'pending', {now}, {now},
+        {now}, {now}, {v('lowner')}, 1, {v('lfid')}, {v('lfw')}
+    WHERE {v('open')} AND {startable}
     ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
 lgu AS (
-    UPDATE tsg_tasks SET status = 'running', started_at = {_NOW},
-        deadline_at = {_NOW} + timeout_seconds, owner = %(lowner)s::text,
-        redelivery_seconds = NULL, updated_at = {_NOW}, version = version + 1
-    WHERE %(open)s::boolean AND {startable} AND id = %(lid)s::text AND status = 'queued'
-        AND {_NOW} >= updated_at
-        AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW})
+    UPDATE tsg_tasks SET status = 'running', started_at = {now},
+        deadline_at = {now} + timeout_seconds, owner = {v('lowner')},
+        redelivery_seconds = NULL, updated_at = {now}, version = version + 1
+    WHERE {v('open')} AND {startable} AND id = {v('lid')} AND status = 'queued'
+        AND {now} >= updated_at
+        AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now})
     RETURNING seq),
 par AS (
     SELECT seq FROM lg
-    UNION ALL SELECT seq FROM tsg_tasks WHERE id = %(lid)s::text AND created_at <= {_NOW}),"""
+    UNION ALL SELECT seq FROM tsg_tasks WHERE id = {v('lid')} AND created_at <= {now}),"""
 
-_CANDIDATES = f"""
+
+def _candidates(v: Mark) -> str:
+    """The placeholder pick: the first candidate that can run the attempt, inserted or
+    started."""
+    now = v("now")
+    return f"""
 cand AS (
     SELECT c.id, c.make, c.ord, t.status, t.updated_at, t.timeout_seconds,
-        (t.parent_id = %(lid)s::text AND t.delivery_required = 0
-         AND t.name IS NOT DISTINCT FROM %(name)s::text
-         AND t.timeout_seconds IS NOT DISTINCT FROM %(timeout)s::float8
+        (t.parent_id = {v('lid')} AND t.delivery_required = 0
+         AND t.name IS NOT DISTINCT FROM {v('name')}
+         AND t.timeout_seconds IS NOT DISTINCT FROM {v('timeout')}
          AND t.payload_hash IS NULL AND t.framework_id IS NULL) AS same
-    FROM unnest(%(cids)s::text[], %(cmake)s::boolean[]) WITH ORDINALITY AS c(id, make, ord)
-    LEFT JOIN tsg_tasks t ON t.id = c.id AND t.id = ANY(%(cids)s::text[])),
+    FROM unnest({v('cids')}, {v('cmake')}) WITH ORDINALITY AS c(id, make, ord)
+    LEFT JOIN tsg_tasks t ON t.id = c.id AND t.id = ANY({v('cids')})),
 pick AS (
     SELECT id, status FROM cand
-    WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par) AND {_DEADLINE_FITS})
-       OR (status = 'queued' AND (NOT make OR same) AND {_NOW} >= updated_at
-           AND (timeout_seconds IS NULL OR timeout_seconds <= %(fmax)s::float8 - {_NOW}))
+    WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par) AND {_deadline_fits(v)})
+       OR (status = 'queued' AND (NOT make OR same) AND {now} >= updated_at
+           AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now}))
     ORDER BY ord LIMIT 1),
 ci AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
-    SELECT pick.id, {_ATTEMPT_VALUES} FROM pick WHERE pick.status IS NULL
+    SELECT pick.id, {_attempt_values(v)} FROM pick WHERE pick.status IS NULL
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
 cu AS (
-    UPDATE tsg_tasks t SET status = 'running', started_at = {_NOW},
-        deadline_at = {_NOW} + t.timeout_seconds, owner = %(owner)s::text,
-        redelivery_seconds = %(redelivery)s::float8, updated_at = {_NOW},
+    UPDATE tsg_tasks t SET status = 'running', started_at = {now},
+        deadline_at = {now} + t.timeout_seconds, owner = {v('owner')},
+        redelivery_seconds = {v('redelivery')}, updated_at = {now},
         version = t.version + 1
     FROM pick WHERE pick.status = 'queued' AND t.id = pick.id AND t.status = 'queued'
-        AND {_NOW} >= t.updated_at
+        AND {now} >= t.updated_at
     RETURNING t.id),"""
 
 
-def _begin_parts(candidates: bool) -> tuple[str, str]:
+def _begin_parts(v: Mark, candidates: bool) -> tuple[str, str]:
     """*Begin attempt*'s sub-statements and its result (the attempt begun); without
     ``candidates`` the placeholder pick is left out (a new attempt is inserted whenever the
     logical task exists)."""
@@ -112,55 +135,60 @@ def _begin_parts(candidates: bool) -> tuple[str, str]:
         + ") AS s",
     )
     result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
-    startable = _DEADLINE_FITS if candidates else (
-        f"{_DEADLINE_FITS} AND NOT EXISTS (SELECT 1 FROM tsg_tasks WHERE id = %(fresh)s::text)")
-    ctes = f"""{_logical(startable)}{_CANDIDATES if candidates else ""}
+    startable = _deadline_fits(v) if candidates else (
+        f"{_deadline_fits(v)} AND NOT EXISTS (SELECT 1 FROM tsg_tasks WHERE id = {v('fresh')})")
+    ctes = f"""{_logical(v, startable)}{_candidates(v) if candidates else ""}
 fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
-    SELECT %(fresh)s::text, {_ATTEMPT_VALUES}
-    WHERE EXISTS (SELECT 1 FROM par) AND {_DEADLINE_FITS}{fresh}
+    SELECT {v('fresh')}, {_attempt_values(v)}
+    WHERE EXISTS (SELECT 1 FROM par) AND {_deadline_fits(v)}{fresh}
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
 ev AS ({started})"""
     return ctes, f"{result}SELECT id FROM fr"
 
 
-def _begin_sql(candidates: bool) -> str:
+def _begin_sql(v: Mark, candidates: bool) -> str:
     """*Begin attempt*'s statement."""
-    ctes, result = _begin_parts(candidates)
+    ctes, result = _begin_parts(v, candidates)
     return f"WITH\n{ctes}\n{result}"
 
 
-# A delivering task with a parent link (or none), created already running and no attempt:
-# what a create followed by a start at the same instant store. A row recorded earlier is left
-# to the ledger's one-task steps (which explain a refusal).
-_OPEN_ONLY = f"""WITH
+def _open_only(v: Mark) -> str:
+    """A delivering task with a parent link (or none), created already running and no
+    attempt: what a create followed by a start at the same instant store. A row recorded
+    earlier is left to the ledger's one-task steps (which explain a refusal)."""
+    now, parent = v("now"), v("parent")
+    return f"""WITH
 lg AS (
     INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
         created_at, started_at, delivery_updated_at, updated_at, owner, version, framework_id,
         framework)
-    SELECT %(lid)s::text, %(parent)s::text, %(name)s::text, 'running', %(ldr)s::int,
-        'pending', {_NOW}, {_NOW}, {_NOW}, {_NOW}, %(lowner)s::text, 1, %(lfid)s::text,
-        %(lfw)s::text
-    WHERE %(parent)s::text IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks p
-        WHERE p.id = %(parent)s::text AND p.created_at <= {_NOW})
+    SELECT {v('lid')}, {parent}, {v('name')}, 'running', {v('ldr')},
+        'pending', {now}, {now}, {now}, {now}, {v('lowner')}, 1, {v('lfid')},
+        {v('lfw')}
+    WHERE {parent} IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks p
+        WHERE p.id = {parent} AND p.created_at <= {now})
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
 ev AS ({rules.event_insert_select(rules.EVENTS_BY_KIND["started"], "lg")})
 SELECT id FROM lg"""
 
 
-_QUEUE = f"""q AS (
+def _queue(v: Mark) -> str:
+    """The retries queued by an end (each under a parent that exists)."""
+    now = v("now")
+    return f"""q AS (
     INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
         timeout_seconds, created_at, delivery_updated_at, updated_at)
-    SELECT u.id, u.parent, u.name, 'queued', 0, 'pending', u.timeout, {_NOW}, {_NOW}, {_NOW}
-    FROM unnest(%(qids)s::text[], %(qparents)s::text[], %(qnames)s::text[],
-        %(qtimeouts)s::float8[]) AS u(id, parent, name, timeout)
+    SELECT u.id, u.parent, u.name, 'queued', 0, 'pending', u.timeout, {now}, {now}, {now}
+    FROM unnest({v('qids')}, {v('qparents')}, {v('qnames')},
+        {v('qtimeouts')}) AS u(id, parent, name, timeout)
     WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent
-        AND p.id = ANY(%(qparents)s::text[]) AND p.created_at <= {_NOW})
+        AND p.id = ANY({v('qparents')}) AND p.created_at <= {now})
     ON CONFLICT (id) DO NOTHING RETURNING id),
 """
 
 
-def _end_parts(queue: bool, marks: bool, queued: str = "false",
+def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
                closed: str = "true") -> tuple[str, str]:
     """*End attempt*'s sub-statements and its result (id, what, marked: ``what`` is
     ``queued`` for a retry queued, ``closed`` for a close); without ``queue`` the retry's
@@ -170,7 +198,7 @@ def _end_parts(queue: bool, marks: bool, queued: str = "false",
         delivery = "WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END"
         code = "WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END"
         settles = "t.delivery_required = 0 OR v.mstate IS NOT NULL"
-        values = (", %(mstates)s::text[], %(mcodes)s::text[]) "
+        values = (f", {v('mstates')}, {v('mcodes')}) "
                   "AS v(id, status, code, mstate, mcode)")
         guard = "AND (v.mstate IS NULL OR t.delivery_required = 1) "
         marked = "(v.mstate IS NOT NULL)"
@@ -185,52 +213,63 @@ def _end_parts(queue: bool, marks: bool, queued: str = "false",
     # the planner cannot match to the open-work index's predicate (a generic plan that
     # intersected that index with the ids would scan every open task's entry).
     head = f"SELECT id, {queued}, false FROM q UNION ALL " if queue else ""
-    ctes = f"""{_QUEUE if queue else ""}c AS (
-    UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {_NOW},
-        updated_at = {_NOW},
+    now = v("now")
+    ctes = f"""{_queue(v) if queue else ""}c AS (
+    UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {now},
+        updated_at = {now},
         delivery_status = CASE WHEN t.delivery_required = 0 THEN 'not_applicable'
             {delivery},
         delivery_code = CASE WHEN t.delivery_required = 0 THEN 'internal_task'
             {code},
-        delivery_updated_at = CASE WHEN {settles} THEN {_NOW} ELSE t.delivery_updated_at END,
+        delivery_updated_at = CASE WHEN {settles} THEN {now} ELSE t.delivery_updated_at END,
         version = t.version + CASE WHEN {settles} THEN 2 ELSE 1 END
-    FROM unnest(%(ids)s::text[], %(states)s::text[], %(codes)s::text[]{values}
-    WHERE t.id = ANY(%(ids)s::text[]) AND t.id = v.id AND t.status IN ('queued','running')
+    FROM unnest({v('ids')}, {v('states')}, {v('codes')}{values}
+    WHERE t.id = ANY({v('ids')}) AND t.id = v.id AND t.status IN ('queued','running')
         AND coalesce(t.delivery_status = 'pending', false)
-        {guard}AND {_NOW} >= t.updated_at
-        AND {_NOW} >= t.delivery_updated_at AND {_NOW} >= coalesce(t.heartbeat_at, 0)
+        {guard}AND {now} >= t.updated_at
+        AND {now} >= t.delivery_updated_at AND {now} >= coalesce(t.heartbeat_at, 0)
     RETURNING t.id, {marked} AS marked)"""
     return ctes, f"{head}SELECT id, {closed}, marked FROM c"
 
 
-def _end_sql(queue: bool, marks: bool) -> str:
+def _end_sql(v: Mark, queue: bool, marks: bool) -> str:
     """*End attempt*'s statement."""
-    ctes, result = _end_parts(queue, marks)
+    ctes, result = _end_parts(v, queue, marks)
     return f"WITH\n{ctes}\n{result}"
 
 
-def _boundary_sql(queue: bool, marks: bool, candidates: bool) -> str:
+def _boundary_sql(v: Mark, queue: bool, marks: bool, candidates: bool) -> str:
     """A :class:`~task_state_guard.store.attempts.Boundary`'s statement: the end's sub-statements
     and the begin's (under a logical task that exists, so never opening one) side by side;
     rows ``(id, what, marked)`` with ``what`` 0 queued, 1 closed, 2 begun."""
-    end_ctes, ended = _end_parts(queue, marks, queued="0", closed="1")
-    begin_ctes, begin_result = _begin_parts(candidates)
+    end_ctes, ended = _end_parts(v, queue, marks, queued="0", closed="1")
+    begin_ctes, begin_result = _begin_parts(v, candidates)
     return f"""WITH
 {end_ctes},
 {begin_ctes}
 {ended} UNION ALL SELECT b.id, 2, false FROM ({begin_result}) AS b"""
 
 
+# Each statement is composed on its own (:func:`~.driver.prepared`): its parameters numbered
+# in the order it names them.
 #: *Begin attempt*, with and without candidate placeholders.
-BEGIN = {candidates: _begin_sql(candidates) for candidates in (False, True)}
+BEGIN = {
+    candidates: prepared(TYPES, partial(_begin_sql, candidates=candidates))
+    for candidates in (False, True)
+}
 #: *End attempt*, by (a retry to queue, a delivery to mark).
-END = {(queue, marks): _end_sql(queue, marks) for queue in (False, True) for marks in (False, True)}
+END = {
+    (queue, marks): prepared(TYPES, partial(_end_sql, queue=queue, marks=marks))
+    for queue in (False, True) for marks in (False, True)
+}
 #: A boundary (*end attempt*, then *begin attempt*), by (a retry to queue, a delivery to mark,
 #: candidate placeholders).
 BOUNDARY = {
-    (queue, marks, candidates): _boundary_sql(queue, marks, candidates)
+    (queue, marks, candidates): prepared(
+        TYPES, partial(_boundary_sql, queue=queue, marks=marks, candidates=candidates))
     for queue in (False, True) for marks in (False, True) for candidates in (False, True)
 }
+_OPEN_ONLY = prepared(TYPES, _open_only)
 
 
 def _element(value: str | bool | float | None) -> str:

@@ -1,13 +1,14 @@
 """psycopg connections for the ledger: the backend's SQL as written, errors as ledger errors,
 fork safety.
 
-Every statement is the backend's own, written in psycopg's placeholders and run as written
-(nothing rewrites another dialect's text): :meth:`Conn.run` binds values on the client side,
-so a ``NULL`` or a repeated parameter needs no type annotation; :meth:`Conn.fetch_named` (the
-transitions, a guarded job's writes: every value cast to its type) is prepared once per
-connection, values bound by the server and sent as text straight through libpq (the hot path:
-no cursor, no adaptation per call); :meth:`Conn.execute` runs a statement without parameters
-(``BEGIN``, a count, a DDL statement, doctor's shared checks).
+Every statement is the backend's own and runs as written (no statement's text is rewritten):
+:meth:`Conn.run` takes psycopg's placeholders (``%(name)s``) and binds values on the client
+side, so a ``NULL`` or a repeated parameter needs no type annotation; :meth:`Conn.fetch_named`
+takes a :class:`Prepared` statement (the transitions, a guarded job's writes), composed with
+the server's own ``$n`` parameters (:func:`prepared`: every value cast to its type), prepared
+once per connection, values bound by the server and sent as text straight through libpq (the
+hot path: no cursor, no adaptation per call); :meth:`Conn.execute` runs a statement without
+parameters (``BEGIN``, a count, a DDL statement, doctor's shared checks).
 Every driver error becomes a fixed ledger error (``LedgerBusy`` for lock waits,
 deadlocks and serialization failures), never the server's text, which may quote stored values.
 
@@ -21,9 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import abc as pg_abc
@@ -42,6 +42,36 @@ _BUSY = (
     pg_errors.QueryCanceled,
 )
 _FOREIGN = (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.UndefinedFunction)
+
+
+class Prepared(NamedTuple):
+    """A statement :meth:`Conn.fetch_named` prepares: ``text`` written with the server's
+    parameters ``$1..$n``, ``names`` the values' names in that order."""
+
+    text: str
+    names: tuple[str, ...]
+
+
+class _Numbered:
+    """The mark of one statement being composed: a name's ``$k::type``, ``k`` its place among
+    the names this statement used so far."""
+
+    def __init__(self, types: Mapping[str, str]) -> None:
+        self.types = types
+        self.names: dict[str, int] = {}
+
+    def __call__(self, name: str) -> str:
+        k = self.names.setdefault(name, len(self.names) + 1)
+        return f"${k}::{self.types[name]}"
+
+
+def prepared(types: Mapping[str, str], compose: Callable[[Callable[[str], str]], str]) -> Prepared:
+    """One statement composed by ``compose`` with a mark of its own (a name's ``$k`` cast to
+    its type in ``types``): its text and the names of its parameters in order."""
+    mark = _Numbered(types)
+    text = compose(mark)
+    return Prepared(text, tuple(mark.names))
+
 
 def translate_error(exc: BaseException) -> LedgerError:
     """Map a driver error to a fixed ledger error (never the server's text)."""
@@ -84,8 +114,8 @@ class Conn:
         self.pid = os.getpid()
         #: Rows changed by this connection's statements (the core's heartbeat count).
         self.total_changes = 0
-        # :meth:`fetch_named`'s statements: text -> (prepared name, parameter names in order)
-        self._prepared: dict[str, tuple[bytes, tuple[str, ...]]] = {}
+        # :meth:`fetch_named`'s statements: text -> its prepared name on this connection
+        self._prepared: dict[str, bytes] = {}
         self._rows: pg_abc.Transformer | None = None
         self._encoding = "utf-8"
 
@@ -148,35 +178,37 @@ class Conn:
             return changed
         raise error
 
-    def fetch_named(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        """Run one statement written with psycopg's named placeholders (every one cast to its
-        type, which gives the server the parameter's type) as a server-side prepared statement
-        (prepared on its first use on this connection); return its rows. Values go as text
-        (:func:`_as_text`). Driver errors become ledger errors."""
+    def fetch_named(self, statement: Prepared, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Run ``statement`` (every parameter cast to its type, which gives the server the
+        parameter's type) as a server-side prepared statement (prepared on its first use on
+        this connection), its values taken from ``params`` by name; return its rows. Values go
+        as text (:func:`_as_text`). Driver errors become ledger errors."""
         try:
-            rows = self._fetch_prepared(sql, params)
+            rows = self._fetch_prepared(statement, params)
         except psycopg.Error as exc:
             error = translate_error(exc)
         else:
             return rows
         raise error  # outside the handler: the driver's text is not even chained
 
-    def _fetch_prepared(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    def _fetch_prepared(
+        self, statement: Prepared, params: Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
         raw = self.raw
         with raw.lock:
             pgconn = raw.pgconn
-            entry = self._prepared.get(sql)
-            if entry is None:
+            text = statement.text
+            name = self._prepared.get(text)
+            if name is None:
                 self._encoding = raw.info.encoding
-                names = tuple(dict.fromkeys(_NAMED.findall(sql)))
-                text = _NAMED.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql)
                 name = f"tsg_{len(self._prepared)}".encode()
-                pgconn.send_prepare(name, text.replace("%%", "%").encode(self._encoding))
+                pgconn.send_prepare(name, text.encode(self._encoding))
                 _check(raw.wait(generators.execute(pgconn)), self._encoding)
-                entry = self._prepared[sql] = (name, names)
-            name, names = entry
+                self._prepared[text] = name
             encoding = self._encoding
-            pgconn.send_query_prepared(name, [_as_text(params[n], encoding) for n in names])
+            pgconn.send_query_prepared(
+                name, [_as_text(params[n], encoding) for n in statement.names]
+            )
             result = _check(raw.wait(generators.execute(pgconn)), encoding)
         rows = self._rows
         if rows is None:
@@ -232,9 +264,6 @@ def connect_refusal(exc: BaseException) -> str:
     ):
         return r.AUTHENTICATION_FAILED
     return r.SERVER_UNREACHABLE
-
-
-_NAMED = re.compile(r"%\((\w+)\)s")
 
 
 def _as_text(value: Any, encoding: str) -> bytes | None:
@@ -303,4 +332,4 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     return conn
 
 
-__all__ = ["Conn", "connect", "translate_error"]
+__all__ = ["Conn", "Prepared", "connect", "prepared", "translate_error"]

@@ -1,6 +1,6 @@
 """One-task transitions on PostgreSQL (see :mod:`task_state_guard.store.transitions`): each step
-one guarded statement in psycopg's named placeholders (every value cast to its type, so a
-``NULL`` needs nothing more), prepared on the server once per connection.
+one guarded statement composed with the server's own parameters (``$n``, every value cast to its
+type, so a ``NULL`` needs nothing more), prepared on the server once per connection.
 
 :func:`try_alone` runs the statement as its own transaction (autocommit: one round trip; at READ
 COMMITTED a statement that waited for the row's lock re-judges its guard against the row
@@ -14,9 +14,11 @@ The row trigger writes every event, total and verdict.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from task_state_guard.store.transitions import (
+    STATEMENTS,
     TASK_COLUMNS,
     Heartbeats,
     Look,
@@ -24,10 +26,10 @@ from task_state_guard.store.transitions import (
     Step,
     bind,
     guarded,
-    statements,
+    statement,
 )
 
-from .driver import Conn
+from .driver import Conn, prepared
 
 #: The type each bound value is cast to (so a ``NULL`` needs nothing more).
 TYPES = {
@@ -38,15 +40,19 @@ TYPES = {
 
 
 def mark(name: str) -> str:
-    """psycopg's named parameter, cast to its type (:data:`TYPES`)."""
+    """psycopg's named parameter, cast to its type (:data:`TYPES`), for the statements run
+    through a cursor (:meth:`Conn.run`)."""
     return f"%({name})s::{TYPES[name]}"
 
 
-_ID = mark("id")
-_LOCK = f"SELECT 1 FROM tsg_tasks WHERE id = {_ID} FOR NO KEY UPDATE"
-_SELECT_BY_ID = f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = {_ID}"
-#: The shared statements in psycopg's placeholders.
-_STATEMENTS = statements(mark)
+_LOCK = f"SELECT 1 FROM tsg_tasks WHERE id = {mark('id')} FOR NO KEY UPDATE"
+_SELECT_BY_ID = prepared(
+    TYPES, lambda v: f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = {v('id')}"
+)
+#: The shared statements, each composed on its own with the server's parameters.
+_STATEMENTS = {
+    name: prepared(TYPES, partial(statement, name=name)) for name in STATEMENTS
+}
 _HEARTBEAT = guarded(mark)["heartbeat"]
 
 

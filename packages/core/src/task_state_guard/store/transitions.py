@@ -156,9 +156,14 @@ def close_guard(v: Mark, *, settle: bool) -> str:
             f"AND {rules.clock_guard(name, v('now'))}")
 
 
-def guarded(v: Mark) -> dict[str, str]:
-    """Each changing step's guarded statement in a dialect (``v``), without what it answers
-    (a create answers its ``seq`` itself). Every backend runs these texts; the guards (source
+#: The steps :func:`guarded` writes a statement for.
+GUARDED = ("create", "start", "heartbeat", "close", "close_settled", "deliver")
+
+
+def guarded_statement(v: Mark, name: str) -> str:
+    """One changing step's guarded statement (``name``: one of :data:`GUARDED`) in a dialect
+    (``v``), without what it answers (a create answers its ``seq`` itself); ``v`` is asked only
+    for the values this statement binds. Every backend runs these texts; the guards (source
     state, :func:`rules.clock_guard`, the active and terminal sets) come from the rules.
 
     ``updated_at`` is the last task-state change or heartbeat; a delivery change moves only
@@ -166,35 +171,40 @@ def guarded(v: Mark) -> dict[str, str]:
     not). A start whose deadline (now + timeout) would not be a finite timestamp is refused
     (``fmax``: the largest finite float); a create takes any finite timeout, as 0.1.0 did.
     """
-    now, parent = v("now"), v("parent")
-    return {
-        "create": (
+    now = v("now")
+    if name == "create":
+        parent = v("parent")
+        return (
             f"INSERT INTO tsg_tasks({CREATE_COLUMNS}) SELECT {create_values(v, parent)} "
             f"WHERE {parent} IS NULL OR EXISTS "
             f"(SELECT 1 FROM tsg_tasks WHERE id = {parent} AND created_at <= {now}) "
             "ON CONFLICT(id) DO NOTHING RETURNING seq"
-        ),
-        "start": (
+        )
+    if name == "start":
+        return (
             f"UPDATE tsg_tasks SET status = 'running', started_at = {now}, "
             f"deadline_at = {now} + timeout_seconds, owner = {v('owner')}, "
             f"redelivery_seconds = {v('redelivery')}, updated_at = {now}, "
             f"version = version + 1 WHERE id = {v('id')} AND status = 'queued' "
             f"AND {rules.clock_guard('start', now)} "
             f"AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now})"
-        ),
-        "heartbeat": (
+        )
+    if name == "heartbeat":
+        return (
             f"UPDATE tsg_tasks SET heartbeat_at = {now}, updated_at = {now} "
             f"WHERE id = {v('id')} AND status = 'running' "
             f"AND {rules.clock_guard('heartbeat', now)}"
-        ),
-        "close": (
+        )
+    if name == "close":
+        return (
             f"UPDATE tsg_tasks SET status = {v('status')}, terminal_code = {v('code')}, "
             f"ended_at = {now}, updated_at = {now}, version = version + 1 "
             + close_guard(v, settle=False)
-        ),
+        )
+    if name == "close_settled":
         # A close that also settles the delivery of a task that owes none
         # (delivery_required = 0): one statement, two events (closed and delivery), version + 2.
-        "close_settled": (
+        return (
             f"UPDATE tsg_tasks SET status = {v('status')}, terminal_code = {v('code')}, "
             f"ended_at = {now}, updated_at = {now}, "
             "delivery_status = CASE delivery_required WHEN 0 THEN 'not_applicable' "
@@ -204,8 +214,9 @@ def guarded(v: Mark) -> dict[str, str]:
             f"delivery_updated_at = CASE delivery_required WHEN 0 THEN {now} "
             "ELSE delivery_updated_at END, "
             "version = version + 2 - delivery_required " + close_guard(v, settle=True)
-        ),
-        "deliver": (
+        )
+    if name == "deliver":
+        return (
             f"UPDATE tsg_tasks SET delivery_status = {v('status')}, "
             f"delivery_code = {v('code')}, delivery_updated_at = {now}, "
             f"version = version + 1 WHERE id = {v('id')} AND delivery_status = 'pending' "
@@ -214,21 +225,29 @@ def guarded(v: Mark) -> dict[str, str]:
             # table every time the statement runs.
             f"AND status NOT IN {rules.ACTIVE_SQL} AND delivery_required = {v('required')} "
             f"AND {rules.clock_guard('deliver', now)}"
-        ),
-    }
+        )
+    raise KeyError(name)
+
+
+def guarded(v: Mark) -> dict[str, str]:
+    """Every step's :func:`guarded_statement` in a dialect (``v``), by name."""
+    return {name: guarded_statement(v, name) for name in GUARDED}
+
+
+def statement(v: Mark, name: str) -> str:
+    """One statement of :data:`STATEMENTS` in a dialect (``v``): :func:`guarded_statement`'s,
+    answering what its step answers; ``v`` is asked only for the values it binds (so a
+    dialect that numbers its parameters composes each statement with a mark of its own)."""
+    if name == "create":
+        return guarded_statement(v, "create")
+    if name == "start_seq":
+        return guarded_statement(v, "start") + " RETURNING seq"
+    return guarded_statement(v, name) + f" RETURNING {TASK_COLUMNS}"
 
 
 def statements(v: Mark) -> dict[str, str]:
-    """Every statement of :data:`STATEMENTS` in a dialect (``v``): :func:`guarded`'s, each
-    answering what its step answers."""
-    g = guarded(v)
-    row = f" RETURNING {TASK_COLUMNS}"
-    return {
-        "create": g["create"], "start": g["start"] + row,
-        "start_seq": g["start"] + " RETURNING seq", "heartbeat": g["heartbeat"] + row,
-        "close": g["close"] + row,
-        "close_settled": g["close_settled"] + row, "deliver": g["deliver"] + row,
-    }
+    """Every statement of :data:`STATEMENTS` in a dialect (``v``), by name."""
+    return {name: statement(v, name) for name in STATEMENTS}
 
 
 def _create(step: Create, now: float) -> tuple[str, dict[str, Any]]:
@@ -343,6 +362,7 @@ def _float(value: Any) -> float | None:
 
 __all__ = [
     "CREATE_COLUMNS",
+    "GUARDED",
     "STATEMENTS",
     "TASK_COLUMNS",
     "Close",
@@ -359,7 +379,9 @@ __all__ = [
     "close_guard",
     "create_values",
     "guarded",
+    "guarded_statement",
     "row_is_valid",
     "row_to_task",
+    "statement",
     "statements",
 ]
