@@ -197,13 +197,13 @@ class _Pass:
         """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
         conn, counts, now, progress = self.conn, self.counts, self.now, self.progress
-        # Applying, the rows are held (where the backend locks rows) until the pass commits.
+        # Applying (a pass: ``bulk``), the backend holds the rows it locks until the commit.
         done = total = 0
         if progress is not None:  # one count over the open-work index, only when asked
             total = self.db.queries.count_open(conn)
             progress(0, total)
         while True:
-            rows = self.db.queries.open_batch(conn, cursor, BATCH, not self.dry_run)
+            rows = self.db.queries.open_batch(conn, cursor, BATCH)
             if not rows:
                 return
             cursor = rows[-1][0]
@@ -304,7 +304,7 @@ def run_reconcile(
         raise InvalidInput("progress must be callable")
     collect = on_decision is not None
     if dry_run:
-        with db.read(query_only=True) as conn:
+        with db.read() as conn:
             run = _Pass(db, conn, policy, db.now(), dry_run, collect, progress)
             run.scan()
     else:

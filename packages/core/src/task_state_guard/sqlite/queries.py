@@ -119,8 +119,8 @@ class SQLiteQueries:
         return [(*key, count) for key, count in counts.items()]
 
     @staticmethod
-    def open_batch(conn: sqlite3.Connection, before_seq: int, limit: int,
-                   hold: bool) -> list[tuple[Any, ...]]:
+    def open_batch(conn: sqlite3.Connection, before_seq: int,
+                   limit: int) -> list[tuple[Any, ...]]:
         return conn.execute(_OPEN_BATCH, {"before": before_seq, "limit": limit}).fetchall()
 
     @staticmethod

@@ -361,10 +361,10 @@ class Queries(Protocol):
         bucket ``(ended_at - start) / width`` (a real or whole number; the caller clamps)."""
         ...
 
-    def open_batch(self, conn: Any, before_seq: int, limit: int,
-                   hold: bool) -> list[tuple[Any, ...]]:
-        """:data:`OPEN_BATCH`; ``hold``: keep the rows from other writers until the pass
-        commits (where the backend locks rows), skipping rows a writer holds now."""
+    def open_batch(self, conn: Any, before_seq: int, limit: int) -> list[tuple[Any, ...]]:
+        """:data:`OPEN_BATCH`. Inside a pass that writes (``Database.bulk``), where the backend
+        locks rows, the rows are kept from other writers until the pass commits, skipping rows
+        a writer holds now; a dry run's read holds nothing."""
         ...
 
     def close_lost(self, conn: Any, timeouts: list[tuple[str, float, int]],
