@@ -194,9 +194,9 @@ class PostgresQueries:
             return _rows(conn, _SQL["active_children_old"], {"parents": parent_ids})
         return _rows(conn, _SQL["active_children"], {"parents": parent_ids, "cutoff": cutoff})
 
-    @staticmethod
-    def runs_for_owner(conn: Conn, token: str) -> bool:
-        return conn.run(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
+    def runs_for_owner(self, token: str) -> bool:
+        with self._read() as conn:
+            return conn.run(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
 
     @staticmethod
     def open_running_owners(conn: Conn) -> list[tuple[Any, int]]:

@@ -324,10 +324,7 @@ def run_reconcile(
 
 def _remove_dead_owner_files(db: Database) -> None:
     """Delete what dead owners left behind (lock files) that no running task references."""
-    # housekeeping: a failure leaves the files for the next pass
-    with contextlib.suppress(OSError, LedgerError), db.read() as conn:
-
-        def referenced(token: str) -> bool:
-            return db.queries.runs_for_owner(conn, token)
-
-        db.owners.cleanup(referenced)
+    # housekeeping: a failure leaves the files for the next pass; each dead owner's token is
+    # looked up in a read of its own (a dead owner starts nothing new meanwhile)
+    with contextlib.suppress(OSError, LedgerError):
+        db.owners.cleanup(db.queries.runs_for_owner)

@@ -142,9 +142,9 @@ class SQLiteQueries:
         sql = _SQL["active_children_old" if cutoff is None else "active_children"]
         return conn.execute(_list(sql, params, "parents", parent_ids), params).fetchall()
 
-    @staticmethod
-    def runs_for_owner(conn: sqlite3.Connection, token: str) -> bool:
-        return conn.execute(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
+    def runs_for_owner(self, token: str) -> bool:
+        with self._read() as conn:
+            return conn.execute(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
 
     @staticmethod
     def open_running_owners(conn: sqlite3.Connection) -> list[tuple[Any, int]]:

@@ -340,9 +340,10 @@ def finding(d: Dialect, query: FindQuery) -> tuple[str, dict[str, Any]]:
 class Queries(Protocol):
     """A backend's answers to the aggregates' reads and to a reconcile pass's writes.
 
-    A read of one task (:meth:`task`, :meth:`children`, :meth:`task_events`) runs inside the
-    backend, in a read transaction of its own (inside this thread's open group, the group's):
-    no connection is handed out for it. Every other method takes the connection of a unit of
+    A read of one task (:meth:`task`, :meth:`children`, :meth:`task_events`) and the owner
+    lookup of the cleanup after a pass (:meth:`runs_for_owner`) run inside the backend, in a
+    read transaction of its own (inside this thread's open group, the group's): no connection
+    is handed out for them. Every other method takes the connection of a unit of
     work the core drives and runs in it: status's one snapshot of several reads; the history,
     the listing and the id search, whose clock is read inside their snapshot; reconcile's pass
     (its batches, children, closes, owners); prune (candidates, trees, holds and deletes in one
@@ -385,8 +386,8 @@ class Queries(Protocol):
         window past their last sign of life is after ``cutoff`` (the pass's active cutoff)."""
         ...
 
-    def runs_for_owner(self, conn: Any, token: str) -> bool:
-        """Whether an open running task names ``token`` as its owner."""
+    def runs_for_owner(self, token: str) -> bool:
+        """Whether an open running task names ``token`` as its owner (in a read of its own)."""
         ...
 
     def open_running_owners(self, conn: Any) -> list[tuple[Any, int]]:
