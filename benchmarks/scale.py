@@ -140,7 +140,7 @@ def build(db: str, size: int) -> float:
     ledger = Ledger(db)
     live = owners.own_token(db)
     dead = _dead_owner_token(db)
-    conn = ledger._db.conn()  # type: ignore[attr-defined]
+    conn = ledger._db.writer()  # type: ignore[attr-defined]
     INSERT_WRITES_STARTED = _insert_writes_started(conn)
     conn.execute("PRAGMA cache_size=-65536")
     insert = f"INSERT INTO tsg_tasks({INSERT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -176,7 +176,7 @@ def build_sql(db: str, size: int) -> float:
     ledger = Ledger(db)
     live = owners.own_token(db)
     dead = _dead_owner_token(db)
-    conn = ledger._db.conn()  # type: ignore[attr-defined]
+    conn = ledger._db.writer()  # type: ignore[attr-defined]
     running_written = _insert_writes_started(conn)
     conn.execute("PRAGMA cache_size=-1048576")
     blocks = size // 20

@@ -112,7 +112,7 @@ class PostgresDatabase:
         self._closed = False
         self.schema_version: int | None = None
         #: The statements other than transitions (a read of one task opens its own read).
-        self.queries = PostgresQueries(self.read)
+        self.queries = PostgresQueries(self.read, self._passing)
 
     def __repr__(self) -> str:
         return f"PostgresDatabase({self._target.shown!r})"
@@ -234,7 +234,7 @@ class PostgresDatabase:
                 self._local.atomic = False
 
     @contextmanager
-    def read(self, *, query_only: bool = False) -> Iterator[driver.Conn]:
+    def read(self) -> Iterator[driver.Conn]:
         """One REPEATABLE READ READ ONLY transaction, its snapshot taken before the caller
         reads the clock (inside this thread's open transaction: that one)."""
         conn = self.conn()
@@ -247,6 +247,10 @@ class PostgresDatabase:
             yield conn
         finally:
             self._rollback(conn)
+
+    def _passing(self) -> bool:
+        """Whether this thread's write transactions are a pass (inside :meth:`bulk`)."""
+        return bool(getattr(self._local, "bulk", False))
 
     @contextmanager
     def bulk(self) -> Iterator[None]:

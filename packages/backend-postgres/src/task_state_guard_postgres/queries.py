@@ -129,10 +129,14 @@ def _rows(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[An
 
 class PostgresQueries:
     """The PostgreSQL backend's :class:`~task_state_guard.store.queries.Queries`; ``read``
-    opens the database object's read transaction (a read of one task runs in one of its own)."""
+    opens the database object's read transaction (a read of one task runs in one of its own);
+    ``passing`` tells whether this thread's write transaction is a pass (``Database.bulk``),
+    whose open rows a reconcile batch holds until it commits."""
 
-    def __init__(self, read: Callable[[], AbstractContextManager[Conn]]) -> None:
+    def __init__(self, read: Callable[[], AbstractContextManager[Conn]],
+                 passing: Callable[[], bool]) -> None:
         self._read = read
+        self._passing = passing
 
     @staticmethod
     def status_groups(conn: Conn, now: float, stale_before: float,
@@ -157,10 +161,8 @@ class PostgresQueries:
         params = {"start": start, "width": width, "end": end}
         return [tuple(row) for row in conn.run(_ROOT_CLOSES, params).fetchall()]
 
-    @staticmethod
-    def open_batch(conn: Conn, before_seq: int, limit: int,
-                   hold: bool) -> list[tuple[Any, ...]]:
-        sql = _OPEN_BATCH + HOLD if hold else _OPEN_BATCH
+    def open_batch(self, conn: Conn, before_seq: int, limit: int) -> list[tuple[Any, ...]]:
+        sql = _OPEN_BATCH + HOLD if self._passing() else _OPEN_BATCH
         params = {"before": before_seq, "limit": limit}
         return [tuple(row) for row in conn.run(sql, params).fetchall()]
 
@@ -192,9 +194,9 @@ class PostgresQueries:
             return _rows(conn, _SQL["active_children_old"], {"parents": parent_ids})
         return _rows(conn, _SQL["active_children"], {"parents": parent_ids, "cutoff": cutoff})
 
-    @staticmethod
-    def runs_for_owner(conn: Conn, token: str) -> bool:
-        return conn.run(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
+    def runs_for_owner(self, token: str) -> bool:
+        with self._read() as conn:
+            return conn.run(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
 
     @staticmethod
     def open_running_owners(conn: Conn) -> list[tuple[Any, int]]:

@@ -87,7 +87,7 @@ def prune(
     outbox = verdicts.current(db)
     with contextlib.nullcontext() if dry_run else db.bulk():
         while True:
-            context = db.read(query_only=True) if dry_run else db.write()
+            context = db.read() if dry_run else db.write()
             with context as conn:
                 if cutoff is None:
                     cutoff = db.now() - age

@@ -197,13 +197,13 @@ class _Pass:
         """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
         conn, counts, now, progress = self.conn, self.counts, self.now, self.progress
-        # Applying, the rows are held (where the backend locks rows) until the pass commits.
+        # Applying (a pass: ``bulk``), the backend holds the rows it locks until the commit.
         done = total = 0
         if progress is not None:  # one count over the open-work index, only when asked
             total = self.db.queries.count_open(conn)
             progress(0, total)
         while True:
-            rows = self.db.queries.open_batch(conn, cursor, BATCH, not self.dry_run)
+            rows = self.db.queries.open_batch(conn, cursor, BATCH)
             if not rows:
                 return
             cursor = rows[-1][0]
@@ -304,7 +304,7 @@ def run_reconcile(
         raise InvalidInput("progress must be callable")
     collect = on_decision is not None
     if dry_run:
-        with db.read(query_only=True) as conn:
+        with db.read() as conn:
             run = _Pass(db, conn, policy, db.now(), dry_run, collect, progress)
             run.scan()
     else:
@@ -324,10 +324,7 @@ def run_reconcile(
 
 def _remove_dead_owner_files(db: Database) -> None:
     """Delete what dead owners left behind (lock files) that no running task references."""
-    # housekeeping: a failure leaves the files for the next pass
-    with contextlib.suppress(OSError, LedgerError), db.read() as conn:
-
-        def referenced(token: str) -> bool:
-            return db.queries.runs_for_owner(conn, token)
-
-        db.owners.cleanup(referenced)
+    # housekeeping: a failure leaves the files for the next pass; each dead owner's token is
+    # looked up in a read of its own (a dead owner starts nothing new meanwhile)
+    with contextlib.suppress(OSError, LedgerError):
+        db.owners.cleanup(db.queries.runs_for_owner)

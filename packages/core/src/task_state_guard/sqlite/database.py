@@ -232,6 +232,8 @@ class SQLiteDatabase:
                 self._open_conns.append(conn)
                 if self._modes.get(id(conn)) is connections.ReadMode.SNAPSHOT:
                     self._shared = conn
+                elif not self._read_only:  # writes go through the writer: this one only reads
+                    conn.execute("PRAGMA query_only=1")
         local.entry = (pid, conn)
         return conn
 
@@ -513,24 +515,21 @@ class SQLiteDatabase:
                 self._local.atomic = False
 
     @contextmanager
-    def read(self, *, query_only: bool = False) -> Iterator[sqlite3.Connection]:
-        """One read transaction whose snapshot is fixed before the caller reads the clock."""
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction whose snapshot is fixed before the caller reads the clock, on
+        this thread's connection, which never writes (``query_only``: a writable ledger's
+        writes go through the writer connection)."""
         conn = self.conn()
         self._check_identity()
-        toggled = query_only and not self._read_only
         mode = self._modes.get(id(conn))
         shared = conn is self._shared
         if shared:
             self._snapshot_lock.acquire()
         try:
-            if toggled:
-                conn.execute("PRAGMA query_only=1")
             connections.begin_read(
                 conn, self.busy_timeout_ms, mode is connections.ReadMode.LIVE
             )
         except sqlite3.Error as exc:
-            if toggled:
-                conn.execute("PRAGMA query_only=0")
             if shared:
                 self._snapshot_lock.release()
             raise connections.translate(exc) from None
@@ -541,8 +540,6 @@ class SQLiteDatabase:
         finally:
             with suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            if toggled:
-                conn.execute("PRAGMA query_only=0")
             if shared:
                 self._snapshot_lock.release()
 

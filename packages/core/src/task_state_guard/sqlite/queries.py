@@ -119,8 +119,8 @@ class SQLiteQueries:
         return [(*key, count) for key, count in counts.items()]
 
     @staticmethod
-    def open_batch(conn: sqlite3.Connection, before_seq: int, limit: int,
-                   hold: bool) -> list[tuple[Any, ...]]:
+    def open_batch(conn: sqlite3.Connection, before_seq: int,
+                   limit: int) -> list[tuple[Any, ...]]:
         return conn.execute(_OPEN_BATCH, {"before": before_seq, "limit": limit}).fetchall()
 
     @staticmethod
@@ -142,9 +142,9 @@ class SQLiteQueries:
         sql = _SQL["active_children_old" if cutoff is None else "active_children"]
         return conn.execute(_list(sql, params, "parents", parent_ids), params).fetchall()
 
-    @staticmethod
-    def runs_for_owner(conn: sqlite3.Connection, token: str) -> bool:
-        return conn.execute(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
+    def runs_for_owner(self, token: str) -> bool:
+        with self._read() as conn:
+            return conn.execute(_SQL["runs_for_owner"], {"owner": token}).fetchone() is not None
 
     @staticmethod
     def open_running_owners(conn: sqlite3.Connection) -> list[tuple[Any, int]]:

@@ -105,7 +105,17 @@ class Health(Protocol):
 
 
 class Database(Protocol):
-    """What the ledger and its aggregates need from a storage backend."""
+    """What the ledger and its aggregates need from a storage backend.
+
+    A guarded write runs inside the backend (:meth:`transition`), and so does a read of one
+    task (:attr:`queries`). The units of work the core drives over several statements hold a
+    transaction the backend opens: :meth:`read` (status's snapshot, the listings, dry runs),
+    :meth:`write` and :meth:`group` (the verdict outbox, prune's batches), :meth:`bulk`
+    around the writes of a pass (reconcile, prune). No call names an engine's tuning: the
+    one step of a unit of work that differs by engine, prune's
+    :meth:`~task_state_guard.store.queries.Queries.hold_for_delete`, stays a step because
+    the core judges the trees again between the hold and the delete.
+    """
 
     @property
     def opened(self) -> Opened:
@@ -116,8 +126,9 @@ class Database(Protocol):
         """A validated reading of the ledger's clock (finite, not negative)."""
         ...
 
-    def read(self, *, query_only: bool = False) -> AbstractContextManager[Any]:
-        """One read transaction whose snapshot is fixed before the caller reads the clock."""
+    def read(self) -> AbstractContextManager[Any]:
+        """One read transaction whose snapshot is fixed before the caller reads the clock;
+        nothing run in it can write (a dry run is a read)."""
         ...
 
     def write(self) -> AbstractContextManager[Any]:
@@ -129,7 +140,12 @@ class Database(Protocol):
         ...
 
     def bulk(self) -> AbstractContextManager[None]:
-        """Tune this thread's connection for one large write (reconcile, prune)."""
+        """Mark this thread's write transactions meanwhile as one pass (reconcile's, prune's
+        batches), a unit of work the core drives. The backend, not the caller, decides what a
+        pass needs: SQLite's writer gets a larger page cache and rarer checkpoints (its write
+        transaction already holds the whole database); PostgreSQL takes the schema's pass lock
+        when each transaction begins, before the pass reads the clock (so it cannot be taken
+        lazily by a statement), and a reconcile batch holds the open rows it reads."""
         ...
 
     @property

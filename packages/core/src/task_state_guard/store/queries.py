@@ -340,9 +340,10 @@ def finding(d: Dialect, query: FindQuery) -> tuple[str, dict[str, Any]]:
 class Queries(Protocol):
     """A backend's answers to the aggregates' reads and to a reconcile pass's writes.
 
-    A read of one task (:meth:`task`, :meth:`children`, :meth:`task_events`) runs inside the
-    backend, in a read transaction of its own (inside this thread's open group, the group's):
-    no connection is handed out for it. Every other method takes the connection of a unit of
+    A read of one task (:meth:`task`, :meth:`children`, :meth:`task_events`) and the owner
+    lookup of the cleanup after a pass (:meth:`runs_for_owner`) run inside the backend, in a
+    read transaction of its own (inside this thread's open group, the group's): no connection
+    is handed out for them. Every other method takes the connection of a unit of
     work the core drives and runs in it: status's one snapshot of several reads; the history,
     the listing and the id search, whose clock is read inside their snapshot; reconcile's pass
     (its batches, children, closes, owners); prune (candidates, trees, holds and deletes in one
@@ -361,10 +362,10 @@ class Queries(Protocol):
         bucket ``(ended_at - start) / width`` (a real or whole number; the caller clamps)."""
         ...
 
-    def open_batch(self, conn: Any, before_seq: int, limit: int,
-                   hold: bool) -> list[tuple[Any, ...]]:
-        """:data:`OPEN_BATCH`; ``hold``: keep the rows from other writers until the pass
-        commits (where the backend locks rows), skipping rows a writer holds now."""
+    def open_batch(self, conn: Any, before_seq: int, limit: int) -> list[tuple[Any, ...]]:
+        """:data:`OPEN_BATCH`. Inside a pass that writes (``Database.bulk``), where the backend
+        locks rows, the rows are kept from other writers until the pass commits, skipping rows
+        a writer holds now; a dry run's read holds nothing."""
         ...
 
     def close_lost(self, conn: Any, timeouts: list[tuple[str, float, int]],
@@ -385,8 +386,8 @@ class Queries(Protocol):
         window past their last sign of life is after ``cutoff`` (the pass's active cutoff)."""
         ...
 
-    def runs_for_owner(self, conn: Any, token: str) -> bool:
-        """Whether an open running task names ``token`` as its owner."""
+    def runs_for_owner(self, token: str) -> bool:
+        """Whether an open running task names ``token`` as its owner (in a read of its own)."""
         ...
 
     def open_running_owners(self, conn: Any) -> list[tuple[Any, int]]:
