@@ -375,7 +375,7 @@ def run_size(
     results["reads_closed"] = measure_reads(db, root_id, closed=True)
     holder = Ledger(db)  # keeps WAL/SHM present: the "live ledger" case
     holder.heartbeat_many([])
-    holder._conn().execute("SELECT 1").fetchall()
+    holder._db.conn().execute("SELECT 1").fetchall()  # type: ignore[attr-defined]
     results["reads_live"] = measure_reads(db, root_id, closed=False)
     if reads_only:
         holder.close()
