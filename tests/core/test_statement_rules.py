@@ -16,6 +16,7 @@ import re
 from types import ModuleType
 
 import pytest
+import task_state_guard_postgres.attempts as pg_attempts
 import task_state_guard_postgres.queries as pg_queries
 import task_state_guard_postgres.transitions as pg_transitions
 from task_state_guard import model, rules
@@ -108,11 +109,11 @@ _RULE_SPELLINGS = {
     "the clock guard": re.compile(r">=\s*(updated_at|delivery_updated_at|coalesce\(heartbeat_at)"),
     "the outcome totals": re.compile(r"INTO tsg_totals"),
 }
-#: The backends' statement modules that render every rule (PostgreSQL's begin/end attempt and
-#: both layouts' stored texts are kept as their layouts wrote them).
+#: The backends' statement modules that render every rule (both layouts' stored texts are
+#: kept as their layouts wrote them).
 _STATEMENT_MODULES: list[ModuleType] = [
-    sqlite_transitions, sqlite_attempts, sqlite_queries, pg_transitions, pg_queries,
-    transitions, queries,
+    sqlite_transitions, sqlite_attempts, sqlite_queries, pg_transitions, pg_attempts,
+    pg_queries, transitions, queries,
 ]
 
 

@@ -81,7 +81,7 @@ lgu AS (
         deadline_at = {now} + timeout_seconds, owner = {v('lowner')},
         redelivery_seconds = NULL, updated_at = {now}, version = version + 1
     WHERE {v('open')} AND {startable} AND id = {v('lid')} AND status = 'queued'
-        AND {now} >= updated_at
+        AND {rules.clock_guard('start', now)}
         AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now})
     RETURNING seq),
 par AS (
@@ -105,7 +105,7 @@ cand AS (
 pick AS (
     SELECT id, status FROM cand
     WHERE (status IS NULL AND make AND EXISTS (SELECT 1 FROM par) AND {_deadline_fits(v)})
-       OR (status = 'queued' AND (NOT make OR same) AND {now} >= updated_at
+       OR (status = 'queued' AND (NOT make OR same) AND {rules.clock_guard('start', now)}
            AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now}))
     ORDER BY ord LIMIT 1),
 ci AS (
@@ -118,7 +118,7 @@ cu AS (
         redelivery_seconds = {v('redelivery')}, updated_at = {now},
         version = t.version + 1
     FROM pick WHERE pick.status = 'queued' AND t.id = pick.id AND t.status = 'queued'
-        AND {now} >= t.updated_at
+        AND {rules.clock_guard('start', now, 't.')}
     RETURNING t.id),"""
 
 
@@ -224,10 +224,9 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
         delivery_updated_at = CASE WHEN {settles} THEN {now} ELSE t.delivery_updated_at END,
         version = t.version + CASE WHEN {settles} THEN 2 ELSE 1 END
     FROM unnest({v('ids')}, {v('states')}, {v('codes')}{values}
-    WHERE t.id = ANY({v('ids')}) AND t.id = v.id AND t.status IN ('queued','running')
+    WHERE t.id = ANY({v('ids')}) AND t.id = v.id AND t.status IN {rules.ACTIVE_SQL}
         AND coalesce(t.delivery_status = 'pending', false)
-        {guard}AND {now} >= t.updated_at
-        AND {now} >= t.delivery_updated_at AND {now} >= coalesce(t.heartbeat_at, 0)
+        {guard}AND {rules.clock_guard('close_settled', now, 't.')}
     RETURNING t.id, {marked} AS marked)"""
     return ctes, f"{head}SELECT id, {closed}, marked FROM c"
 

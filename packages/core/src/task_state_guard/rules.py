@@ -159,7 +159,15 @@ def running_idle_since(started_at: float, heartbeat_at: float | None) -> float:
 #: (state change or heartbeat), its last delivery change, its last heartbeat (none: no bound).
 CHANGED_AT = "updated_at"
 DELIVERY_CHANGED_AT = "delivery_updated_at"
-HEARTBEAT_AT = "coalesce(heartbeat_at, 0)"
+
+
+def heartbeat_at(row: str = "") -> str:
+    """The last heartbeat as a time a guard can compare (0 before the first); ``row``: the
+    table's alias with its dot (``"t."``) where the statement names the row."""
+    return f"coalesce({row}heartbeat_at, 0)"
+
+
+HEARTBEAT_AT = heartbeat_at()
 #: The stored times each one-task transition holds its clock to (by the statement names of
 #: ``store.transitions.STATEMENTS``): a delivery change keeps delivery changes in order, a
 #: task-state change or heartbeat keeps heartbeats in order.
@@ -172,10 +180,14 @@ CLOCK_GUARDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def clock_guard(transition: str, now: str) -> str:
+def clock_guard(transition: str, now: str, row: str = "") -> str:
     """``transition``'s clock guard as SQL: the clock ``now`` (a placeholder) is not earlier
-    than any stored time of :data:`CLOCK_GUARDS`."""
-    return " AND ".join(f"{now} >= {stamp}" for stamp in CLOCK_GUARDS[transition])
+    than any stored time of :data:`CLOCK_GUARDS`; ``row``: the table's alias with its dot
+    (``"t."``) where the statement names the row."""
+    return " AND ".join(
+        f"{now} >= {heartbeat_at(row) if stamp == HEARTBEAT_AT else row + stamp}"
+        for stamp in CLOCK_GUARDS[transition]
+    )
 
 
 # ------------------------------------------------------------------------------ event rules
