@@ -110,6 +110,15 @@ DELIVERY_CODES: dict[str, frozenset[str]] = {
     DeliveryStatus.FAILED.value: _codes(_D.DELIVERY_GRACE_EXPIRED, _D.TRANSPORT_FAILED),
     DeliveryStatus.NOT_APPLICABLE.value: _codes(_D.INTERNAL_TASK),
 }
+
+
+def codes_registered(status: Any, code: Any, delivery: Any, delivery_code: Any) -> bool:
+    """A row's reason codes belong to its states (``None``: no code yet): the registry rule
+    every read of a stored row and doctor apply."""
+    return (code is None or code in TASK_CODES.get(status, ())) and (
+        delivery_code is None or delivery_code in DELIVERY_CODES.get(delivery, ()))
+
+
 #: Codes only the ledger itself writes, on its own events.
 RESERVED_CODES = frozenset({"created", "started"})
 #: The ``timed_out`` codes that declare work *lost*: the ledger itself proved that nobody runs

@@ -28,13 +28,12 @@ from .. import rules
 from ..model import (
     ACTIVE_STATES,
     CANONICAL_RE,
-    DELIVERY_CODES,
     DELIVERY_STATES,
     FRAMEWORK_LABELS,
     HASH_RE,
     NAME_RE,
-    TASK_CODES,
     TASK_STATES,
+    codes_registered,
 )
 from . import verdicts
 
@@ -176,9 +175,7 @@ def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
     """Judge one distinct shape: (states consistent, codes in the registry)."""
     (status, code, delivery, dcode, required, no_start, no_beat, no_close,
      no_deadline, no_owner) = shape
-    codes_ok = (code is None or code in TASK_CODES.get(status, ())) and (
-        dcode is None or dcode in DELIVERY_CODES.get(delivery, ())
-    )
+    codes_ok = codes_registered(status, code, delivery, dcode)
     if status not in TASK_STATES or delivery not in DELIVERY_STATES or required not in (0, 1):
         return False, codes_ok
     if status == "queued":

@@ -19,14 +19,13 @@ from typing import Any, NamedTuple, TypeAlias
 from .. import reasons as r
 from .. import rules
 from ..model import (
-    DELIVERY_CODES,
     DELIVERY_STATES,
-    TASK_CODES,
     TASK_STATES,
     DeliveryStatus,
     StorageError,
     Task,
     TaskStatus,
+    codes_registered,
     is_canonical,
     is_payload_hash,
     is_valid_name,
@@ -333,8 +332,7 @@ def row_is_valid(row: tuple[Any, ...]) -> bool:
     if not (
         status in TASK_STATES
         and delivery in DELIVERY_STATES
-        and (code is None or code in TASK_CODES.get(status, ()))
-        and (dcode is None or dcode in DELIVERY_CODES.get(delivery, ()))
+        and codes_registered(status, code, delivery, dcode)
         and type(row[1]) is str
         and is_canonical(row[1])
         and (row[2] is None or (type(row[2]) is str and is_canonical(row[2])))
