@@ -57,8 +57,10 @@ from ..model import (
     TASK_KIND_SQL,
     StorageError,
 )
+from ..store.backends import SQLITE_SCHEMA_VERSION
 
-SCHEMA_VERSION = 8
+#: The layout this release writes (the registry states it, so the facade knows it too).
+SCHEMA_VERSION = SQLITE_SCHEMA_VERSION
 APPLICATION = "task-state-guard"
 
 EMPTY = "empty"

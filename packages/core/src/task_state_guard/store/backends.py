@@ -27,8 +27,8 @@ MISSING_BACKEND = (
 #: Each kind of ledger target and the module whose ``open_database(target, **options)`` makes
 #: its database object (``options``: every ``Ledger`` option; a backend uses those it has).
 BACKENDS = {"postgresql": "task_state_guard_postgres", "sqlite": "task_state_guard.sqlite.database"}
-#: The layout version the SQLite backend writes (``sqlite.schema.SCHEMA_VERSION``), stated here
-#: so the facade knows it without importing a backend.
+#: The layout version the SQLite backend writes (``sqlite.schema`` takes it from here), stated
+#: here so the facade knows it without importing a backend.
 SQLITE_SCHEMA_VERSION = 8
 
 
