@@ -91,6 +91,8 @@ class _Registry:
         self.supervising: set[tuple[str, str]] = set()
         #: (conninfo, schema) -> the supervising parent's token, recorded instead of our own.
         self.delegated: dict[tuple[str, str], str] = {}
+        #: (conninfo, schema) whose lock a thread of this process keeps (``supervise``).
+        self.keepers: set[tuple[str, str]] = set()
 
     def reset_after_fork(self) -> None:
         # The parent's connections are never used or closed here (see ``driver``); nor are its
@@ -101,6 +103,7 @@ class _Registry:
         self.conns = {}
         self.tokens = {}
         self.supervising = set()
+        self.keepers = set()
 
 
 _REGISTRY = _Registry()
@@ -181,7 +184,25 @@ def supervise(target: Target, busy_timeout_ms: int) -> str:
     token = own_token(target, busy_timeout_ms)
     with _REGISTRY.lock:
         _REGISTRY.supervising.add((target.conninfo, target.schema))
+        if (target.conninfo, target.schema) not in _REGISTRY.keepers:
+            # The children heartbeat, but only this process can take its lock back after a
+            # server restart: a supervisor that writes nothing for a while checks it itself,
+            # well within owner_reconnect_seconds.
+            _REGISTRY.keepers.add((target.conninfo, target.schema))
+            interval = max(0.5, min(10.0, target.owner_reconnect_seconds / 4))
+            threading.Thread(
+                target=_keep_supervising, args=(target, busy_timeout_ms, interval, os.getpid()),
+                name="tsg-owner-keeper", daemon=True,
+            ).start()
     return token
+
+
+def _keep_supervising(target: Target, busy_timeout_ms: int, interval: float, pid: int) -> None:
+    stop = threading.Event()
+    while not stop.wait(interval):
+        if os.getpid() != pid:  # pragma: no cover - a thread does not survive a fork
+            return
+        keep_locks(target, busy_timeout_ms)
 
 
 def own_token(target: Target, busy_timeout_ms: int) -> str:
