@@ -29,6 +29,7 @@ ROWS = [
     "hard",
     "reject",
     "reject_requeue",
+    "reject_requeue_acked",
     "ignore",
     "long",
 ]
@@ -154,11 +155,39 @@ def test_hard_time_limit_double_failure_is_idempotent(
 
 
 def test_reject(shared: tuple[Scenario, dict[str, str]]) -> None:
+    """Reject(requeue=False): Celery stores FAILURE (and sends task_failure, in the worker's
+    main process); the ledger closes the job failed/worker_failed when it happens."""
     sc = _scenario(shared, "reject")
+    base = shared[0]
+    before = base.workers[0].log()
     try:
         result = sc.send("tsgt.reject")
+        sc.wait_parent(result.id, "failed")
+        assert sc.outcome(result.id) == (("failed", "worker_failed"),
+                                         [("failed", "worker_failed")])
+        wait_for(lambda: result.state == "FAILURE", what="Celery's FAILURE")
+        # The main process's task_failure closes the same way: nothing conflicted.
+        time.sleep(0.5)
+        new = base.workers[0].log()[len(before):]
+        assert " refused: " not in new and "ledger error" not in new, new
+        sc.assert_healthy()
+    finally:
+        sc.close()
+
+
+def test_reject_requeue_of_an_acknowledged_message(
+    shared: tuple[Scenario, dict[str, str]],
+) -> None:
+    """Reject(requeue=True) with early acks: the message is gone, nothing runs it again and
+    Celery stores no outcome (the result stays PENDING); the ledger closes the job
+    cancelled/rejected (a documented difference)."""
+    sc = _scenario(shared, "reject_requeue_acked")
+    try:
+        result = sc.send("tsgt.reject_requeue_acked")
         sc.wait_parent(result.id, "cancelled")
-        assert sc.outcome(result.id) == (("cancelled", "rejected"), [("cancelled", "rejected")])
+        assert sc.outcome(result.id) == (("cancelled", "rejected"),
+                                         [("cancelled", "rejected")])
+        assert result.state == "PENDING"
         sc.assert_healthy()
     finally:
         sc.close()

@@ -177,6 +177,11 @@ def _register(app: Celery) -> None:
     def reject() -> None:
         raise Reject("no", requeue=False)
 
+    # With early acks the message is gone: a requeue asked for requeues nothing.
+    @app.task(name="tsgt.reject_requeue_acked")
+    def reject_requeue_acked() -> None:
+        raise Reject("again", requeue=True)
+
     # Reject(requeue=True) only requeues an unacknowledged message: acks_late.
     @app.task(name="tsgt.reject_once", bind=True, acks_late=True)
     def reject_once(self: Any) -> str:

@@ -327,6 +327,61 @@ def guarded_job(led: Ledger, clock: Clock) -> list[tuple[dict[str, Any], list[An
             for tid in (logical, first_id, retry)]
 
 
+def _attempt(led: Ledger, clock: Clock, job: str, state: str, code: str, *,
+             owes: bool = False) -> str:
+    """One attempt of ``job`` (a child owing its own delivery with ``owes``), run to its close."""
+    clock.advance(1)
+    attempt = led.create_task(parent_id=job, delivery_required=owes, name="app.job").id
+    led.start_task(attempt, owner=False)
+    clock.advance(1)
+    led.close_task_settled(attempt, state, code=code)
+    return attempt
+
+
+def _closed_job(led: Ledger, clock: Clock, state: str, code: str) -> str:
+    clock.advance(1)
+    job = led.create_task(name="app.job").id
+    led.start_task(job, owner=False)
+    clock.advance(1)
+    led.close_task_settled(job, state, code=code)
+    return job
+
+
+def contradicted_jobs(led: Ledger, clock: Clock) -> dict[str, str]:
+    """Jobs whose attempts do and do not contradict their close (doctor's warning, the
+    listing's ``contradicted`` filter, the job page's notice); role -> id. Contradicted:
+    ``revoked`` (closed cancelled/revoked, then run twice: a failure, then ``revoked_success``)
+    and ``lost`` (closed timed_out/owner_lost, then ``lost_success``). Not contradicted:
+    ``parts`` (an attempt succeeded, a later one failed, then the job failed), ``failed_again``
+    (cancelled, then an attempt failed), ``own_delivery`` (cancelled, then a child that owes
+    its own delivery succeeded: a job of its own, not an attempt), ``duplicate`` (succeeded,
+    then a duplicate delivery failed) and ``open`` (running, one attempt succeeded)."""
+    ids: dict[str, str] = {}
+    ids["revoked"] = _closed_job(led, clock, "cancelled", "revoked")
+    _attempt(led, clock, ids["revoked"], "failed", "retry_scheduled")
+    ids["revoked_success"] = _attempt(led, clock, ids["revoked"], "succeeded", "worker_completed")
+    ids["lost"] = _closed_job(led, clock, "timed_out", "owner_lost")
+    ids["lost_success"] = _attempt(led, clock, ids["lost"], "succeeded", "worker_completed")
+    clock.advance(1)
+    ids["parts"] = led.create_task(name="app.job").id
+    led.start_task(ids["parts"], owner=False)
+    _attempt(led, clock, ids["parts"], "succeeded", "worker_completed")
+    _attempt(led, clock, ids["parts"], "failed", "worker_failed")
+    clock.advance(1)
+    led.close_task_settled(ids["parts"], "failed", code="worker_failed")
+    ids["failed_again"] = _closed_job(led, clock, "cancelled", "revoked")
+    _attempt(led, clock, ids["failed_again"], "failed", "worker_failed")
+    ids["own_delivery"] = _closed_job(led, clock, "cancelled", "caller_cancelled")
+    _attempt(led, clock, ids["own_delivery"], "succeeded", "worker_completed", owes=True)
+    ids["duplicate"] = _closed_job(led, clock, "succeeded", "worker_completed")
+    _attempt(led, clock, ids["duplicate"], "failed", "worker_failed")
+    clock.advance(1)
+    ids["open"] = led.create_task(name="app.job").id
+    led.start_task(ids["open"], owner=False)
+    _attempt(led, clock, ids["open"], "succeeded", "worker_completed")
+    return ids
+
+
 def sidecars(path: str) -> list[str]:
     return [path + s for s in ("-wal", "-shm", "-journal") if os.path.lexists(path + s)]
 

@@ -11,7 +11,9 @@ import pytest
 from core_helpers import (
     T0,
     Clock,
+    assert_cli_error,
     assert_json_line,
+    contradicted_jobs,
     insert_event,
     is_sqlite,
     raw_execute,
@@ -27,8 +29,10 @@ COUNT_KEYS = {
 }
 REPORT_KEYS = COUNT_KEYS | {
     "healthy", "schema_version", "schema_ok", "quick_check", "task_count", "event_count",
-    "task_status_counts", "delivery_status_counts",
+    "task_status_counts", "delivery_status_counts", "warnings",
 }
+#: What doctor counts without calling the ledger unhealthy.
+WARNING_KEYS = {"contradicted_close_count"}
 
 
 def build(db: str) -> dict[str, str]:
@@ -84,6 +88,7 @@ def test_healthy_doctor(db: str) -> None:
     assert report["schema_version"] == (8 if is_sqlite(db) else 7)
     assert report["schema_ok"] is True and report["quick_check"] == "ok"
     assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
+    assert report["warnings"] == dict.fromkeys(WARNING_KEYS, 0)
     assert report["task_status_counts"] == {
         "queued": 1, "running": 1, "succeeded": 2, "failed": 0, "timed_out": 0, "cancelled": 1,
     }
@@ -100,6 +105,62 @@ def test_retained_history_is_still_healthy(db: str) -> None:
     with Ledger(db, clock=Clock(T0 + 10**8)) as led:
         assert led.doctor()["healthy"] is True
     assert cli_doctor(db, ids, 0)["healthy"] is True
+
+
+def test_attempts_that_contradict_a_close_are_a_warning_not_a_finding(db: str) -> None:
+    """A job closed other than succeeded with an attempt that succeeded after the close (a
+    revoked Celery id that ran anyway, a job closed lost whose message came back): the records
+    obey every rule, so doctor stays healthy (exit 0) and counts the jobs under ``warnings``;
+    ``tsg tasks --contradicted`` names them."""
+    clock = Clock()
+    with Ledger(db, clock=clock) as led:
+        ids = contradicted_jobs(led, clock)
+    report = cli_doctor(db, ids, 0)
+    assert report["healthy"] is True and set(report) == REPORT_KEYS | {"ok"}
+    assert all(report[k] == 0 for k in COUNT_KEYS)
+    assert report["warnings"] == {"contradicted_close_count": 2}
+    with Ledger(db, read_only=True) as led:
+        assert led.doctor()["warnings"] == {"contradicted_close_count": 2}
+    text = run_cli("--db", db, "doctor", "--format", "text")
+    assert text.code == 0 and text.stdout.startswith("DOCTOR: healthy\n")
+    warnings = text.stdout[text.stdout.index("WARNINGS"):].splitlines()
+    assert warnings[1].split() == ["jobs", "whose", "attempts", "contradict", "their", "close",
+                                   "2"]
+    assert all(tid not in text.stdout for tid in ids.values())
+    # The operator finds them: the jobs, or the attempts that contradict their close.
+    for args, expected in (
+        ([], [ids["revoked"], ids["lost"]]),
+        (["--status", "timed_out"], [ids["lost"]]),
+        (["--attempts"], [ids["revoked_success"], ids["lost_success"]]),
+        (["--celery", "not-one-of-these"], []),
+    ):
+        listed = assert_json_line(run_cli("--db", db, "tasks", "--contradicted", "--details",
+                                          *args))
+        assert [row["id"] for row in listed["tasks"]] == expected, args
+    rows = run_cli("--db", db, "tasks", "--contradicted", "--format", "text")
+    assert rows.code == 0 and ids["revoked"] in rows.stdout and ids["parts"] not in rows.stdout
+    # Rows only: the id list refuses it (as it does --attempts), whatever else is given.
+    refused = run_cli("--explain", "--db", db, "tasks", "--status", "cancelled",
+                      "--contradicted")
+    assert_cli_error(refused, "InvalidInput", reason="missing_argument")
+
+
+def test_a_success_before_a_lost_close_contradicts_nothing(db: str) -> None:
+    """A job reconciled lost after one of its attempts (a part of it) succeeded is not
+    counted; the contradicted closes stay as they were (a close is never rewritten)."""
+    clock = Clock()
+    with Ledger(db, clock=clock) as led:
+        ids = contradicted_jobs(led, clock)
+        close = ("status", "terminal_code", "ended_at")
+        before = [led.get_task(ids["revoked"]).to_dict()[k] for k in close]
+        clock.advance(10)
+        led.reconcile(active_grace_seconds=5, delivery_grace_seconds=5)
+        lost = led.get_task(ids["open"])
+        assert (lost.status.value, lost.terminal_code) == ("timed_out", "restart_stale")
+        assert [led.get_task(ids["revoked"]).to_dict()[k] for k in close] == before
+        report = led.doctor()
+    assert report["healthy"] is True
+    assert report["warnings"] == {"contradicted_close_count": 2}
 
 
 TAMPERS: dict[str, Any] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from core_helpers import assert_cli_error, cli_env, run_cli
+from core_helpers import Clock, assert_cli_error, cli_env, contradicted_jobs, run_cli
 from ledger_backends import stored_state
 from prom_text import parse
 from serve_helpers import Served, reset
@@ -224,6 +224,31 @@ def test_a_job_page_shows_attempts_and_events_in_order(db: str) -> None:
         status, _headers, body = server.request("/job?id=not-an-id-at-all&kind=ledger")
         assert status == 400 and "not a valid id" in body and "not-an-id" not in body.replace(
             'value="not-an-id-at-all"', "")
+    finally:
+        server.stop()
+
+
+def test_a_job_page_says_when_attempts_contradict_the_close(db: str) -> None:
+    """A job closed other than succeeded with an attempt that succeeded after the close: the
+    page says so and marks that attempt; a job whose part succeeded before it failed does
+    not."""
+    clock = Clock()
+    with Ledger(db, clock=clock) as led:
+        ids = contradicted_jobs(led, clock)
+    server = Served(db, "--listen", "127.0.0.1:0", "--refresh", "0")
+    try:
+        for job, close, attempt in ((ids["revoked"], "cancelled/revoked", ids["revoked_success"]),
+                                    (ids["lost"], "timed_out/owner_lost", ids["lost_success"])):
+            for asked in (job, attempt):
+                status, _headers, body = server.request(f"/job?id={asked}")
+                assert status == 200 and "Attempts contradict the close" in body
+                assert f"This job closed {close}, and 1 attempt of it succeeded after" in body
+                rows = [r for r in re.findall(r"<tr>.*?</tr>", body) if attempt in r]
+                assert len(rows) == 1 and "after the job closed" in rows[0]
+            assert body.count("after the job closed") == 1  # the failed run is not marked
+        for quiet in ("parts", "failed_again", "own_delivery", "duplicate", "open"):
+            status, _headers, body = server.request(f"/job?id={ids[quiet]}")
+            assert status == 200 and "contradict" not in body, quiet
     finally:
         server.stop()
 

@@ -21,6 +21,7 @@ import task_state_guard_postgres.queries as pg_queries
 import task_state_guard_postgres.transitions as pg_transitions
 from task_state_guard import model, rules
 from task_state_guard.integration import codes
+from task_state_guard.ops import doctor
 from task_state_guard.sqlite import attempts as sqlite_attempts
 from task_state_guard.sqlite import queries as sqlite_queries
 from task_state_guard.sqlite import schema as sqlite_schema
@@ -108,6 +109,7 @@ _RULE_SPELLINGS = {
     "the terminal set": re.compile(r"'succeeded',\s*'failed'"),
     "the clock guard": re.compile(r">=\s*(updated_at|delivery_updated_at|coalesce\(heartbeat_at)"),
     "the outcome totals": re.compile(r"INTO tsg_totals"),
+    "the contradicted close": re.compile(r"ended_at\s*>\s*\w*\.?ended_at"),
 }
 #: The backends' statement modules that render every rule (both layouts' stored texts are
 #: kept as their layouts wrote them).
@@ -122,6 +124,22 @@ def test_no_statement_module_spells_a_rule(module: ModuleType) -> None:
     source = inspect.getsource(module)
     for rule, spelling in _RULE_SPELLINGS.items():
         assert not spelling.search(source), f"{module.__name__} spells {rule}"
+
+
+@pytest.mark.parametrize("which", sorted(BACKENDS))
+def test_the_contradicted_close_is_the_rules_everywhere(which: str) -> None:
+    """Doctor's warning, the listing's filter of jobs and of attempts: one rule."""
+    dialect = BACKENDS[which][3]
+    for attempts, rule in ((False, rules.close_contradicted(queries.LISTED)),
+                           (True, rules.contradicts_its_close(queries.LISTED))):
+        query = queries.TaskQuery(
+            attempts=attempts, job=None, open_only=False, status=None, active_only=False,
+            name=None, idle_before=None, created_before=None, order="created",
+            descending=False, after=None, limit=1, contradicted=True)
+        assert rule in queries.listing(dialect, "id", query)[0]
+    assert rules.close_contradicted("j.") in doctor._CONTRADICTED_CLOSES
+    assert rules.contradicts_close("j.", "a.") in rules.close_contradicted("j.")
+    assert rules.contradicts_close("j.", "x.") in rules.contradicts_its_close("x.")
 
 
 def test_adapter_codes_are_the_models() -> None:

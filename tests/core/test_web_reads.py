@@ -1,10 +1,11 @@
 """The reads behind `tsg serve`, through the public API on both backends: outcomes over time,
-the task listing's orders and cursors, and a job's attempts up to a limit."""
+the task listing's orders and cursors, a job's attempts up to a limit, and the jobs whose
+attempts contradict their close."""
 
 from __future__ import annotations
 
 import pytest
-from core_helpers import Clock
+from core_helpers import Clock, contradicted_jobs
 from task_state_guard import InvalidInput, Ledger
 
 
@@ -90,3 +91,31 @@ def test_children_up_to_a_limit(ledger: Ledger) -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(InvalidInput):
             ledger.children_of(root.id, limit=bad)  # type: ignore[arg-type]
+
+
+def test_listing_the_jobs_whose_attempts_contradict_their_close(ledger: Ledger,
+                                                                 clock: Clock) -> None:
+    """``contradicted=True``: the jobs closed other than succeeded with an attempt that
+    succeeded after the close, in any state unless one is asked for (or, with ``attempts``,
+    those attempts); the other filters, orders and cursors apply as to any listing."""
+    ids = contradicted_jobs(ledger, clock)
+    jobs = [ids["revoked"], ids["lost"]]
+
+    def listed(**filters: object) -> list[str]:
+        return [t.task.id for t in ledger.list_tasks(contradicted=True, **filters).tasks]
+
+    assert listed() == jobs
+    assert listed(descending=True) == jobs[::-1]
+    assert listed(status="cancelled") == [ids["revoked"]]
+    assert listed(status="succeeded") == [] and listed(status="running") == []
+    assert listed(attempts=True) == [ids["revoked_success"], ids["lost_success"]]
+    assert listed(task_id=ids["lost"]) == [ids["lost"]]
+    assert listed(task_id=ids["lost"], attempts=True) == [ids["lost_success"]]
+    assert listed(task_id=ids["parts"]) == [] and listed(task_id=ids["own_delivery"]) == []
+    first = ledger.list_tasks(contradicted=True, limit=1)
+    assert first.more and [t.task.id for t in first.tasks] == jobs[:1]
+    assert listed(after=first.tasks[0].cursor) == jobs[1:]
+    # Without the filter the listing is what it was: open work by default.
+    assert [t.task.id for t in ledger.list_tasks().tasks] == [ids["open"]]
+    with pytest.raises(InvalidInput):
+        ledger.list_tasks(contradicted=1)  # type: ignore[arg-type]

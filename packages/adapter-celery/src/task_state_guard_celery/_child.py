@@ -236,16 +236,21 @@ class ChildReceivers:
             self.rt.drop_deferred_mark(att.parent_id)
 
     def _rejected(self, task: Any, ctx: Any, att: Attempt, retval: Any, task_id: Any) -> None:
+        asked = bool(getattr(retval, "requeue", False))
         # Only an unacknowledged message can be requeued: with early acks the message is
         # gone whatever the Reject says.
-        requeue = bool(getattr(retval, "requeue", False)) and acks_late(task)
+        requeue = asked and acks_late(task)
+        # Celery records a Reject without requeue as a FAILURE (and sends task_failure): the
+        # job ends failed here too. A Reject that asks for a requeue is a cancel (the requeued
+        # message runs as a new attempt; with early acks nothing runs it again).
+        status, code = (c.CANCELLED, c.REJECTED) if asked else (c.FAILED, c.WORKER_FAILED)
         celery_id = str(getattr(ctx, "id", None) or task_id)
         placeholder = requeue_attempt_id(celery_id, retries(ctx))
         self._finish(
             ctx,
             "task_postrun",
-            c.CANCELLED,
-            c.REJECTED,
+            status,
+            code,
             parent_close=not requeue,
             retry=(placeholder, name_label(getattr(task, "name", None)), attempt_timeout(task))
             if requeue

@@ -243,8 +243,8 @@ class MainReceivers:
         with self.rt.guarded("task_failure"):
             same = ctx is not None and getattr(ctx, "id", None) == task_id
             parent = logical_task_id(task_id)
-            if isinstance(exception, Reject):
-                status, code = c.CANCELLED, c.REJECTED
+            if isinstance(exception, Reject):  # without requeue: Celery stores FAILURE
+                status, code = c.FAILED, c.WORKER_FAILED
             elif isinstance(exception, TimeLimitExceeded):
                 status, code = c.TIMED_OUT, c.TIME_LIMIT_EXCEEDED
             else:

@@ -272,17 +272,20 @@ class Ledger:
         stale_seconds: float | None = None, older_than_seconds: float | None = None,
         limit: int = task_list.DEFAULT_LIMIT, task_id: str | uuid.UUID | None = None,
         order: str = "created", descending: bool = False, after: str | None = None,
+        contradicted: bool = False,
     ) -> task_list.TaskListing:
         """List tasks (or, with ``attempts=True``, attempts) for operators: active ones by
         default, filtered as :meth:`find_task_ids`, ordered by ``order`` (``created``,
         ``activity``, ``name``, ``status``; ``descending`` reverses it), at most ``limit`` rows
-        a page, ``after`` a row's ``cursor`` from the previous page. Rows carry ids on purpose:
-        protect the output."""
+        a page, ``after`` a row's ``cursor`` from the previous page. ``contradicted``: only
+        jobs, in any state unless ``status``, closed other than ``succeeded`` with an attempt
+        that succeeded after the close (doctor's ``contradicted_close_count``), or, with
+        ``attempts``, those attempts. Rows carry ids on purpose: protect the output."""
         return task_list.list_tasks(
             self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
             stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
             task_id=None if task_id is None else canonical_id(task_id),
-            order=order, descending=descending, after=after)
+            order=order, descending=descending, after=after, contradicted=contradicted)
 
     def events_of(self, task_id: str | uuid.UUID) -> list[_events.TaskEvent]:
         """The task's recorded state changes, oldest first (``TaskNotFound`` when unknown);

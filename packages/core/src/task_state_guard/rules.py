@@ -19,6 +19,7 @@ from typing import Any
 
 from .model import (
     ACTIVE_STATES,
+    ATTEMPT_SQL,
     DELIVERY_CLOSED,
     FRAMEWORK_LABELS,
     LOST_CODES,
@@ -151,6 +152,40 @@ def running_idle_since(started_at: float, heartbeat_at: float | None) -> float:
     """:data:`RUNNING_IDLE_SINCE_SQL` for one row's values (doctor holds a heartbeat to be no
     earlier than the start; of a row that breaks it, the later of the two)."""
     return started_at if heartbeat_at is None else max(started_at, heartbeat_at)
+
+
+# ------------------------------------------------------------------------------ contradicted close
+
+#: The closes an attempt's success can contradict: every terminal state but ``succeeded``.
+UNSUCCESSFUL_SQL = sql_list(s for s in TERMINAL_ORDER if s != TaskStatus.SUCCEEDED.value)
+
+
+def contradicts_close(job: str, attempt: str) -> str:
+    """The one rule of a contradicted close, on a job row and one of its attempts (``job``,
+    ``attempt``: each row's qualifier, e.g. ``"j."``): the job closed other than
+    ``succeeded`` and the attempt closed ``succeeded`` *after* it. Terminal states are final,
+    so the job keeps its close; the framework ran it again anyway (a Celery id revoked and then
+    run, a job closed lost whose message came back). A success recorded before the job's close
+    contradicts nothing: a job's parts (LangGraph nodes, the stages of a Celery replacement)
+    may succeed before the job fails or is lost. The caller pairs the rows (``attempt`` a child
+    of ``job`` owing nobody a delivery, :data:`~task_state_guard.model.ATTEMPT_SQL`)."""
+    return (f"{job}status IN {UNSUCCESSFUL_SQL} AND {attempt}status = 'succeeded' "
+            f"AND {attempt}ended_at > {job}ended_at")
+
+
+def close_contradicted(job: str) -> str:
+    """A job (row qualifier ``job``) whose close one of its attempts contradicts
+    (:func:`contradicts_close`): doctor's warning, the listing's filter, the job page's notice."""
+    # The job's own state first: no attempt is looked up for a job that succeeded or is open.
+    return (f"({job}status IN {UNSUCCESSFUL_SQL} AND EXISTS (SELECT 1 FROM tsg_tasks AS a "
+            f"WHERE a.parent_id = {job}id AND {ATTEMPT_SQL} AND {contradicts_close(job, 'a.')}))")
+
+
+def contradicts_its_close(attempt: str) -> str:
+    """An attempt (row qualifier ``attempt``; the caller keeps the rows to attempts) that
+    contradicts its job's close (:func:`contradicts_close`)."""
+    return (f"({attempt}status = 'succeeded' AND EXISTS (SELECT 1 FROM tsg_tasks AS j "
+            f"WHERE j.id = {attempt}parent_id AND {contradicts_close('j.', attempt)}))")
 
 
 # ------------------------------------------------------------------------------ clock guard
@@ -426,12 +461,16 @@ __all__ = [
     "TERMINAL_ORDER",
     "TERMINAL_SQL",
     "TOTAL_RULES",
+    "UNSUCCESSFUL_SQL",
     "VERDICT_OWED",
     "Column",
     "Condition",
     "EventRule",
     "TotalRule",
     "clock_guard",
+    "close_contradicted",
+    "contradicts_close",
+    "contradicts_its_close",
     "event_chain_sql",
     "event_insert",
     "event_insert_select",

@@ -166,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--attempts", action="store_true",
                        help="rows: list attempts (child tasks) instead of logical tasks; "
                             "needs --details or --format text")
+    tasks.add_argument("--contradicted", action="store_true",
+                       help="rows: only jobs closed other than succeeded with an attempt that "
+                            "succeeded after the close, in any state unless --status (with "
+                            "--attempts: those attempts); needs --details or --format text")
     tasks.add_argument("--details", action="store_true",
                        help="one row per task instead of ids (implied by --format text)")
     tasks.add_argument("--limit", help="at most this many (rows: default 100)")
@@ -325,9 +329,10 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
         check_code_shape(args.code)
     elif command == "tasks":
         values["rows"] = bool(args.details) or args.format == "text"
-        if args.attempts and not values["rows"]:
-            raise InvalidInput("--attempts lists rows: add --details or --format text",
-                               reason=r.MISSING_ARGUMENT)
+        for flag, given in (("--attempts", args.attempts), ("--contradicted", args.contradicted)):
+            if given and not values["rows"]:
+                raise InvalidInput(f"{flag} lists rows: add --details or --format text",
+                                   reason=r.MISSING_ARGUMENT)
         if args.status is None and not values["rows"]:
             raise InvalidInput("the id list needs --status", reason=r.MISSING_ARGUMENT)
         if args.status is not None:

@@ -46,6 +46,7 @@ def run(ledger: Ledger, args: argparse.Namespace, values: dict[str, Any]) -> dic
         status=args.status, name=args.name, attempts=bool(args.attempts),
         stale_seconds=values["stale"], older_than_seconds=values["older"],
         limit=values["limit"] or DEFAULT_LIMIT, task_id=args.task_id,
+        contradicted=bool(args.contradicted),
     )
     if text:
         return cli_text.listing(listing, attempts=bool(args.attempts))

@@ -29,7 +29,7 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     r.MISSING_ARGUMENT: (
         'a required argument or option is absent (an id, `--status`, `--older-than`, `--details` '
-        'with `tasks --attempts`)',
+        'with `tasks --attempts` or `--contradicted`)',
         'add it',
     ),
     r.MISSING_VALUE: (

@@ -186,6 +186,11 @@ _FINDINGS = (
 )
 
 
+_WARNINGS = (
+    ("contradicted_close_count", "jobs whose attempts contradict their close"),
+)
+
+
 def _or(value: Any, missing: str) -> Any:
     return missing if value is None else value
 
@@ -207,6 +212,9 @@ def doctor(report: dict[str, Any]) -> str:
         lines += _counts(list(counts.items())) if counts is not None else [f"  {unreadable}"]
     lines.append("FINDINGS")
     lines += _counts([(label, report[key]) for key, label in _FINDINGS if key in report])
+    warnings = report.get("warnings") or {}
+    lines.append("WARNINGS (not counted against health)")
+    lines += _counts([(label, _or(warnings.get(key), unreadable)) for key, label in _WARNINGS])
     return "\n".join(lines) + "\n"
 
 

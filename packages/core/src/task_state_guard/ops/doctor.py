@@ -4,7 +4,10 @@ The report (0.1.0's keys): ``healthy``, ``schema_version``, ``schema_ok``, ``qui
 (``"ok"`` or ``"failed"``), ``task_count``, ``event_count``, ``task_status_counts`` and
 ``delivery_status_counts`` (every state, zeros included), and one integer ``*_count`` per class
 of finding (this version adds ``verdict_mismatch_count``: the verdict outbox disagrees with the
-closes it records).
+closes it records), and ``warnings``: counts of what the ledger records consistently but
+something outside it contradicted (``contradicted_close_count``: jobs closed other than
+``succeeded`` with an attempt that succeeded after the close). A warning never makes the
+report unhealthy.
 
 Memory stays bounded whatever the ledger size: state and code rules are judged once per distinct
 row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
@@ -66,6 +69,10 @@ COUNT_KEYS = {
     "event_chain_mismatches": "event_chain_mismatch_count",
     "verdict_mismatches": "verdict_mismatch_count",
 }
+#: What doctor counts without calling the ledger unhealthy: every record obeys the rules, but
+#: the records contradict each other in a way the framework can cause (see
+#: ``rules.contradicts_close``). The report key of each, under ``warnings``.
+WARNING_KEYS = {"contradicted_closes": "contradicted_close_count"}
 _TASK_ORDER = rules.TASK_ORDER
 _DELIVERY_ORDER = rules.DELIVERY_ORDER
 _HEX32 = re.compile(r"[0-9a-f]{32}")  # an owner token
@@ -163,6 +170,10 @@ class Probes:
 _ORPHAN_EVENTS = (
     "SELECT count(*) FROM tsg_events e "
     "WHERE NOT EXISTS (SELECT 1 FROM tsg_tasks t WHERE t.seq = e.task_seq)"
+)
+
+_CONTRADICTED_CLOSES = (
+    f"SELECT count(*) FROM tsg_tasks AS j WHERE {rules.close_contradicted('j.')}"
 )
 
 _PARENT_ORDER = (
@@ -285,14 +296,16 @@ def empty_counts() -> dict[str, Any]:
     """The counts of a ledger that holds nothing."""
     return {"task_count": 0, "event_count": 0,
             "task_status_counts": dict.fromkeys(_TASK_ORDER, 0),
-            "delivery_status_counts": dict.fromkeys(_DELIVERY_ORDER, 0)}
+            "delivery_status_counts": dict.fromkeys(_DELIVERY_ORDER, 0),
+            "warnings": dict.fromkeys(WARNING_KEYS.values(), 0)}
 
 
 def check(conn: Any, probes: Probes, findings: dict[str, int], counts: dict[str, Any],
           part: Part, *, outbox: bool = True) -> None:
     """Run every rule on the ledger read through ``conn`` (one read transaction): add the
-    findings to ``findings`` and set ``counts`` (the task and event counts, the state counts)
-    as far as each part could read. ``outbox``: the layout has the verdict outbox."""
+    findings to ``findings`` and set ``counts`` (the task and event counts, the state counts,
+    the warnings) as far as each part could read. ``outbox``: the layout has the verdict
+    outbox."""
     dialect = probes.dialect
     task_count = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
     event_count = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
@@ -305,6 +318,9 @@ def check(conn: Any, probes: Probes, findings: dict[str, int], counts: dict[str,
     part(lambda: _check_shapes(conn, findings, dialect.shapes))
     part(lambda: _check_values(probes.rows(conn, _VALUES), findings))
     findings["event_chain_mismatches"] = part(lambda: _count(conn, dialect.event_chains)) or 0
+    counts["warnings"] = {
+        WARNING_KEYS["contradicted_closes"]: part(lambda: _count(conn, _CONTRADICTED_CLOSES)),
+    }
     cycles = part(lambda: _cycles(conn, probes.parent))
     if cycles is not None:
         findings["parent_order_violations"], findings["parent_cycles"] = cycles
@@ -315,7 +331,8 @@ def check(conn: Any, probes: Probes, findings: dict[str, int], counts: dict[str,
 
 def report(*, version: int | None, schema_ok: bool, read_ok: bool, counts: dict[str, Any],
            findings: dict[str, int]) -> dict[str, Any]:
-    """The report: healthy when the schema is right and nothing was found (counts only)."""
+    """The report: healthy when the schema is right and nothing was found (counts only; the
+    ``warnings`` in ``counts`` do not count against it)."""
     result: dict[str, Any] = {
         "healthy": schema_ok and not any(findings.values()),
         "schema_version": version,
@@ -329,6 +346,6 @@ def report(*, version: int | None, schema_ok: bool, read_ok: bool, counts: dict[
 
 
 __all__ = [
-    "COUNT_KEYS", "FINDINGS", "FLOAT_MAX_SQL", "Dialect", "Part", "Probes", "check",
-    "empty_counts", "new_findings", "outbox_values_sql", "report", "times_ok_sql",
+    "COUNT_KEYS", "FINDINGS", "FLOAT_MAX_SQL", "WARNING_KEYS", "Dialect", "Part", "Probes",
+    "check", "empty_counts", "new_findings", "outbox_values_sql", "report", "times_ok_sql",
 ]

@@ -3,12 +3,13 @@
 One query per listing, oldest task first unless another order is asked for: tasks (jobs:
 roots, and children that owe their own delivery, such as a LangGraph resume or recovery run)
 by default, or the attempts (children that owe nobody a delivery) when asked, filtered by
-state, name label, idle time, age and one job. Each row carries its kind, its number of
-attempts (direct children that are attempts) and its position in the order (a cursor: the
-next page starts after the last row's, so a page costs the same at any depth). The caller
-hands in the task columns and the row validator, so a tampered row is never returned. The
-rules (what matches, in which order, how a cursor reads) are here; each backend's ``queries``
-writes the statements.
+state, name label, idle time, age, one job and a contradicted close (jobs closed other than
+``succeeded`` with an attempt that succeeded after the close, or those attempts). Each row
+carries its kind, its number of attempts (direct children that are attempts) and its
+position in the order (a cursor: the next page starts after the last row's, so a page costs
+the same at any depth). The caller hands in the task columns and the row validator, so a
+tampered row is never returned. The rules (what matches, in which order, how a cursor reads)
+are here; each backend's ``queries`` writes the statements.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def list_tasks(
     order: str = "created",
     descending: bool = False,
     after: str | None = None,
+    contradicted: bool = False,
 ) -> TaskListing:
     """List tasks, oldest first (see :meth:`task_state_guard.Ledger.list_tasks`)."""
     state = None if status is None else check_state(status, TASK_STATES, "task status")
@@ -151,18 +153,22 @@ def list_tasks(
         raise InvalidInput("unknown order")
     if not isinstance(descending, bool):
         raise InvalidInput("descending must be a boolean")
+    if not isinstance(contradicted, bool):
+        raise InvalidInput("contradicted must be a boolean")
+    # Open work only by default; a named job, or a contradicted close, in any state.
+    everything = job is not None or contradicted
     position = None if after is None else parse_cursor(order, after)
     with db.read() as conn:
         now = db.now()
         query = queries.TaskQuery(
             attempts=attempts, job=job,
             # the open-work index, whenever only open work can match
-            open_only=(state is None and job is None) or state in ACTIVE_STATES,
-            # by default the active work; a named job in any state
-            status=state, active_only=state is None and job is None, name=label,
+            open_only=(state is None and not everything) or state in ACTIVE_STATES,
+            status=state, active_only=state is None and not everything, name=label,
             idle_before=None if stale is None else now - stale,
             created_before=None if older is None else now - older,
             order=order, descending=descending, after=position, limit=limit + 1,
+            contradicted=contradicted,
         )
         rows = db.queries.list_tasks(conn, columns, query)
     listed: list[ListedTask] = []

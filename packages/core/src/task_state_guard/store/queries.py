@@ -90,7 +90,9 @@ class TaskQuery:
     that job (``attempts``: its attempts); ``open_only``: only open work (the open-work index);
     ``status``: only that state, else ``active_only``: only queued and running tasks;
     ``name``: only that label; ``idle_before``: last sign of life (:data:`rules.IDLE_SINCE_SQL`)
-    at or before; ``created_before``: created at or before; ``order``: a key of
+    at or before; ``created_before``: created at or before; ``contradicted``: only jobs whose
+    close an attempt contradicts (``attempts``: only those attempts;
+    :func:`rules.contradicts_close`); ``order``: a key of
     :data:`LIST_ORDERS`; ``after``: the (sort key, seq) of the row the page starts after;
     ``limit``: most rows. Rows: the task columns, its attempts, its idle-since time, its sort
     key and its seq.
@@ -108,6 +110,7 @@ class TaskQuery:
     descending: bool
     after: tuple[Any, int] | None
     limit: int
+    contradicted: bool = False
 
 
 #: The sort keys of a listing: creation order (the ledger's own, oldest first), the last sign of
@@ -118,9 +121,11 @@ LIST_ORDERS: dict[str, str] = {
     "name": "coalesce(name, '')",
     "status": "status",
 }
+#: The qualifier of the listed row in the listing's subqueries.
+LISTED = "tsg_tasks."
 #: A listed task's attempts: its direct children that owe nobody a delivery.
 LIST_ATTEMPTS = (
-    "(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = tsg_tasks.id "
+    f"(SELECT count(*) FROM tsg_tasks AS a WHERE a.parent_id = {LISTED}id "
     "AND a.delivery_required = 0)"
 )
 @dataclass(frozen=True, slots=True)
@@ -295,6 +300,9 @@ def listing(d: Dialect, columns: str, query: TaskQuery) -> tuple[str, dict[str, 
     if query.created_before is not None:
         clauses.append(f"created_at <= {v('created_before')}")
         params["created_before"] = query.created_before
+    if query.contradicted:
+        clauses.append(rules.contradicts_its_close(LISTED) if query.attempts
+                       else rules.close_contradicted(LISTED))
     key = LIST_ORDERS[query.order]
     direction, beyond = ("DESC", "<") if query.descending else ("ASC", ">")
     if query.after is not None:
@@ -486,6 +494,7 @@ __all__ = [
     "FIND_IDLE_SINCE_CLOSED",
     "INVALID_LABEL",
     "LEAST",
+    "LISTED",
     "LIST_ATTEMPTS",
     "LIST_ORDERS",
     "MAX_GROUPS",

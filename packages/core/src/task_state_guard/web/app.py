@@ -388,7 +388,12 @@ def _job_view(ledger: Ledger, task_id: str) -> pages.JobView:
     attempts = ledger.children_of(job.id, limit=ATTEMPTS_SHOWN + 1)
     shown = attempts[:ATTEMPTS_SHOWN]
     events = {task.id: ledger.events_of(task.id) for task in [job, *shown]}
-    return pages.JobView(job, shown, len(attempts) > ATTEMPTS_SHOWN, events, asked.id)
+    # The attempts that succeeded after the job closed otherwise (doctor's warning).
+    contradicting = ledger.list_tasks(task_id=job.id, attempts=True, contradicted=True,
+                                      limit=ATTEMPTS_SHOWN)
+    return pages.JobView(job, shown, len(attempts) > ATTEMPTS_SHOWN, events, asked.id,
+                         frozenset(item.task.id for item in contradicting.tasks),
+                         contradicting.more)
 
 
 def _stuck_query(params: dict[str, str]) -> tuple[pages.StuckQuery, str | None, bool]:

@@ -141,6 +141,7 @@ table.mini td{padding:2px 0;border:0}
 .job dl{grid-template-columns:max-content 1fr;gap:3px 24px}
 .job dd{text-align:left;font-weight:400}
 .error{background:#fbe1de;border:1px solid #e8b4ad;padding:8px 12px;border-radius:6px}
+.notice{background:#fff0d9;border:1px solid #ecc98f;padding:8px 12px;border-radius:6px}
 .chart{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:8px}
 .legend{display:flex;gap:14px;font-size:12.5px;margin:4px 0 0 8px}
 .legend i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}

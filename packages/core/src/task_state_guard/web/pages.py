@@ -269,13 +269,18 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
 @dataclass(frozen=True, slots=True)
 class JobView:
     """What the job page shows: the logical task, its attempts (at most a page of them,
-    ``more`` when others exist), each task's events, and the id asked for."""
+    ``more`` when others exist), each task's events, the id asked for, and the attempts that
+    contradict the job's close."""
 
     job: Task
     attempts: list[Task]
     more: bool
     events: dict[str, list[TaskEvent]]
     asked: str
+    #: The attempts that contradict the job's close (at most a page of them; ``more_contradicting``
+    #: when others do too): they succeeded after it closed otherwise.
+    contradicting: frozenset[str] = frozenset()
+    more_contradicting: bool = False
 
 
 def _options(choices: Sequence[tuple[str, str]], chosen: str) -> str:
@@ -377,6 +382,23 @@ def _timeline(data: JobView) -> str:
     return f'<ol class="timeline">{"".join(items)}</ol>'
 
 
+def _contradiction(data: JobView) -> str:
+    """The notice of a job whose attempts contradict its close (doctor's warning)."""
+    if not data.contradicting:
+        return ""
+    count, more = len(data.contradicting), data.more_contradicting
+    which = f"{count}{'+' if more else ''} attempt{'' if count == 1 and not more else 's'}"
+    close = data.job.status.value + (f"/{data.job.terminal_code}" if data.job.terminal_code
+                                     else "")
+    return (
+        '<p class="notice" role="note"><strong>Attempts contradict the close.</strong> '
+        f"This job closed {esc(close)}, and {esc(which)} of it succeeded after that. A close "
+        "is final, so the ledger keeps it; the framework ran the job again after it was "
+        "closed (for example a Celery task revoked and then run, or a job closed lost whose "
+        "message came back). The framework's own record may say it succeeded.</p>"
+    )
+
+
 def job(view: View, data: JobView, kinds: Sequence[tuple[str, str]], now: float) -> bytes:
     """One job: its fields, its attempts and its event history as a timeline."""
     job_task = data.job
@@ -384,8 +406,11 @@ def job(view: View, data: JobView, kinds: Sequence[tuple[str, str]], now: float)
     if data.asked != job_task.id:
         note = (f'<p class="muted">The id asked for is attempt '
                 f"<code>{esc(data.asked)}</code> of this job.</p>")
+    marked = " after the job closed"
     rows = [
-        [str(n), f"<code>{esc(a.id)}</code>", badge(a.status.value), esc(a.terminal_code or "-"),
+        [str(n), f"<code>{esc(a.id)}</code>",
+         badge(a.status.value) + (esc(marked) if a.id in data.contradicting else ""),
+         esc(a.terminal_code or "-"),
          esc(utc(a.started_at)), esc(utc(a.ended_at)),
          esc(humanize(a.ended_at - a.started_at)) if a.ended_at and a.started_at else "-",
          "yes" if a.has_owner else "no"]
@@ -398,7 +423,7 @@ def job(view: View, data: JobView, kinds: Sequence[tuple[str, str]], now: float)
         attempts += (f'<p class="muted">The first {len(data.attempts)} attempts are shown; '
                      "more exist (tsg children ID lists them all).</p>")
     body = (
-        search_form(view, kinds) + note + _fields(job_task, now) +
+        search_form(view, kinds) + note + _contradiction(data) + _fields(job_task, now) +
         f"<h2>Attempts</h2>{attempts}<h2>Timeline</h2>{_timeline(data)}"
     )
     return page(view, f"Job {job_task.name or ''}".strip(), body, here="/job",
