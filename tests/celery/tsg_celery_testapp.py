@@ -6,8 +6,10 @@ TSGT_MARKERS (directory for marker files), TSGT_VISIBILITY (Redis visibility tim
 seconds), TSGT_INSTALL (0 = no adapter), TSGT_EAGER (1 = task_always_eager), TSGT_BACKEND
 (result backend URL instead of Redis, e.g. an SQLAlchemy URL), TSGT_TABLES (table-name prefix
 of an SQL result backend), TSGT_TRACK_STARTED (1 = task_track_started), TSGT_ON_LOST (1 =
-an ``on_lost`` hook that writes each lost task as JSON into the marker directory), and the
-adapter's own TSG_* variables.
+an ``on_lost`` hook that writes each lost task as JSON into the marker directory),
+TSGT_SUCCESS_DELAY (seconds an application ``task_success`` receiver, connected before the
+adapter's, spends on each ``tsgt.short`` task: instrumentation that delays the adapter's close
+after Celery stored ``SUCCESS``), and the adapter's own TSG_* variables.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from typing import Any
 
 import task_state_guard_celery
-from celery import Celery, chord, group  # type: ignore[import-untyped]
+from celery import Celery, chord, group, signals  # type: ignore[import-untyped]
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
 RESULT_BACKEND = "redis://127.0.0.1:6379/5"
@@ -258,6 +260,17 @@ def _register(app: Celery) -> None:
         time.sleep(seconds)
         return "late"
 
+    @app.task(name="tsgt.short")
+    def short(seconds: float = 0.02) -> str:
+        time.sleep(seconds)
+        return "short"
+
+    # Its application task_success receiver (see _slow_success) holds the pool child after
+    # Celery stored SUCCESS and before the adapter's close.
+    @app.task(name="tsgt.success_window")
+    def success_window() -> str:
+        return "stored"
+
     @app.task(name="tsgt bad name!")
     def badly_named() -> str:
         return "ok"
@@ -274,10 +287,22 @@ def _from_env() -> Celery:
         tables=os.environ.get("TSGT_TABLES") or None,
         track_started=os.environ.get("TSGT_TRACK_STARTED") == "1",
     )
+    # Connected before install(): Celery calls receivers in the order they connected.
+    signals.task_success.connect(_slow_success, weak=False, dispatch_uid="tsgt-slow-success")
     if os.environ.get("TSGT_INSTALL", "1") == "1":
         hook = _record_lost if os.environ.get("TSGT_ON_LOST") == "1" else None
         task_state_guard_celery.install(app, on_lost=hook)
     return app
+
+
+def _slow_success(sender: Any = None, **_: Any) -> None:
+    """An application's ``task_success`` receiver that runs before the adapter's."""
+    name = getattr(sender, "name", None)
+    if name == "tsgt.success_window":
+        _marker(f"stored-{sender.request.id}", str(os.getpid()))
+        time.sleep(120)  # the test SIGKILLs this pool child here
+    elif name == "tsgt.short":
+        time.sleep(float(os.environ.get("TSGT_SUCCESS_DELAY") or 0))
 
 
 def _record_lost(lost: Any) -> None:

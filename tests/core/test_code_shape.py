@@ -24,8 +24,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / "scripts" / "code_shape.py"
 #: The members of the store protocol and every member of its sub-protocols (``queries``,
-#: ``owners``, ``health``) a backend provides: today's count, a ceiling that only comes down.
-STORE_CALLABLES_BOUND = 43
+#: ``owners``, ``health``) a backend provides: today's count, a ceiling that only comes down
+#: (44 since owners gained ``supervise``: a process lending its liveness to the children it
+#: forks is a capability each backend implements in its own way, lock files or sessions).
+STORE_CALLABLES_BOUND = 44
 STORE_MEMBERS_BOUND = 12
 #: Statements of ``class Ledger`` (74 when set): the facade delegates, one call a method.
 LEDGER_STATEMENTS_BOUND = 80

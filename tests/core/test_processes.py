@@ -536,3 +536,71 @@ def test_read_only_open_waits_out_a_writer_closing(db: str) -> None:
         assert time.monotonic() - started >= 0.25
     finally:
         timer.join()
+
+
+SUPERVISOR_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from task_state_guard import Ledger
+
+    db, supervise = sys.argv[1], sys.argv[2] == "1"
+    with Ledger(db) as led:
+        if supervise:
+            led.supervise_children()
+    ids = []
+    for _ in range(2):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a pool child: starts its work, then dies without a word
+            os.close(read)
+            led = Ledger(db)
+            task = led.create_task()
+            led.start_task(task.id)
+            os.write(write, task.id.encode())
+            os.close(write)
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.close(write)
+        ids.append(os.read(read, 64).decode())
+        os.close(read)
+        os.waitpid(pid, 0)
+    print(" ".join(ids), flush=True)
+    sys.stdin.read()  # lives until the test closes stdin or kills it
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("supervise", [True, False], ids=["supervised", "unsupervised"])
+def test_supervised_childrens_work_is_lost_only_with_their_supervisor(
+    db: str, tmp_path, supervise: bool
+) -> None:
+    """A process that supervises its forked children (a pool's main process) owns their work:
+    a child's death alone proves nothing (the supervisor reports it), the supervisor's does.
+    Unsupervised, the same dead children's work is ``owner_lost`` at once."""
+    Ledger(db).close()
+    script = tmp_path / "supervisor.py"
+    script.write_text(SUPERVISOR_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), db, "1" if supervise else "0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=cli_env(), text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ids = proc.stdout.readline().split()
+        assert len(ids) == 2
+        with Ledger(db) as led:
+            report = led.reconcile(POLICY)
+            if supervise:
+                assert report["tasks_timed_out"] == 0
+                assert statuses(led, ids) == [("running", None)] * 2
+                proc.kill()
+                proc.wait(30)
+                assert led.reconcile(POLICY)["tasks_timed_out"] == 2
+            else:
+                assert report["tasks_timed_out"] == 2
+            assert statuses(led, ids) == [("timed_out", "owner_lost")] * 2
+            assert led.doctor()["healthy"] is True
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -253,3 +253,58 @@ def test_terminated_lock_session_is_death_then_the_owner_locks_again(
         assert sql(pg_url, "SELECT owner FROM tsg_tasks WHERE id = %s", (second,)) == [(token,)]
         report = ledger.reconcile(GRACE)
         assert report["tasks_timed_out"] == 0 and report["fresh_active_retained"] == 1
+
+
+_SUPERVISOR = """
+import os, sys, time
+from task_state_guard import Ledger
+
+url = sys.argv[1]
+with Ledger(url) as led:
+    led.supervise_children()
+read, write = os.pipe()
+if os.fork() == 0:  # a pool child: starts its work and keeps running
+    os.close(read)
+    led = Ledger(url)
+    task = led.create_task()
+    led.start_task(task.id)
+    os.write(write, task.id.encode())
+    time.sleep(600)
+os.close(write)
+print(os.read(read, 64).decode(), flush=True)
+sys.stdin.read()  # the supervisor itself writes nothing from here on
+"""
+
+
+def test_a_supervisor_that_writes_nothing_takes_its_lock_back(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A supervising process (a pool's main process) lends its token to its children and
+    writes nothing itself: after its lock session ended (a restart, an administrator), it
+    takes the same token's lock back by itself, so the children's work is alive again."""
+    import subprocess
+    import sys
+
+    url = pg_url + ("&" if "?" in pg_url else "?") + "owner_reconnect_seconds=4"
+    script = tmp_path / "supervisor.py"
+    script.write_text(_SUPERVISOR)
+    proc = subprocess.Popen([sys.executable, str(script), url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        task_id = proc.stdout.readline().strip()
+        ((token,),) = sql(url, "SELECT owner FROM tsg_tasks WHERE id = %s", (task_id,))
+        (pid,) = _holders(url, token)  # the supervisor's session, not the child's
+        assert sql(url, "SELECT pg_terminate_backend(%s)", (pid,)) == [(True,)]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and len(_holders(url, token)) != 1:
+            time.sleep(0.1)
+        (again,) = _holders(url, token)
+        assert again != pid
+        with Ledger(url) as ledger:
+            report = ledger.reconcile(GRACE)
+            assert report["tasks_timed_out"] == 0 and report["fresh_active_retained"] == 1
+            assert ledger.get_task(task_id).status == "running"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)

@@ -43,22 +43,35 @@ class TaskLostError(WorkerLostError):  # type: ignore[misc]
 TaskLostError.__module__ = "task_state_guard_celery"
 
 
+def stores_results(backend: Any) -> bool:
+    """Whether ``backend`` keeps results that can be read back by task id (not disabled, not
+    ``rpc://``, whose results live on the caller's queue: a read there would declare a reply
+    queue and see nothing)."""
+    from celery.backends.base import DisabledBackend  # type: ignore[import-untyped]
+
+    if isinstance(backend, DisabledBackend):
+        return False
+    as_uri = getattr(backend, "as_uri", None)
+    return not (callable(as_uri) and as_uri() == "rpc://")
+
+
+def stored_state(backend: Any, celery_id: str) -> str | None:
+    """The state ``backend`` holds for ``celery_id``; ``None`` when it keeps no results."""
+    return str(backend.get_state(celery_id)) if stores_results(backend) else None
+
+
 def fail_in_backend(app: Any, lost: LostTask) -> bool:
     """Write ``FAILURE`` for ``lost`` into ``app``'s result backend if it is still open there.
 
     Returns True when written; False without a backend, without a stored Celery id (a custom
     id is never stored, so there is no result to address) or when the task is settled there.
     """
-    from celery.backends.base import DisabledBackend  # type: ignore[import-untyped]
-
     if lost.framework_id is None:
         return False
     if app.conf.task_always_eager and not app.conf.task_store_eager_result:
         return False  # eager results are never stored: nobody reads them from the backend
     backend = app.backend
-    if isinstance(backend, DisabledBackend):
-        return False
-    if backend.get_state(lost.framework_id) not in OPEN_STATES:
+    if stored_state(backend, lost.framework_id) not in OPEN_STATES:
         return False
     exc = TaskLostError(
         f"task-state-guard: the worker running this task was lost ({lost.code})", lost.code
@@ -67,4 +80,4 @@ def fail_in_backend(app: Any, lost: LostTask) -> bool:
     return True
 
 
-__all__ = ["OPEN_STATES", "TaskLostError", "fail_in_backend"]
+__all__ = ["OPEN_STATES", "TaskLostError", "fail_in_backend", "stored_state", "stores_results"]

@@ -4,6 +4,15 @@ Under prefork the main process sees ``task_received``, ``task_revoked``, the ``t
 of a lost child or a hard time limit, and the ``task_retry`` of ``retry_on_worker_lost`` or a
 cold-shutdown cancel. It injects a per-delivery token into each request at receipt, so that it
 can later name the attempt the executing process recorded for that delivery.
+
+The main process owns the work of its pool children (``supervise_children`` before each fork),
+so a reconcile never finds a child's job lost while this process lives: it reports each loss
+itself. A child lost after it stored ``SUCCESS`` (in a ``task_success``/``task_postrun``
+receiver, say, before this adapter's close committed) sends no signal at all: Celery logs
+"succeeded before the worker was lost" and keeps ``SUCCESS``. So each request's failure callback
+is watched (:meth:`MainReceivers.watch_lost_child`): on a lost child the job is closed
+``succeeded/worker_completed`` when the backend holds ``SUCCESS``, else the lost attempt
+``failed/worker_lost``.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from celery import states  # type: ignore[import-untyped]
 from celery.exceptions import (  # type: ignore[import-untyped]
     Reject,
     TimeLimitExceeded,
@@ -24,6 +34,7 @@ from task_state_guard.integration import codes as c
 from task_state_guard.integration.supervisor import attempt_ran_as, end_if_open
 
 from ._ids import logical_task_id, requeue_attempt_id, retry_attempt_id, token_attempt_id
+from ._lost import stored_state, stores_results
 from ._replace import ReplaceLinks
 from ._request import (
     TOKEN_KEY,
@@ -56,6 +67,8 @@ class MainReceivers:
         # sends no signal at all).
         self._inflight: dict[str, list[_Tracked]] = {}
         self._inflight_lock = threading.Lock()
+        # Per result backend object: whether it keeps results that can be read back.
+        self._stores: dict[int, tuple[Any, bool]] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -79,7 +92,11 @@ class MainReceivers:
     # ------------------------------------------------------------------ receipt
 
     def on_before_fork(self, sender: Any = None, **_: Any) -> None:
-        """Right before the pool forks a child: no open connection may be inherited."""
+        """Right before the pool forks a child: the child's work is owned by this process,
+        which reports its end even when the child dies (``task_failure`` with
+        ``WorkerLostError``, or the success Celery stored before: :meth:`watch_lost_child`),
+        so no reconcile declares it lost in between; no open connection may be inherited."""
+        self.rt.supervise_children("worker_before_create_process")
         self.rt.drop_ledger()
 
     def on_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -101,6 +118,7 @@ class MainReceivers:
         again = redelivered(request)
         if task is not None and acks_late(task):
             self._track(celery_id, tag, count, again, request)
+        self.watch_lost_child(request)
         with self.rt.guarded("task_received"):
             if again:
                 self._close_silently_lost(celery_id, request)
@@ -115,6 +133,63 @@ class MainReceivers:
                     start=False,
                     framework_id=celery_id,
                 )
+
+    def watch_lost_child(self, request: Any) -> None:
+        """Watch ``request``'s failure callback for the loss of the child running it.
+
+        The pool calls ``request.on_failure`` when that child dies; Celery's own handling runs
+        first, unchanged, then :meth:`on_child_lost`. The wrapper holds the request weakly (no
+        reference cycle) and costs nothing until a child is lost.
+        """
+        method = getattr(type(request), "on_failure", None)
+        if method is None:  # pragma: no cover - celery internals changed
+            return
+        ref = weakref.ref(request)
+        after = self.on_child_lost
+
+        def on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+            req = ref()
+            try:
+                return method(req, exc_info, *args, **kwargs)
+            finally:
+                if req is not None and _lost_child(req, exc_info):
+                    after(req)
+
+        request.on_failure = on_failure
+
+    def _stored_state(self, request: Any, celery_id: str) -> str | None:
+        """What the result backend holds for this request (``None``: it stores nothing)."""
+        task = request.task
+        if getattr(request, "ignore_result", False):
+            return None
+        backend = task.backend
+        known = self._stores.get(id(backend))
+        if known is None or known[0] is not backend:
+            known = self._stores[id(backend)] = (backend, stores_results(backend))
+        return stored_state(backend, celery_id) if known[1] else None
+
+    def on_child_lost(self, request: Any) -> None:
+        """The child running ``request`` died, and Celery has handled it. When the result
+        backend holds ``SUCCESS`` (Celery keeps it and logs "succeeded before the worker was
+        lost"), the job is closed ``succeeded/worker_completed`` as the child would have;
+        otherwise the lost attempt is closed ``failed/worker_lost`` (Celery's ``task_failure``
+        closed it already, or the message went back to the broker: ``reject_on_worker_lost``,
+        and the redelivery runs as a new attempt). One backend read, only on a lost child."""
+        celery_id = getattr(request, "id", None)
+        ctx = getattr(request, "_context", None)
+        if not celery_id or ctx is None:  # pragma: no cover - celery internals changed
+            return
+        where = "worker_lost"
+        with self.rt.guarded(where):
+            attempt = self._resolve(ctx, celery_id)
+            if self._stored_state(request, celery_id) != states.SUCCESS:
+                end_if_open(self.rt, attempt, (c.FAILED, c.WORKER_LOST), where=where,
+                            states=(c.RUNNING,))
+                return
+            done = (c.SUCCEEDED, c.WORKER_COMPLETED)
+            end_if_open(self.rt, attempt, done, where=where)
+            self.links.end_delivery(ctx, celery_id, attempt, *done, settle=False, where=where)
+            self.rt.close_logical(logical_task_id(celery_id), *done, where=where)
 
     def _track(self, celery_id: str, tag: str, count: int, again: bool, request: Any) -> None:
         with self._inflight_lock:
@@ -182,6 +257,16 @@ class MainReceivers:
             )
             if requeued:
                 self._queue(requeue_attempt_id(task_id, retries(ctx) if same else 0), task_id, task)
+            if attempt is None and not requeued and code == c.WORKER_LOST and (
+                not same or retries(ctx) == 0
+            ):
+                # A child lost before task_prerun recorded anything: Celery stores FAILURE
+                # (WorkerLostError); the job is recorded here so that the ledger says so too.
+                self.rt.open_logical(
+                    parent, delivery_required=delivers(task),
+                    name=name_label(getattr(task, "name", None)), start=False,
+                    framework_id=task_id,
+                )
             end_if_open(self.rt, attempt, (status, code), where="task_failure")
             if same:  # Celery fails the rest of a chain / a chord's body with this task
                 self.links.end_delivery(
@@ -255,6 +340,18 @@ class MainReceivers:
                 where="task_revoked",
             )
             self.rt.close_logical(parent, c.CANCELLED, c.REVOKED, where="task_revoked")
+
+
+def _lost_child(request: Any, exc_info: Any) -> bool:
+    """Whether a pool's failure callback reports the child lost (not an error of the task, nor
+    the exit of a child this worker cancelled or revoked itself)."""
+    exc = getattr(exc_info, "exception", None)
+    exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback
+    if isinstance(exc, WorkerLostError):
+        return True
+    return isinstance(exc, SystemExit | KeyboardInterrupt) and not (
+        getattr(request, "_already_cancelled", False) or getattr(request, "_already_revoked", False)
+    )
 
 
 class _Earlier:

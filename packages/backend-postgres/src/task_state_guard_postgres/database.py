@@ -59,6 +59,10 @@ class AdvisoryLocks:
         """This process's owner token while its lock connection is usable."""
         return self._db.held_token()
 
+    def supervise(self) -> str:
+        """This process owns what the children it forks start (``owners.supervise``)."""
+        return self._db.supervise()
+
     def probe(self, token: str) -> Liveness:
         """See :meth:`PostgresDatabase.probe_owner`."""
         return self._db.probe_owner(token)
@@ -369,6 +373,12 @@ class PostgresDatabase:
     def held_token(self) -> str | None:
         """This process's owner token while its lock connection is usable."""
         return owners.held_token(self._target)
+
+    def supervise(self) -> str:
+        """Lend this process's owner token to the children it forks (see ``owners``)."""
+        if self._read_only:
+            raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
+        return owners.supervise(self._target, self.busy_timeout_ms)
 
     def probe_owner(self, token: str) -> Liveness:
         """Whether the owner of ``token`` is alive (its advisory lock held), dead, or unknown

@@ -87,14 +87,23 @@ class _Registry:
         self.pid = os.getpid()
         self.conns: dict[str, driver.Conn] = {}
         self.tokens: dict[tuple[str, str], str] = {}
+        #: (conninfo, schema) whose token this process lends to the children it forks.
+        self.supervising: set[tuple[str, str]] = set()
+        #: (conninfo, schema) -> the supervising parent's token, recorded instead of our own.
+        self.delegated: dict[tuple[str, str], str] = {}
+        #: (conninfo, schema) whose lock a thread of this process keeps (``supervise``).
+        self.keepers: set[tuple[str, str]] = set()
 
     def reset_after_fork(self) -> None:
         # The parent's connections are never used or closed here (see ``driver``); nor are its
-        # tokens: the child is another owner.
+        # tokens: the child is another owner, unless the parent supervises it (``supervise``).
+        self.delegated = {key: tok for key, tok in self.tokens.items() if key in self.supervising}
         self.lock = threading.Lock()
         self.pid = os.getpid()
         self.conns = {}
         self.tokens = {}
+        self.supervising = set()
+        self.keepers = set()
 
 
 _REGISTRY = _Registry()
@@ -157,6 +166,9 @@ def held_token(target: Target) -> str | None:
     registry = _REGISTRY
     if registry.pid != os.getpid():
         return None
+    delegated = registry.delegated.get((target.conninfo, target.schema))
+    if delegated is not None:
+        return delegated
     token = registry.tokens.get((target.conninfo, target.schema))
     conn = registry.conns.get(target.conninfo)
     if token is None or conn is None or _suspect(conn):
@@ -164,9 +176,42 @@ def held_token(target: Target) -> str | None:
     return token
 
 
+def supervise(target: Target, busy_timeout_ms: int) -> str:
+    """Make this process the owner of the work its children forked from now on start: its
+    token (locked now if needed) is what such a child records as owner. For a process that
+    reports every end of its children's work, a lost child's included; idempotent (and a
+    call retakes a lock whose connection broke)."""
+    token = own_token(target, busy_timeout_ms)
+    with _REGISTRY.lock:
+        _REGISTRY.supervising.add((target.conninfo, target.schema))
+        if (target.conninfo, target.schema) not in _REGISTRY.keepers:
+            # The children heartbeat, but only this process can take its lock back after a
+            # server restart: a supervisor that writes nothing for a while checks it itself,
+            # well within owner_reconnect_seconds.
+            _REGISTRY.keepers.add((target.conninfo, target.schema))
+            interval = max(0.5, min(10.0, target.owner_reconnect_seconds / 4))
+            threading.Thread(
+                target=_keep_supervising, args=(target, busy_timeout_ms, interval, os.getpid()),
+                name="tsg-owner-keeper", daemon=True,
+            ).start()
+    return token
+
+
+def _keep_supervising(target: Target, busy_timeout_ms: int, interval: float, pid: int) -> None:
+    stop = threading.Event()
+    while not stop.wait(interval):
+        if os.getpid() != pid:  # pragma: no cover - a thread does not survive a fork
+            return
+        keep_locks(target, busy_timeout_ms)
+
+
 def own_token(target: Target, busy_timeout_ms: int) -> str:
     """Return this process's owner token with its advisory lock held: made and locked on
-    first use, locked again (the same token) after the lock connection broke."""
+    first use, locked again (the same token) after the lock connection broke. A child of a
+    supervising parent returns the parent's token (see :func:`supervise`)."""
+    delegated = _REGISTRY.delegated.get((target.conninfo, target.schema))
+    if delegated is not None and _REGISTRY.pid == os.getpid():
+        return delegated
     with _REGISTRY.lock:
         registry = _REGISTRY
         if registry.pid != os.getpid():
@@ -226,4 +271,6 @@ def probe(conn: driver.Conn, target: Target, token: str) -> Liveness:
     return Liveness.UNKNOWN
 
 
-__all__ = ["INCARNATION_SQL", "epoch_hex", "held_token", "keep_locks", "own_token", "probe"]
+__all__ = [
+    "INCARNATION_SQL", "epoch_hex", "held_token", "keep_locks", "own_token", "probe", "supervise",
+]

@@ -131,6 +131,14 @@ class Ledger:
         assert task is not None
         return task
 
+    def supervise_children(self) -> None:
+        """Make this process the owner of the tasks that processes it forks from now on start
+        with an owner: they record this process's liveness token instead of their own, so
+        reconcile finds their work lost only when this process is gone. For a pool's main
+        process that reports every end of its children's work, a lost child's included (it
+        then reports it before any reconcile can). Idempotent; call it before each fork."""
+        writes.supervise(self._db)
+
     def heartbeat(self, task_id: str | uuid.UUID) -> Task:
         """Record that a running task is alive (no event is written); returns the task."""
         return writes.heartbeat(self._db, task_id)

@@ -70,6 +70,12 @@ def _writable(db: store.Database) -> None:
         raise StorageError(_READ_ONLY, reason=r.READ_ONLY_LEDGER)
 
 
+def supervise(db: store.Database) -> None:
+    """This process owns what the children it forks start (``Ledger.supervise_children``)."""
+    _writable(db)
+    db.owners.supervise()
+
+
 def _current(db: store.Database, tid: str) -> tuple[Any, ...]:
     """The task's row as a transition would see it (TaskNotFound when missing)."""
     row = db.transition(Look(tid)).found
@@ -482,5 +488,5 @@ def _end_spec(
 __all__ = [
     "begin_attempt", "close", "close_settled", "create", "end_and_begin_attempt", "end_attempt",
     "framework_id",
-    "heartbeat", "heartbeat_many", "set_delivery", "start",
+    "heartbeat", "heartbeat_many", "set_delivery", "start", "supervise",
 ]

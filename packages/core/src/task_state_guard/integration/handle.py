@@ -10,8 +10,11 @@ the process's ledger lazily on first use and remembers whether that worked
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
@@ -40,6 +43,27 @@ class ProcessState:
         self.published = 0
         self.counted = False  # has this process added to the metrics directory yet
         self.reconciler: tuple[threading.Event, threading.Thread] | None = None
+        #: Held by a background thread's pass over the ledger (a periodic reconcile, a verdict
+        #: drain) and by a fork in preparation, from the ledger's close to the fork itself: no
+        #: connection is in use, or open, at the moment this process forks (see
+        #: :meth:`LedgerHandle.close_for_fork`).
+        self.passes = threading.Lock()
+
+
+# Locks ``close_for_fork`` holds until the fork it prepares (released in the parent after it).
+_HELD_FOR_FORK: list[threading.Lock] = []
+
+
+def _release_after_fork() -> None:
+    while _HELD_FOR_FORK:
+        _HELD_FOR_FORK.pop().release()
+
+
+def _forget_in_child() -> None:
+    _HELD_FOR_FORK.clear()  # the child's state is rebuilt: its copies are never used
+
+
+os.register_at_fork(after_in_parent=_release_after_fork, after_in_child=_forget_in_child)
 
 
 class LedgerHandle:
@@ -129,6 +153,32 @@ class LedgerHandle:
             return self.ledger
         except LedgerError:
             return None
+
+    @contextmanager
+    def background_pass(self, wait: float) -> Iterator[bool]:
+        """Around a background thread's use of the ledger (a periodic pass): yields True when
+        it may run, False when a fork in preparation held it off for ``wait`` seconds (skip
+        this pass). A fork never copies a connection in use, and the thread's connection is
+        closed before the fork (:meth:`close_for_fork`)."""
+        gate = self.state().passes
+        if not gate.acquire(timeout=max(wait, 0.0)):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            gate.release()
+
+    def close_for_fork(self) -> None:
+        """Right before this process forks: wait for a background pass in progress, close the
+        ledger (every thread's connection: a copy of an open SQLite connection, or of its
+        locks, must never reach the child), and hold background passes off until the fork
+        happened (released in the parent right after it)."""
+        gate = self.state().passes
+        if gate not in _HELD_FOR_FORK:
+            gate.acquire()
+            _HELD_FOR_FORK.append(gate)
+        self.close_ledger()
 
     def close_ledger(self) -> None:
         """Close this process's own ledger handle, if open (the next use opens a fresh one);

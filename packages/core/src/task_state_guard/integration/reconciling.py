@@ -147,7 +147,9 @@ class Reconciler:
 
     def _loop(self, stop: threading.Event, interval: float, where: str) -> None:
         while not stop.wait(interval):
-            self.guarded_reconcile(where, quiet_when_unchanged=True)
+            with self._handle.background_pass(interval) as may_run:
+                if may_run:
+                    self.guarded_reconcile(where, quiet_when_unchanged=True)
 
 
 __all__ = ["Reconciler"]

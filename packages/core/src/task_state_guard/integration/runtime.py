@@ -200,13 +200,26 @@ class AdapterRuntime:
         """Apply the error policy to the block (for the body of a framework hook)."""
         return self.policy.guarded(where)
 
-    def drop_ledger(self) -> None:
-        """Close this process's own ledger handle (e.g. right before the framework forks).
+    def supervise_children(self, where: str = "supervise_children") -> None:
+        """Right before this process forks a worker child that it supervises (a pool's main
+        process, which reports every end of a child's work, a lost child's included): the
+        child's work is owned by this process (``Ledger.supervise_children``), so a reconcile
+        never finds it lost in the moment between the child's death and this process's report.
+        Under the error policy: on error the child owns its work itself."""
+        with self.guarded(where):
+            self.handle.ledger.supervise_children()
 
-        The next use opens a fresh one; held tasks keep being heartbeaten.
+    def drop_ledger(self) -> None:
+        """Close this process's own ledger handle right before the framework forks.
+
+        Waits for a background pass in progress (periodic reconcile, verdict drain) and holds
+        the next off until the fork happened, so that no SQLite connection, nor the record of
+        its locks, is copied into the child (SQLite's rule: a connection must never cross a
+        fork; a child that inherits one in use can lose its own commits). The next use opens a
+        fresh one; held tasks keep being heartbeaten.
         """
         self.heartbeats.stop_heartbeats()
-        self.handle.close_ledger()
+        self.handle.close_for_fork()
         self.heartbeats.resume()
 
     def close(self) -> None:

@@ -99,6 +99,10 @@ class LockFiles:
         """This process's owner token if its lock file exists already."""
         return owners.held_token(self._db.path)
 
+    def supervise(self) -> str:
+        """This process owns what the children it forks start (``owners.supervise``)."""
+        return owners.supervise(self._db.path)
+
     def probe(self, token: str) -> Liveness:
         """Probe the owner's lock file."""
         return owners.probe(self._db.path, token)

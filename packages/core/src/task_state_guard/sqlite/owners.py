@@ -14,7 +14,11 @@ nothing behind it proves an owner dead, and nothing behind it is ever deleted.
 
 Assumes a local filesystem shared by every process that uses the ledger (the same requirement
 SQLite's own locking has). Children created by ``fork()`` close the inherited descriptor at once
-so that a parent's lock never outlives the parent, and get their own token when they start work.
+so that a parent's lock never outlives the parent, and get their own token when they start work,
+unless the parent supervises them (:func:`supervise`): a pool's main process that reports every
+end of its children's work, a lost child's included. Such a child records its parent's token, so
+its work is provably lost only when the supervisor is gone, never in the moment between the
+child's death and the supervisor's report of it.
 """
 
 from __future__ import annotations
@@ -51,12 +55,21 @@ class _Registry:
         self.lock = threading.Lock()
         self.pid = os.getpid()
         self.held: dict[str, tuple[str, int]] = {}  # directory -> (token, fd)
+        #: Directories whose token this process lends to the children it forks.
+        self.supervising: set[str] = set()
+        #: directory -> the supervising parent's token, recorded instead of a token of our own.
+        self.delegated: dict[str, str] = {}
 
     def reset_after_fork(self) -> None:
+        self.delegated = {
+            directory: token for directory, (token, _fd) in self.held.items()
+            if directory in self.supervising
+        }
         for _token, fd in self.held.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.held = {}
+        self.supervising = set()
         self.pid = os.getpid()
         self.lock = threading.Lock()
 
@@ -114,22 +127,43 @@ def _unsafe() -> UnsafeLocation:
 
 
 def held_token(db_path: str) -> str | None:
-    """This process's owner token for the database if its lock file exists already, else None."""
-    entry = _REGISTRY.held.get(owners_dir(db_path))
-    if entry is not None and _REGISTRY.pid == THIS.pid:
+    """This process's owner token for the database if its lock file exists already (or the
+    supervising parent's, see :func:`supervise`), else None."""
+    if _REGISTRY.pid != THIS.pid:
+        return None
+    directory = owners_dir(db_path)
+    entry = _REGISTRY.held.get(directory)
+    if entry is not None:
         return entry[0]
-    return None
+    return _REGISTRY.delegated.get(directory)
+
+
+def supervise(db_path: str) -> str:
+    """Make this process the owner of the work its children forked from now on start: its
+    token (made now if needed) is what such a child records as owner. For a process that
+    reports every end of its children's work, a lost child's included; idempotent."""
+    token = own_token(db_path)
+    with _REGISTRY.lock:
+        _REGISTRY.supervising.add(owners_dir(db_path))
+    return token
 
 
 def own_token(db_path: str) -> str:
-    """Return this process's owner token for the database, creating its lock file once."""
+    """Return this process's owner token for the database, creating its lock file once (a
+    child of a supervising parent returns the parent's token: see :func:`supervise`)."""
     directory = owners_dir(db_path)
-    entry = _REGISTRY.held.get(directory)
-    if entry is not None and _REGISTRY.pid == THIS.pid:
-        return entry[0]
+    if _REGISTRY.pid == THIS.pid:
+        entry = _REGISTRY.held.get(directory)
+        if entry is not None:
+            return entry[0]
+        delegated = _REGISTRY.delegated.get(directory)
+        if delegated is not None:
+            return delegated
     with _REGISTRY.lock:
         if _REGISTRY.pid != os.getpid():  # fork without the at-fork hook (should not happen)
             _REGISTRY.held = {}
+            _REGISTRY.supervising = set()
+            _REGISTRY.delegated = {}
             _REGISTRY.pid = os.getpid()
         entry = _REGISTRY.held.get(directory)
         if entry is not None:

@@ -78,6 +78,13 @@ class Owners(Protocol):
         """This process's owner token if it holds one already, else None."""
         ...
 
+    def supervise(self) -> str:
+        """Make this process the owner of what the children it forks from now on start: they
+        record its token instead of one of their own, so their work is provably lost only when
+        this process is gone. For a pool's main process that reports every end of its
+        children's work (a lost child's included). Returns the token; idempotent."""
+        ...
+
     def probe(self, token: str) -> Liveness:
         """Whether the process holding ``token`` is alive, provably dead, or unknown."""
         ...
