@@ -33,6 +33,9 @@ class Reconciler:
         self.drain_after_reconcile = True
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
+        #: Consulted before each applied pass: the jobs the framework holds as succeeded are
+        #: closed so instead of lost (see :mod:`.successes`).
+        self.successes: FrameworkSuccesses | None = None
 
     @property
     def reconcile_policy(self) -> ReconcilePolicy:
