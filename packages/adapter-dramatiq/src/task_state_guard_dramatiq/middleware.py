@@ -236,7 +236,7 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         an exception) for the lost message. A backend error is raised (the runtime counts it
         and treats the job as not known to have succeeded, its verdict as not publishable
         yet)."""
-        if logical_task_id(lost.framework_id or "-") != lost.task_id:
+        if lost.framework_id is None or logical_task_id(lost.framework_id) != lost.task_id:
             return False  # not a Dramatiq message's logical task
         found = self._stored_result(lost)
         if found is None:
