@@ -40,7 +40,7 @@ def _message(env: BrokerEnv, message_id: str) -> dramatiq.Message[Any]:
     )
 
 
-@pytest.mark.parametrize("stored_first", [False, True], ids=["open", "result-already-stored"])
+@pytest.mark.parametrize("stored_first", [False, True], ids=["open", "failure-already-stored"])
 def test_lost_message_fails_its_result(redis_env: BrokerEnv, stored_first: bool) -> None:
     env = redis_env
     common = {
@@ -65,8 +65,9 @@ def test_lost_message_fails_its_result(redis_env: BrokerEnv, stored_first: bool)
         # The user's complaint: nothing tells the results backend.
         with pytest.raises(ResultTimeout):
             backend.get_result(message, block=True, timeout=500)
-        if stored_first:
-            backend.store_result(message, "stored elsewhere", 60_000)
+        if stored_first:  # a failure, never overwritten (a stored value is a success: the
+            # message is then never lost, see test_dramatiq_succeeded_before_ack.py)
+            backend.store_exception(message, ValueError("failed elsewhere"), 60_000)
         # The logical task outlives the worker (the broker could redeliver it): it is lost once
         # its lost attempt's redelivery bound has passed.
         time.sleep(LOST_AFTER + 0.5)
@@ -77,7 +78,9 @@ def test_lost_message_fails_its_result(redis_env: BrokerEnv, stored_first: bool)
         assert (parent.status, parent.terminal_code) == ("timed_out", "restart_stale")
         assert parent.framework_id == mid
         if stored_first:
-            assert backend.get_result(message) == "stored elsewhere"  # never overwritten
+            with pytest.raises(ResultFailure) as stored:
+                backend.get_result(message)
+            assert stored.value.orig_exc_type == "ValueError"  # never overwritten
         else:
             with pytest.raises(ResultFailure) as caught:
                 backend.get_result(message, block=True, timeout=10_000)

@@ -13,8 +13,9 @@ TSG_TEST_REDIS_HEARTBEAT_MS  Redis broker heartbeat_timeout (redelivery after a 
 TSG_TEST_REDIS_MAINTENANCE  Redis broker maintenance_chance (0: a dead worker's messages are
                     never requeued)
 TSG_TEST_RESULTS    1 = the Results middleware (Redis backend, namespace ``<namespace>-results``;
-                    with RabbitMQ as the broker the results go to ``RESULTS_REDIS``) and the
-                    ``stored_sleeper`` / ``stored_crash_once`` actors (store_results=True)
+                    with RabbitMQ as the broker the results go to ``RESULTS_REDIS``),
+                    HoldAfterResults and the ``stored_sleeper`` / ``stored_crash_once`` /
+                    ``stored_hold`` actors (store_results=True)
 TSG_TEST_ON_LOST    1 = an ``on_lost`` hook that writes each lost message as JSON (scratch dir)
 TSG_DB, TSG_ACTIVE_GRACE_SECONDS, TSG_HEARTBEAT_SECONDS, TSG_STRICT ...  adapter
 """
@@ -63,6 +64,26 @@ class DieBeforeAck(Middleware):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class HoldAfterResults(Middleware):
+    """Placed before Results in the list, so that its ``after_process_message`` runs right after
+    Results stored the return value (Dramatiq calls after-hooks in reverse order), and before
+    the TaskStateGuard middleware's hooks and the ack: on the first run of a ``stored_hold``
+    message it writes ``held-<tag>`` (its pid) and holds the worker thread there until the test
+    SIGKILLs the process."""
+
+    def after_process_message(
+        self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
+    ) -> None:
+        if message.actor_name != "stored_hold" or exception is not None:
+            return
+        held = SCRATCH / f"held-{message.args[0]}"
+        if held.exists():
+            return  # a later run (the redelivered copy) goes on
+        held.with_suffix(".tmp").write_text(str(os.getpid()))
+        held.with_suffix(".tmp").replace(held)
+        _sleep(300)
+
+
 def _broker() -> dramatiq.Broker:
     kind = os.environ["TSG_TEST_BROKER"]
     url = os.environ["TSG_TEST_URL"]
@@ -88,6 +109,7 @@ def _broker() -> dramatiq.Broker:
 
         backend = RedisBackend(url=url if kind == "redis" else RESULTS_REDIS,
                                namespace=os.environ["TSG_TEST_NAMESPACE"] + "-results")
+        broker.add_middleware(HoldAfterResults())
         broker.add_middleware(Results(backend=backend))
     return broker
 
@@ -257,6 +279,14 @@ if RESULTS:
         _touch(f"pid-{tag}", str(os.getpid()))
         _sleep(seconds)
         return "slept"
+
+    @dramatiq.actor(queue_name=QUEUE, max_retries=0, store_results=True)
+    def stored_hold(tag: str) -> str:
+        """Counts its runs (``run-<tag>``) and returns ``"done"``; HoldAfterResults holds its
+        first run after Results stored that value, before the ack."""
+        marker = SCRATCH / f"run-{tag}"
+        marker.write_text(str(int(marker.read_text()) + 1 if marker.exists() else 1))
+        return "done"
 
     @dramatiq.actor(queue_name=QUEUE, max_retries=0, store_results=True)
     def stored_crash_once(tag: str, seconds: float) -> str:

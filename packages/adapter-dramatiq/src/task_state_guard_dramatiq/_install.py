@@ -38,7 +38,8 @@ def install(
     No ledger connection is opened here (each worker process opens its own after fork).
     ``on_lost`` is called with a :class:`~task_state_guard.integration.LostTask` (message id,
     ledger id, actor name, code) for each message a reconcile found lost, after a
-    ``TaskLostError`` was stored in the ``Results`` backend (when configured).
+    ``TaskLostError`` was stored in the ``Results`` backend (when configured); never for a
+    message whose return value the ``Results`` backend holds (it is closed succeeded).
     """
     middleware = TaskStateGuardMiddleware(db, on_lost=on_lost, **settings)
     existing = find(broker)

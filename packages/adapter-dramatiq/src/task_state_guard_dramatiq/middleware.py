@@ -28,6 +28,7 @@ from ._redelivery import broker_window
 if TYPE_CHECKING:
     from dramatiq.broker import Broker, MessageProxy
     from dramatiq.message import Message
+    from dramatiq.results import Results
     from dramatiq.worker import Worker
 
 __all__ = [
@@ -171,8 +172,7 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         once at ERROR; with ``require_ledger`` the error is raised and the process does not
         boot), reconcile, publish the verdicts owed to Dramatiq; start the periodic reconcile."""
         self._check_placement(broker)
-        if self._broker is None:
-            self._broker = broker
+        self._attach(broker)
         try:
             self.runtime.boot("before_worker_boot")
         except LedgerError as exc:
@@ -199,29 +199,66 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         self.runtime.stop_periodic_reconcile()
         self.runtime.stop_heartbeats()
 
-    def _fail_lost_result(self, lost: LostTask) -> None:
-        """Store :class:`TaskLostError` for a lost message when the ``Results`` middleware is
-        configured and the actor stores results, unless a result is stored already."""
+    def _attach(self, broker: Broker) -> None:
+        """Remember ``broker`` (if none yet) and consult its ``Results`` backend before a job
+        is declared lost: the runtime's success check is set only when the broker has one (a
+        broker without results never pays for the check's dry run)."""
+        if self._broker is None:
+            self._broker = broker
+        has_results = _results_of(self._broker) is not None
+        self.runtime.framework_success = self._framework_success if has_results else None
+
+    def _stored_result(self, lost: LostTask) -> tuple[Results, Message[Any], int] | None:
+        """The ``Results`` middleware, the message to address its stored result by, and the
+        actor's result TTL, for a lost message whose actor stores results; else None."""
         broker = self._broker
         if broker is None or lost.name is None or lost.framework_id is None:
-            return  # no message id stored (or no broker yet): nothing to address a result by
-        from dramatiq import Message
-        from dramatiq.results import ResultFailure, ResultMissing, Results
-
-        results = next((mw for mw in broker.middleware if isinstance(mw, Results)), None)
+            return None  # no message id stored (or no broker yet): nothing to address a result by
+        results = _results_of(broker)
         if results is None:
-            return
+            return None
         try:
             actor = broker.get_actor(lost.name)
         except Exception:
-            return  # not an actor of this broker (the label differs from the actor name)
+            return None  # not an actor of this broker (the label differs from the actor name)
         if not actor.options.get("store_results", results.store_results):
-            return
-        ttl = actor.options.get("result_ttl", results.result_ttl)
+            return None
+        from dramatiq import Message
+
         message: Message[Any] = Message(
             queue_name=actor.queue_name, actor_name=actor.actor_name, args=(), kwargs={},
             options={}, message_id=lost.framework_id,
         )
+        return results, message, actor.options.get("result_ttl", results.result_ttl)
+
+    def _framework_success(self, lost: LostTask) -> bool:
+        """The runtime's success check: True when the ``Results`` backend holds a value (not
+        an exception) for the lost message. A backend error is raised (the runtime counts it
+        and treats the job as not known to have succeeded, its verdict as not publishable
+        yet)."""
+        if lost.framework_id is None or logical_task_id(lost.framework_id) != lost.task_id:
+            return False  # not a Dramatiq message's logical task
+        found = self._stored_result(lost)
+        if found is None:
+            return False
+        from dramatiq.results import ResultFailure, ResultMissing
+
+        results, message, _ttl = found
+        try:
+            results.backend.get_result(message)
+        except (ResultMissing, ResultFailure):
+            return False  # nothing stored (or expired), or a failure
+        return True
+
+    def _fail_lost_result(self, lost: LostTask) -> None:
+        """Store :class:`TaskLostError` for a lost message when the ``Results`` middleware is
+        configured and the actor stores results, unless a result is stored already."""
+        found = self._stored_result(lost)
+        if found is None:
+            return
+        from dramatiq.results import ResultFailure, ResultMissing
+
+        results, message, ttl = found
         try:
             results.backend.get_result(message)
         except ResultMissing:
@@ -381,6 +418,13 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
             )
 
 
+def _results_of(broker: Broker) -> Results | None:
+    """The broker's ``Results`` middleware, if it has one."""
+    from dramatiq.results import Results
+
+    return next((mw for mw in broker.middleware if isinstance(mw, Results)), None)
+
+
 def add_outermost(broker: Broker, middleware: TaskStateGuardMiddleware) -> None:
     """Add ``middleware`` to ``broker`` before every other middleware, and remember the broker
     (for :meth:`TaskStateGuardMiddleware.uninstall`)."""
@@ -391,7 +435,8 @@ def add_outermost(broker: Broker, middleware: TaskStateGuardMiddleware) -> None:
             broker.middleware.insert(0, middleware)
     else:
         broker.add_middleware(middleware)
-    middleware._broker = broker
+    middleware._broker = None
+    middleware._attach(broker)
 
 
 def find(broker: Broker) -> TaskStateGuardMiddleware | None:
@@ -414,6 +459,7 @@ def uninstall(broker: Broker) -> bool:
         return False
     broker.middleware.remove(middleware)
     middleware._broker = None
+    middleware.runtime.framework_success = None
     middleware.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
     middleware.runtime.close()
     if not any(ACTOR_OPTION in mw.actor_options for mw in broker.middleware):

@@ -17,7 +17,7 @@ from .errors import ErrorPolicy
 from .ids import FRAMEWORKS, IdScheme, job_task_id, name_label
 from .lookup import find_job
 from .metrics import format_adapter_metrics
-from .runtime import AdapterRuntime, AttemptSpec, Closing, LostHook, LostTask
+from .runtime import AdapterRuntime, AttemptSpec, Closing, LostHook, LostTask, SuccessCheck
 from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
 from .surface import AdapterSurface
 
@@ -34,6 +34,7 @@ __all__ = [
     "LostTask",
     "SettingArgs",
     "Settings",
+    "SuccessCheck",
     "Verdict",
     "codes",
     "env_name",

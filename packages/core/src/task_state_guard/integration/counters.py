@@ -37,6 +37,9 @@ class Counters:
                            for k in CONFLICT_KINDS]
             increments.append(("tsg_adapter_reconciles_total", {"adapter": adapter}, 0))
             increments.append(("tsg_adapter_verdicts_published_total", {"adapter": adapter}, 0))
+            increments += [("tsg_adapter_framework_successes_total",
+                            {"adapter": adapter, "where": where}, 0)
+                           for where in ("reconcile", "verdict")]
         try:
             adapter_counters.add(directory, increments)
         except (OSError, ValueError) as exc:

@@ -4,16 +4,21 @@ Whoever closes a logical task of this framework as lost (any reconcile, the CLI,
 the ledger records a pending verdict in the same transaction. :meth:`LostJobs.publish_verdicts`
 drains them: each claimed verdict becomes a :class:`LostTask`, handed first to the adapter's
 result-backend writer (:attr:`LostJobs.fail_lost`, unless ``fail_lost_results`` is off) and then
-to the user's ``on_lost`` hook, and is marked published.
+to the user's ``on_lost`` hook, and is marked published. A verdict whose job the framework's
+result store holds as succeeded is superseded instead (see :mod:`.successes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..ops.verdicts import Verdict
 from .handle import LedgerHandle
+
+if TYPE_CHECKING:
+    from .successes import FrameworkSuccesses
 
 #: Verdicts one drain step claims, and the lease it holds them for while it publishes.
 VERDICT_BATCH = 100
@@ -65,6 +70,9 @@ class LostJobs:
         #: ``on_lost``). An adapter that publishes otherwise (LangGraph: report and resume
         #: the lost thread) sets its own and keeps the claim, lease and marking here.
         self.publish_verdict: Callable[[Verdict], bool] | None = None
+        #: Consulted before each publish: a verdict whose job the framework holds as succeeded
+        #: is marked published without being published (superseded; see :mod:`.successes`).
+        self.successes: FrameworkSuccesses | None = None
 
     def _label(self) -> str:
         if self.framework is None:
@@ -118,22 +126,35 @@ class LostJobs:
         that raises is counted and not called again for that verdict. Each verdict is published
         by :attr:`publish_verdict` when the adapter set one (an exception it raises is counted
         under ``publish_verdict:<Class>`` and the verdict given back).
+
+        Before each publish the adapter's success check, when it has one, is consulted: a
+        verdict whose job the framework's result store holds as succeeded is marked published
+        without a result-backend write or ``on_lost`` (superseded: counted apart, not in the
+        returned number), and one whose check raised is given back like a failed write.
         """
         if self.framework is None:
             return 0
-        published = 0
-        while True:
-            batch = self.claim_verdicts()
-            failed: list[Verdict] = []
-            for verdict in batch:
-                if self._publish_one(verdict):
-                    published += self.mark_published([verdict])
-                else:
-                    failed.append(verdict)
-            if failed:
-                self.release_verdicts(failed)
-            if failed or len(batch) < VERDICT_BATCH:
-                return published
+        published = superseded = 0
+        successes = self.successes
+        try:
+            while True:
+                batch = self.claim_verdicts()
+                failed: list[Verdict] = []
+                for verdict in batch:
+                    known = False if successes is None else successes.supersedes(verdict)
+                    if known:
+                        superseded += 1
+                    elif known is None or not self._publish_one(verdict):
+                        failed.append(verdict)
+                    else:
+                        published += self.mark_published([verdict])
+                if failed:
+                    self.release_verdicts(failed)
+                if failed or len(batch) < VERDICT_BATCH:
+                    return published
+        finally:
+            if successes is not None:
+                successes.log_superseded(superseded)
 
     def guarded_publish(self, where: str = "publish_verdicts") -> int | None:
         """:meth:`publish_verdicts` under the error policy (``None`` on error)."""

@@ -12,6 +12,7 @@ from ..model import LedgerBusy
 from ..ops.reconcile import DecisionCallback, ReconcilePolicy
 from .handle import LedgerHandle
 from .lost_jobs import LostJobs
+from .successes import FrameworkSuccesses
 
 _BOOT_RECONCILE_TRIES = 5
 # The report keys that count changes a pass made (the others count what it examined or kept).
@@ -32,6 +33,9 @@ class Reconciler:
         self.drain_after_reconcile = True
         #: The report of this process's last reconcile (counts only), if any.
         self.last_reconcile: dict[str, Any] | None = None
+        #: Consulted before each applied pass: the jobs the framework holds as succeeded are
+        #: closed so instead of lost (see :mod:`.successes`).
+        self.successes: FrameworkSuccesses | None = None
 
     @property
     def reconcile_policy(self) -> ReconcilePolicy:
@@ -51,8 +55,13 @@ class Reconciler:
         :class:`~task_state_guard.ReconcileDecision`). An applied pass is followed by a drain
         of this framework's verdicts (``publish_verdicts``, under the error policy): the
         jobs this pass found lost, and any a reconcile elsewhere left owed. The returned
-        report is counts only.
+        report is counts only. Before an applied pass, the jobs it would close lost whose
+        success the framework's result store holds (the adapter's success check) are closed
+        ``succeeded/worker_completed`` instead (:meth:`FrameworkSuccesses.settle
+        <.successes.FrameworkSuccesses.settle>`); the report does not count them.
         """
+        if not dry_run and self.successes is not None:
+            self.successes.settle(self.reconcile_policy)
         report = dict(
             self._handle.ledger.reconcile(
                 self.reconcile_policy, dry_run=dry_run, on_decision=on_decision

@@ -26,6 +26,10 @@ part (module)               concern
                             writer (``fail_lost``) and the user's ``on_lost`` hook
 ``reconciler``              reconcile at boot, periodically in a worker's main process, or on
 (``reconciling``)           request; each applied pass drains the verdicts
+``successes``               the adapter's success check (``framework_success``): a job whose
+(``successes``)             success the framework's result store holds is closed succeeded
+                            before a reconcile would close it lost, and its verdict, when one
+                            was recorded anyway, is superseded instead of published
 ``counters``                the counters behind every adapter's ``stats()`` (with
                             ``metrics_dir`` set, every increment is also added to the
                             directory's counters file, so ``tsg metrics`` shows the sums of
@@ -33,11 +37,11 @@ part (module)               concern
 ==========================  ================================================================
 
 The runtime's methods are the parts' own bound methods (no extra call on a job's path); the
-settable hooks (``on_lost``, ``fail_lost``, ``publish_verdict``, ``drain_after_reconcile``)
-forward to the part that reads them. Transition methods raise ledger errors; an adapter wraps
-each framework hook in :meth:`AdapterRuntime.guarded` so that the error policy
-(:class:`~task_state_guard.integration.ErrorPolicy`: count, log once per kind, raise only when
-strict) decides. Refused closes of terminal records are counted as conflicts inside the close
+settable hooks (``on_lost``, ``fail_lost``, ``framework_success``, ``publish_verdict``,
+``drain_after_reconcile``) forward to the part that reads them. Transition methods raise ledger
+errors; an adapter wraps each framework hook in :meth:`AdapterRuntime.guarded` so that the error
+policy (:class:`~task_state_guard.integration.ErrorPolicy`: count, log once per kind, raise only
+when strict) decides. Refused closes of terminal records are counted as conflicts inside the close
 methods.
 """
 
@@ -59,6 +63,7 @@ from .heartbeats import Heartbeats
 from .lost_jobs import VERDICT_BATCH, VERDICT_LEASE_SECONDS, LostHook, LostJobs, LostTask
 from .reconciling import Reconciler
 from .settings import Settings
+from .successes import FrameworkSuccesses, SuccessCheck
 
 
 class AdapterRuntime:
@@ -93,6 +98,8 @@ class AdapterRuntime:
         self.closes = closes = Closes(handle, heartbeats, attempts)
         self.lost = lost = LostJobs(handle, self.framework, on_lost)
         self.reconciler = reconciler = Reconciler(handle, lost)
+        self.successes = successes = FrameworkSuccesses(handle, self.framework)
+        lost.successes = reconciler.successes = successes
         self.counters = counters = Counters(handle, adapter)
         #: The ``adapter`` label of this runtime's counters (``celery``, ``dramatiq``, ...).
         self.adapter = adapter
@@ -142,6 +149,9 @@ class AdapterRuntime:
         self.stop_periodic_reconcile = reconciler.stop_periodic_reconcile
         # counters
         self.stats = counters.stats
+        #: This process's jobs closed succeeded instead of lost (``reconcile``) and verdicts
+        #: superseded (``verdict``), counts only.
+        self.framework_successes = successes.counts
 
     # ------------------------------------------------------------------ settable, forwarded
 
@@ -167,6 +177,19 @@ class AdapterRuntime:
     @fail_lost.setter
     def fail_lost(self, writer: LostHook | None) -> None:
         self.lost.fail_lost = writer
+
+    @property
+    def framework_success(self) -> SuccessCheck | None:
+        """The adapter's success check: called with a candidate lost job (a
+        :class:`LostTask`: framework id, ledger id, name label, code), True when the
+        framework's result store holds a success for it (see :mod:`.successes`)."""
+        return self.successes.check
+
+    @framework_success.setter
+    def framework_success(self, check: SuccessCheck | None) -> None:
+        if check is not None and not callable(check):
+            raise TypeError("framework_success must be callable")
+        self.successes.check = check
 
     @property
     def publish_verdict(self) -> Callable[[Verdict], bool] | None:
@@ -238,4 +261,5 @@ __all__ = [
     "Closing",
     "LostHook",
     "LostTask",
+    "SuccessCheck",
 ]

@@ -35,6 +35,7 @@ FAMILIES: Mapping[str, tuple[str, ...]] = {
     "tsg_adapter_conflicts_total": ("adapter", "kind"),
     "tsg_adapter_reconciles_total": ("adapter",),
     "tsg_adapter_verdicts_published_total": ("adapter",),
+    "tsg_adapter_framework_successes_total": ("adapter", "where"),
 }
 MAX_BYTES = 1 << 20  # a file this large was not written by us: it is refused, not read
 MAX_ENTRIES = 10_000  # label sets kept; increments of further ones are dropped
@@ -170,6 +171,11 @@ _HELP = {
     "tsg_adapter_verdicts_published_total":
         "Lost-job verdicts published by adapters (result backend, on_lost), summed over every "
         "process that counted into the metrics directory.",
+    "tsg_adapter_framework_successes_total":
+        "Jobs whose success the framework's result store held, not treated as lost: closed "
+        "succeeded before a reconcile (where=reconcile) or their lost-job verdict superseded "
+        "unpublished (where=verdict), summed over every process that counted into the metrics "
+        "directory.",
 }
 
 
