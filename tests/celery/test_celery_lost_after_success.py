@@ -120,3 +120,56 @@ def test_random_child_kills_never_lose_a_success(scenario: Scenario) -> None:
     assert calls == {}
     assert lost_jobs(scenario.db) == 0
     scenario.assert_healthy()
+
+
+def _whole_worker_killed_after_success(scenario: Scenario) -> tuple[Any, Any]:
+    """The whole worker (main process and pool) SIGKILLed while a child sits after Celery
+    stored SUCCESS and before the adapter's close: nobody saw the end."""
+    worker = scenario.start_worker(TSGT_ON_LOST="1")
+    result = scenario.send("tsgt.success_window")
+    scenario.marker(f"stored-{result.id}")
+    assert result.state == states.SUCCESS
+    assert scenario.outcome(result.id) == (("running", None), [("running", None)])
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.proc.wait(10)
+    return worker, result
+
+
+def test_whole_worker_killed_after_success_next_worker_closes_it_succeeded(
+    scenario: Scenario,
+) -> None:
+    """The next worker's boot reconcile reads the result backend before it applies: the job
+    is closed ``succeeded``, not lost; no ``FAILURE``, no ``on_lost``, no lost count."""
+    _worker, result = _whole_worker_killed_after_success(scenario)
+    scenario.start_worker(TSGT_ON_LOST="1")  # ready: its boot reconcile has run
+    assert scenario.outcome(result.id) == (
+        ("succeeded", "worker_completed"), [("succeeded", "worker_completed")],
+    )
+    assert result.state == states.SUCCESS
+    assert lost_jobs(scenario.db) == 0
+    assert tsg(scenario.db, "reconcile")["reconcile"]["tasks_timed_out"] == 0
+    assert scenario.lost_hook_calls() == {}
+    scenario.assert_healthy()
+
+
+def test_whole_worker_killed_after_success_operator_reconcile_first(scenario: Scenario) -> None:
+    """An operator's ``tsg reconcile`` first (it cannot read the result backend): the ledger
+    closes the job lost, as documented; the verdict it owes Celery is superseded when a worker
+    publishes it: ``SUCCESS`` stays, ``on_lost`` is never called."""
+    _worker, result = _whole_worker_killed_after_success(scenario)
+    assert tsg(scenario.db, "reconcile")["reconcile"]["tasks_timed_out"] == 2
+    assert scenario.outcome(result.id)[0] == ("timed_out", "owner_lost")
+    assert _pending(scenario) == 1
+    scenario.start_worker(TSGT_ON_LOST="1")  # its boot step drains the verdicts owed to Celery
+    wait_for(
+        lambda: _pending(scenario) == 0,
+        20, what="the verdict drained",
+    )
+    assert result.state == states.SUCCESS and result.get(timeout=5) == "stored"
+    assert scenario.lost_hook_calls() == {}
+    scenario.assert_healthy()
+
+
+
+def _pending(scenario: Scenario) -> int:
+    return int(tsg(scenario.db, "status")["status"]["verdicts"]["pending"].get("celery", 0))

@@ -26,7 +26,7 @@ from task_state_guard.integration import (
 
 from ._child import ChildReceivers
 from ._ids import IDS
-from ._lost import fail_in_backend
+from ._lost import fail_in_backend, succeeded_in_backend
 from ._main import MainReceivers
 from ._replace import ReplaceLinks
 from ._request import TOKEN_KEY, attempt_of
@@ -103,6 +103,9 @@ class CeleryGuard(AdapterSurface):
             adapter=self.adapter_name,
         )
         self.runtime.fail_lost = self._fail_lost_result
+        # A job whose SUCCESS the result backend holds is never reported lost: this guard's
+        # reconciles close it succeeded, and a verdict another reconcile recorded is superseded.
+        self.runtime.framework_success = self._succeeded_in_backend
         links = ReplaceLinks(self.runtime, app)
         self._child = ChildReceivers(self.runtime, self._ours, links)
         self._main = MainReceivers(self.runtime, self._ours, links)
@@ -147,6 +150,9 @@ class CeleryGuard(AdapterSurface):
 
     def _fail_lost_result(self, lost: LostTask) -> None:
         fail_in_backend(self.app, lost)
+
+    def _succeeded_in_backend(self, lost: LostTask) -> bool:
+        return succeeded_in_backend(self.app, lost)
 
     # ------------------------------------------------------------------ shared signals
 

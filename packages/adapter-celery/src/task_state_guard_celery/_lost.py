@@ -60,6 +60,23 @@ def stored_state(backend: Any, celery_id: str) -> str | None:
     return str(backend.get_state(celery_id)) if stores_results(backend) else None
 
 
+def _readable(app: Any) -> Any:
+    """``app``'s result backend when results of its tasks can be read back, else ``None``."""
+    if app.conf.task_always_eager and not app.conf.task_store_eager_result:
+        return None  # eager results are never stored: nobody reads them from the backend
+    backend = app.backend
+    return backend if stores_results(backend) else None
+
+
+def succeeded_in_backend(app: Any, lost: LostTask) -> bool:
+    """Whether ``app``'s result backend holds ``SUCCESS`` for ``lost`` (the adapter's success
+    check: such a job is closed succeeded, or its verdict superseded, never reported lost)."""
+    if lost.framework_id is None:
+        return False
+    backend = _readable(app)
+    return backend is not None and stored_state(backend, lost.framework_id) == states.SUCCESS
+
+
 def fail_in_backend(app: Any, lost: LostTask) -> bool:
     """Write ``FAILURE`` for ``lost`` into ``app``'s result backend if it is still open there.
 
@@ -68,10 +85,8 @@ def fail_in_backend(app: Any, lost: LostTask) -> bool:
     """
     if lost.framework_id is None:
         return False
-    if app.conf.task_always_eager and not app.conf.task_store_eager_result:
-        return False  # eager results are never stored: nobody reads them from the backend
-    backend = app.backend
-    if stored_state(backend, lost.framework_id) not in OPEN_STATES:
+    backend = _readable(app)
+    if backend is None or stored_state(backend, lost.framework_id) not in OPEN_STATES:
         return False
     exc = TaskLostError(
         f"task-state-guard: the worker running this task was lost ({lost.code})", lost.code
@@ -80,4 +95,5 @@ def fail_in_backend(app: Any, lost: LostTask) -> bool:
     return True
 
 
-__all__ = ["OPEN_STATES", "TaskLostError", "fail_in_backend", "stored_state", "stores_results"]
+__all__ = ["OPEN_STATES", "TaskLostError", "fail_in_backend", "stored_state", "stores_results",
+           "succeeded_in_backend"]
