@@ -119,8 +119,10 @@ def test_worker_sigkill_then_restart_fails_the_started_result(lost_scenario: Sce
 
 @pytest.mark.parametrize("settled", [states.SUCCESS, states.REVOKED, states.FAILURE])
 def test_settled_results_are_never_overwritten(tracked: Scenario, settled: str) -> None:
-    """A task the backend already reports settled keeps that state; the ledger still closes
-    it and the hook still fires."""
+    """A task the backend already reports settled keeps that state. ``REVOKED``/``FAILURE``:
+    the ledger still closes it lost and the hook still fires. ``SUCCESS``: the next worker's
+    reconcile reads it first and closes the task ``succeeded``; no hook call (Celery saw it
+    succeed: never lost)."""
     scenario = tracked
     worker = scenario.start_worker(TSGT_ON_LOST=1)
     result = scenario.send("tsgt.sleep", 120, "settled")
@@ -134,13 +136,16 @@ def test_settled_results_are_never_overwritten(tracked: Scenario, settled: str) 
     else:
         backend.store_result(result.id, ValueError("its own failure"), states.FAILURE)
     scenario.start_worker(TSGT_ON_LOST=1)
-    assert scenario.outcome(result.id)[0] == ("timed_out", "owner_lost")
     assert result.state == settled
     if settled == states.SUCCESS:
         assert result.get(timeout=10) == "stored elsewhere"
-    elif settled == states.FAILURE:
-        assert isinstance(result.result, ValueError)
-    assert scenario.lost_hook_calls()[result.id]["code"] == "owner_lost"
+        assert scenario.outcome(result.id)[0] == ("succeeded", "worker_completed")
+        assert scenario.lost_hook_calls() == {}
+    else:
+        if settled == states.FAILURE:
+            assert isinstance(result.result, ValueError)
+        assert scenario.outcome(result.id)[0] == ("timed_out", "owner_lost")
+        assert scenario.lost_hook_calls()[result.id]["code"] == "owner_lost"
     scenario.assert_healthy()
 
 
