@@ -2,9 +2,9 @@
 
 :class:`LedgerHandle` holds the state that belongs to one OS process (:class:`ProcessState`:
 the ledger it opened, its heartbeat thread, held tasks, deferred delivery marks, its periodic
-reconcile and counters) and rebuilds it after a fork without touching the parent's. It opens
-the process's ledger lazily on first use and remembers whether that worked
-(:meth:`LedgerHandle.check_ledger` at worker start says loudly when it cannot be used).
+reconcile and verdict drain, and counters) and rebuilds it after a fork without touching the
+parent's. It opens the process's ledger lazily on first use and remembers whether that
+worked (:meth:`LedgerHandle.check_ledger` at worker start says loudly when it cannot be used).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class ProcessState:
         self.published = 0
         self.counted = False  # has this process added to the metrics directory yet
         self.reconciler: tuple[threading.Event, threading.Thread] | None = None
+        self.drainer: tuple[threading.Event, threading.Thread] | None = None
 
 
 class LedgerHandle:
