@@ -18,7 +18,7 @@ from typing import Any
 import dramatiq
 import pytest
 from _dramatiq_helpers import BrokerEnv, CliWorker, Producer, assert_healthy, wait_for
-from dramatiq.results import ResultFailure, ResultTimeout
+from dramatiq.results import ResultFailure, ResultMissing
 from dramatiq.results.backends import RedisBackend
 from task_state_guard import Ledger
 from task_state_guard.integration.settings import DEFAULT_VERDICT_INTERVAL_SECONDS
@@ -66,8 +66,8 @@ def test_a_running_worker_publishes_an_operator_reconcile_under_defaults(
         survivor = CliWorker(env, extra_env=COMMON).start()  # worker A: keeps running
 
         victim.kill_group()  # the whole worker B: the CLI and its worker process
-        with pytest.raises(ResultTimeout):  # nothing has told the results backend
-            results.get_result(_message(env, mid), block=True, timeout=200)
+        with pytest.raises(ResultMissing):  # nothing has told the results backend
+            results.get_result(_message(env, mid))
         time.sleep(LOST_AFTER + 0.5)  # the attempt's redelivery window and the grace
         report = tsg(db, "reconcile", "--active-grace-seconds", str(GRACE))["reconcile"]
         deadline = time.monotonic() + PUBLISH_WITHIN
@@ -75,11 +75,19 @@ def test_a_running_worker_publishes_an_operator_reconcile_under_defaults(
         parent = ledger.get_task(logical_task_id(mid))
         assert (parent.status, parent.terminal_code) == ("timed_out", "restart_stale")
 
-        with pytest.raises(ResultFailure) as caught:
-            results.get_result(_message(env, mid), block=True,
-                               timeout=int(max(0.1, deadline - time.monotonic()) * 1000))
-        assert caught.value.orig_exc_type == "TaskLostError"
-        assert "restart_stale" in caught.value.orig_exc_msg
+        def stored_failure() -> ResultFailure | None:
+            try:
+                results.get_result(_message(env, mid))
+            except ResultMissing:
+                return None
+            except ResultFailure as failure:
+                return failure
+            raise AssertionError("a result was stored for the lost message")
+
+        failure = wait_for(stored_failure, max(0.1, deadline - time.monotonic()),
+                           "TaskLostError stored by the running worker")
+        assert failure.orig_exc_type == "TaskLostError"
+        assert "restart_stale" in failure.orig_exc_msg
         call = wait_for(lambda: hook_calls(env.scratch).get(mid),
                         max(0.1, deadline - time.monotonic()), "on_lost in the running worker")
         assert call["pid"] in survivor.worker_pids() and call["code"] == "restart_stale"
