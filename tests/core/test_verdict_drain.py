@@ -251,3 +251,25 @@ def test_an_unusable_ledger_is_skipped_without_counting(tmp_path: Path) -> None:
         assert runtime.stats()["ledger_usable"] is False
     finally:
         runtime.close()
+
+
+def test_a_tick_cut_short_by_a_dropped_handle_is_not_an_error(db: str) -> None:
+    """A worker that drops its ledger handle while a tick runs (Celery does right before its
+    pool forks a child) makes that tick fail; that is no error of the ledger, so it is not
+    counted, and the next tick opens a fresh handle and publishes."""
+    runtime = _runtime(db, verdict_interval_seconds=0)
+    published: list[LostTask] = []
+    runtime.on_lost = published.append
+
+    def dropped_midway() -> None:
+        runtime.drop_ledger()
+        raise RuntimeError("the handle went away")
+
+    try:
+        runtime.boot()
+        _lost_job(db)
+        assert runtime.drain.tick(drain=dropped_midway) is False
+        assert runtime.stats()["errors"] == {}
+        assert runtime.drain.tick() is True and [x.code for x in published] == ["restart_stale"]
+    finally:
+        runtime.close()

@@ -16,7 +16,8 @@ A tick's error (the check's or the drain's) is counted under ``verdict_drain:<Cl
 logged once per kind by the error policy, and never raised (not even when strict: the thread
 must keep ticking); a ledger that cannot be opened is skipped silently, since it is reported
 already (at ERROR when the worker started, and in ``stats()``'s ``ledger_usable``), and a
-later tick uses it once it can be opened.
+later tick uses it once it can be opened; a tick whose ledger handle the process dropped
+meanwhile (right before a fork) is not counted either: the next tick checks again.
 """
 
 from __future__ import annotations
@@ -55,11 +56,17 @@ class VerdictDrain:
         """One check, then ``drain`` (default: :meth:`LostJobs.publish_verdicts`) when
         something is owed. Returns whether it drained. Never raises: an error is recorded
         under ``where`` by the error policy (counted, logged once per kind)."""
+        ledger = self._handle.opened
         try:
             if not self.pending():
                 return False
             (self._lost.publish_verdicts if drain is None else drain)()
         except Exception as exc:
+            if ledger is not None and self._handle.opened is not ledger:
+                # This process dropped its ledger handle meanwhile (Celery does right before
+                # its pool forks a child): not an error of the ledger; the next tick opens
+                # a fresh handle and checks again.
+                return False
             self._policy.record(where, exc)
             return False
         return True

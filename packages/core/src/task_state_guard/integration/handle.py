@@ -124,6 +124,11 @@ class LedgerHandle:
             return False
         return True
 
+    @property
+    def opened(self) -> Ledger | None:
+        """The ledger this process holds now, without opening one (``None``: none open)."""
+        return self._external if self._external is not None else self.state().ledger
+
     def ledger_or_none(self) -> Ledger | None:
         """The ledger, or ``None`` when it cannot be opened right now (not counted)."""
         try:
