@@ -234,7 +234,8 @@ class RunnerMixin:
         runner = RecoveryRunner(self, args, interval, woken)
         self._runners[:] = [runner]
         runner._start()
-        if woken:
+        if woken:  # this runner's wake-up, not a previous runner's that ended on its own
+            rt.stop_verdict_drain()
             rt.start_verdict_drain("verdict_drain", drain=runner.wake)
         return runner
 
