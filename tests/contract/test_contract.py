@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ def test_defaults_are_the_same(driver: Any, db: str) -> None:
     assert settings.reconcile_on_boot is True and settings.strict is False
     assert settings.busy_timeout_ms == 5000 and settings.reconcile_interval_seconds == 0
     assert settings.fail_lost_results is True and settings.metrics_dir is None
+    assert settings.verdict_interval_seconds == 10  # running workers publish verdicts
 
 
 def test_precedence_argument_then_framework_then_environment(
@@ -72,9 +75,11 @@ def test_environment_durations_take_the_cli_units(
     monkeypatch.setenv("TSG_DELIVERY_GRACE_SECONDS", "2h")
     monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "1m")
     monkeypatch.setenv("TSG_RECONCILE_INTERVAL_SECONDS", "0.5h")
+    monkeypatch.setenv("TSG_VERDICT_INTERVAL_SECONDS", "1m")
     settings = driver.install(db).settings
     assert settings.active_grace_seconds == 1200 and settings.delivery_grace_seconds == 7200
     assert settings.heartbeat_seconds == 60 and settings.reconcile_interval_seconds == 1800
+    assert settings.verdict_interval_seconds == 60
 
 
 @pytest.mark.parametrize(
@@ -98,6 +103,9 @@ def test_environment_durations_take_the_cli_units(
         ("TSG_DELIVERY_GRACE_SECONDS", "1_000"),
         ("TSG_DELIVERY_GRACE_SECONDS", "+500"),
         ("TSG_RECONCILE_INTERVAL_SECONDS", "-0"),
+        ("TSG_VERDICT_INTERVAL_SECONDS", "-5"),
+        ("TSG_VERDICT_INTERVAL_SECONDS", "10 s"),
+        ("TSG_VERDICT_INTERVAL_SECONDS", "often"),
         ("TSG_ACTIVE_GRACE_SECONDS", "\u0667\u0660\u0660"),
         ("TSG_ACTIVE_GRACE_SECONDS", "\uff17\uff10\uff10"),
         ("TSG_BUSY_TIMEOUT_MS", "1_000"),
@@ -208,6 +216,8 @@ def test_ledger_errors_are_scrapeable_as_prometheus_text(driver: Any, broken_db:
         expected[(guard.adapter_name, hook, error)] = count
     assert {(lab["adapter"], lab["hook"], lab["error"]): value
             for lab, value in errors.samples} == expected
+    assert families["tsg_adapter_ledger_errors_all_total"].value(adapter=driver.name) == sum(
+        stats["errors"].values())
     assert guard.adapter_name == driver.name
     conflicts = families["tsg_adapter_conflicts_total"]
     assert conflicts.value(adapter=driver.name, kind="logical_close") == 0
@@ -241,11 +251,90 @@ def test_with_a_metrics_directory_tsg_metrics_shows_the_same_counters(
               for lab, value in families["tsg_adapter_ledger_errors_total"].samples
               if lab["adapter"] == driver.name}
     assert errors == {tuple(kind.rsplit(":", 1)): n for kind, n in stats["errors"].items()}
+    assert families["tsg_adapter_ledger_errors_all_total"].value(adapter=driver.name) == sum(
+        stats["errors"].values())
     assert families["tsg_adapter_conflicts_total"].value(
         adapter=driver.name, kind="attempt_close") == 0
     assert families["tsg_adapter_reconciles_total"].value(adapter=driver.name) == stats[
         "reconciles"]
     assert broken_db not in scrape.stdout
+
+
+ZERO_AT_START = ("tsg_adapter_ledger_errors_all_total", "tsg_adapter_reconciles_total",
+                 "tsg_adapter_verdicts_published_total")
+
+
+def _at_zero(families: dict[str, Any], adapter: str) -> None:
+    """Every counter whose labels are known in advance is there, at 0; the detailed errors
+    family (its hooks and classes are not a closed set) has no series yet."""
+    for name in ZERO_AT_START:
+        assert families[name].value(adapter=adapter) == 0, name
+    for kind in ("attempt_close", "logical_close", "delivery_mark_dropped"):
+        assert families["tsg_adapter_conflicts_total"].value(adapter=adapter, kind=kind) == 0
+    assert families["tsg_adapter_ledger_errors_total"].samples == []
+
+
+def test_every_counter_is_exported_at_zero_right_after_boot(
+    driver: Any, db: str, tmp_path: Any
+) -> None:
+    """From a worker's start, before anything was counted, in the process's own exposition and
+    in the metrics directory (`tsg metrics`): a later increment, the first of its kind, then
+    moves a series that was already there, which is what `increase()` needs to see it."""
+    metrics_dir = tmp_path / "metrics"
+    guard = driver.install(db, metrics_dir=str(metrics_dir), reconcile_on_boot=False)
+    driver.boot()
+    _at_zero(parse(guard.metrics_text()), driver.name)
+    scrape = run_cli("--db", db, "metrics", "--metrics-dir", str(metrics_dir))
+    assert scrape.code == 0
+    _at_zero(parse(scrape.stdout), driver.name)
+
+    driver.run("close_parent")  # the first conflict: its series was at 0
+    for text in (guard.metrics_text(),
+                 run_cli("--db", db, "metrics", "--metrics-dir", str(metrics_dir)).stdout):
+        assert parse(text)["tsg_adapter_conflicts_total"].value(
+            adapter=driver.name, kind="logical_close") == 1
+
+
+def test_a_running_worker_publishes_what_a_reconcile_elsewhere_recorded(
+    driver: Any, db: str
+) -> None:
+    """A worker that runs (Celery's and Dramatiq's after their boot, LangGraph's background
+    recovery) publishes, within its verdict interval, the verdict of a job an operator's
+    `tsg reconcile` found lost: nobody restarts anything, no reconcile interval is set."""
+    lost: list[LostTask] = []
+    guard = driver.install(db, verdict_interval_seconds=0.1, heartbeat_seconds=0)
+    assert guard.settings.reconcile_interval_seconds == 0
+    guard.on_lost = lost.append
+    runner = None
+    if driver.publishes_in_reconcile:
+        driver.boot()
+    else:  # a LangGraph server's recovery beside serving
+        runner = guard.start_recovery()
+        assert runner.wait(30)
+    assert guard.runtime.drain.running
+    fid = str(uuid.uuid4())
+    logical = guard.logical_task_id(fid)
+    with Ledger(db) as ledger:  # the job of a worker elsewhere, dead now
+        ledger.create_task(task_id=logical, delivery_required=False, name="elsewhere.job",
+                           framework_id=fid, framework=driver.name)
+        ledger.start_task(logical, owner=False)
+    result = run_cli("--db", db, "reconcile", "--active-grace-seconds", "0")
+    assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
+    deadline = time.monotonic() + 30
+    while not lost:
+        assert time.monotonic() < deadline, "the running worker never published the verdict"
+        time.sleep(0.02)
+    assert [(x.task_id, x.code, x.name) for x in lost] == [
+        (logical, "restart_stale", "elsewhere.job")]
+    assert lost[0].framework_id == fid
+    driver.close()
+    assert not guard.runtime.drain.running
+    if runner is not None:
+        assert not runner.alive
+    with Ledger(db) as ledger:
+        owed = ledger.status()["verdicts"]
+        assert (owed["pending"][driver.name], owed["published"][driver.name]) == (0, 1)
+        assert ledger.doctor()["healthy"]
 
 
 # ---------------------------------------------------------------------------- public surface

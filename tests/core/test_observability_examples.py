@@ -2,8 +2,9 @@
 metric, label and label value they use is one the real `tsg metrics` output prints (the ledger's
 families, and the adapters' counters from a metrics directory written by a real runtime); every
 reason code they select belongs to the state they select, and the dashboard's lost-work panel
-and the lost-work alert select the same codes. tests/examples/test_observability_prometheus.py
-evaluates them in a real Prometheus."""
+and the lost-work alert select the same codes; every adapter counter they take a rate or an
+increase of is exported at 0 from a worker's start (else the first error of a kind would not
+count). tests/examples/test_observability_prometheus.py evaluates them in a real Prometheus."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ SELECTOR = re.compile(r"\b(tsg_[a-z_]+)\b(\{[^}]*\})?")
 MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 EXTERNAL_LABELS = {"instance", "job"}  # added by Prometheus, not by the exposition
 DURATION = re.compile(r"\d+[smhd]\Z")
+RATED = re.compile(r"\b(?:rate|irate|increase)\(\s*(tsg_adapter_[a-z_]+)\b(\{[^}]*\})?")
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +140,48 @@ def test_the_alert_rules_parse_and_use_real_metrics(families: dict[str, Family])
     for name in ("tsg_running_owner_dead", "tsg_outcomes_total", "tsg_delivery_outcomes_total",
                  "tsg_oldest_owed_delivery_age_seconds"):
         assert name in used
+
+
+def _examples_exprs() -> list[str]:
+    dashboard = json.loads((HERE / "grafana-dashboard.json").read_text())
+    rules: Any = yaml.safe_load((HERE / "prometheus-rules.yml").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    return exprs + [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+@pytest.mark.sqlite_only(reason="a metrics directory beside one SQLite ledger (not ported)")
+def test_every_adapter_counter_they_rate_is_there_at_zero_from_a_worker_start(
+    tmp_path: Path,
+) -> None:
+    """`increase()` and `rate()` see an increment only when the series existed before it: each
+    adapter counter the alerts and panels take them of must be exported, at 0, by workers that
+    just started and counted nothing (a series that appears at 1 with the first error of its
+    kind, as the detailed `tsg_adapter_ledger_errors_total` does, would never fire)."""
+    db = str(tmp_path / "d" / "tasks.sqlite")
+    Ledger(db).close()
+    metrics_dir = str(tmp_path / "m")
+    adapters = ("celery", "dramatiq", "langgraph")
+    for adapter in adapters:
+        runtime = AdapterRuntime(
+            resolve_settings(db=db, metrics_dir=metrics_dir, reconcile_on_boot=False),
+            logger=logging.getLogger("t"), adapter=adapter, framework=adapter)
+        runtime.boot()  # what each adapter's worker does when it starts
+        assert runtime.stats()["errors"] == {}
+        runtime.close()
+    result = run_cli("--db", db, "metrics", "--metrics-dir", metrics_dir)
+    assert result.code == 0
+    families = parse(result.stdout)
+    rated = [match for expr in _examples_exprs() for match in RATED.findall(expr)]
+    assert {name for name, _ in rated} >= {"tsg_adapter_ledger_errors_all_total",
+                                             "tsg_adapter_conflicts_total"}
+    for name, selector in rated:
+        matchers = [(key, op, value) for key, op, value in MATCHER.findall(selector or "")
+                    if key not in EXTERNAL_LABELS]
+        assert not [m for m in matchers if m[1] != "="], (name, "only = matchers are checked")
+        wanted = {key: value for key, _, value in matchers}
+        for adapter in adapters:
+            series = [value for labels, value in families[name].samples
+                      if labels["adapter"] == adapter
+                      and all(labels.get(k) == v for k, v in wanted.items())]
+            assert series and all(value == 0 for value in series), (
+                f"{name}{selector or ''} of {adapter} is not exported at 0 from the start")

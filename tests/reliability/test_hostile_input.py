@@ -317,6 +317,7 @@ def test_api_argument_fuzz(env: _Env, data: st.DataObject) -> None:
             lambda: ledger.claim_verdicts(d(ANY), limit=d(ANY), lease_seconds=d(ANY),
                                           task_ids=d(ANY)),
             lambda: ledger.claim_verdicts("celery", task_ids=d(st.lists(some, max_size=4))),
+            lambda: ledger.has_claimable_verdicts(d(ANY)),
             lambda: ledger.mark_verdicts_published(d(ANY)),
             lambda: ledger.mark_verdicts_published(d(st.lists(some, max_size=4))),
             lambda: ledger.release_verdicts(d(ANY)),

@@ -18,9 +18,11 @@ _guards: dict[int, CeleryGuard] = {}
 class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
     """Worker boot step, in the main process before consuming: open the ledger (an unusable
     one is logged once at ERROR; with ``require_ledger`` this step raises and Celery stops the
-    worker: "Unrecoverable error"), reconcile it, publish the verdicts owed to Celery; then
-    every ``reconcile_interval_seconds`` (when above 0) reconcile and publish again until the
-    worker stops.
+    worker: "Unrecoverable error"), reconcile it, publish the verdicts owed to Celery; then,
+    until the worker stops, every ``verdict_interval_seconds`` (default 10 s) check for
+    verdicts owed to Celery (one read) and publish them, whoever reconciled, and every
+    ``reconcile_interval_seconds`` (when above 0) reconcile and publish again. A worker step:
+    it runs in the worker's main process only, never in a pool child.
 
     Custom worker steps start before the Consumer step (which is ``last``), so this
     runs before the worker receives its first message. Reconcile is idempotent, so
@@ -34,11 +36,13 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
         if guard is not None:
             guard.runtime.boot("reconcile_on_boot")
             guard.runtime.start_periodic_reconcile()
+            guard.runtime.start_verdict_drain()
 
     def stop(self, parent: Any) -> None:
         guard = guard_for(getattr(parent, "app", None))
         if guard is not None:
             guard.runtime.stop_periodic_reconcile()
+            guard.runtime.stop_verdict_drain()
 
 
 def guard_for(app: Any) -> CeleryGuard | None:

@@ -170,7 +170,9 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
         """Before this process consumes anything: open the ledger (an unusable one is logged
         once at ERROR; with ``require_ledger`` the error is raised and the process does not
-        boot), reconcile, publish the verdicts owed to Dramatiq; start the periodic reconcile."""
+        boot), reconcile, publish the verdicts owed to Dramatiq; start this worker process's
+        verdict drain (every ``verdict_interval_seconds``, default 10 s) and periodic reconcile
+        (when ``reconcile_interval_seconds`` is above 0)."""
         self._check_placement(broker)
         self._attach(broker)
         try:
@@ -183,9 +185,11 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
                 "require_ledger is set"
             ) from None
         self.runtime.start_periodic_reconcile()
+        self.runtime.start_verdict_drain()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
-        """Stop heartbeats and the periodic reconcile (attempts can run until this point)."""
+        """Stop heartbeats, the periodic reconcile and the verdict drain (attempts can run
+        until this point)."""
         self._stop_threads()
         stats = self.stats()
         if stats["errors"] or stats["conflicts"]:
@@ -197,6 +201,7 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
 
     def _stop_threads(self) -> None:
         self.runtime.stop_periodic_reconcile()
+        self.runtime.stop_verdict_drain()
         self.runtime.stop_heartbeats()
 
     def _attach(self, broker: Broker) -> None:
@@ -450,9 +455,10 @@ def find(broker: Broker) -> TaskStateGuardMiddleware | None:
 def uninstall(broker: Broker) -> bool:
     """Remove the middleware that ``install`` added; ``True`` if there was one.
 
-    Stops its heartbeat and periodic-reconcile threads in this process, closes its ledger
-    handle, and withdraws the ``tsg_delivery`` actor option unless another middleware still
-    declares it. Actors already declared keep their options (Dramatiq does not re-validate).
+    Stops its heartbeat, periodic-reconcile and verdict-drain threads in this process, closes
+    its ledger handle, and withdraws the ``tsg_delivery`` actor option unless another
+    middleware still declares it. Actors already declared keep their options (Dramatiq does
+    not re-validate).
     """
     middleware = find(broker)
     if middleware is None:

@@ -3,9 +3,13 @@
 Started on an event loop, the passes are a task of that loop (``arecover``: every ledger call
 on a worker thread, resumed runs as concurrent ``ainvoke``); started outside one, a daemon
 thread (``recover``: resumed runs in a small thread pool). The first pass starts at once; with
-``reconcile_interval_seconds`` > 0 another follows each interval. Stopping drains the resumed
-runs still going (they stop at their next step boundary, close ``cancelled/interrupted`` and the
-next start resumes them).
+``reconcile_interval_seconds`` > 0 another follows each interval. With
+``verdict_interval_seconds`` > 0 (the default: 10 s) the runtime's verdict drain checks that
+often whether a lost-run verdict is owed to LangGraph (one read, whoever reconciled: an
+operator's ``tsg reconcile``, another process) and, when one is, wakes the runner for a pass
+at once: a pass is what publishes LangGraph's verdicts (it knows the threads to report and
+resume). Stopping drains the resumed runs still going (they stop at their next step boundary,
+close ``cancelled/interrupted`` and the next start resumes them).
 """
 
 from __future__ import annotations
@@ -36,12 +40,16 @@ class RecoveryRunner:
     its report.
     """
 
-    def __init__(self, app: Any, args: PassArgs, interval: float) -> None:
+    def __init__(self, app: Any, args: PassArgs, interval: float, woken: bool = False) -> None:
         self._app = app
         self._args = args
         self._interval = interval
+        #: Whether the verdict drain wakes this runner (it then waits for that between passes
+        #: even without an interval).
+        self._woken = woken
         self._first = threading.Event()
         self._stop = threading.Event()
+        self._poke = threading.Event()  # a thread runner's wake-up (a pass owed, or stop)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -85,11 +93,12 @@ class RecoveryRunner:
                     self._rec.rt.policy.error("recover", exc)
                 finally:
                     self._done(report)
-                if self._interval <= 0:
+                if self._interval <= 0 and not self._woken:
                     return
                 assert self._wake is not None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._interval)
+                    await asyncio.wait_for(self._wake.wait(), self._timeout)
+                self._wake.clear()
         finally:
             self.running = False
             self._first.set()
@@ -108,11 +117,28 @@ class RecoveryRunner:
                     self._rec.rt.policy.error("recover", exc)
                 finally:
                     self._done(report)
-                if self._interval <= 0 or self._stop.wait(self._interval):
+                if self._interval <= 0 and not self._woken:
                     return
+                self._poke.wait(self._timeout)
+                self._poke.clear()
         finally:
             self.running = False
             self._first.set()
+
+    @property
+    def _timeout(self) -> float | None:
+        """How long to wait for a wake-up between passes (None: until woken)."""
+        return self._interval if self._interval > 0 else None
+
+    def wake(self) -> None:
+        """Run a pass now (after the one in progress, if any): the verdict drain calls it
+        when a verdict is owed to LangGraph. Safe from any thread."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(wake.set)
+        else:
+            self._poke.set()
 
     @property
     def _rec(self) -> Recorder:
@@ -144,6 +170,8 @@ class RecoveryRunner:
 
     def _request_stop(self) -> None:
         self._stop.set()
+        self._poke.set()
+        self._rec.rt.stop_verdict_drain()
         if self._loop is not None and self._wake is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake.set)
         drained = self._app.drain_recoveries("shutdown")
@@ -188,10 +216,12 @@ class RunnerMixin:
     ) -> RecoveryRunner:
         """Run recovery in the background and return at once (the server answers while it
         runs): a first pass now, then one every ``reconcile_interval_seconds`` when that is
-        above 0 (it replaces the plain periodic reconcile :func:`guard` started). On an event
-        loop it is a task of that loop (:meth:`arecover`); elsewhere a daemon thread
-        (:meth:`recover`). Arguments as for :meth:`recover`. Calling it again while a runner
-        is alive returns that runner. :meth:`close`/:meth:`aclose` stop it."""
+        above 0 (it replaces the plain periodic reconcile :func:`guard` started), and one as
+        soon as the verdict drain (every ``verdict_interval_seconds``, default 10 s; 0: off)
+        finds a lost-run verdict owed to LangGraph, whoever reconciled. On an event loop it is
+        a task of that loop (:meth:`arecover`); elsewhere a daemon thread (:meth:`recover`).
+        Arguments as for :meth:`recover`. Calling it again while a runner is alive returns that
+        runner. :meth:`close`/:meth:`aclose` stop it."""
         alive = [r for r in self._runners if r.alive]
         if alive:
             return alive[0]
@@ -200,9 +230,13 @@ class RunnerMixin:
         if interval > 0:
             rt.stop_periodic_reconcile()
         args = PassArgs(config, thread_ids, max_concurrency, kwargs)
-        runner = RecoveryRunner(self, args, interval)
+        woken = rt.settings.verdict_interval_seconds > 0
+        runner = RecoveryRunner(self, args, interval, woken)
         self._runners[:] = [runner]
         runner._start()
+        if woken:  # this runner's wake-up, not a previous runner's that ended on its own
+            rt.stop_verdict_drain()
+            rt.start_verdict_drain("verdict_drain", drain=runner.wake)
         return runner
 
     def stop_recovery(self, timeout: float = STOP_SECONDS) -> None:

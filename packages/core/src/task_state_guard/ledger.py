@@ -322,6 +322,12 @@ class Ledger:
         return _verdicts.claim(
             self._db, framework, limit=limit, lease_seconds=lease_seconds, task_ids=task_ids)
 
+    def has_claimable_verdicts(self, framework: str) -> bool:
+        """Whether a pending verdict owed to ``framework`` is free to claim now: a read (an
+        index probe, ``LIMIT 1``) that writes nothing, for a publisher's periodic check before
+        it claims."""
+        return _verdicts.claimable(self._db, framework)
+
     def mark_verdicts_published(self, task_ids: Iterable[str | uuid.UUID]) -> int:
         """Mark these logical tasks' pending verdicts published; returns how many changed (a
         repeat changes nothing)."""

@@ -1,7 +1,8 @@
 """The counters behind every adapter's ``stats()``, and their copy in the metrics directory.
 
 With ``metrics_dir`` set, every increment the error policy and the runtime count is also added
-to the directory's counters file, so ``tsg metrics`` shows the sums of every process.
+to the directory's counters file, so ``tsg metrics`` shows the sums of every process; a worker's
+start writes the adapter's counters there at zero first (:meth:`Counters.export_zeros`).
 """
 
 from __future__ import annotations
@@ -22,24 +23,43 @@ class Counters:
         self.adapter = adapter
         self._failed = False
 
+    def _zeros(self) -> list[adapter_counters.Increment]:
+        """This adapter's counters whose label sets are known in advance, at zero (with them
+        the file names the adapter, so its ``tsg_adapter_ledger_errors_all_total`` reads 0)."""
+        adapter = self.adapter
+        zeros: list[adapter_counters.Increment] = [
+            ("tsg_adapter_conflicts_total", {"adapter": adapter, "kind": k}, 0)
+            for k in CONFLICT_KINDS]
+        zeros.append(("tsg_adapter_reconciles_total", {"adapter": adapter}, 0))
+        zeros.append(("tsg_adapter_verdicts_published_total", {"adapter": adapter}, 0))
+        zeros += [("tsg_adapter_framework_successes_total", {"adapter": adapter, "where": where}, 0)
+                  for where in ("reconcile", "verdict")]
+        return zeros
+
+    def export_zeros(self) -> None:
+        """At a worker's start (before anything is counted): write this adapter's counters at
+        zero into the metrics directory, if one is set, so every series an alert's
+        ``increase()`` reads exists before its first increment. Never raises."""
+        if self._handle.settings.metrics_dir is not None:
+            self._handle.state().counted = True
+            self._add(self._zeros())
+
     def count_in_directory(self, family: str, labels: Mapping[str, str]) -> None:
         """Add one increment to the metrics directory's counters file; never raises (a failure
         is logged once per process, and the in-process counters still count)."""
-        directory = self._handle.settings.metrics_dir
-        if directory is None:
+        if self._handle.settings.metrics_dir is None:
             return
-        adapter = self.adapter
-        increments: list[adapter_counters.Increment] = [(family, {**labels, "adapter": adapter}, 1)]
+        increments: list[adapter_counters.Increment] = [
+            (family, {**labels, "adapter": self.adapter}, 1)]
         proc = self._handle.state()
-        if not proc.counted:  # this process's first: its adapter's counters appear at zero
+        if not proc.counted:  # a process that never started a worker: its zeros come first
             proc.counted = True
-            increments += [("tsg_adapter_conflicts_total", {"adapter": adapter, "kind": k}, 0)
-                           for k in CONFLICT_KINDS]
-            increments.append(("tsg_adapter_reconciles_total", {"adapter": adapter}, 0))
-            increments.append(("tsg_adapter_verdicts_published_total", {"adapter": adapter}, 0))
-            increments += [("tsg_adapter_framework_successes_total",
-                            {"adapter": adapter, "where": where}, 0)
-                           for where in ("reconcile", "verdict")]
+            increments += self._zeros()
+        self._add(increments)
+
+    def _add(self, increments: list[adapter_counters.Increment]) -> None:
+        directory = self._handle.settings.metrics_dir
+        assert directory is not None
         try:
             adapter_counters.add(directory, increments)
         except (OSError, ValueError) as exc:

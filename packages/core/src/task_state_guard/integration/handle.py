@@ -2,9 +2,9 @@
 
 :class:`LedgerHandle` holds the state that belongs to one OS process (:class:`ProcessState`:
 the ledger it opened, its heartbeat thread, held tasks, deferred delivery marks, its periodic
-reconcile and counters) and rebuilds it after a fork without touching the parent's. It opens
-the process's ledger lazily on first use and remembers whether that worked
-(:meth:`LedgerHandle.check_ledger` at worker start says loudly when it cannot be used).
+reconcile and verdict drain, and counters) and rebuilds it after a fork without touching the
+parent's. It opens the process's ledger lazily on first use and remembers whether that
+worked (:meth:`LedgerHandle.check_ledger` at worker start says loudly when it cannot be used).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class ProcessState:
         self.published = 0
         self.counted = False  # has this process added to the metrics directory yet
         self.reconciler: tuple[threading.Event, threading.Thread] | None = None
+        self.drainer: tuple[threading.Event, threading.Thread] | None = None
         #: Held by a background thread's pass over the ledger (a periodic reconcile, a verdict
         #: drain) and by a fork in preparation, from the ledger's close to the fork itself: no
         #: connection is in use, or open, at the moment this process forks (see
@@ -146,6 +147,11 @@ class LedgerHandle:
                 raise
             return False
         return True
+
+    @property
+    def opened(self) -> Ledger | None:
+        """The ledger this process holds now, without opening one (``None``: none open)."""
+        return self._external if self._external is not None else self.state().ledger
 
     def ledger_or_none(self) -> Ledger | None:
         """The ledger, or ``None`` when it cannot be opened right now (not counted)."""

@@ -3,6 +3,12 @@
 The counters belong to one process (see :class:`~task_state_guard.integration.ErrorPolicy`):
 serve them from the process whose hooks run the jobs. Labels are the adapter's name, the hook
 or operation, the exception's class name and the conflict kind; never ids, values or paths.
+
+Every series whose labels are known in advance is exported from the start, at 0: the conflicts
+of each kind, the reconciles, the published verdicts and ``tsg_adapter_ledger_errors_all_total``
+(every ledger error of the adapter, whatever its hook and class), the one to alert on: the
+detailed ``tsg_adapter_ledger_errors_total`` series appears only at its first error (hooks and
+exception classes are not a closed set), so ``increase()`` over it misses that first one.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ def format_adapter_metrics(*guards: _Guard) -> str:
     """Prometheus text of the counters of ``guards`` (adapter objects: ``CeleryGuard``,
     ``TaskStateGuardMiddleware``, ``GuardedGraph``) in this process, one family each."""
     errors: list[Sample] = []
+    any_errors: list[Sample] = []
     conflicts: list[Sample] = []
     reconciles: list[Sample] = []
     heartbeating: list[Sample] = []
@@ -36,6 +43,7 @@ def format_adapter_metrics(*guards: _Guard) -> str:
         for kind, count in sorted(stats["errors"].items()):
             hook, _, error = kind.rpartition(":")
             errors.append(({"adapter": adapter, "error": error, "hook": hook}, count))
+        any_errors.append(({"adapter": adapter}, sum(stats["errors"].values())))
         counted = stats["conflicts"]
         kinds = [*CONFLICT_KINDS, *sorted(set(counted) - set(CONFLICT_KINDS))]
         conflicts += [({"adapter": adapter, "kind": k}, counted.get(k, 0)) for k in kinds]
@@ -46,6 +54,9 @@ def format_adapter_metrics(*guards: _Guard) -> str:
             usable.append(({"adapter": adapter, "reason": stats["ledger_reason"] or ""},
                            int(stats["ledger_usable"])))
     out = Exposition()
+    out.family("tsg_adapter_ledger_errors_all_total", "counter",
+               "Ledger errors inside framework hooks in this process, of any hook and exception "
+               "class, by adapter (0 from the start: alert on this one).", any_errors)
     out.family("tsg_adapter_ledger_errors_total", "counter",
                "Ledger errors inside framework hooks in this process, by adapter, hook or "
                "operation, and exception class (the job ran on).", errors)

@@ -30,6 +30,9 @@ part (module)               concern
 (``successes``)             success the framework's result store holds is closed succeeded
                             before a reconcile would close it lost, and its verdict, when one
                             was recorded anyway, is superseded instead of published
+``drain`` (``draining``)    the periodic verdict drain of a running worker (by default every
+                            ``verdict_interval_seconds``): a read-only check for verdicts owed
+                            to this framework, and a drain only when there are
 ``counters``                the counters behind every adapter's ``stats()`` (with
                             ``metrics_dir`` set, every increment is also added to the
                             directory's counters file, so ``tsg metrics`` shows the sums of
@@ -57,6 +60,7 @@ from ..ops.verdicts import Verdict
 from .attempts import Attempts, AttemptSpec
 from .closing import Closes, Closing
 from .counters import Counters
+from .draining import VerdictDrain
 from .errors import ErrorPolicy, Guarded
 from .handle import LedgerHandle
 from .heartbeats import Heartbeats
@@ -100,6 +104,7 @@ class AdapterRuntime:
         self.reconciler = reconciler = Reconciler(handle, lost)
         self.successes = successes = FrameworkSuccesses(handle, self.framework)
         lost.successes = reconciler.successes = successes
+        self.drain = drain = VerdictDrain(handle, lost)
         self.counters = counters = Counters(handle, adapter)
         #: The ``adapter`` label of this runtime's counters (``celery``, ``dramatiq``, ...).
         self.adapter = adapter
@@ -142,11 +147,14 @@ class AdapterRuntime:
         self.notify_lost = lost.notify_lost
         # reconcile
         self.reconcile = reconciler.reconcile
-        self.boot = reconciler.boot
         self.boot_reconcile = reconciler.boot_reconcile
         self.guarded_reconcile = reconciler.guarded_reconcile
         self.start_periodic_reconcile = reconciler.start_periodic_reconcile
         self.stop_periodic_reconcile = reconciler.stop_periodic_reconcile
+        # the periodic verdict drain
+        self.start_verdict_drain = drain.start
+        self.stop_verdict_drain = drain.stop
+        self.verdicts_pending = drain.pending
         # counters
         self.stats = counters.stats
         #: This process's jobs closed succeeded instead of lost (``reconcile``) and verdicts
@@ -219,6 +227,15 @@ class AdapterRuntime:
 
     # ------------------------------------------------------------------ the whole runtime
 
+    def boot(self, where: str = "boot") -> dict[str, Any] | None:
+        """What a worker does when it starts, before it consumes: its counters appear at zero
+        in the metrics directory (if set), then :meth:`Reconciler.boot
+        <.reconciling.Reconciler.boot>` (``check_ledger``, the boot reconcile if
+        ``reconcile_on_boot``, the drain of this framework's verdicts). Returns the reconcile's
+        report, if one ran."""
+        self.counters.export_zeros()
+        return self.reconciler.boot(where)
+
     def guarded(self, where: str) -> Guarded:
         """Apply the error policy to the block (for the body of a framework hook)."""
         return self.policy.guarded(where)
@@ -246,9 +263,10 @@ class AdapterRuntime:
         self.heartbeats.resume()
 
     def close(self) -> None:
-        """Stop this process's heartbeats and periodic reconcile and close its own ledger
-        handle (idempotent)."""
+        """Stop this process's heartbeats, periodic reconcile and verdict drain and close its
+        own ledger handle (idempotent)."""
         self.reconciler.stop_periodic_reconcile()
+        self.drain.stop()
         self.heartbeats.stop_heartbeats(where="close", forget=True)
         self.handle.close_ledger()
 

@@ -15,6 +15,7 @@ setting                         environment variable                  default
 ``heartbeat_seconds``           ``TSG_HEARTBEAT_SECONDS``             min(30, active grace / 4)
 ``reconcile_on_boot``           ``TSG_RECONCILE_ON_BOOT``             true
 ``reconcile_interval_seconds``  ``TSG_RECONCILE_INTERVAL_SECONDS``    0 (off)
+``verdict_interval_seconds``    ``TSG_VERDICT_INTERVAL_SECONDS``      10
 ``strict``                      ``TSG_STRICT``                        false
 ``fail_lost_results``           ``TSG_FAIL_LOST_RESULTS``             true
 ``busy_timeout_ms``             ``TSG_BUSY_TIMEOUT_MS``               5000
@@ -29,6 +30,12 @@ is ASCII digits.
 ``heartbeat_seconds=0`` turns the background heartbeat off; otherwise it must be below the
 active grace. ``reconcile_interval_seconds`` is used by adapters with a long-lived worker loop
 (Celery and Dramatiq workers: a periodic reconcile in the worker's main process).
+``verdict_interval_seconds``: how often a running worker (a Celery worker's main process, each
+Dramatiq worker process, a LangGraph process running ``start_recovery()``) checks for lost-job
+verdicts owed to its framework and publishes them, whoever reconciled (``tsg reconcile``,
+another host); each check is one indexed read (``LIMIT 1``) that writes nothing when nothing is
+owed. Independent of ``reconcile_interval_seconds``; 0 turns the checks off (verdicts are then
+published at a worker's start, after its own reconciles and on ``publish_verdicts()``).
 ``fail_lost_results=false`` stops adapters from writing a failure into the framework's result
 backend for a job a reconcile found lost (the ``on_lost`` hook still fires).
 ``require_ledger=true`` makes a worker refuse to start when its ledger cannot be used (by
@@ -53,6 +60,8 @@ from ..store.backends import redact
 
 DEFAULT_GRACE_SECONDS: Final = 600.0
 MAX_DEFAULT_HEARTBEAT_SECONDS: Final = 30.0
+#: How often a running worker checks for the verdicts owed to its framework, by default.
+DEFAULT_VERDICT_INTERVAL_SECONDS: Final = 10.0
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -64,6 +73,7 @@ _NAMES = (
     "heartbeat_seconds",
     "reconcile_on_boot",
     "reconcile_interval_seconds",
+    "verdict_interval_seconds",
     "strict",
     "fail_lost_results",
     "busy_timeout_ms",
@@ -80,6 +90,7 @@ class SettingArgs(TypedDict, total=False):
     heartbeat_seconds: float | None
     reconcile_on_boot: bool | None
     reconcile_interval_seconds: float | None
+    verdict_interval_seconds: float | None
     strict: bool | None
     fail_lost_results: bool | None
     busy_timeout_ms: int | None
@@ -106,6 +117,7 @@ class Settings:
     fail_lost_results: bool = True
     require_ledger: bool = False
     metrics_dir: str | None = None
+    verdict_interval_seconds: float = DEFAULT_VERDICT_INTERVAL_SECONDS
 
     def __repr__(self) -> str:
         """Every setting, the ledger URL without its password."""
@@ -265,6 +277,11 @@ def resolve_settings(
     boot = True if value is None else _flag(value, source)
     value, source = get("reconcile_interval_seconds")
     interval = 0.0 if value is None else _seconds(value, source, allow_zero=True)
+    value, source = get("verdict_interval_seconds")
+    verdict_interval = (
+        DEFAULT_VERDICT_INTERVAL_SECONDS if value is None
+        else _seconds(value, source, allow_zero=True)
+    )
     value, source = get("strict")
     strict = False if value is None else _flag(value, source)
     value, source = get("fail_lost_results")
@@ -287,11 +304,13 @@ def resolve_settings(
         fail_lost_results=fail_lost,
         require_ledger=required,
         metrics_dir=metrics_dir,
+        verdict_interval_seconds=verdict_interval,
     )
 
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_VERDICT_INTERVAL_SECONDS",
     "ConfigurationError",
     "SettingArgs",
     "Settings",

@@ -8,7 +8,10 @@ to :data:`FILE_NAME` there, under an exclusive ``flock`` on :data:`LOCK_NAME` be
 the file, add, write a temporary file, rename it over the old one. The file then holds the sums
 of every process that ever counted into it (children that exited included), and ``tsg metrics``
 given the same directory exposes them. The sums never go down while the file lives; deleting
-it starts them at zero again, which Prometheus' ``rate()`` reads as a counter reset.
+it starts them at zero again, which Prometheus' ``rate()`` reads as a counter reset. An adapter
+writes its counters at zero when a worker starts, and :func:`format_directory` adds
+:data:`ERRORS_BY_ADAPTER` (each adapter's errors of every kind, derived, never stored), so an
+alert's ``increase()`` sees the first error of each kind.
 
 Only the adapter's name, hook names, exception class names and conflict kinds are written
 (identifiers, never ids, values or paths); a reader accepts nothing else, so a tampered file
@@ -37,6 +40,11 @@ FAMILIES: Mapping[str, tuple[str, ...]] = {
     "tsg_adapter_verdicts_published_total": ("adapter",),
     "tsg_adapter_framework_successes_total": ("adapter", "where"),
 }
+#: Every ledger error of an adapter, whatever its hook and class: not stored, derived when the
+#: file is read (the sum of that adapter's ``tsg_adapter_ledger_errors_total``), for every
+#: adapter the file names, so it reads 0 from a worker's start (when the adapter writes its
+#: zeros) and ``increase()`` sees the first error of every kind.
+ERRORS_BY_ADAPTER = "tsg_adapter_ledger_errors_all_total"
 MAX_BYTES = 1 << 20  # a file this large was not written by us: it is refused, not read
 MAX_ENTRIES = 10_000  # label sets kept; increments of further ones are dropped
 
@@ -151,14 +159,25 @@ def read(directory: str) -> dict[Key, int]:
 
 
 def samples(counters: Mapping[Key, int], family: str) -> list[tuple[dict[str, str], int]]:
-    """One family's samples from :func:`read`'s result, sorted by labels."""
+    """One family's samples from :func:`read`'s result, sorted by labels (with
+    :data:`ERRORS_BY_ADAPTER`: each adapter's sum of ledger errors, 0 for an adapter the file
+    names without any)."""
+    if family == ERRORS_BY_ADAPTER:
+        totals: dict[str, int] = {}
+        for (name, pairs), value in counters.items():
+            adapter = dict(pairs)["adapter"]
+            add = value if name == "tsg_adapter_ledger_errors_total" else 0
+            totals[adapter] = totals.get(adapter, 0) + add
+        return [({"adapter": adapter}, total) for adapter, total in sorted(totals.items())]
     return [(dict(pairs), value) for (name, pairs), value in sorted(counters.items())
             if name == family]
 
 
-
-
 _HELP = {
+    ERRORS_BY_ADAPTER:
+        "Ledger errors inside framework hooks, of any hook and exception class, summed over "
+        "every process that counted into the metrics directory, by adapter (0 from a worker's "
+        "start: alert on this one).",
     "tsg_adapter_ledger_errors_total":
         "Ledger errors inside framework hooks, summed over every process that counted into the "
         "metrics directory, by adapter, hook or operation, and exception class (the job ran on).",
@@ -190,7 +209,7 @@ def format_directory(directory: str) -> str:
     except OSError:
         counters, readable = {}, 0
     out = Exposition()
-    for family in FAMILIES:
+    for family in (ERRORS_BY_ADAPTER, *FAMILIES):
         out.family(family, "counter", _HELP[family], samples(counters, family))
     out.family("tsg_adapter_counters_readable", "gauge",
                "1 when the metrics directory's adapter counters file is absent or was read; 0 "
@@ -198,4 +217,7 @@ def format_directory(directory: str) -> str:
     return out.render()
 
 
-__all__ = ["FAMILIES", "FILE_NAME", "LOCK_NAME", "add", "format_directory", "read", "samples"]
+__all__ = [
+    "ERRORS_BY_ADAPTER", "FAMILIES", "FILE_NAME", "LOCK_NAME", "add", "format_directory", "read",
+    "samples",
+]

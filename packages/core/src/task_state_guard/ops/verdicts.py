@@ -100,6 +100,21 @@ def _verdict(row: tuple[Any, ...], claim_token: str, lease_until: float) -> Verd
     return Verdict(task_id, framework, fid, name, code, float(recorded), claim_token, lease_until)
 
 
+def _claimable(db: Database, label: str) -> bool:
+    with db.read() as conn:
+        return bool(db.queries.any_claimable(conn, label, db.now()))
+
+
+def claimable(db: Database, framework: str) -> bool:
+    """Whether a pending verdict of ``framework`` is free to claim now (its lease free or
+    expired): one read transaction, an index probe with ``LIMIT 1``; it writes nothing and
+    takes no write lock. An older layout (no outbox) owes none."""
+    label = check_framework(framework)
+    if label is None:
+        raise InvalidInput("framework must be given")
+    return current(db) and _claimable(db, label)
+
+
 def claim(
     db: Database,
     framework: str,
@@ -121,10 +136,8 @@ def claim(
     only = None if task_ids is None else _ids(task_ids, "task_ids")
     if only is not None and not only:
         return []
-    if only is None:  # a drain that finds nothing owed, the usual case, takes no write lock
-        with db.read() as conn:
-            if not db.queries.any_claimable(conn, label, db.now()):
-                return []
+    if only is None and not _claimable(db, label):
+        return []  # a drain that finds nothing owed, the usual case, takes no write lock
     token = secrets.token_hex(16)
     found: list[Verdict] = []
     with db.write() as conn:
@@ -222,6 +235,6 @@ def consistency_sql(fin: Callable[[str], str]) -> str:
 
 
 __all__ = [
-    "MAX_CLAIM", "Verdict", "claim", "consistency_sql", "counts", "current", "mark_published",
-    "release",
+    "MAX_CLAIM", "Verdict", "claim", "claimable", "consistency_sql", "counts", "current",
+    "mark_published", "release",
 ]
