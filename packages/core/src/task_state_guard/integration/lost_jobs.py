@@ -11,11 +11,11 @@ result store holds as succeeded is superseded instead (see :mod:`.successes`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..ops.verdicts import Verdict
 from .handle import LedgerHandle
+from .lost_task import LostHook, LostTask
 
 if TYPE_CHECKING:
     from .successes import FrameworkSuccesses
@@ -23,30 +23,6 @@ if TYPE_CHECKING:
 #: Verdicts one drain step claims, and the lease it holds them for while it publishes.
 VERDICT_BATCH = 100
 VERDICT_LEASE_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class LostTask:
-    """A job found lost: what the ``on_lost`` hook receives (in-process only, never logged).
-
-    ``framework_id``: the framework's id of the job (Celery task id, Dramatiq message id,
-    LangGraph invocation id) when it is known: a verdict carries it only where it was stored
-    (a canonical UUID), else ``None`` (a custom Celery id, say: the hook still gets the ledger
-    id and the name); ``task_id``: its logical task's ledger id; ``name``: the name label
-    (task, actor or graph name); ``code``: why it was closed (``owner_lost``,
-    ``restart_stale`` or ``deadline_exceeded``); ``thread_id``: the LangGraph thread, else
-    ``None``.
-    """
-
-    framework_id: str | None
-    task_id: str
-    name: str | None
-    code: str
-    thread_id: str | None = None
-
-
-#: The ``on_lost`` hook: called once per lost job, after the reconcile that found it committed.
-LostHook = Callable[[LostTask], object]
 
 
 class LostJobs:

@@ -8,7 +8,7 @@ framework a verdict, write a failure into the result backend and call the user's
 
 An adapter whose framework keeps results sets a *success check* on its runtime
 (:attr:`AdapterRuntime.framework_success <.runtime.AdapterRuntime.framework_success>`): a
-callable that receives the candidate job as a :class:`~.lost_jobs.LostTask` (its framework id,
+callable that receives the candidate job as a :class:`~.lost_task.LostTask` (its framework id,
 ledger id, name label, the lost code a reconcile would give it) and returns True when the
 framework's result store holds a success for it. It is consulted in two places:
 
@@ -47,7 +47,7 @@ from ..process import THIS
 from . import codes
 from .handle import LedgerHandle
 from .ids import FRAMEWORKS, IdScheme
-from .lost_jobs import LostTask
+from .lost_task import LostTask
 
 if TYPE_CHECKING:
     from ..ops.reconcile import ReconcileDecision, ReconcilePolicy
