@@ -27,6 +27,7 @@ TOKEN_ENV = "TSG_SERVE_TOKEN"
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_BYTES = 4096
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no spaces
+_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
 
 Payload = dict[str, Any] | str
 
@@ -45,7 +46,7 @@ def parse_listen(value: object) -> tuple[str, int]:
         address = ipaddress.ip_address(host)
     except ValueError:
         raise InvalidInput("the listen host must be an IP address") from None
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not _PORT.fullmatch(port_text) or not 0 <= int(port_text) <= 65535:
         raise InvalidInput("the listen port must be 0-65535")
     return str(address), int(port_text)
 
@@ -79,7 +80,13 @@ def read_token(token_file: str | None, environ: Mapping[str, str]) -> str | None
         text = environ.get(TOKEN_ENV, "")
         if not text:
             return None
-    token = text.strip()
+    return check_token(text)
+
+
+def check_token(text: object) -> str:
+    """``text`` without surrounding whitespace when it is a token: at least 16 printable ASCII
+    characters without spaces (else ``InvalidInput``, ``serve_token_invalid``)."""
+    token = text.strip() if isinstance(text, str) else ""
     if len(token) < MIN_TOKEN_LENGTH or not _TOKEN.fullmatch(token):
         raise InvalidInput("the token must be at least 16 printable characters",
                            reason=r.SERVE_TOKEN_INVALID)
@@ -102,14 +109,14 @@ def run_serve(
                            reason=r.SERVE_TOKEN_REQUIRED)
     open_ledger().close()  # a missing, foreign or unsafe ledger fails here, before binding
 
-    from .app import Settings, WebApp
-    from .http_server import Counters, HttpServer  # the network code loads only to serve
+    from .app import Counters, Settings, WebApp
+    from .server import HttpServer  # the network code loads only to serve
 
     counters = Counters()
     settings = Settings(grace=values["grace"], refresh_seconds=values["refresh"], token=token,
                         metrics_dir=values.get("metrics_dir"))
-    server = HttpServer(values["listen"], WebApp(open_ledger, settings, counters, categorize),
-                        counters=counters)
+    app = WebApp(open_ledger, settings, counters, categorize)
+    server = HttpServer(values["listen"], app.wsgi, counters=counters)
     bound_host, bound_port = server.address
     shown = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
     emit({"listen": shown, "ok": True})
@@ -117,5 +124,5 @@ def run_serve(
     return "", 0
 
 
-__all__ = ["DEFAULT_LISTEN", "TOKEN_ENV", "check_serve_options", "parse_listen", "read_token",
-           "run_serve"]
+__all__ = ["DEFAULT_LISTEN", "TOKEN_ENV", "check_serve_options", "check_token", "parse_listen",
+           "read_token", "run_serve"]
