@@ -272,7 +272,9 @@ def test_make_wsgi_app_fails_fast(db: str, tmp_path: Path) -> None:
     with Ledger(db) as led:
         _job(led)
     for bad in ({"token": "short"}, {"token": "has spaces but is long enough"},
-                {"refresh_seconds": -1}, {"active_grace_seconds": float("nan")}):
+                {"refresh_seconds": -1}, {"refresh_seconds": True},
+                {"active_grace_seconds": float("nan")}, {"active_grace_seconds": "600"},
+                {"metrics_dir": ""}):
         with pytest.raises(InvalidInput):
             make_wsgi_app(db, **bad)
 

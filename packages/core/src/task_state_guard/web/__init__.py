@@ -35,7 +35,7 @@ def make_wsgi_app(
     ``--refresh`` and ``--metrics-dir`` do. The ledger is opened once here: a missing or
     foreign ledger, or a bad value, raises ``InvalidInput`` (a ``LedgerError``) at once.
     """
-    from .app import make_wsgi_app as make
+    from .serve import make_wsgi_app as make
 
     return make(db, token=token, active_grace_seconds=active_grace_seconds,
                 refresh_seconds=refresh_seconds, metrics_dir=metrics_dir,

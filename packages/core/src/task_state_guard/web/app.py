@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
 import re
 import secrets
 import threading
@@ -54,7 +53,7 @@ from . import pages
 from .html import View
 
 if TYPE_CHECKING:
-    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+    from wsgiref.types import StartResponse, WSGIEnvironment
 
 HTML = "text/html; charset=utf-8"
 SESSION_COOKIE = "tsg_session"
@@ -576,40 +575,6 @@ def _request(environ: WSGIEnvironment, method: str) -> Request:
                    _wsgi_text(environ.get("QUERY_STRING", "")), headers, body)
 
 
-def make_wsgi_app(
-    db: str | os.PathLike[str],
-    *,
-    token: str | None = None,
-    active_grace_seconds: float = 600.0,
-    refresh_seconds: int = 30,
-    metrics_dir: str | None = None,
-    busy_timeout_ms: int = 5000,
-) -> WSGIApplication:
-    """The read-only pages and ``/metrics`` of the ledger ``db`` as a WSGI application, to
-    mount at the root path of any WSGI server (see :func:`task_state_guard.web.make_wsgi_app`).
-    """
-    from ..cli.commands import error_category
-    from .serve import check_token
-
-    if token is not None:
-        token = check_token(token)
-    if not isinstance(refresh_seconds, int) or not (
-            refresh_seconds == 0 or 1 <= refresh_seconds <= 86400):
-        raise InvalidInput("the refresh interval must be 0 (off) or 1 s to 1 d")
-    grace = float(active_grace_seconds)
-    if not 0 <= grace <= 10**10:
-        raise InvalidInput("the active grace is out of range")
-
-    def open_ledger() -> Ledger:
-        return Ledger(db, busy_timeout_ms=busy_timeout_ms, read_only=True,
-                      transient_sidecars=True, create=False)
-
-    open_ledger().close()  # a missing, foreign or unsafe ledger fails here, at once
-    settings = Settings(grace=grace, refresh_seconds=refresh_seconds, token=token,
-                        metrics_dir=metrics_dir)
-    return WebApp(open_ledger, settings, None, error_category).wsgi
-
-
 def _cookie(header: str, name: str) -> str | None:
     """The value of cookie ``name`` in a ``Cookie`` header (the first one), or None."""
     for part in header.split(";"):
@@ -624,4 +589,4 @@ def _text(status: int, text: str) -> Response:
 
 
 __all__ = ["ID_KINDS", "MAX_BODY", "REASONS", "Counters", "Request", "Response", "Settings",
-           "WebApp", "is_loopback_host", "job_candidates", "make_wsgi_app", "plain_headers"]
+           "WebApp", "is_loopback_host", "job_candidates", "plain_headers"]

@@ -14,12 +14,12 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import reasons as r
 from ..durations import parse_seconds
 from ..ledger import Ledger
-from ..model import InvalidInput, LedgerError
+from ..model import MAX_SECONDS, InvalidInput, LedgerError, error_category
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 DEFAULT_REFRESH_SECONDS = 30
@@ -28,6 +28,9 @@ MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_BYTES = 4096
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no spaces
 _PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
+
+if TYPE_CHECKING:
+    from wsgiref.types import WSGIApplication
 
 Payload = dict[str, Any] | str
 
@@ -124,5 +127,43 @@ def run_serve(
     return "", 0
 
 
-__all__ = ["DEFAULT_LISTEN", "TOKEN_ENV", "check_serve_options", "check_token", "parse_listen",
-           "read_token", "run_serve"]
+def make_wsgi_app(
+    db: str | os.PathLike[str],
+    *,
+    token: str | None = None,
+    active_grace_seconds: float = 600.0,
+    refresh_seconds: int = 30,
+    metrics_dir: str | None = None,
+    busy_timeout_ms: int = 5000,
+) -> WSGIApplication:
+    """The read-only pages and ``/metrics`` of the ledger ``db`` as a WSGI application, to
+    mount at the root path of any WSGI server (documented at
+    :func:`task_state_guard.web.make_wsgi_app`).
+    """
+    from .app import Settings, WebApp  # the page code loads only when the app is made
+
+    if token is not None:
+        token = check_token(token)
+    if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, int) or not (
+            refresh_seconds == 0 or 1 <= refresh_seconds <= 86400):
+        raise InvalidInput("the refresh interval must be 0 (off) or 1 s to 1 d")
+    if isinstance(active_grace_seconds, bool) or not isinstance(
+            active_grace_seconds, int | float) or not 0 <= active_grace_seconds <= MAX_SECONDS:
+        raise InvalidInput("the active grace must be 0 or more seconds")
+    grace = float(active_grace_seconds)
+    if metrics_dir is not None and (not isinstance(metrics_dir, str) or not metrics_dir
+                                    or "\0" in metrics_dir):
+        raise InvalidInput("the metrics directory must be a path")
+
+    def open_ledger() -> Ledger:
+        return Ledger(db, busy_timeout_ms=busy_timeout_ms, read_only=True,
+                      transient_sidecars=True, create=False)
+
+    open_ledger().close()  # a missing, foreign or unsafe ledger fails here, at once
+    settings = Settings(grace=grace, refresh_seconds=refresh_seconds, token=token,
+                        metrics_dir=metrics_dir)
+    return WebApp(open_ledger, settings, None, error_category).wsgi
+
+
+__all__ = ["DEFAULT_LISTEN", "TOKEN_ENV", "check_serve_options", "check_token", "make_wsgi_app",
+           "parse_listen", "read_token", "run_serve"]
