@@ -156,6 +156,37 @@ def test_a_request_that_stops_mid_way_is_dropped_quietly(db: str) -> None:
     assert (code, out, err) == (0, "", "")
 
 
+def test_a_request_sent_a_byte_at_a_time_is_cut_at_its_deadline(db: str) -> None:
+    """Each byte well within the per-read timeout, but the whole request late (10 s after the
+    connection was accepted): the connection is closed unanswered and counted as a timeout;
+    other clients are answered meanwhile."""
+    with Ledger(db) as led:
+        _job(led)
+    server = Served(db, "--listen", "127.0.0.1:0", "--refresh", "0")
+    try:
+        with socket.create_connection((server.host, server.port), timeout=30) as slow:
+            slow.sendall(b"GET /stuck HTTP/1.1\r\nX-Slow: ")
+            slow.settimeout(1)
+            answer, closed = b"", False
+            for _second in range(60):
+                try:
+                    slow.sendall(b"x")
+                    answer = slow.recv(100)
+                except TimeoutError:
+                    assert server.request("/stuck")[0] == 200
+                    continue
+                except OSError:
+                    pass
+                closed = True
+                break
+        assert closed and answer == b""
+        dropped = parse(server.request("/metrics")[2])["tsg_serve_connections_dropped_total"]
+        assert dropped.value(reason="timeout") >= 1
+    finally:
+        code, out, err = server.stop()
+    assert (code, out, err) == (0, "", "")
+
+
 # ----------------------------------------------------------------------------- mounted
 
 

@@ -62,6 +62,7 @@ _TARGET = re.compile(r"/[!-~]*")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _LENGTH = re.compile(r"[0-9]{1,18}", re.ASCII)
 
+_NEVER = float("inf")
 # The states of a connection.
 _IDLE, _QUEUED, _READING, _ANSWERING, _DONE = range(5)
 
@@ -347,8 +348,8 @@ class HttpServer:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            with self._lock:
-                deadlines = [c.deadline for c in self._conns.values()]
+            with self._lock:  # a connection already shut down has no deadline (infinite)
+                deadlines = [c.deadline for c in self._conns.values() if c.deadline < _NEVER]
             deadlines += self._lingering.values()
             wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
             for key, _events in self._selector.select(wait):
@@ -433,7 +434,7 @@ class HttpServer:
                 if conn.reason is None:
                     conn.reason = "timeout"
                     self.counters.add("timeout")
-                conn.deadline = float("inf")
+                conn.deadline = _NEVER
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_RDWR)
         for sock in [s for s, until in self._lingering.items() if until <= now]:
