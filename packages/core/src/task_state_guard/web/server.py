@@ -407,7 +407,8 @@ class HttpServer:
 
     def _dispatch(self, sock: socket.socket) -> None:
         """An idle connection sent something: a worker reads it (503 when the queue is full)."""
-        self._selector.unregister(sock)
+        with contextlib.suppress(KeyError, ValueError):  # closed earlier in this round
+            self._selector.unregister(sock)
         with self._lock:
             conn = self._conns.get(sock)
             if conn is None:
