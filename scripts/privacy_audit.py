@@ -52,9 +52,9 @@ TELEMETRY_MODULES = frozenset({
 })
 #: The one core module allowed to open a listening socket: the opt-in ``tsg serve`` server
 #: (alias ``tsg metrics --serve``; loopback by default, a token beyond it, read-only), imported
-#: only by that command. It may import these modules (``http`` for its status phrases) and
+#: only by that command. It may import these modules (``http.server`` parses its requests) and
 #: nothing else of NETWORK_MODULES; network calls stay flagged.
-SERVER_MODULE = "task_state_guard/web/http_server.py"
+SERVER_MODULE = "task_state_guard/web/server.py"
 SERVER_ALLOWED = frozenset({"socket", "http"})
 NETWORK_CALLS = frozenset({
     "create_connection", "urlopen", "getaddrinfo", "gethostbyname", "gethostname",

@@ -49,8 +49,8 @@ def parse_seconds(
 
 def parse_count(text: str, what: str) -> int:
     """Return the whole number ``text`` denotes (ASCII digits only, nothing else)."""
-    if not isinstance(text, str) or _COUNT.fullmatch(text) is None:
-        raise InvalidInput(f"{what} must be a whole number")
+    if not isinstance(text, str) or _COUNT.fullmatch(text) is None or len(text) > 4000:
+        raise InvalidInput(f"{what} must be a whole number")  # int() refuses longer ones
     return int(text)
 
 

@@ -195,6 +195,14 @@ class StateConflict(LedgerError):
     """
 
 
+def error_category(exc: LedgerError) -> str:
+    """The 0.1.0 error name the CLI prints (and the web view shows) for ``exc``."""
+    for category in (InvalidInput, TaskNotFound, StateConflict):
+        if isinstance(exc, category):
+            return category.__name__
+    return "StateConflict"
+
+
 class StorageError(StateConflict):
     """The database is unusable, unwritable, full, foreign, replaced or opened read-only."""
 

@@ -40,13 +40,12 @@ from ..model import (
     TERMINAL_STATES,
     InvalidInput,
     LedgerError,
-    StateConflict,
-    TaskNotFound,
     canonical_id,
     check_code_shape,
     check_name,
     check_payload_hash,
     check_state,
+    error_category,
 )
 from ..ops.reconcile import ReconcilePolicy
 from ..ops.status import format_text
@@ -436,14 +435,6 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
         return {"ok": True, "task": task.to_dict()}, 0
     finally:
         ledger.close()
-
-
-def error_category(exc: LedgerError) -> str:
-    """The 0.1.0 error name the CLI prints for ``exc``."""
-    for category in (InvalidInput, TaskNotFound, StateConflict):
-        if isinstance(exc, category):
-            return category.__name__
-    return "StateConflict"
 
 
 def error_payload(exc: LedgerError, *, explain: bool = False) -> dict[str, Any]:

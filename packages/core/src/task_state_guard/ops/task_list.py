@@ -15,6 +15,7 @@ are here; each backend's ``queries`` writes the statements.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,9 @@ MAX_LIMIT = 10**6
 #: label, the state. Ties go by creation order.
 ORDERS = tuple(queries.LIST_ORDERS)
 _TEXT_ORDERS = frozenset({"name", "status"})
+#: A cursor's whole numbers: ASCII digits only (``str.isdigit`` also takes ``²`` and other
+#: scripts' digits), at most 19 (a 64-bit column).
+_DIGITS = re.compile(r"[0-9]{1,19}", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,18 +108,19 @@ def parse_cursor(order: str, text: object) -> tuple[Any, int]:
     if not isinstance(text, str) or len(text) > 1000:
         raise InvalidInput("the cursor is malformed")
     key_text, dot, seq_text = text.rpartition(".")
-    if not dot or not seq_text.isdigit() or len(seq_text) > 19:
+    if not dot or not _DIGITS.fullmatch(seq_text) or len(seq_text) > 19:
         raise InvalidInput("the cursor is malformed")
     try:
         if order in _TEXT_ORDERS:
             key: Any = bytes.fromhex(key_text).decode("utf-8")
         elif order == "created":
-            key = int(key_text) if key_text.isdigit() else None
+            key = int(key_text) if _DIGITS.fullmatch(key_text) else None
         else:
             key = float.fromhex(key_text)
     except (ValueError, OverflowError):
         raise InvalidInput("the cursor is malformed") from None
-    if key is None or (isinstance(key, float) and not math.isfinite(key)):
+    if key is None or (isinstance(key, float) and not math.isfinite(key)) or (
+            isinstance(key, int) and key >= 1 << 63) or int(seq_text) >= 1 << 63:
         raise InvalidInput("the cursor is malformed")
     return key, int(seq_text)
 

@@ -29,12 +29,13 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
-from ..durations import parse_seconds
+from ..durations import parse_count, parse_seconds
 from ..ledger import Ledger
 from ..metrics.exposition import metrics_text
 from ..metrics.prometheus import CONTENT_TYPE, format_server_counters
@@ -50,12 +51,15 @@ from ..model import (
 from ..ops.task_list import ORDERS, TaskListing, parse_cursor
 from . import pages
 from .html import View
-from .http_server import Counters, Request, Response
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIEnvironment
 
 HTML = "text/html; charset=utf-8"
 SESSION_COOKIE = "tsg_session"
 PER_PAGE = (25, 50, 100, 200)
 ATTEMPTS_SHOWN = 100
+_ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _SAFE_NEXT = re.compile(r"/(?!/)[A-Za-z0-9/_.~%&=+?-]{0,500}")
 #: The kinds of id a job can be found by: (form value, label). ``any`` tries each in turn.
 ID_KINDS: tuple[tuple[str, str], ...] = (
@@ -63,6 +67,54 @@ ID_KINDS: tuple[tuple[str, str], ...] = (
     ("dramatiq", "Dramatiq message id"), ("langgraph", "LangGraph invocation id"),
 )
 MAX_ID_LENGTH = 1000
+#: The largest request body read (the sign-in form); a longer one is answered 413.
+MAX_BODY = 4 * 1024
+#: The reasons a connection is counted under (``tsg_serve_connections_dropped_total``).
+REASONS = ("reset", "timeout", "overload", "malformed", "internal")
+_PHRASES = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
+            404: "Not Found", 405: "Method Not Allowed", 413: "Content Too Large",
+            421: "Misdirected Request", 500: "Internal Server Error", 501: "Not Implemented",
+            503: "Service Unavailable"}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request: method, path, query string, the headers the app reads (names lowercased)
+    and body."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(slots=True)
+class Response:
+    """One response: status, body, content type and further headers."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Counters:
+    """Connections that ended badly, by reason (thread-safe; never reset)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(REASONS, 0)
+
+    def add(self, reason: str) -> None:
+        """Count one connection under ``reason`` (one of :data:`REASONS`)."""
+        with self._lock:
+            self._counts[reason] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts so far, by reason."""
+        with self._lock:
+            return dict(self._counts)
 
 
 def _common_headers(policy: str) -> list[tuple[str, str]]:
@@ -75,6 +127,11 @@ def _common_headers(policy: str) -> list[tuple[str, str]]:
         ("Cross-Origin-Opener-Policy", "same-origin"),
         ("Cross-Origin-Resource-Policy", "same-origin"),
     ]
+
+
+def plain_headers() -> list[tuple[str, str]]:
+    """The security headers of a plain-text answer (also the server's own error answers)."""
+    return _common_headers(_PLAIN_POLICY)
 
 
 def _html_policy(nonce: str) -> str:
@@ -93,7 +150,7 @@ def is_loopback_host(header: str) -> bool:
         name = host[1:].partition("]")[0]
     else:
         name, colon, port = host.rpartition(":")
-        if not colon or not port.isdigit():
+        if not colon or not _ASCII_DIGITS.fullmatch(port):
             name = host
     if name in ("localhost", "localhost."):
         return True
@@ -120,10 +177,14 @@ class Settings:
 
 
 class WebApp:
-    """The request handler given to :class:`~task_state_guard.web.http_server.HttpServer`."""
+    """The pages and ``/metrics`` of one ledger: :meth:`wsgi` is the WSGI application.
+
+    ``counters`` (given by ``tsg serve``) counts the application's internal errors and adds
+    the serving process's ``tsg_serve_connections_dropped_total`` to ``/metrics``; without
+    it, neither."""
 
     def __init__(self, open_ledger: Callable[[], Ledger], settings: Settings,
-                 counters: Counters, categorize: Callable[[LedgerError], str]) -> None:
+                 counters: Counters | None, categorize: Callable[[LedgerError], str]) -> None:
         self._open = open_ledger
         self.settings = settings
         self.counters = counters
@@ -132,13 +193,30 @@ class WebApp:
         self._session = None if settings.token is None else hmac.new(
             settings.token.encode("utf-8"), b"tsg-serve-session", hashlib.sha256).hexdigest()
 
+    # ------------------------------------------------------------------ WSGI
+    def wsgi(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        """The WSGI application (PEP 3333): one request from ``environ``, answered whole."""
+        method = str(environ.get("REQUEST_METHOD", "GET"))
+        try:
+            request = _request(environ, method)
+        except _BadInput as exc:
+            response = _text(413 if str(exc) == "too large" else 400, str(exc))
+            response.headers[:0] = _common_headers(_PLAIN_POLICY)
+        else:
+            response = self(request)
+        headers = [("Content-Type", response.content_type),
+                   ("Content-Length", str(len(response.body))), *response.headers]
+        start_response(f"{response.status} {_PHRASES.get(response.status, 'Error')}", headers)
+        return [b"" if method == "HEAD" else response.body]
+
     # ------------------------------------------------------------------ dispatch
     def __call__(self, request: Request) -> Response:
         nonce = secrets.token_urlsafe(16)
         try:
             response = self._dispatch(request, nonce)
         except Exception:
-            self.counters.add("internal")
+            if self.counters is not None:
+                self.counters.add("internal")
             response = self._page(500, nonce, lambda view: pages.message(
                 view, "Internal error", "The page could not be made (InternalError)."))
         response.headers[:0] = _common_headers(
@@ -259,7 +337,8 @@ class WebApp:
                                     metrics_dir=self.settings.metrics_dir)
         except LedgerError as exc:
             return _text(503, f"error: {self._categorize(exc)}")
-        text += format_server_counters(self.counters.snapshot())
+        if self.counters is not None:
+            text += format_server_counters(self.counters.snapshot())
         return Response(200, text.encode("utf-8"), CONTENT_TYPE)
 
     def _overview(self, view: View, params: dict[str, str]) -> Response:
@@ -424,7 +503,7 @@ def _stuck_query(params: dict[str, str]) -> tuple[pages.StuckQuery, str | None, 
     if direction not in ("", "asc", "desc"):
         raise _BadInput("Unknown sort direction.")
     per = params.get("per") or "50"
-    if not per.isdigit() or int(per) not in PER_PAGE:
+    if not _ASCII_DIGITS.fullmatch(per) or len(per) > 3 or int(per) not in PER_PAGE:
         raise _BadInput("Rows per page are 25, 50, 100 or 200.")
     job = params.get("job", "").strip()
     job_kind = params.get("job_kind") or "any"
@@ -460,6 +539,42 @@ def _params(query: str) -> dict[str, str]:
     return {key: values[0] for key, values in parsed.items()}
 
 
+def _wsgi_text(value: object) -> str:
+    """A WSGI environ string (bytes as Latin-1, PEP 3333) as the UTF-8 text it carries."""
+    text = str(value)
+    try:
+        return text.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a server that already decoded it
+        return text
+
+
+def _request(environ: WSGIEnvironment, method: str) -> Request:
+    """The :class:`Request` in a WSGI environ; ``_BadInput`` (a fixed text) when its
+    ``Content-Length`` is not ASCII digits, or larger than :data:`MAX_BODY` (``too large``)."""
+    length_text = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    try:
+        length = parse_count(length_text, "content length") if len(length_text) <= 18 else -1
+    except InvalidInput:
+        length = -1
+    if length < 0:
+        raise _BadInput("bad request")
+    if length > MAX_BODY:
+        raise _BadInput("too large")
+    body = b""
+    if length:
+        try:
+            body = environ["wsgi.input"].read(length)
+        except (OSError, ValueError, KeyError):
+            raise _BadInput("bad request") from None
+        if not isinstance(body, bytes) or len(body) != length:
+            raise _BadInput("bad request")
+    headers = {name: str(environ[key]) for name, key in (
+        ("host", "HTTP_HOST"), ("authorization", "HTTP_AUTHORIZATION"),
+        ("cookie", "HTTP_COOKIE")) if key in environ}
+    return Request(method, str(environ.get("PATH_INFO") or "/"),
+                   _wsgi_text(environ.get("QUERY_STRING", "")), headers, body)
+
+
 def _cookie(header: str, name: str) -> str | None:
     """The value of cookie ``name`` in a ``Cookie`` header (the first one), or None."""
     for part in header.split(";"):
@@ -473,4 +588,5 @@ def _text(status: int, text: str) -> Response:
     return Response(status, (text + "\n").encode("utf-8"))
 
 
-__all__ = ["ID_KINDS", "Settings", "WebApp", "is_loopback_host", "job_candidates"]
+__all__ = ["ID_KINDS", "MAX_BODY", "REASONS", "Counters", "Request", "Response", "Settings",
+           "WebApp", "is_loopback_host", "job_candidates", "plain_headers"]

@@ -14,12 +14,12 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import reasons as r
 from ..durations import parse_seconds
 from ..ledger import Ledger
-from ..model import InvalidInput, LedgerError
+from ..model import MAX_SECONDS, InvalidInput, LedgerError, error_category
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 DEFAULT_REFRESH_SECONDS = 30
@@ -27,6 +27,10 @@ TOKEN_ENV = "TSG_SERVE_TOKEN"
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_BYTES = 4096
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no spaces
+_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
+
+if TYPE_CHECKING:
+    from wsgiref.types import WSGIApplication
 
 Payload = dict[str, Any] | str
 
@@ -45,7 +49,7 @@ def parse_listen(value: object) -> tuple[str, int]:
         address = ipaddress.ip_address(host)
     except ValueError:
         raise InvalidInput("the listen host must be an IP address") from None
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not _PORT.fullmatch(port_text) or not 0 <= int(port_text) <= 65535:
         raise InvalidInput("the listen port must be 0-65535")
     return str(address), int(port_text)
 
@@ -79,7 +83,13 @@ def read_token(token_file: str | None, environ: Mapping[str, str]) -> str | None
         text = environ.get(TOKEN_ENV, "")
         if not text:
             return None
-    token = text.strip()
+    return check_token(text)
+
+
+def check_token(text: object) -> str:
+    """``text`` without surrounding whitespace when it is a token: at least 16 printable ASCII
+    characters without spaces (else ``InvalidInput``, ``serve_token_invalid``)."""
+    token = text.strip() if isinstance(text, str) else ""
     if len(token) < MIN_TOKEN_LENGTH or not _TOKEN.fullmatch(token):
         raise InvalidInput("the token must be at least 16 printable characters",
                            reason=r.SERVE_TOKEN_INVALID)
@@ -102,14 +112,14 @@ def run_serve(
                            reason=r.SERVE_TOKEN_REQUIRED)
     open_ledger().close()  # a missing, foreign or unsafe ledger fails here, before binding
 
-    from .app import Settings, WebApp
-    from .http_server import Counters, HttpServer  # the network code loads only to serve
+    from .app import Counters, Settings, WebApp
+    from .server import HttpServer  # the network code loads only to serve
 
     counters = Counters()
     settings = Settings(grace=values["grace"], refresh_seconds=values["refresh"], token=token,
                         metrics_dir=values.get("metrics_dir"))
-    server = HttpServer(values["listen"], WebApp(open_ledger, settings, counters, categorize),
-                        counters=counters)
+    app = WebApp(open_ledger, settings, counters, categorize)
+    server = HttpServer(values["listen"], app.wsgi, counters=counters)
     bound_host, bound_port = server.address
     shown = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
     emit({"listen": shown, "ok": True})
@@ -117,5 +127,43 @@ def run_serve(
     return "", 0
 
 
-__all__ = ["DEFAULT_LISTEN", "TOKEN_ENV", "check_serve_options", "parse_listen", "read_token",
-           "run_serve"]
+def make_wsgi_app(
+    db: str | os.PathLike[str],
+    *,
+    token: str | None = None,
+    active_grace_seconds: float = 600.0,
+    refresh_seconds: int = 30,
+    metrics_dir: str | None = None,
+    busy_timeout_ms: int = 5000,
+) -> WSGIApplication:
+    """The read-only pages and ``/metrics`` of the ledger ``db`` as a WSGI application, to
+    mount at the root path of any WSGI server (documented at
+    :func:`task_state_guard.web.make_wsgi_app`).
+    """
+    from .app import Settings, WebApp  # the page code loads only when the app is made
+
+    if token is not None:
+        token = check_token(token)
+    if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, int) or not (
+            refresh_seconds == 0 or 1 <= refresh_seconds <= 86400):
+        raise InvalidInput("the refresh interval must be 0 (off) or 1 s to 1 d")
+    if isinstance(active_grace_seconds, bool) or not isinstance(
+            active_grace_seconds, int | float) or not 0 <= active_grace_seconds <= MAX_SECONDS:
+        raise InvalidInput("the active grace must be 0 or more seconds")
+    grace = float(active_grace_seconds)
+    if metrics_dir is not None and (not isinstance(metrics_dir, str) or not metrics_dir
+                                    or "\0" in metrics_dir):
+        raise InvalidInput("the metrics directory must be a path")
+
+    def open_ledger() -> Ledger:
+        return Ledger(db, busy_timeout_ms=busy_timeout_ms, read_only=True,
+                      transient_sidecars=True, create=False)
+
+    open_ledger().close()  # a missing, foreign or unsafe ledger fails here, at once
+    settings = Settings(grace=grace, refresh_seconds=refresh_seconds, token=token,
+                        metrics_dir=metrics_dir)
+    return WebApp(open_ledger, settings, None, error_category).wsgi
+
+
+__all__ = ["DEFAULT_LISTEN", "TOKEN_ENV", "check_serve_options", "check_token", "make_wsgi_app",
+           "parse_listen", "read_token", "run_serve"]
