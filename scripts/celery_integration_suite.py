@@ -5,14 +5,21 @@ the worker handled, the ledger's outcome against Celery's stored state.
 Not part of CI. About 45 minutes on 2 cores (two runs of about 20 minutes each, plus a few
 minutes to build the throwaway virtualenv the first time). Run it from the repository root:
 
-    .venv/bin/python scripts/celery_integration_suite.py [--celery 5.7.0] [--redis 127.0.0.1:6379]
-        [--redis-db 9] [--flush] [--work DIR] [--fresh] [--no-lock] [--no-known-differences]
+    .venv/bin/python scripts/celery_integration_suite.py [--celery 5.7.0] [--work DIR] [--fresh]
+        [--redis HOST:PORT [--flush]] [--no-lock] [--no-known-differences] [-- PYTEST-ARGS]
 
 Prerequisites: ``python3 scripts/dev.py setup`` (``./.venv``, and ``uv`` on PATH or in
-``./.tools``), the package index (only to build the throwaway virtualenv), and Redis on
-``--redis`` with database ``--redis-db`` empty (``--flush`` empties it first). Do not wrap the
-script in ``flock /tmp/tsg-tests.lock``: it takes that lock itself around each suite run
-(``--no-lock`` when the caller already holds it).
+``./.tools``), the package index (only to build the throwaway virtualenv) and ``redis-server``
+on PATH. Do not wrap the script in ``flock /tmp/tsg-tests.lock``: it takes that lock itself
+around each suite run (``--no-lock`` when the caller already holds it).
+
+Redis: each suite run gets a private ``redis-server`` on a free port of 127.0.0.1 (no
+persistence; stopped after the run). Celery's tests need database 0 of the Redis their helpers
+reach (``REDIS_HOST``/``REDIS_PORT``) to be the result backend's (``test_chord_on_error`` reads
+the chord's keys there) and count the server's pub/sub channels, so the shared Redis on 6379
+(whose database 0 other programs may use) is not fit for them. ``--redis HOST:PORT`` runs them
+on an existing server instead: its database 0 must be empty (``--flush`` empties it first), and
+is emptied after each run.
 
 What it does:
 
@@ -28,15 +35,14 @@ What it does:
    project's dependencies.
 2. **Two runs** of ``t/integration/test_tasks.py`` and ``t/integration/test_canvas.py`` against
    the suite's own worker (``celery_session_worker``: a prefork pool, concurrency 1, started in
-   the pytest process), broker and result backend ``redis://HOST:PORT/DB``: first WITHOUT the
+   the pytest process), broker and result backend ``redis://127.0.0.1:PORT/0``: first WITHOUT the
    adapter, then WITH ``task_state_guard_celery.install(celery_session_app, db=...)`` on that
    worker's app (before the pool forks, so every pool child records). Celery's files are not
    changed: a small pytest plugin this script writes beside them does the install (second run
    only) and, in both runs, records each test's outcome and time window and the task events of
-   every process (publish, receipt, run, revoke; pool children included). Celery's tests keep
-   their own helper keys in database 0 of the same Redis, as they always do. After each run the
-   script reads what it needs and empties database ``--redis-db``. ``--timeout 900`` guards
-   every test against a hang (Celery's flaky tests keep their own 300 s).
+   every process (publish, receipt, run, revoke; pool children included). After each run the
+   script reads Celery's stored states from the result backend. ``--timeout 900`` guards every
+   test against a hang (Celery's flaky tests keep their own 300 s).
 3. **Checks**, each printed with its figures:
 
    * ``same_pytest_outcomes``: every test id has the same outcome (passed, failed, error,
@@ -58,8 +64,8 @@ Prints one JSON object on stdout: counts, test names and pytest summaries, never
 Task ids are only in ``details.json`` (each disagreement with Celery's state, the ledger's
 logical task, attempts and events, and the worker events of that id), kept with the pytest
 logs, the event logs and the ledger in ``WORK/last/`` until the next run. Exits 0 when every
-check holds, 1 otherwise, 2 when the run itself could not be made (Redis unreachable, database
-not empty, pytest crashed before running tests...).
+check holds, 1 otherwise, 2 when the run itself could not be made (no ``redis-server``, an
+existing Redis unreachable or not empty, no ledger written...).
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -368,11 +375,70 @@ def prepare(work: Path, celery: str, fresh: bool) -> tuple[Path, Path]:
 
 
 # ----------------------------------------------------------------------------- Redis
-def redis_client(address: str, db: int) -> Any:
+def redis_client(address: str) -> Any:
     import redis
 
     host, _, port = address.rpartition(":")
-    return redis.Redis(host=host, port=int(port), db=db, socket_connect_timeout=5)
+    return redis.Redis(host=host, port=int(port), db=0, socket_connect_timeout=5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_for_run(existing: str | None, flush: bool, folder: Path) -> Iterator[tuple[str, Any]]:
+    """HOST:PORT and a client (database 0, empty) for one suite run: a private redis-server on a
+    free port, stopped afterwards; or ``existing``, whose database 0 is emptied afterwards."""
+    if existing is not None:
+        client = redis_client(existing)
+        try:
+            client.ping()
+        except Exception as exc:
+            raise Failure(f"Redis {existing} unreachable: {type(exc).__name__}") from None
+        if client.dbsize():
+            if not flush:
+                raise Failure(f"database 0 of Redis {existing} is not empty: pass --flush to "
+                              "empty it, or leave --redis out (a private redis-server)")
+            client.flushdb()
+        try:
+            yield existing, client
+        finally:
+            client.flushdb()
+            client.close()
+        return
+    server = shutil.which("redis-server")
+    if server is None:
+        raise Failure("redis-server is required on PATH (or pass --redis HOST:PORT)")
+    folder.mkdir(mode=0o700)
+    address = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [server, "--port", address.rpartition(":")[2], "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = redis_client(address)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise Failure("the private redis-server did not start") from None
+                time.sleep(0.1)
+        yield address, client
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def celery_states(client: Any) -> dict[str, str]:
@@ -402,7 +468,7 @@ def test_lock(enabled: bool) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run_suite(python: Path, run_dir: Path, out: Path, url: str, redis_address: str,
+def run_suite(python: Path, run_dir: Path, out: Path, redis_address: str,
               with_adapter: bool, lock: bool, pytest_args: list[str],
               timeout: float) -> dict[str, Any]:
     """One pytest run of the two modules: its exit status, summary line and wall time; the event
@@ -410,6 +476,7 @@ def run_suite(python: Path, run_dir: Path, out: Path, url: str, redis_address: s
     events = out / "events"
     events.mkdir(parents=True)
     host, _, port = redis_address.rpartition(":")
+    url = f"redis://{redis_address}/0"
     env = dict(os.environ)
     for name in ("TSG_SUITE_DB", "TSG_DB", "TSG_METRICS_DIR"):
         env.pop(name, None)
@@ -436,9 +503,14 @@ def run_suite(python: Path, run_dir: Path, out: Path, url: str, redis_address: s
             try:
                 status = proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                status = -1
+            except BaseException:  # interrupted: take the run down with this script
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+            if status == -1:
                 os.killpg(proc.pid, signal.SIGKILL)  # pytest and its pool children
                 proc.wait()
-                status = -1
         seconds = round(time.monotonic() - started, 1)
     text = log_path.read_text(errors="replace")
     tail = [line for line in text.splitlines()
@@ -720,11 +792,11 @@ def adapter_counters(db: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--celery", help="Celery version to test (default: the installed one)")
-    parser.add_argument("--redis", default="127.0.0.1:6379", help="Redis HOST:PORT")
-    parser.add_argument("--redis-db", type=int, default=9,
-                        help="database for the broker and result backend (must be empty)")
+    parser.add_argument("--redis", metavar="HOST:PORT",
+                        help="an existing Redis (its database 0) instead of a private "
+                             "redis-server per run")
     parser.add_argument("--flush", action="store_true",
-                        help="empty --redis-db first when it is not empty")
+                        help="with --redis: empty its database 0 first when it is not empty")
     parser.add_argument("--work", default=str(REPO / ".venv-celery-suite"),
                         help="the throwaway virtualenv and the last run's files")
     parser.add_argument("--fresh", action="store_true", help="rebuild the throwaway virtualenv")
@@ -742,24 +814,15 @@ def main(argv: list[str] | None = None) -> int:
     celery = args.celery or installed_celery()
     if celery is None:
         parser.error("celery is not installed in this interpreter: pass --celery VERSION")
-    url = f"redis://{args.redis}/{args.redis_db}"
     report: dict[str, Any] = {
-        "celery": celery, "modules": list(MODULES), "broker_and_backend": url,
+        "celery": celery, "modules": list(MODULES),
+        "broker_and_backend": f"redis://{args.redis}/0" if args.redis
+        else "a private redis-server per run (database 0)",
         "worker": "celery_session_worker, prefork, concurrency 1",
         "extra_pytest_args": args.pytest_args,
     }
     try:
         python, run_dir = prepare(work, celery, args.fresh)
-        client = redis_client(args.redis, args.redis_db)
-        try:
-            client.ping()
-        except Exception as exc:
-            raise Failure(f"Redis {args.redis} unreachable: {type(exc).__name__}") from None
-        if client.dbsize():
-            if not args.flush:
-                raise Failure(f"Redis database {args.redis_db} is not empty: pass --flush to "
-                              "empty it, or choose another --redis-db")
-            client.flushdb()
         last = work / "last"
         if last.exists():
             shutil.rmtree(last)
@@ -768,12 +831,13 @@ def main(argv: list[str] | None = None) -> int:
         outcomes: dict[str, dict[str, str]] = {}
         for name, with_adapter in (("without_adapter", False), ("with_adapter", True)):
             out = last / name
-            result = run_suite(python, run_dir, out, url, args.redis, with_adapter,
-                               not args.no_lock, args.pytest_args, args.suite_timeout)
+            with redis_for_run(args.redis, args.flush, last / f"redis-{name}") as (address,
+                                                                                 client):
+                result = run_suite(python, run_dir, out, address, with_adapter,
+                                   not args.no_lock, args.pytest_args, args.suite_timeout)
+                states = celery_states(client)
             records = read_events(out / "events")
             outcomes[name], reruns = test_outcomes(records)
-            states = celery_states(client)
-            client.flushdb()
             result.update({
                 "tests": len(outcomes[name]),
                 "by_outcome": dict(Counter(outcomes[name].values()).most_common()),
