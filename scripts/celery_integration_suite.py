@@ -7,6 +7,7 @@ minutes to build the throwaway virtualenv the first time). Run it from the repos
 
     .venv/bin/python scripts/celery_integration_suite.py [--celery 5.7.0] [--work DIR] [--fresh]
         [--redis HOST:PORT [--flush]] [--no-lock] [--no-known-differences] [-- PYTEST-ARGS]
+    .venv/bin/python scripts/celery_integration_suite.py --reanalyse   # the last run, again
 
 Prerequisites: ``python3 scripts/dev.py setup`` (``./.venv``, and ``uv`` on PATH or in
 ``./.tools``), the package index (only to build the throwaway virtualenv) and ``redis-server``
@@ -47,24 +48,30 @@ What it does:
 
    * ``same_pytest_outcomes``: every test id has the same outcome (passed, failed, error,
      skipped...) with and without the adapter;
-   * ``no_unexpected_disagreement``: for every Celery id the worker handled (received, ran or
-     revoked, from the events of every process) and every logical task in the ledger, the
-     ledger's final state agrees with Celery's stored state (``AGREEMENT`` below is the one
-     definition). A disagreement is a *kind* (``celery=STATE ledger=OUTCOME``; ``ledger=missing``
-     when the ledger has no logical task for it, ``ledger=queued``/``running`` when it is still
-     open) attributed to the test that published the task (its own publish, else its root's or
-     parent's, else the test running when the worker first saw it). ``KNOWN_DIFFERENCES`` lists
-     the few documented kinds, each for one test, that are accepted; any other disagreement
-     fails the check, and a known difference that no longer occurs is reported (not a failure)
-     so the list can shrink;
+   * ``no_unexpected_disagreement``: for every Celery id the worker handled (received or revoked by
+     its main process, or run in a pool child) and every logical task in the ledger, the ledger's
+     final state agrees with Celery's stored state (``AGREEMENT`` below is the one definition). Not
+     compared, only counted by why: tasks a test ran eagerly in its own process on its own app
+     (``apply()``: not the worker's, not the guarded app's), messages the tests purged before the
+     worker took them, ids Celery stored for tasks never sent (the rest of a failed chain) or the
+     tests stored themselves. A disagreement is a *kind* (``celery=STATE ledger=OUTCOME``;
+     ``ledger=missing`` when the ledger has no logical task for it, ``ledger=queued``/``running``
+     when it is still open) attributed to the test that published the task (its own publish, else
+     its root's or parent's, else the test running when the worker first saw it).
+     ``KNOWN_DIFFERENCES`` lists the few documented kinds, each for one test, that are accepted; any
+     other disagreement fails the check, and a known difference that no longer occurs is reported
+     (not a failure) so the list can shrink;
    * ``doctor_healthy``: ``tsg doctor`` on the ledger;
    * ``tests_ran``: both runs collected and ran tests (pytest exit status 0 or 1).
 
-Prints one JSON object on stdout: counts, test names and pytest summaries, never a task id.
-Task ids are only in ``details.json`` (each disagreement with Celery's state, the ledger's
-logical task, attempts and events, and the worker events of that id), kept with the pytest
-logs, the event logs and the ledger in ``WORK/last/`` until the next run. Exits 0 when every
-check holds, 1 otherwise, 2 when the run itself could not be made (no ``redis-server``, an
+Prints one JSON object on stdout (also kept as ``summary.json``): counts, test names and pytest
+summaries, never a task id. Task ids are only in ``details.json`` (each disagreement with
+Celery's state, the ledger's logical task, attempts and events, and the worker events of that
+id; and the ids not compared, with why), kept in ``WORK/last/`` until the next run with the
+pytest logs, the event logs, the ledger and Celery's stored states (``celery_states.json``:
+state, parent id and time per task id; no result). ``--reanalyse`` compares those again without
+running anything (e.g. after editing ``KNOWN_DIFFERENCES``). Exits 0 when every check holds,
+1 otherwise, 2 when the run itself could not be made (no ``redis-server``, an
 existing Redis unreachable or not empty, no ledger written...).
 """
 
@@ -88,6 +95,7 @@ import tarfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -441,16 +449,41 @@ def redis_for_run(existing: str | None, flush: bool, folder: Path) -> Iterator[t
             proc.wait()
 
 
-def celery_states(client: Any) -> dict[str, str]:
-    """Every task id the result backend holds, with its stored state."""
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """What the result backend holds for a task id (its result and arguments are not kept)."""
+
+    state: str
+    parent: str | None  # the id of the task that sent it, when Celery stored one
+    done_at: float | None  # when a final state was stored (epoch seconds)
+
+
+def celery_states(client: Any) -> dict[str, Stored]:
+    """Every task id the result backend holds."""
     keys = [k.decode() for k in client.scan_iter(match="celery-task-meta-*", count=1000)]
-    states: dict[str, str] = {}
+    states: dict[str, Stored] = {}
     for start in range(0, len(keys), 500):
         chunk = keys[start:start + 500]
         for key, raw in zip(chunk, client.mget(chunk), strict=True):
-            if raw is not None:
-                states[key[len("celery-task-meta-"):]] = str(json.loads(raw)["status"])
+            if raw is None:
+                continue
+            meta = json.loads(raw)
+            done = meta.get("date_done")
+            try:
+                done_at = datetime.fromisoformat(done).timestamp() if done else None
+            except (TypeError, ValueError):
+                done_at = None
+            states[key[len("celery-task-meta-"):]] = Stored(
+                str(meta["status"]), meta.get("parent_id"), done_at)
     return states
+
+
+def save_states(path: Path, states: dict[str, Stored]) -> None:
+    path.write_text(json.dumps({cid: dataclasses.asdict(v) for cid, v in states.items()}))
+
+
+def load_states(path: Path) -> dict[str, Stored]:
+    return {cid: Stored(**v) for cid, v in json.loads(path.read_text()).items()}
 
 
 # ----------------------------------------------------------------------------- one suite run
@@ -519,7 +552,7 @@ def run_suite(python: Path, run_dir: Path, out: Path, redis_address: str,
     summary = {what: int(count)
                for count, what in re.findall(r"(\d+) ((?:subtests )?[a-z]+)", last_line)}
     return {"exit_status": status, "timed_out": status == -1, "pytest_summary": summary,
-            "seconds": seconds}
+            "seconds": seconds, "extra_pytest_args": pytest_args}
 
 
 def read_events(events: Path) -> list[dict[str, Any]]:
@@ -570,10 +603,18 @@ def test_outcomes(records: list[dict[str, Any]]) -> tuple[dict[str, str], dict[s
     return out, dict(reruns)
 
 
+def pytest_pids(records: list[dict[str, Any]]) -> set[int]:
+    """The pytest process: the tests' own thread and the session worker's main process."""
+    return {int(r["pid"]) for r in records if r["e"] == "test_start"}
+
+
 def handled_ids(records: list[dict[str, Any]]) -> set[str]:
-    """The Celery ids the worker handled: received, ran (prerun) or revoked."""
-    return {str(r["id"]) for r in records
-            if r["e"] in ("received", "prerun", "revoked") and r.get("id")}
+    """The Celery ids the worker handled: received or revoked by its main process, or run in a
+    pool child (eagerly run tasks there included). A task a test runs eagerly in its own
+    process (``apply()``, on the test's app) is not the worker's."""
+    main = pytest_pids(records)
+    return {str(r["id"]) for r in records if r.get("id") and (
+        r["e"] in ("received", "revoked") or (r["e"] == "prerun" and r["pid"] not in main))}
 
 
 class Attribution:
@@ -607,7 +648,9 @@ class Attribution:
         self.windows = starts
         self.window_starts = [s[0] for s in starts]
 
-    def test_of(self, cid: str) -> str:
+    def test_of(self, cid: str, stored: Stored | None = None) -> str:
+        """``stored``: what the backend holds for it, for an id the worker never saw (its
+        parent, else when it was stored)."""
         seen: set[str] = set()
         current: str | None = cid
         while current and current not in seen:
@@ -617,8 +660,11 @@ class Attribution:
             root = self.root.get(current)
             if root in self.direct:
                 return self.direct[root]
-            current = self.parent.get(current)
-        at = self.first_seen.get(cid)
+            parent = self.parent.get(current)
+            if parent is None and current == cid and stored is not None:
+                parent = stored.parent
+            current = parent
+        at = self.first_seen.get(cid, stored.done_at if stored is not None else None)
         if at is not None:
             index = bisect.bisect_right(self.window_starts, at) - 1
             if index >= 0 and at <= self.windows[index][1]:
@@ -636,7 +682,7 @@ def tsg(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe), "--db", str(db), *args], text=True, capture_output=True)
 
 
-def compare(db: Path, states: dict[str, str], records: list[dict[str, Any]],
+def compare(db: Path, states: dict[str, Stored], records: list[dict[str, Any]],
             use_known: bool) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Every Celery id the worker handled and every logical task of the ledger: Celery's state
     against the ledger's outcome. Aggregates (no ids), and the detail rows (with ids)."""
@@ -670,13 +716,14 @@ def compare(db: Path, states: dict[str, str], records: list[dict[str, Any]],
             task = jobs.get(lid)
             if task is not None:
                 matched.add(lid)
-            state = states.get(cid, "PENDING")
+            stored = states.get(cid)
+            state = stored.state if stored is not None else "PENDING"
             ledger_outcome = outcome(task) if task is not None else None
             pairs[f"celery={state} ledger={ledger_outcome or 'missing'}"] += 1
             if state not in AGREEMENT and ledger_outcome is not None:
                 no_final[ledger_outcome] += 1
             kind = disagreement(state, ledger_outcome)
-            test = attribution.test_of(cid)
+            test = attribution.test_of(cid, stored)
             by_test[test] += 1
             if kind is None:
                 continue
@@ -699,19 +746,24 @@ def compare(db: Path, states: dict[str, str], records: list[dict[str, Any]],
                     for r in records if r.get("id") == cid
                 ],
             })
-        # Ids published or stored by Celery that the worker never handled and the ledger does
-        # not hold (e.g. what Celery marks for a canvas whose task was revoked): not compared.
+        # Ids Celery published, ran or stored that the worker never handled and the ledger
+        # does not hold: not compared, counted by why (run by a test in its own process;
+        # published and purged by the tests before the worker took it; stored by Celery for a
+        # task never sent, such as the rest of a chain whose task failed, or by a test).
         published = {str(r["id"]) for r in records if r["e"] == "publish" and r.get("id")}
-        not_handled = sorted((published | set(states)) - compared)
+        in_tests = {str(r["id"]) for r in records if r["e"] == "prerun" and r.get("id")}
+        not_handled = sorted((published | in_tests | set(states)) - compared)
         not_handled_pairs: Counter[str] = Counter()
         skipped: list[dict[str, Any]] = []
         for cid in not_handled:
-            state = states.get(cid, "PENDING")
-            where = "published" if cid in published else "not published"
-            not_handled_pairs[f"{where}, celery={state}"] += 1
+            stored = states.get(cid)
+            state = stored.state if stored is not None else "PENDING"
+            why = ("ran in the test process" if cid in in_tests
+                   else "published, never received" if cid in published else "never published")
+            not_handled_pairs[f"{why}, celery={state}"] += 1
             skipped.append({
-                "test": attribution.test_of(cid),
-                "celery_id": cid, "celery_state": state, "published": cid in published,
+                "test": attribution.test_of(cid, stored), "why": why,
+                "celery_id": cid, "celery_state": state,
                 "worker_events": [
                     {k: v for k, v in r.items() if k not in ("id", "root", "parent")}
                     for r in records if r.get("id") == cid
@@ -736,7 +788,7 @@ def compare(db: Path, states: dict[str, str], records: list[dict[str, Any]],
         "handled_by_worker": len(handled),
         "stored_by_celery": len(states),
         "agree": len(compared) - len(details),
-        "not_handled_not_compared": dict(not_handled_pairs.most_common()),
+        "not_compared": dict(not_handled_pairs.most_common()),
         "celery_state_vs_ledger": dict(pairs.most_common()),
         "no_final_celery_state_by_ledger_outcome": dict(no_final.most_common()),
         "disagreements": {
@@ -800,6 +852,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(REPO / ".venv-celery-suite"),
                         help="the throwaway virtualenv and the last run's files")
     parser.add_argument("--fresh", action="store_true", help="rebuild the throwaway virtualenv")
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="run nothing: compare again what the last run kept in WORK/last")
     parser.add_argument("--no-lock", action="store_true",
                         help=f"do not take {LOCK} (the caller holds it)")
     parser.add_argument("--no-known-differences", action="store_true",
@@ -819,23 +873,29 @@ def main(argv: list[str] | None = None) -> int:
         "broker_and_backend": f"redis://{args.redis}/0" if args.redis
         else "a private redis-server per run (database 0)",
         "worker": "celery_session_worker, prefork, concurrency 1",
-        "extra_pytest_args": args.pytest_args,
     }
+    last = work / "last"
     try:
-        python, run_dir = prepare(work, celery, args.fresh)
-        last = work / "last"
-        if last.exists():
-            shutil.rmtree(last)
-        last.mkdir(mode=0o700)
+        if not args.reanalyse:
+            python, run_dir = prepare(work, celery, args.fresh)
+            if last.exists():
+                shutil.rmtree(last)
+            last.mkdir(mode=0o700)
+        elif not (last / "with_adapter" / "run.json").exists():
+            raise Failure(f"nothing to analyse again in {last}")
         runs: dict[str, Any] = {}
         outcomes: dict[str, dict[str, str]] = {}
         for name, with_adapter in (("without_adapter", False), ("with_adapter", True)):
             out = last / name
-            with redis_for_run(args.redis, args.flush, last / f"redis-{name}") as (address,
-                                                                                 client):
-                result = run_suite(python, run_dir, out, address, with_adapter,
-                                   not args.no_lock, args.pytest_args, args.suite_timeout)
-                states = celery_states(client)
+            if not args.reanalyse:
+                with redis_for_run(args.redis, args.flush, last / f"redis-{name}") as (
+                        address, client):
+                    result = run_suite(python, run_dir, out, address, with_adapter,
+                                       not args.no_lock, args.pytest_args, args.suite_timeout)
+                    save_states(out / "celery_states.json", celery_states(client))
+                (out / "run.json").write_text(json.dumps(result))
+            result = json.loads((out / "run.json").read_text())
+            states = load_states(out / "celery_states.json")
             records = read_events(out / "events")
             outcomes[name], reruns = test_outcomes(records)
             result.update({
