@@ -141,11 +141,11 @@ KNOWN_DIFFERENCES: tuple[KnownDifference, ...] = (
     KnownDifference(
         "celery=SUCCESS ledger=cancelled/revoked",
         "t/integration/test_tasks.py::test_tasks::test_revoked_by_headers_complex_canvas",
-        "the test reuses one task id in eleven canvases: the worker revokes it at receipt (what "
-        "the test asserts), later canvases run it under the same id anyway (the test clears the "
-        "revoked stamps in the worker's main process only) and Celery overwrites REVOKED with "
-        "SUCCESS; the ledger never rewrites a closed logical task and keeps cancelled/revoked "
-        "(each later run is an attempt of its own)",
+        "the test freezes one stamped signature (one task id) into eleven canvases and revokes "
+        "it by its stamped header: the worker discards it at receipt in some canvases (REVOKED, "
+        "what the test asserts) and runs it under the same id in others, and Celery overwrites "
+        "its stored REVOKED with SUCCESS; the ledger never rewrites a closed logical task and "
+        "keeps cancelled/revoked, each later run an attempt of its own (succeeded)",
     ),
 )
 
