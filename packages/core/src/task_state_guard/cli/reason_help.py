@@ -122,6 +122,12 @@ HELP: dict[str, tuple[str, str]] = {
         'the directory is not writable and a sidecar must be created',
         'give this user write permission on the directory',
     ),
+    r.SYMLINK_IN_STICKY_DIRECTORY: (
+        'the path (database or `--textfile`) goes through a symbolic link in a sticky '
+        'world-writable directory (`/tmp`) that belongs to another user: anyone can plant one',
+        'use the real path, or a link of your own; the kernel refuses the same link when '
+        '`fs.protected_symlinks` is on',
+    ),
     r.DATABASE_MISSING: (
         'the database does not exist (read commands, `--dry-run`, and `start`, `heartbeat`, '
         "`close`, `delivery`, `prune`, which never create one); PostgreSQL: the URL's schema "
