@@ -21,11 +21,14 @@ import pytest
 from core_helpers import Clock, assert_cli_error, assert_json_line, run_cli
 from task_state_guard import Ledger, StorageError, UnsafeLocation
 
-pytestmark = [pytest.mark.skipif(os.name != "posix", reason="POSIX files and owners"),
-              pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes")]
+pytestmark = [
+    pytest.mark.skipif(os.name != "posix", reason="POSIX files and owners"),
+    pytest.mark.sqlite_only(reason="the SQLite file's path, links and modes"),
+]
 OTHER_UID = 65534
-needs_root = pytest.mark.skipif(os.name == "posix" and os.geteuid() != 0,
-                                reason="giving a link to another user needs root")
+needs_root = pytest.mark.skipif(
+    os.name == "posix" and os.geteuid() != 0, reason="giving a link to another user needs root"
+)
 
 
 def _state(path: Path) -> tuple[int, int, int, str]:
@@ -69,8 +72,11 @@ def test_another_users_link_in_a_sticky_directory_is_never_followed(tmp_path: Pa
     before, entries = _state(db), _entries(db.parent)
     path = str(link / "tasks.sqlite")
     for args in (["init"], ["reconcile"], ["create"], ["status"], ["reconcile", "--dry-run"]):
-        assert_cli_error(run_cli("--explain", "--db", path, *args), "InvalidInput",
-                         reason="symlink_in_sticky_directory")
+        assert_cli_error(
+            run_cli("--explain", "--db", path, *args),
+            "InvalidInput",
+            reason="symlink_in_sticky_directory",
+        )
     for read_only in (False, True):
         with pytest.raises(UnsafeLocation) as info:
             Ledger(path, read_only=read_only)
@@ -105,8 +111,7 @@ def test_a_textfile_is_never_written_through_another_users_sticky_link(tmp_path:
     link = shared / "out"
     link.symlink_to(collector)
     os.lchown(link, OTHER_UID, OTHER_UID)
-    result = run_cli("--explain", "--db", str(db), "metrics", "--textfile",
-                     str(link / "tsg.prom"))
+    result = run_cli("--explain", "--db", str(db), "metrics", "--textfile", str(link / "tsg.prom"))
     assert_cli_error(result, "InvalidInput", reason="symlink_in_sticky_directory")
     assert _entries(collector) == []
     os.lchown(link, 0, 0)  # root's own link: followed
@@ -128,7 +133,8 @@ def _no_tables(path: Path, *, wal: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["empty", "no_tables", "no_tables_wal"])
 def test_an_existing_file_that_holds_no_ledger_is_never_taken_over(
-        tmp_path: Path, kind: str) -> None:
+    tmp_path: Path, kind: str
+) -> None:
     """Only a path where nothing exists is created: an existing empty file, or an SQLite file
     with no tables (its application_id set), stays exactly as it was: bytes and mode."""
     directory = tmp_path / "d"
@@ -141,8 +147,9 @@ def test_an_existing_file_that_holds_no_ledger_is_never_taken_over(
     os.chmod(db, 0o644)
     before, entries = _state(db), _entries(directory)
     for args in (["init"], ["create"], ["reconcile"]):
-        assert_cli_error(run_cli("--explain", "--db", str(db), *args), "StateConflict",
-                         reason="not_a_ledger")
+        assert_cli_error(
+            run_cli("--explain", "--db", str(db), *args), "StateConflict", reason="not_a_ledger"
+        )
     with pytest.raises(StorageError) as info:
         Ledger(str(db))
     assert info.value.reason == "not_a_ledger"
@@ -167,7 +174,8 @@ def test_processes_creating_one_new_ledger_at_once_share_it(tmp_path: Path) -> N
         report = ro.doctor()
         assert report["healthy"] and report["task_count"] == 8
     assert _entries(tmp_path / "race") == ["tasks.sqlite", "tasks.sqlite-owners"] or _entries(
-        tmp_path / "race") == ["tasks.sqlite"]
+        tmp_path / "race"
+    ) == ["tasks.sqlite"]
 
 
 # ----------------------------------------------------------------------------- hidden objects
@@ -179,8 +187,7 @@ END"""
 
 
 @pytest.mark.parametrize("name", ["SQLITEXtrigger", "sqlite-flip", "Sqlite0"])
-def test_a_trigger_named_like_sqlites_own_is_an_unknown_object(tmp_path: Path,
-                                                              name: str) -> None:
+def test_a_trigger_named_like_sqlites_own_is_an_unknown_object(tmp_path: Path, name: str) -> None:
     """``NOT LIKE 'sqlite_%'`` skipped any name starting ``sqlite`` and one more character,
     in any case: a trigger that turns ``timed_out`` into ``succeeded`` passed doctor and
     init."""
@@ -190,8 +197,9 @@ def test_a_trigger_named_like_sqlites_own_is_an_unknown_object(tmp_path: Path,
     conn.close()
     before = _state(db)
     for args in (["init"], ["reconcile"], ["status"]):
-        assert_cli_error(run_cli("--explain", "--db", str(db), *args), "StateConflict",
-                         reason="foreign_schema")
+        assert_cli_error(
+            run_cli("--explain", "--db", str(db), *args), "StateConflict", reason="foreign_schema"
+        )
     result = run_cli("--db", str(db), "doctor")
     report = assert_json_line(result)
     assert result.code == 1 and report["healthy"] is False and report["schema_ok"] is False

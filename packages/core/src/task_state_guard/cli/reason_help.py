@@ -187,12 +187,13 @@ HELP: dict[str, tuple[str, str]] = {
         'remove it; the ledger recreates it 0700',
     ),
     r.NOT_A_LEDGER: (
-        'the file is not an SQLite database, or is damaged',
-        'fix the path; restore from a backup',
+        'the file is not an SQLite database, holds no tables (an existing empty file is never '
+        'taken over), or is damaged',
+        'fix the path (only a missing path is created); restore from a backup',
     ),
     r.DATABASE_DAMAGED: (
-        "`tsg init` found the ledger file damaged (SQLite's quick_check failed); nothing was "
-        'changed',
+        "`tsg init`, `create`, `reconcile` or `prune` found the ledger file damaged (SQLite's "
+        'quick_check failed); nothing was changed',
         'restore from a backup; `tsg doctor` counts what is wrong',
     ),
     r.FOREIGN_SCHEMA: (

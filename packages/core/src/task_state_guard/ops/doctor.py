@@ -5,10 +5,10 @@ The report (0.1.0's keys): ``healthy``, ``schema_version``, ``schema_ok``, ``qui
 ``delivery_status_counts`` (every state, zeros included), and one integer ``*_count`` per class
 of finding (this version adds ``verdict_mismatch_count``: the verdict outbox disagrees with the
 closes it records; ``unexpected_schema_object_count``: objects in the file's schema, such as a
-trigger, that no layout of this release has), and ``warnings``: counts of what the ledger records consistently but
-something outside it contradicted (``contradicted_close_count``: jobs closed other than
-``succeeded`` with an attempt that succeeded after the close). A warning never makes the
-report unhealthy.
+trigger, that no layout of this release has), and ``warnings``: counts of what the ledger
+records consistently but something outside it contradicted (``contradicted_close_count``:
+jobs closed other than ``succeeded`` with an attempt that succeeded after the close). A warning
+never makes the report unhealthy.
 
 Memory stays bounded whatever the ledger size: state and code rules are judged once per distinct
 row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
