@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import reasons
 from ..model import InvalidInput, StorageError
-from ..sqlite import storage
+from ..sqlite import links
 from ..store import backends
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -169,7 +169,7 @@ def resolve_target(path: str) -> str:
     """The textfile's path with its directory's symbolic links resolved, each judged as the
     ledger's own path is (``symlink_in_sticky_directory``: another user's link in ``/tmp``)."""
     directory, base = os.path.split(os.path.abspath(path))
-    return os.path.join(storage.resolve_protected(directory), base)
+    return os.path.join(links.resolve_protected(directory), base)
 
 
 def check_target(path: str, ledger_path: str | None) -> None:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from .. import reasons as r
 from ..model import InvalidInput, StorageError, UnsafeLocation
+from . import links as links_rule
 
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 _REMOTE_FS = frozenset(
@@ -127,56 +128,6 @@ def _judge_leaf(st: os.stat_result) -> None:
         )
 
 
-def judge_link(directory: os.stat_result, link: os.stat_result) -> None:
-    """The kernel's ``protected_symlinks`` rule, applied whatever the sysctl says: a link in a
-    sticky world-writable directory (``/tmp``) is followed only when its owner is this user or
-    the directory's owner; anyone may plant a link there, naming any path."""
-    if not POSIX:
-        return
-    sticky_shared = directory.st_mode & stat.S_ISVTX and directory.st_mode & stat.S_IWOTH
-    if sticky_shared and link.st_uid not in (directory.st_uid, os.geteuid()):
-        raise UnsafeLocation(
-            "a symbolic link in a shared sticky directory belongs to another user",
-            reason=r.SYMLINK_IN_STICKY_DIRECTORY,
-        )
-
-
-def resolve_protected(path: str) -> str:
-    """``path`` with every symbolic link on the way resolved, each judged by
-    :func:`judge_link` (for paths outside the ledger's own checks: the metrics textfile).
-    Missing or unreadable components are left to the caller's own opening."""
-    pending = collections.deque(os.path.abspath(path).split("/"))
-    real = "/"
-    links = 0
-    while pending:
-        name = pending.popleft()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            real = os.path.dirname(real)
-            continue
-        here = os.path.join(real, name)
-        try:
-            st = os.lstat(here)
-        except OSError:
-            return os.path.join(here, *[part for part in pending if part])
-        if not stat.S_ISLNK(st.st_mode):
-            real = here
-            continue
-        links += 1
-        try:
-            judge_link(os.stat(real), st)
-            target = os.readlink(here)
-        except OSError:
-            target = None
-        if target is None or links > _MAX_LINKS:
-            return os.path.join(here, *[part for part in pending if part])
-        if target.startswith("/"):
-            real = "/"
-        pending.extendleft(reversed(target.split("/")))
-    return real
-
-
 def _not_accessible(last: bool) -> StorageError:
     if last:
         return StorageError(
@@ -265,7 +216,7 @@ def _walk(directory: str, *, create: bool) -> tuple[int, str]:
                     "database directory does not exist", reason=r.DIRECTORY_MISSING
                 ) from None
             if stat.S_ISLNK(st.st_mode):
-                judge_link(parent_st, st)
+                links_rule.judge_link(parent_st, st)
                 links += 1
                 if links > _MAX_LINKS:
                     raise _not_accessible(last)
