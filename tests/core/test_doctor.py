@@ -26,6 +26,7 @@ COUNT_KEYS = {
     "invalid_value_count", "invalid_state_count", "invalid_code_count",
     "invalid_timestamp_count", "parent_order_violation_count", "parent_cycle_count",
     "event_chain_mismatch_count", "orphan_event_count", "verdict_mismatch_count",
+    "unexpected_schema_object_count",
 }
 REPORT_KEYS = COUNT_KEYS | {
     "healthy", "schema_version", "schema_ok", "quick_check", "task_count", "event_count",

@@ -247,10 +247,10 @@ def test_textfile_is_replaced_atomically_and_kept_on_error(ledger: Ledger, db: s
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     assert os.listdir(out) == ["tsg.prom"]  # no temporary file left
     assert str(tmp_path) not in result.stdout
-    # an existing file keeps its mode
+    # the replacement always gets 0644, never the replaced file's mode
     target.chmod(0o640)
     assert run_cli("--db", db, "metrics", "--textfile", str(target)).code == 0
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
     before = target.read_bytes()
     # errors: the JSON error on stdout only, the file neither written nor replaced
     for args in (

@@ -53,13 +53,18 @@ def test_doctor_reports_a_damaged_file_as_damaged(tmp_path: Path) -> None:
     assert text.code == 1 and text.stdout.startswith("DOCTOR: UNHEALTHY\n") and text.stderr == ""
 
 
-def test_init_refuses_a_damaged_file_and_changes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", [["init"], ["create"], ["reconcile"],
+                                  ["prune", "--older-than", "0"]], ids=lambda a: a[0])
+def test_a_writing_command_refuses_a_damaged_file_and_changes_nothing(
+        tmp_path: Path, args: list[str]) -> None:
+    """init, and the operator's and bulk writes (create, reconcile, prune), run SQLite's
+    quick_check before writing anything: ``create`` and ``prune`` once wrote into such a file."""
     db = _damaged_ledger(tmp_path)
     os.chmod(db, 0o640)
     before, entries = _fingerprint(db), sorted(os.listdir(db.parent))
-    assert_cli_error(run_cli("--explain", "--db", str(db), "init"), "StateConflict",
+    assert_cli_error(run_cli("--explain", "--db", str(db), *args), "StateConflict",
                      reason="database_damaged")
-    assert_cli_error(run_cli("--db", str(db), "init"), "StateConflict")
+    assert_cli_error(run_cli("--db", str(db), *args), "StateConflict")
     assert _fingerprint(db) == before and sorted(os.listdir(db.parent)) == entries
 
 

@@ -250,6 +250,11 @@ _READ_ONLY = frozenset({"get", "children", "tasks", "status", "metrics", "serve"
 # must already exist, or changes existing history (prune): a mistyped --db is database_missing.
 _CREATING = frozenset({"init", "create", "reconcile"})
 _BY_ID = frozenset({"start", "heartbeat", "close", "delivery", "get", "children"})
+# The writing commands that first run SQLite's quick_check and refuse a damaged file
+# (database_damaged) before writing anything: init, and the operator's and bulk writes. The
+# lifecycle commands of one existing task (start, heartbeat, close, delivery), run by job
+# scripts as often as their jobs, change one row in place and are spared the full read.
+_VERIFYING = frozenset({"init", "create", "reconcile", "prune"})
 
 
 def _named_job(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -305,7 +310,7 @@ def _open(args: argparse.Namespace) -> Ledger:
         transient_sidecars=args.command in _READ_ONLY,
         create=args.command in _CREATING,
         _check_schema=args.command != "doctor",
-        _verify_integrity=args.command == "init",
+        _verify_integrity=args.command in _VERIFYING,
     )
 
 

@@ -122,6 +122,12 @@ HELP: dict[str, tuple[str, str]] = {
         'the directory is not writable and a sidecar must be created',
         'give this user write permission on the directory',
     ),
+    r.SYMLINK_IN_STICKY_DIRECTORY: (
+        'the path (database or `--textfile`) goes through a symbolic link in a sticky '
+        'world-writable directory (`/tmp`) that belongs to another user: anyone can plant one',
+        'use the real path, or a link of your own; the kernel refuses the same link when '
+        '`fs.protected_symlinks` is on',
+    ),
     r.DATABASE_MISSING: (
         'the database does not exist (read commands, `--dry-run`, and `start`, `heartbeat`, '
         "`close`, `delivery`, `prune`, which never create one); PostgreSQL: the URL's schema "
@@ -181,12 +187,13 @@ HELP: dict[str, tuple[str, str]] = {
         'remove it; the ledger recreates it 0700',
     ),
     r.NOT_A_LEDGER: (
-        'the file is not an SQLite database, or is damaged',
-        'fix the path; restore from a backup',
+        'the file is not an SQLite database, holds no tables (an existing empty file is never '
+        'taken over), or is damaged',
+        'fix the path (only a missing path is created); restore from a backup',
     ),
     r.DATABASE_DAMAGED: (
-        "`tsg init` found the ledger file damaged (SQLite's quick_check failed); nothing was "
-        'changed',
+        "`tsg init`, `create`, `reconcile` or `prune` found the ledger file damaged (SQLite's "
+        'quick_check failed); nothing was changed',
         'restore from a backup; `tsg doctor` counts what is wrong',
     ),
     r.FOREIGN_SCHEMA: (

@@ -183,6 +183,7 @@ _FINDINGS = (
     ("parent_order_violation_count", "parent order violations"),
     ("parent_cycle_count", "parent cycles"),
     ("event_chain_mismatch_count", "event chain mismatches"),
+    ("unexpected_schema_object_count", "unexpected schema objects"),
 )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import reasons
 from ..model import InvalidInput, StorageError
+from ..sqlite import links
 from ..store import backends
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -164,6 +165,13 @@ def check_textfile(path: object) -> str:
     return path
 
 
+def resolve_target(path: str) -> str:
+    """The textfile's path with its directory's symbolic links resolved, each judged as the
+    ledger's own path is (``symlink_in_sticky_directory``: another user's link in ``/tmp``)."""
+    directory, base = os.path.split(os.path.abspath(path))
+    return os.path.join(links.resolve_protected(directory), base)
+
+
 def check_target(path: str, ledger_path: str | None) -> None:
     """Refuse to replace anything but a previous textfile of ours (or nothing): the ledger, its
     sidecars and owner lock directory (``textfile_is_ledger``), and any existing entry that is
@@ -210,17 +218,21 @@ def write_textfile(path: str, text: str, *, ledger_path: str | None = None) -> i
     another program's file). The text goes to a hidden temporary file in the same directory
     (never matched by the collector's ``*.prom``), is flushed and fsynced, then renamed over
     ``path``; the directory is fsynced after. On any error the temporary file is removed and
-    ``path`` is left as it was (``StorageError``). A new file gets mode 0644; an existing one
-    keeps its mode. Returns the number of bytes written.
+    ``path`` is left as it was (``StorageError``). The new file always gets mode 0644 (no
+    special bits, whatever the replaced file had: it may be another user's) and belongs to
+    this user. A symbolic link on the way is followed only as the kernel's
+    ``protected_symlinks`` rule allows (:func:`resolve_target`). Returns the number of bytes
+    written.
     """
     check_textfile(path)
+    path = resolve_target(path)
     check_target(path, ledger_path)
-    directory, base = os.path.split(os.path.abspath(path))
+    directory, base = os.path.split(path)
     data = text.encode("utf-8")
     try:
-        mode = stat.S_IMODE(os.stat(path, follow_symlinks=False).st_mode)
+        os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
-        mode = TEXTFILE_MODE
+        pass
     except OSError:
         raise StorageError(
             "the textfile cannot be read", reason=reasons.TEXTFILE_NOT_ACCESSIBLE
@@ -238,7 +250,7 @@ def write_textfile(path: str, text: str, *, ledger_path: str | None = None) -> i
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
+            os.fchmod(fd, TEXTFILE_MODE)  # never the replaced file's (another user's) mode
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -267,4 +279,4 @@ def _fsync_directory(directory: str) -> None:
 
 
 __all__ = ["CONTENT_TYPE", "TEXTFILE_SUFFIX", "Exposition", "check_target", "check_textfile",
-           "format_prometheus", "format_server_counters", "write_textfile"]
+           "format_prometheus", "format_server_counters", "resolve_target", "write_textfile"]

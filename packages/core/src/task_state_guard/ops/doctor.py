@@ -4,10 +4,11 @@ The report (0.1.0's keys): ``healthy``, ``schema_version``, ``schema_ok``, ``qui
 (``"ok"`` or ``"failed"``), ``task_count``, ``event_count``, ``task_status_counts`` and
 ``delivery_status_counts`` (every state, zeros included), and one integer ``*_count`` per class
 of finding (this version adds ``verdict_mismatch_count``: the verdict outbox disagrees with the
-closes it records), and ``warnings``: counts of what the ledger records consistently but
-something outside it contradicted (``contradicted_close_count``: jobs closed other than
-``succeeded`` with an attempt that succeeded after the close). A warning never makes the
-report unhealthy.
+closes it records; ``unexpected_schema_object_count``: objects in the file's schema, such as a
+trigger, that no layout of this release has), and ``warnings``: counts of what the ledger
+records consistently but something outside it contradicted (``contradicted_close_count``:
+jobs closed other than ``succeeded`` with an attempt that succeeded after the close). A warning
+never makes the report unhealthy.
 
 Memory stays bounded whatever the ledger size: state and code rules are judged once per distinct
 row *shape* (SQLite groups the rows), timestamp and event-chain rules are counting queries
@@ -53,6 +54,7 @@ FINDINGS = (
     "parent_cycles",
     "event_chain_mismatches",
     "verdict_mismatches",
+    "unexpected_schema_objects",
 )
 #: The report key of each finding class.
 COUNT_KEYS = {
@@ -68,6 +70,7 @@ COUNT_KEYS = {
     "parent_cycles": "parent_cycle_count",
     "event_chain_mismatches": "event_chain_mismatch_count",
     "verdict_mismatches": "verdict_mismatch_count",
+    "unexpected_schema_objects": "unexpected_schema_object_count",
 }
 #: What doctor counts without calling the ledger unhealthy: every record obeys the rules, but
 #: the records contradict each other in a way the framework can cause (see

@@ -22,7 +22,7 @@ from ..store import attempts
 from ..store.protocol import Layout, Opened, read_clock
 from ..store.transitions import Outcome, Step
 from . import attempts as sqlite_attempts
-from . import connections, doctor, owners, schema, storage
+from . import connections, creation, doctor, owners, schema, storage
 from . import transitions as sqlite_transitions
 from .queries import SQLiteQueries
 
@@ -280,7 +280,8 @@ class SQLiteDatabase:
         path = self._pin(prepared.path)
         identity = prepared.identity
         if identity is None:
-            identity = storage.create_database_file(path)
+            creation.create_ledger_file(path, self.busy_timeout_ms)
+            identity = storage.created_identity(path)
         if self._identity is not None:
             if identity != self._identity:
                 raise StorageError("the database file was replaced", reason=r.DATABASE_REPLACED)
@@ -300,9 +301,15 @@ class SQLiteDatabase:
 
     def _recognize(self, conn: sqlite3.Connection) -> None:
         """Before anything is written or chmodded: the file must hold a ledger this release
-        knows (or nothing yet), and, when asked (``tsg init``), pass SQLite's quick_check."""
+        knows (an existing file is never taken over, even an empty one: a new ledger is only
+        ever published whole, :mod:`.creation`), and, when asked (the CLI's writing commands),
+        pass SQLite's quick_check."""
         try:  # judge the schema before anything (even the journal mode) is written
             fmt = schema.detect_format(conn)
+            if fmt == schema.EMPTY:
+                raise StorageError(
+                    "the database file exists and is not a ledger", reason=r.NOT_A_LEDGER
+                )
             if fmt == schema.NEWER:
                 raise StorageError(
                     "the ledger's schema is newer than this release", reason=r.SCHEMA_NEWER
@@ -311,7 +318,7 @@ class SQLiteDatabase:
                 raise StorageError(
                     "the database holds a foreign or tampered schema", reason=r.FOREIGN_SCHEMA
                 )
-            if self._verify_integrity and fmt != schema.EMPTY and not integrity_ok(conn):
+            if self._verify_integrity and not integrity_ok(conn):
                 raise StorageError("the ledger file is damaged", reason=r.DATABASE_DAMAGED)
         except sqlite3.Error as exc:
             raise connections.translate(exc) from None
@@ -325,8 +332,9 @@ class SQLiteDatabase:
             try:  # judged again under the write lock: another process may have migrated it
                 fmt = schema.detect_format(conn)
                 if fmt == schema.EMPTY:
-                    schema.create(conn)
-                    fmt = schema.CURRENT
+                    raise StorageError(
+                        "the database file exists and is not a ledger", reason=r.NOT_A_LEDGER
+                    )
                 elif fmt == schema.NEWER:
                     raise StorageError(
                         "the ledger's schema is newer than this release", reason=r.SCHEMA_NEWER

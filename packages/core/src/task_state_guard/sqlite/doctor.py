@@ -4,7 +4,9 @@ core's rules (:mod:`task_state_guard.ops.doctor`) in SQLite's dialect.
 A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
 ``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
 count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts);
-each part that could not be read adds one to ``integrity_error_count``.
+each part that could not be read adds one to ``integrity_error_count``. An object in the
+schema that no known layout has (a trigger added by hand, whatever its name) is counted in
+``unexpected_schema_object_count``; ``schema_ok`` is then false.
 """
 
 from __future__ import annotations
@@ -72,9 +74,16 @@ def run_doctor(db: Database) -> dict[str, Any]:
                 findings["integrity_errors"] += 1
                 return None
 
-        if fmt in schema.KNOWN:
+        layout = fmt
+        if fmt not in schema.KNOWN and fmt != schema.NEWER:
+            # a tampered ledger: its extra objects counted, its rows checked if it has them all
+            layout, extra = schema.unexpected_objects(conn, "main")
+            findings["unexpected_schema_objects"] = extra
+            if layout is not None and schema.compat_views(layout):
+                layout = None  # an older layout is read only through views of a known file
+        if layout in schema.KNOWN:
             doctor.check(conn, PROBES, findings, counts, part,
-                         outbox=fmt in schema.OUTBOX_LAYOUTS)
+                         outbox=layout in schema.OUTBOX_LAYOUTS)
         else:
             counts = doctor.empty_counts()
     schema_ok = fmt in schema.KNOWN and integrity_ok and readable

@@ -507,11 +507,25 @@ META_KEYS = frozenset({"application", "schema_version"})
 Fingerprint = tuple[tuple[str, str, str, str], ...]
 
 
+#: The objects SQLite itself makes, left out of a fingerprint: matched exactly (``GLOB`` is
+#: case-sensitive and has no single-character ``_`` wildcard), by type and name: the
+#: automatic indexes of UNIQUE and PRIMARY KEY constraints (no SQL text), ``sqlite_sequence``
+#: (AUTOINCREMENT) and ANALYZE's statistics tables. Anything else is the file's own schema,
+#: whatever its name: a trigger called ``SQLITEXtrigger`` or ``sqlite_x`` (only possible
+#: through ``writable_schema``) is an unknown object.
+_INTERNAL = (
+    "(type = 'index' AND name GLOB 'sqlite_autoindex_*' AND sql IS NULL)"
+    " OR (type = 'table' AND name = 'sqlite_sequence' AND tbl_name = 'sqlite_sequence')"
+    " OR (type = 'table' AND name GLOB 'sqlite_stat[1-4]' AND tbl_name = name)"
+)
+
+
 def read_fingerprint(conn: sqlite3.Connection, schema: str = "main") -> Fingerprint:
-    """Return the ordered (type, name, table, sql) rows of the user schema."""
+    """Return the ordered (type, name, table, sql) rows of the user schema: every object
+    but SQLite's own (:data:`_INTERNAL`)."""
     rows = conn.execute(
         f"SELECT type, name, tbl_name, coalesce(sql, '') FROM {schema}.sqlite_master "
-        "WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
+        f"WHERE NOT ({_INTERNAL}) ORDER BY type, name"
     ).fetchall()
     return tuple((str(a), str(b), str(c), " ".join(str(d).split())) for a, b, c, d in rows)
 
@@ -579,6 +593,18 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
         expected = {"application": APPLICATION, "schema_version": str(STORED_VERSION[fmt])}
         return fmt if meta == expected else None
     return None
+
+
+def unexpected_objects(conn: sqlite3.Connection, schema: str = "main") -> tuple[str | None, int]:
+    """For doctor: the number of the file's objects that the known layout closest to its
+    schema does not have (added ones, or changed ones such as a trigger's rewritten text), and
+    that layout when the file has every one of its objects (its rows can then be checked)."""
+    found = set(read_fingerprint(conn, schema))
+    if not found:
+        return None, 0
+    closest = min(sorted(KNOWN), key=lambda fmt: len(found ^ set(expected_fingerprint(fmt))))
+    expected = set(expected_fingerprint(closest))
+    return (closest if expected <= found else None), len(found - expected)
 
 
 def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:

@@ -24,10 +24,12 @@ import collections
 import errno
 import os
 import stat
+import time
 from typing import NamedTuple
 
 from .. import reasons as r
 from ..model import InvalidInput, StorageError, UnsafeLocation
+from . import links as links_rule
 
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 _REMOTE_FS = frozenset(
@@ -44,6 +46,8 @@ _DIRECTORY_FLAGS = (
     | getattr(os, "O_PATH", 0)
 )
 _MAX_LINKS = 40  # as the kernel's own limit on links followed in one lookup
+# How long a database file with a second hard link is awaited (a new ledger being published).
+_PUBLISH_SECONDS = 0.5
 
 #: How a file check treats a mode readable or writable by others.
 REFUSE, ALLOW, TIGHTEN = "refuse", "allow", "tighten"
@@ -195,9 +199,10 @@ def _walk(directory: str, *, create: bool) -> tuple[int, str]:
                 continue
             last = not any(part not in ("", ".") for part in pending)
             try:
-                _judge_ancestor(os.fstat(fd))  # about to look up an entry in it
+                parent_st = os.fstat(fd)
             except OSError as exc:
                 raise _not_accessible(False) from exc
+            _judge_ancestor(parent_st)  # about to look up an entry in it
             if name == "..":
                 parent = os.open("..", _DIRECTORY_FLAGS, dir_fd=fd)
                 os.close(fd)
@@ -211,6 +216,7 @@ def _walk(directory: str, *, create: bool) -> tuple[int, str]:
                     "database directory does not exist", reason=r.DIRECTORY_MISSING
                 ) from None
             if stat.S_ISLNK(st.st_mode):
+                links_rule.judge_link(parent_st, st)
                 links += 1
                 if links > _MAX_LINKS:
                     raise _not_accessible(last)
@@ -249,6 +255,20 @@ def open_directory(directory: str, *, create: bool) -> str:
     return real
 
 
+def _settled_lstat(path: str) -> os.stat_result:
+    """``lstat``; a regular file with a second hard link is looked at again for a moment: a
+    process publishing a new ledger (:mod:`.creation`) links it in, then removes its
+    temporary name. A link that stays is refused by the caller."""
+    st = os.lstat(path)
+    pause = 0.001
+    deadline = time.monotonic() + _PUBLISH_SECONDS
+    while stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        st = os.lstat(path)
+    return st
+
+
 def check_regular_file(path: str, *, what: str, loose: str) -> os.stat_result | None:
     """Validate an existing database or sidecar file; return its stat or None if absent.
 
@@ -257,7 +277,7 @@ def check_regular_file(path: str, *, what: str, loose: str) -> os.stat_result | 
     (chmod 0600: the file is a ledger, or was just created).
     """
     try:
-        st = os.lstat(path)
+        st = _settled_lstat(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -422,6 +442,20 @@ def prepare(
     if not read_only:
         check_writable(path)
     return Prepared(path, FileIdentity(st.st_dev, st.st_ino))
+
+
+def created_identity(path: str) -> FileIdentity:
+    """The identity of the file now at ``path`` (just published, or another's meanwhile),
+    judged like any existing database file."""
+    st = check_regular_file(path, what="database file", loose=ALLOW)
+    if st is None:
+        raise StorageError(
+            "the database file appeared and vanished while it was created",
+            reason=r.DATABASE_REPLACED,
+        )
+    if POSIX:
+        check_writable(path)
+    return FileIdentity(st.st_dev, st.st_ino)
 
 
 def create_database_file(path: str) -> FileIdentity:
