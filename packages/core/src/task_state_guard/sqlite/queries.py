@@ -22,6 +22,7 @@ from ..rules import DELIVERY_ORDER, TASK_ORDER
 from ..store.queries import (
     AT_RISK,
     COUNT_OPEN,
+    INVALID_LABEL,
     LEAST,
     OPEN_BATCH,
     OPEN_RUNNING_OWNERS,
@@ -30,7 +31,6 @@ from ..store.queries import (
     TOTALS,
     VERDICT_COUNTS,
     Dialect,
-    INVALID_LABEL,
     FindQuery,
     GroupKey,
     StatusGroups,
@@ -124,9 +124,9 @@ class SQLiteQueries:
                 packed.update(rows)
                 continue
             for name, code in rows:  # past the bound a new name folds (as add_group does)
-                key = (name, code) if (name, code) in packed else (
-                    None if name is None else INVALID_LABEL, code)
-                packed[key] += 1
+                seen: tuple[Any, int] = (name, code)
+                packed[seen if seen in packed else (
+                    None if name is None else INVALID_LABEL, code)] += 1
         counts: Counter[GroupKey] = Counter()
         for (name, code), count in packed.items():
             state, rest = divmod(code, _DELIVERY_SPAN)
