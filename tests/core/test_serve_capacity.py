@@ -130,7 +130,8 @@ def test_scrapes_are_answered_while_clients_loop_on_the_overview(db: str) -> Non
             loads[0] += 1
 
     with _serving(db) as server:
-        paths = [f"/?window={w}{r}" for w in ("1h", "6h", "24h", "7d") for r in ("", "&refresh=off")]
+        paths = [f"/?window={w}{r}" for w in ("1h", "6h", "24h", "7d")
+                 for r in ("", "&refresh=off")]
         threads = [threading.Thread(target=loop, args=(path,)) for path in paths]
         threads.append(threading.Thread(target=loop, args=("/stuck?sort=activity&per=200",)))
         for thread in threads:
