@@ -18,15 +18,16 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ..rules import DELIVERY_ORDER, TASK_ORDER
 from ..store.queries import (
     AT_RISK,
     COUNT_OPEN,
+    INVALID_LABEL,
     LEAST,
     OPEN_BATCH,
     OPEN_RUNNING_OWNERS,
     OPEN_WORK,
     ROOT_CLOSES,
-    STATUS_KEY,
     TOTALS,
     VERDICT_COUNTS,
     Dialect,
@@ -50,11 +51,28 @@ def _among(column: str, name: str, kind: str) -> str:
 
 _DIALECT = Dialect(mark, _among)
 _SQL = statements(_DIALECT)
-_GROUP_ROWS = f"SELECT {STATUS_KEY} FROM tsg_tasks"
-_AT_RISK = {
-    name: render(f"SELECT {agg}({column}) FROM tsg_tasks WHERE {OPEN_WORK} AND {cond}",
-                 mark, "now", "stale_before")
-    for name, (agg, column, cond) in AT_RISK.items()}
+
+
+def _code(column: str, values: tuple[str, ...]) -> str:
+    # A known value's position in ``values``; any other value (only tampering) is len(values).
+    cases = " ".join(f"WHEN '{value}' THEN {n}" for n, value in enumerate(values))
+    return f"(CASE {column} {cases} ELSE {len(values)} END)"
+
+
+# STATUS_KEY with its four small columns packed in one integer (small integers cost Python no
+# object a row, strings do): state, delivery state, is a root, owes its delivery.
+_DELIVERY_SPAN = 2 * 2 * (len(DELIVERY_ORDER) + 1)
+_GROUP_ROWS = (
+    f"SELECT name, {_code('status', TASK_ORDER)} * {_DELIVERY_SPAN} + "
+    f"{_code('delivery_status', DELIVERY_ORDER)} * 4 + (parent_id IS NULL) * 2 + "
+    "(delivery_required IS 1) FROM tsg_tasks"
+)
+# Every at-risk figure in one pass over the open work (one statement, not one each).
+_AT_RISK = render(
+    "SELECT " + ", ".join(
+        f"{agg}(CASE WHEN {cond} THEN {'1' if column == '*' else column} END)"
+        for agg, column, cond in AT_RISK.values())
+    + f" FROM tsg_tasks WHERE {OPEN_WORK}", mark, "now", "stale_before")
 _CLOSES = render(f"SELECT ended_at, status, terminal_code {ROOT_CLOSES}", mark, "start", "end")
 _OPEN_BATCH = render(OPEN_BATCH, mark, "before", "limit")
 # The schema's triggers write the matching events, totals and verdicts.
@@ -84,6 +102,11 @@ def _list(sql: str, params: dict[str, Any], name: str, values: list[Any]) -> str
     return sql.format(**{name: ",".join(mark(key) for key in keys)})
 
 
+def _known(values: tuple[str, ...], index: int) -> str | None:
+    """The value at ``index`` of a packed code; None for a value no state has."""
+    return values[index] if index < len(values) else None
+
+
 class SQLiteQueries:
     """The SQLite backend's :class:`~task_state_guard.store.queries.Queries`; ``read`` opens
     the database object's read transaction (a read of one task runs in one of its own)."""
@@ -94,16 +117,25 @@ class SQLiteQueries:
     @staticmethod
     def status_groups(conn: sqlite3.Connection, now: float, stale_before: float,
                       bound: int) -> StatusGroups:
-        counts: Counter[GroupKey] = Counter()
+        packed: Counter[tuple[Any, int]] = Counter()
         cursor = conn.execute(_GROUP_ROWS)
         while rows := cursor.fetchmany(4096):
-            if len(counts) < bound:
-                counts.update(rows)
-            else:
-                for row in rows:
-                    add_group(counts, row, 1, bound)
+            if len(packed) < bound:
+                packed.update(rows)
+                continue
+            for name, code in rows:  # past the bound a new name folds (as add_group does)
+                seen: tuple[Any, int] = (name, code)
+                packed[seen if seen in packed else (
+                    None if name is None else INVALID_LABEL, code)] += 1
+        counts: Counter[GroupKey] = Counter()
+        for (name, code), count in packed.items():
+            state, rest = divmod(code, _DELIVERY_SPAN)
+            delivery, root_owed = divmod(rest, 4)
+            key = (_known(TASK_ORDER, state), _known(DELIVERY_ORDER, delivery), name,
+                   root_owed >> 1, root_owed & 1)
+            add_group(counts, key, count, bound)
         params = {"now": now, "stale_before": stale_before}
-        found = {name: conn.execute(sql, params).fetchone()[0] for name, sql in _AT_RISK.items()}
+        found = dict(zip(AT_RISK, conn.execute(_AT_RISK, params).fetchone(), strict=True))
         least = {name: found[name] for name in LEAST}
         return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]))
 

@@ -3,9 +3,10 @@
 Routes (``GET`` and ``HEAD``): ``/`` the overview, ``/stuck`` the stuck-work list, ``/job`` a
 job (by ledger id, or by the id a framework gave it), ``/metrics`` the Prometheus exposition;
 ``POST /login`` only when a token is set. Every request opens the ledger read-only, reads,
-and closes it: nothing here writes the ledger. At most two aggregate reads (the overview, a
-scrape) run at once, so a few open browser tabs cannot multiply the memory of a large
-ledger's status pass.
+and closes it: nothing here writes the ledger. At most two overview reads run at once, so a
+few open browser tabs cannot multiply the memory of a large ledger's status pass; a scrape
+never waits for them. An expensive page or scrape is reused for a few seconds, and
+concurrent identical requests share one read (:mod:`.cache`).
 
 Access: with a token (listening beyond loopback requires one), every route but the sign-in
 wants it, as ``Authorization: Bearer <token>`` (Prometheus' ``authorization`` setting) or as
@@ -50,6 +51,7 @@ from ..model import (
 )
 from ..ops.task_list import ORDERS, TaskListing, parse_cursor
 from . import pages
+from .cache import Cache
 from .html import View
 
 if TYPE_CHECKING:
@@ -190,6 +192,8 @@ class WebApp:
         self.counters = counters
         self._categorize = categorize
         self._aggregates = threading.BoundedSemaphore(2)
+        self._pages: Cache[tuple[Response, str]] = Cache()
+        self._scrapes: Cache[str] = Cache(max_entries=1)
         self._session = None if settings.token is None else hmac.new(
             settings.token.encode("utf-8"), b"tsg-serve-session", hashlib.sha256).hexdigest()
 
@@ -261,7 +265,7 @@ class WebApp:
         view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
         handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[request.path]
         try:
-            return handler(view, params)
+            return self._cached(request, nonce, lambda: handler(view, params))
         except _BadInput as exc:
             return self._refused(nonce, exc)
         except LedgerError as exc:  # the page keeps refreshing: it shows once the ledger reads
@@ -272,6 +276,18 @@ class WebApp:
                                  note, here=request.path,
                                  params={k: v for k, v in params.items() if k != "refresh"})
             return Response(503, body, HTML)
+
+    def _cached(self, request: Request, nonce: str, render: Callable[[], Response]) -> Response:
+        """The page of this path and query: reused while fresh when it was expensive (with
+        this response's nonce in place of the one it was made with), else rendered now."""
+        response, made_with = self._pages.get(
+            (request.path, request.query), lambda: (render(), nonce),
+            lambda made: len(made[0].body))
+        if made_with == nonce:
+            return response
+        return Response(response.status, response.body.replace(
+            made_with.encode("ascii"), nonce.encode("ascii")), response.content_type,
+            list(response.headers))
 
     def _refused(self, nonce: str, exc: _BadInput) -> Response:
         text = str(exc)
@@ -331,10 +347,13 @@ class WebApp:
                 self._aggregates.release()
 
     def _metrics(self) -> Response:
-        try:
-            with self._ledger(aggregate=True) as ledger:
-                text = metrics_text(ledger, active_grace_seconds=self.settings.grace,
+        def read() -> str:
+            with self._ledger() as ledger:  # a scrape's own lane: it never waits for pages
+                return metrics_text(ledger, active_grace_seconds=self.settings.grace,
                                     metrics_dir=self.settings.metrics_dir)
+
+        try:
+            text = self._scrapes.get("metrics", read, len)
         except LedgerError as exc:
             return _text(503, f"error: {self._categorize(exc)}")
         if self.counters is not None:

@@ -8,11 +8,17 @@ connection is read when, by whom, and for how long.
 
 * One thread (the caller's) accepts connections and watches them until their first bytes
   arrive: an idle client costs one socket, never a thread. At most ``max_connections`` are
-  held at once (beyond that a new one is answered ``503`` at once, counted ``overload``), and
-  at most ``per_client`` from one IP address: a client at its cap that connects again closes
-  its own oldest idle connection (counted ``overload``), so one client cannot starve others.
+  held at once, and at most ``per_client`` from one IP address: a client at its cap that
+  connects again closes its own oldest idle connection, and a new connection beyond
+  ``max_connections`` closes the oldest idle connection of all (both counted ``overload``),
+  so idle sockets, however many and from whichever addresses, never keep a request out. A new
+  connection is answered ``503`` (counted ``overload``) only when every held one is busy.
 * A fixed pool of ``workers`` threads reads and answers the connections that sent something
-  (at most ``queued`` wait for a worker; beyond that ``503``). Each socket operation times out
+  (at most ``queued`` wait for a worker; beyond that ``503``). A scrape has a lane of its own:
+  a connection whose whole request head has arrived and asks ``GET /metrics`` (or ``HEAD``) is
+  answered by one of ``scrape_workers`` threads that answer nothing else (``scrape_queued``
+  may wait), so busy page loads and slow clients never make a scrape wait; its head is
+  already read, so a scrape worker never waits for a client. Each socket operation times out
   after ``io_timeout``; the request must have arrived ``read_timeout`` seconds after the
   connection was accepted, and its response must be sent ``write_timeout`` seconds after
   that, or the connection is shut down (counted ``timeout``). Every response closes its
@@ -36,6 +42,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -61,6 +68,9 @@ _SINGLE = ("host", "content-length", "authorization", "cookie", "content-type",
 _TARGET = re.compile(r"/[!-~]*")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _LENGTH = re.compile(r"[0-9]{1,18}", re.ASCII)
+#: A scrape's request line, and how much of a request is looked at to find one.
+_SCRAPE = re.compile(rb"(?:GET|HEAD) /metrics[ ?]")
+_PEEK = 8192
 
 _NEVER = float("inf")
 # The states of a connection.
@@ -80,6 +90,11 @@ class _Conn:
         self.state = _IDLE
         self.reason: str | None = None  # why it was dropped (counted once)
         self.linger = True
+
+
+def _oldest_idle(conns: Iterable[_Conn]) -> _Conn | None:
+    """The idle connection accepted first among ``conns`` (None: none is idle)."""
+    return min((c for c in conns if c.state == _IDLE), key=lambda c: c.accepted, default=None)
 
 
 class _Discard(io.TextIOBase):
@@ -251,6 +266,8 @@ class HttpServer:
         *,
         workers: int = 8,
         queued: int = 32,
+        scrape_workers: int = 2,
+        scrape_queued: int = 8,
         max_connections: int = 256,
         per_client: int = 32,
         read_timeout: float = 10.0,
@@ -283,6 +300,7 @@ class HttpServer:
         self._conns: dict[socket.socket, _Conn] = {}  # every connection but lingering ones
         self._lingering: dict[socket.socket, float] = {}
         self._jobs: queue.Queue[_Conn | None] = queue.Queue(queued)
+        self._scrapes: queue.Queue[_Conn | None] = queue.Queue(scrape_queued)
         self._finished: queue.SimpleQueue[_Conn] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
@@ -294,9 +312,15 @@ class HttpServer:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._threads = [
-            threading.Thread(target=self._work, name=f"tsg-serve-{n}", daemon=True)
+            threading.Thread(target=self._work, args=(self._jobs,), name=f"tsg-serve-{n}",
+                             daemon=True)
             for n in range(workers)
+        ] + [
+            threading.Thread(target=self._work, args=(self._scrapes,),
+                             name=f"tsg-scrape-{n}", daemon=True)
+            for n in range(scrape_workers)
         ]
+        self._lanes = ((self._jobs, workers), (self._scrapes, scrape_workers))
         for thread in self._threads:
             thread.start()
 
@@ -379,12 +403,14 @@ class HttpServer:
             now = time.monotonic()
             with self._lock:
                 mine = [c for c in self._conns.values() if c.client == client]
-                idle = [c for c in mine if c.state == _IDLE]
-                evict = min(idle, key=lambda c: c.accepted) if (
-                    len(mine) >= self.per_client and idle) else None
-                refuse = evict is None and (len(mine) >= self.per_client
-                                            or len(self._conns) >= self.max_connections)
-                if evict is not None:  # the client's oldest idle connection makes room
+                evict = refuse = None
+                if len(mine) >= self.per_client:  # the client's oldest idle one makes room
+                    evict = _oldest_idle(mine)
+                    refuse = evict is None
+                if not refuse and len(self._conns) >= self.max_connections and evict is None:
+                    evict = _oldest_idle(self._conns.values())  # the oldest idle of all
+                    refuse = evict is None
+                if evict is not None:
                     self._forget(evict, "overload")
                 if not refuse:
                     self._conns[sock] = _Conn(sock, client, now, now + self.read_timeout)
@@ -406,7 +432,8 @@ class HttpServer:
         conn.sock.close()
 
     def _dispatch(self, sock: socket.socket) -> None:
-        """An idle connection sent something: a worker reads it (503 when the queue is full)."""
+        """An idle connection sent something: a worker reads it, a scrape worker when it is a
+        whole scrape head (503 when the queues are full)."""
         with contextlib.suppress(KeyError, ValueError):  # closed earlier in this round
             self._selector.unregister(sock)
         with self._lock:
@@ -415,13 +442,21 @@ class HttpServer:
                 return
             conn.state = _QUEUED
         try:
-            self._jobs.put_nowait(conn)
-        except queue.Full:
-            with self._lock:
-                self._conns.pop(sock, None)
-                conn.state = _DONE
-            self.counters.add("overload")
-            self._refuse(sock)
+            head = sock.recv(_PEEK, socket.MSG_PEEK)
+        except OSError:
+            head = b""
+        lanes = [self._jobs]
+        if _SCRAPE.match(head) and b"\r\n\r\n" in head:
+            lanes.insert(0, self._scrapes)
+        for lane in lanes:
+            with contextlib.suppress(queue.Full):
+                lane.put_nowait(conn)
+                return
+        with self._lock:
+            self._conns.pop(sock, None)
+            conn.state = _DONE
+        self.counters.add("overload")
+        self._refuse(sock)
 
     def _expire(self) -> None:
         """Drop the connections past their deadline: idle and queued ones are closed here;
@@ -494,9 +529,9 @@ class HttpServer:
                 self._linger(conn.sock)
 
     # ------------------------------------------------------------------ workers
-    def _work(self) -> None:
+    def _work(self, lane: queue.Queue[_Conn | None]) -> None:
         while True:
-            conn = self._jobs.get()
+            conn = lane.get()
             if conn is None:
                 return
             with self._lock:
@@ -544,14 +579,15 @@ class HttpServer:
                 elif conn.state == _READING:  # no request yet: nothing to finish
                     with contextlib.suppress(OSError):
                         conn.sock.shutdown(socket.SHUT_RDWR)
-        while True:  # connections nobody started: already closed above
-            try:
-                self._jobs.get_nowait()
-            except queue.Empty:
-                break
-        for _ in self._threads:
-            with contextlib.suppress(queue.Full):
-                self._jobs.put_nowait(None)
+        for lane, count in self._lanes:
+            while True:  # connections nobody started: already closed above
+                try:
+                    lane.get_nowait()
+                except queue.Empty:
+                    break
+            for _ in range(count):
+                with contextlib.suppress(queue.Full):
+                    lane.put_nowait(None)
         deadline = time.monotonic() + self.stop_grace
         with self._lock:
             while self._conns and time.monotonic() < deadline:
