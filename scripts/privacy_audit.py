@@ -50,11 +50,12 @@ TELEMETRY_MODULES = frozenset({
     "applicationinsights", "opencensus", "heap", "rudderstack", "launchdarkly", "wandb",
     "langsmith", "langfuse", "helicone", "traceloop", "openlit", "agentops",
 })
-#: The one core module allowed to open a listening socket: the opt-in ``tsg serve`` server
-#: (alias ``tsg metrics --serve``; loopback by default, a token beyond it, read-only), imported
-#: only by that command. It may import these modules (``http.server`` parses its requests) and
-#: nothing else of NETWORK_MODULES; network calls stay flagged.
-SERVER_MODULE = "task_state_guard/web/server.py"
+#: The core modules of the opt-in ``tsg serve`` server (alias ``tsg metrics --serve``; loopback
+#: by default, a token beyond it, read-only), imported only by that command: the server (its
+#: listening socket and connections) and its request module (``http.server`` parses each
+#: request). They may import these modules and nothing else of NETWORK_MODULES; network calls
+#: stay flagged.
+SERVER_MODULES = ("task_state_guard/web/server.py", "task_state_guard/web/request.py")
 SERVER_ALLOWED = frozenset({"socket", "http"})
 NETWORK_CALLS = frozenset({
     "create_connection", "urlopen", "getaddrinfo", "gethostbyname", "gethostname",
@@ -99,7 +100,7 @@ def _mode_literal(node: ast.AST | None) -> int | None:
 
 def audit_file(path: Path, *, core: bool) -> Counter[str]:
     found: Counter[str] = Counter()
-    allowed = SERVER_ALLOWED if core and path.as_posix().endswith(SERVER_MODULE) else frozenset()
+    allowed = SERVER_ALLOWED if core and path.as_posix().endswith(SERVER_MODULES) else frozenset()
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source, filename=str(path))

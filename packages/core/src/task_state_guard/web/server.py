@@ -1,10 +1,11 @@
 """The bounded server that runs the WSGI application of ``tsg serve`` (standard library only).
 
-The core's only module with network code: imported only by ``tsg serve`` and its alias
-``tsg metrics --serve`` (never by ``import task_state_guard`` or another command); the privacy
-audit allows sockets here alone. HTTP is parsed by the standard library's ``http.server``
-and the application is called through ``wsgiref.handlers``; this module only decides which
-connection is read when, by whom, and for how long.
+With :mod:`.request`, the core's only network code: imported only by ``tsg serve`` and its
+alias ``tsg metrics --serve`` (never by ``import task_state_guard`` or another command); the
+privacy audit allows sockets in these two modules alone. HTTP is parsed by the standard
+library's ``http.server`` and the application is called through ``wsgiref.handlers``
+(:mod:`.request`); this module only decides which connection is read when, by whom, and for
+how long.
 
 * One thread (the caller's) accepts connections and watches them until their first bytes
   arrive: an idle client costs one socket, never a thread. At most ``max_connections`` are
@@ -33,7 +34,6 @@ connection is read when, by whom, and for how long.
 from __future__ import annotations
 
 import contextlib
-import io
 import ipaddress
 import queue
 import re
@@ -43,217 +43,38 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
-from email.utils import formatdate
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
-from typing import IO, TYPE_CHECKING, Any, cast
-from urllib.parse import unquote
-from wsgiref.handlers import SimpleHandler
-from wsgiref.headers import Headers
+from typing import TYPE_CHECKING
 
 from ..model import InvalidInput
-from .app import Counters, plain_headers
+from .app import Counters
+from .request import (
+    ANSWERING,
+    DONE,
+    IDLE,
+    QUEUED,
+    READING,
+    SERVER_NAME,
+    Conn,
+    RequestHandler,
+    answer,
+)
 
 if TYPE_CHECKING:
-    from types import TracebackType
     from wsgiref.types import WSGIApplication
 
-SERVER_NAME = "task-state-guard"
 #: How long a connection may linger half-closed after its response, and how many may at once.
 LINGER_SECONDS = 2.0
 MAX_LINGERING = 256
-#: Headers that may appear once only (a repeat is how request smuggling starts).
-_SINGLE = ("host", "content-length", "authorization", "cookie", "content-type",
-           "transfer-encoding")
-_TARGET = re.compile(r"/[!-~]*")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_LENGTH = re.compile(r"[0-9]{1,18}", re.ASCII)
 #: A scrape's request line, and how much of a request is looked at to find one.
 _SCRAPE = re.compile(rb"(?:GET|HEAD) /metrics[ ?]")
 _PEEK = 8192
 
 _NEVER = float("inf")
-# The states of a connection.
-_IDLE, _QUEUED, _READING, _ANSWERING, _DONE = range(5)
 
 
-class _Conn:
-    """One accepted connection: its socket, its client's address, its deadline and state."""
-
-    __slots__ = ("accepted", "client", "deadline", "linger", "reason", "sock", "state")
-
-    def __init__(self, sock: socket.socket, client: str, now: float, deadline: float) -> None:
-        self.sock = sock
-        self.client = client
-        self.accepted = now
-        self.deadline = deadline
-        self.state = _IDLE
-        self.reason: str | None = None  # why it was dropped (counted once)
-        self.linger = True
-
-
-def _oldest_idle(conns: Iterable[_Conn]) -> _Conn | None:
+def _oldest_idle(conns: Iterable[Conn]) -> Conn | None:
     """The idle connection accepted first among ``conns`` (None: none is idle)."""
-    return min((c for c in conns if c.state == _IDLE), key=lambda c: c.accepted, default=None)
-
-
-class _Discard(io.TextIOBase):
-    """``wsgi.errors``: written to, never shown (nothing is logged)."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-
-def _answer(status: int, extra: tuple[tuple[str, str], ...] = ()) -> bytes:
-    """A whole plain-text answer of the server's own: the status's phrase, nothing sent."""
-    phrase = HTTPStatus(status).phrase
-    body = (phrase.lower() + "\n").encode("ascii")
-    lines = [
-        f"HTTP/1.1 {status} {phrase}",
-        f"Server: {SERVER_NAME}",
-        f"Date: {formatdate(usegmt=True)}",
-        "Content-Type: text/plain; charset=utf-8",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-        *(f"{name}: {value}" for name, value in (*plain_headers(), *extra)),
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-class _Wsgi(SimpleHandler):
-    """Calls the application for one request (``wsgiref``), counting instead of logging."""
-
-    os_environ: dict[str, str] = {}
-    http_version = "1.1"
-    origin_server = True
-    server_software = SERVER_NAME
-    error_status = "500 Internal Server Error"
-    error_headers = [("Content-Type", "text/plain; charset=utf-8"), *plain_headers()]
-    error_body = b"error: InternalError\n"
-    headers: Headers  # set by start_response
-
-    def __init__(self, handler: _Handler, environ: dict[str, Any]) -> None:
-        super().__init__(handler.rfile, cast("IO[bytes]", handler.wfile), _Discard(), environ,
-                         multithread=True, multiprocess=False)
-        self._handler = handler
-
-    def cleanup_headers(self) -> None:
-        super().cleanup_headers()
-        self.headers["Connection"] = "close"
-
-    def log_exception(
-        self,
-        exc_info: tuple[type[BaseException], BaseException, TracebackType]
-        | tuple[None, None, None],
-    ) -> None:
-        self._handler.owner.count(self._handler.conn, "internal")
-
-    def _write(self, data: bytes) -> None:
-        try:
-            super()._write(data)
-        except TimeoutError:
-            self._handler.owner.count(self._handler.conn, "timeout")
-            raise ConnectionAbortedError from None  # ends the request quietly
-        except OSError:
-            self._handler.owner.count(self._handler.conn, "reset")
-            raise ConnectionAbortedError from None
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Reads one request with ``http.server`` and answers it through :class:`_Wsgi`."""
-
-    protocol_version = "HTTP/1.1"
-    server_version = SERVER_NAME
-    sys_version = ""
-    timeout = None  # the socket's own timeout is set before
-
-    def __init__(self, conn: _Conn, owner: HttpServer) -> None:
-        self.conn = conn
-        self.owner = owner
-        self.refused = False
-        super().__init__(conn.sock, (conn.client, 0), owner)  # type: ignore[arg-type]
-
-    def version_string(self) -> str:
-        return SERVER_NAME
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Nothing is logged."""
-
-    def send_error(self, code: int, message: str | None = None,
-                   explain: str | None = None) -> None:
-        """A fixed answer: never the request line, a header or a value that was sent."""
-        self.owner.count(self.conn, "malformed")
-        self.refused = True
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self.wfile.write(_answer(code))
-
-    def handle(self) -> None:
-        self.close_connection = True
-        try:
-            self.raw_requestline = self.rfile.readline(65537)
-            if not self.raw_requestline:
-                self.conn.linger = False  # closed without a request: a browser's preconnect
-                return
-            if len(self.raw_requestline) > 65536:
-                self.send_error(414)
-                return
-            if not self.parse_request():
-                if not self.refused:
-                    self.send_error(400)  # an empty request line: refused without an answer
-                return
-            refused = self._refused()
-        except TimeoutError:
-            self.owner.count(self.conn, "timeout")
-            return
-        except OSError:
-            self.owner.count(self.conn, "reset")
-            return
-        if refused:
-            self.send_error(refused)
-            return
-        if not self.owner.answering(self.conn):
-            return  # timed out meanwhile, or the server is stopping
-        _Wsgi(self, self._environ()).run(self.owner.app)
-
-    def _refused(self) -> int:
-        """The status a parsed request is refused with (0: none)."""
-        if self.request_version not in ("HTTP/1.0", "HTTP/1.1") or not _TARGET.fullmatch(
-                self.path):
-            return 400  # HTTP/0.9, an absolute or non-ASCII target
-        if self.headers.defects or self.headers.get_payload():
-            return 400  # a line without a colon, a folded line
-        if any(_CONTROL.search(value) for value in self.headers.values()):
-            return 400
-        for name in _SINGLE:
-            if len(self.headers.get_all(name) or ()) > 1:
-                return 400
-        if "transfer-encoding" in self.headers:
-            return 501
-        length = self.headers.get("content-length")
-        if length is not None and not _LENGTH.fullmatch(length.strip(" \t")):
-            return 400
-        return 0
-
-    def _environ(self) -> dict[str, Any]:
-        path, _, query = self.path.partition("?")
-        host, port = self.owner.address
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": self.command, "SCRIPT_NAME": "",
-            "PATH_INFO": unquote(path, "iso-8859-1"), "QUERY_STRING": query,
-            "SERVER_NAME": host, "SERVER_PORT": str(port),
-            "SERVER_PROTOCOL": self.request_version, "SERVER_SOFTWARE": SERVER_NAME,
-            "GATEWAY_INTERFACE": "CGI/1.1", "REMOTE_ADDR": self.conn.client,
-            "CONTENT_TYPE": self.headers.get("content-type", ""),
-            "CONTENT_LENGTH": self.headers.get("content-length", "").strip(" \t"),
-        }
-        for name, value in self.headers.items():
-            key = "HTTP_" + name.upper().replace("-", "_")
-            if key not in ("HTTP_CONTENT_TYPE", "HTTP_CONTENT_LENGTH"):
-                text = value.strip()
-                environ[key] = f"{environ[key]},{text}" if key in environ else text
-        return environ
-
+    return min((c for c in conns if c.state == IDLE), key=lambda c: c.accepted, default=None)
 
 class HttpServer:
     """The listening socket, its accept loop, its worker pool and its counters (see the
@@ -297,11 +118,11 @@ class HttpServer:
         self.write_timeout = write_timeout
         self.io_timeout = io_timeout
         self.stop_grace = stop_grace
-        self._conns: dict[socket.socket, _Conn] = {}  # every connection but lingering ones
+        self._conns: dict[socket.socket, Conn] = {}  # every connection but lingering ones
         self._lingering: dict[socket.socket, float] = {}
-        self._jobs: queue.Queue[_Conn | None] = queue.Queue(queued)
-        self._scrapes: queue.Queue[_Conn | None] = queue.Queue(scrape_queued)
-        self._finished: queue.SimpleQueue[_Conn] = queue.SimpleQueue()
+        self._jobs: queue.Queue[Conn | None] = queue.Queue(queued)
+        self._scrapes: queue.Queue[Conn | None] = queue.Queue(scrape_queued)
+        self._finished: queue.SimpleQueue[Conn] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
         self._stopping = threading.Event()
@@ -325,20 +146,20 @@ class HttpServer:
             thread.start()
 
     # ------------------------------------------------------------------ shared with workers
-    def count(self, conn: _Conn, reason: str) -> None:
+    def count(self, conn: Conn, reason: str) -> None:
         """Count ``conn`` under ``reason``, once per connection (the first reason wins)."""
         with self._lock:
             if conn.reason is None:
                 conn.reason = reason
                 self.counters.add(reason)
 
-    def answering(self, conn: _Conn) -> bool:
+    def answering(self, conn: Conn) -> bool:
         """A worker read ``conn``'s request: its response is due within ``write_timeout``.
         False when it is to be dropped instead (timed out, or the server is stopping)."""
         with self._lock:
             if conn.reason is not None or self._stopping.is_set():
                 return False
-            conn.state = _ANSWERING
+            conn.state = ANSWERING
             conn.deadline = time.monotonic() + self.write_timeout
             return True
 
@@ -413,14 +234,14 @@ class HttpServer:
                 if evict is not None:
                     self._forget(evict, "overload")
                 if not refuse:
-                    self._conns[sock] = _Conn(sock, client, now, now + self.read_timeout)
+                    self._conns[sock] = Conn(sock, client, now, now + self.read_timeout)
             if refuse:
                 self.counters.add("overload")
                 self._refuse(sock)
             else:
                 self._selector.register(sock, selectors.EVENT_READ)
 
-    def _forget(self, conn: _Conn, reason: str) -> None:
+    def _forget(self, conn: Conn, reason: str) -> None:
         """Close an idle connection the loop watches (with the lock held), counted."""
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
@@ -428,7 +249,7 @@ class HttpServer:
         if conn.reason is None:
             conn.reason = reason
             self.counters.add(reason)
-        conn.state = _DONE
+        conn.state = DONE
         conn.sock.close()
 
     def _dispatch(self, sock: socket.socket) -> None:
@@ -440,7 +261,7 @@ class HttpServer:
             conn = self._conns.get(sock)
             if conn is None:
                 return
-            conn.state = _QUEUED
+            conn.state = QUEUED
         try:
             head = sock.recv(_PEEK, socket.MSG_PEEK)
         except OSError:
@@ -454,7 +275,7 @@ class HttpServer:
                 return
         with self._lock:
             self._conns.pop(sock, None)
-            conn.state = _DONE
+            conn.state = DONE
         self.counters.add("overload")
         self._refuse(sock)
 
@@ -464,7 +285,7 @@ class HttpServer:
         now = time.monotonic()
         with self._lock:
             for conn in [c for c in self._conns.values() if c.deadline <= now]:
-                if conn.state in (_IDLE, _QUEUED):
+                if conn.state in (IDLE, QUEUED):
                     self._forget(conn, "timeout")
                     continue
                 if conn.reason is None:
@@ -479,7 +300,7 @@ class HttpServer:
     def _refuse(self, sock: socket.socket) -> None:
         """Answer 503 at once (one non-blocking send of a short answer) and linger."""
         try:
-            sock.send(_answer(503, (("Retry-After", "1"),)))
+            sock.send(answer(503, (("Retry-After", "1"),)))
         except OSError:
             sock.close()
             return
@@ -529,26 +350,26 @@ class HttpServer:
                 self._linger(conn.sock)
 
     # ------------------------------------------------------------------ workers
-    def _work(self, lane: queue.Queue[_Conn | None]) -> None:
+    def _work(self, lane: queue.Queue[Conn | None]) -> None:
         while True:
             conn = lane.get()
             if conn is None:
                 return
             with self._lock:
-                if conn.state != _QUEUED or self._stopping.is_set():
+                if conn.state != QUEUED or self._stopping.is_set():
                     conn.sock.close()  # timed out in the queue, or the server is stopping
                     continue
-                conn.state = _READING
+                conn.state = READING
             try:
                 conn.sock.setblocking(True)
                 conn.sock.settimeout(self.io_timeout)
-                _Handler(conn, self)
+                RequestHandler(conn, self)
             except Exception:  # never a trace: counted, the connection is closed below
                 self.count(conn, "internal")
             finally:
                 with self._lock:
                     self._conns.pop(conn.sock, None)
-                    conn.state = _DONE
+                    conn.state = DONE
                     self._answered.notify_all()
                     done = conn.reason is None and conn.linger and not self._stopping.is_set()
                 if done:
@@ -572,11 +393,11 @@ class HttpServer:
         self._lingering.clear()
         with self._lock:
             for conn in list(self._conns.values()):
-                if conn.state in (_IDLE, _QUEUED):
+                if conn.state in (IDLE, QUEUED):
                     self._conns.pop(conn.sock, None)
-                    conn.state = _DONE
+                    conn.state = DONE
                     conn.sock.close()
-                elif conn.state == _READING:  # no request yet: nothing to finish
+                elif conn.state == READING:  # no request yet: nothing to finish
                     with contextlib.suppress(OSError):
                         conn.sock.shutdown(socket.SHUT_RDWR)
         for lane, count in self._lanes:
