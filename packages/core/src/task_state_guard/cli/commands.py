@@ -78,9 +78,20 @@ def _usage_reason(message: str) -> str:
     return r.USAGE_ERROR
 
 
+class _OutputFailed(Exception):
+    """``--help`` or ``--version`` text could not be written to stdout (closed, full)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError("the command line was refused", reason=_usage_reason(message))
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """``--help`` and ``--version`` text, written and flushed: an output that cannot take
+        it is the contract's output failure (exit 3), not a silent success (argparse itself
+        ignores write errors)."""
+        if message and not _write(message):
+            raise _OutputFailed
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -271,7 +282,9 @@ def _check_target(args: argparse.Namespace) -> None:
 
 def _check_ids(args: argparse.Namespace) -> None:
     """Reject malformed ids before the database is opened (whatever state it is in); turn a
-    framework's job id into its ledger id (computed, so the typed id is never printed)."""
+    framework's job id into its ledger id (computed, so the typed id is never printed). The
+    id ``get``/``children`` take without a framework option may be a ledger id or any
+    framework's job id: it is looked up once the ledger is open."""
     job = _named_job(args) if args.command in ("get", "children", "tasks") else None
     if job is not None:
         from ..integration.ids import job_task_id
@@ -279,7 +292,12 @@ def _check_ids(args: argparse.Namespace) -> None:
         args.task_id = job_task_id(*job)
     elif args.command == "tasks":
         args.task_id = None
-    if args.command in _BY_ID:
+    if args.command in ("get", "children") and job is None:
+        from ..integration.lookup import candidate_ids
+
+        candidate_ids(args.task_id)  # a ledger id or any framework's job id, resolved once open
+        args.any_id = True
+    elif args.command in _BY_ID:
         canonical_id(args.task_id)
     elif args.command == "create":
         for value, what in ((args.task_id, "task id"), (args.parent, "parent id")):
@@ -571,8 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3  # nothing could be reported: do nothing at all
     try:
         explain = _explain_from_environment() or explain
-    except InvalidInput as exc:
-        return _report("InvalidInput", exc.reason, explain=True, text=text, code=2)
+    except InvalidInput as exc:  # the reason only when the command line asked for one
+        return _report("InvalidInput", exc.reason, explain=explain, text=text, code=2)
     parser = build_parser()
     try:
         args = _parse(parser, tokens)
@@ -581,6 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload, code = _run(args)
     except LedgerError as exc:
         return _report(error_category(exc), exc.reason, explain=explain, text=text, code=2)
+    except _OutputFailed:
+        return 3  # --help or --version could not be written: nothing more can be reported
     except Exception as exc:
         return _report("InternalError", None, explain=explain, text=text, code=3,
                        exception=exception_class(exc))

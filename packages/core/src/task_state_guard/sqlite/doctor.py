@@ -3,8 +3,9 @@ core's rules (:mod:`task_state_guard.ops.doctor`) in SQLite's dialect.
 
 A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
 ``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
-count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts);
-each part that could not be read adds one to ``integrity_error_count``.
+count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts,
+the findings of that part) and listed in ``checks_not_run``; each part that could not be read
+adds one to ``integrity_error_count``. A file whose layout is not a ledger's runs no check.
 """
 
 from __future__ import annotations
@@ -46,10 +47,7 @@ PROBES = doctor.Probes(
 def run_doctor(db: Database) -> dict[str, Any]:
     """Check the whole ledger and return counts only (the core's report)."""
     findings = doctor.new_findings()
-    counts: dict[str, Any] = {
-        "task_count": None, "event_count": None,
-        "task_status_counts": None, "delivery_status_counts": None,
-    }
+    counts = doctor.unread_counts()
     with db.read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
@@ -69,14 +67,12 @@ def run_doctor(db: Database) -> dict[str, Any]:
                 return read()
             except sqlite3.DatabaseError:  # damaged beyond what this part could read
                 readable = False
-                findings["integrity_errors"] += 1
+                findings["integrity_errors"] = (findings["integrity_errors"] or 0) + 1
                 return None
 
-        if fmt in schema.KNOWN:
+        if fmt in schema.KNOWN:  # else no rule can be checked: each count says "not run"
             doctor.check(conn, PROBES, findings, counts, part,
                          outbox=fmt in schema.OUTBOX_LAYOUTS)
-        else:
-            counts = doctor.empty_counts()
     schema_ok = fmt in schema.KNOWN and integrity_ok and readable
     return doctor.report(
         version=schema.STORED_VERSION[fmt] if fmt in schema.KNOWN else None,

@@ -27,6 +27,7 @@ connection is read when, by whom, and for how long.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import ipaddress
 import queue
@@ -44,6 +45,7 @@ from urllib.parse import unquote
 from wsgiref.handlers import SimpleHandler
 from wsgiref.headers import Headers
 
+from .. import reasons as r
 from ..model import InvalidInput
 from .app import Counters, plain_headers
 
@@ -240,6 +242,15 @@ class _Handler(BaseHTTPRequestHandler):
         return environ
 
 
+#: The reason of a listening address the system refused, by ``errno`` (else ``listen_failed``).
+_LISTEN_REASONS = {
+    errno.EADDRINUSE: r.ADDRESS_IN_USE,
+    errno.EADDRNOTAVAIL: r.ADDRESS_NOT_AVAILABLE,
+    errno.EACCES: r.LISTEN_NOT_PERMITTED,
+    errno.EPERM: r.LISTEN_NOT_PERMITTED,
+}
+
+
 class HttpServer:
     """The listening socket, its accept loop, its worker pool and its counters (see the
     module's docstring); ``app`` is any WSGI application."""
@@ -267,9 +278,10 @@ class HttpServer:
             self._listener.bind((host, port))
             self._listener.listen(128)
             self._listener.setblocking(False)
-        except OSError:
+        except OSError as exc:
             self._listener.close()
-            raise InvalidInput("cannot listen on that address") from None
+            reason = _LISTEN_REASONS.get(exc.errno or 0, r.LISTEN_FAILED)
+            raise InvalidInput("cannot listen on that address", reason=reason) from None
         name = self._listener.getsockname()
         self.address: tuple[str, int] = (str(name[0]), int(name[1]))
         self.app = app
