@@ -114,10 +114,7 @@ def _seconds(value: str | None, env: str, default: float, what: str) -> float:
 def _positive_int(text: str | None, what: str) -> int | None:
     if text is None:
         return None
-    value = parse_count(text, what)
-    if value < 1 or value > 10**9:
-        raise InvalidInput(f"{what} is out of range")
-    return value
+    return parse_count(text, what, minimum=1, maximum=10**9)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -310,13 +307,14 @@ def _open(args: argparse.Namespace) -> Ledger:
     if not path:
         raise InvalidInput("no database: pass --db or set TSG_DB", reason=r.MISSING_DATABASE_PATH)
     try:
-        busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+        busy = 5000 if args.busy_timeout_ms is None else parse_count(
+            args.busy_timeout_ms, "busy timeout", minimum=1, maximum=600_000)
     except InvalidInput:
         raise InvalidInput("bad busy timeout", reason=r.INVALID_VALUE) from None
     read_only = args.command in _READ_ONLY or bool(getattr(args, "dry_run", False))
     return Ledger(
         path,
-        busy_timeout_ms=busy if busy is not None else 5000,
+        busy_timeout_ms=busy,
         allow_external_acl=bool(args.allow_external_acl),
         read_only=read_only,
         # the read commands may use transient sidecars; a dry-run creates nothing at all
