@@ -5,12 +5,14 @@ Except for ``--help``, ``--version``, ``metrics`` and ``--format text`` (their t
 key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress lines on
 stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
 Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
-unexpected internal error (also when the output cannot be written: a closed or full stdout).
+unexpected internal error (also when the output cannot be written: a closed or full stdout,
+``--help`` and ``--version`` included).
 Rejected values, paths and exception texts are never echoed: an error line is exactly the
 specification's ``{"error":"<category>","ok":false}``, the category one of 0.1.0's
 ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
 ``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
-``InternalError``. ``--explain`` (or ``TSG_EXPLAIN=1``) adds ``"reason"`` to a usage or storage
+``InternalError``. ``--explain`` (or ``TSG_EXPLAIN=1``; an invalid ``TSG_EXPLAIN`` is itself
+refused, with the reason only when asked for) adds ``"reason"`` to a usage or storage
 error: the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`; to an
 ``InternalError`` it adds ``"exception"``, the standard class of what was raised (the nearest
 built-in or ``sqlite3`` class, never its text); ``--format text`` prints the category, the
