@@ -59,8 +59,9 @@ def find_any(ledger: Ledger, any_id: str) -> Task:
     if not tasks:
         raise TaskNotFound("no task has that id")
     if len(tasks) > 1:
-        raise InvalidInput("the id names more than one task: name the framework",
-                           reason=r.AMBIGUOUS_ID)
+        raise InvalidInput(
+            "the id names more than one task: name the framework", reason=r.AMBIGUOUS_ID
+        )
     return tasks[0]
 
 
