@@ -157,8 +157,10 @@ def test_state_errors_exit_2(db: str) -> None:
 def _bad_invocations(db: str, tid: str) -> list[tuple[list[str], dict[str, str], str]]:
     c = CANARY
     return [
-        (["--db", db, "get", c], {}, "InvalidInput"),
-        (["--db", db, "get", c + "-0000-4000-8000-000000000000"], {}, "InvalidInput"),
+        # `get` takes any framework's job id too: an unknown one is not found, not echoed
+        (["--db", db, "get", c], {}, "TaskNotFound"),
+        (["--db", db, "start", c], {}, "InvalidInput"),
+        (["--db", db, "start", c + "-0000-4000-8000-000000000000"], {}, "InvalidInput"),
         (["--db", db, "get", tid, c], {}, "InvalidInput"),
         (["--db", db, "close", tid, "--status", c], {}, "InvalidInput"),
         (["--db", db, "close", tid, "--status", "succeeded", "--code", c], {}, "InvalidInput"),

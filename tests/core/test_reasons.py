@@ -123,7 +123,7 @@ SECRET = "s3cret-value"
         (["--db"], "missing_value"),
         (["--db", "{db}", "close", TID, "--status"], "missing_value"),
         (["--db", "{db}", "status", "--format", SECRET], "invalid_value"),
-        (["--db", "{db}", "get", SECRET], "invalid_value"),
+        (["--db", "{db}", "start", SECRET], "invalid_value"),
         (["--db", "{db}", "create", "--timeout-seconds", SECRET], "invalid_value"),
         (["--db", "{db}", "close", TID, "--status", SECRET], "invalid_value"),
         (["--db", "{db}", "--busy-timeout-ms", "0", "init"], "invalid_value"),

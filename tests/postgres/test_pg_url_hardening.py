@@ -6,18 +6,23 @@ database have reasons of their own."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 from pg_fixtures import PG_BASE
-from task_state_guard import Ledger, StorageError
+from task_state_guard import InvalidInput, Ledger, StorageError
 from task_state_guard.cli.commands import main as tsg
 from task_state_guard.integration import AdapterRuntime, resolve_settings
 from task_state_guard.store.backends import redact
@@ -193,3 +198,72 @@ def test_a_wrong_password_is_authentication_failed() -> None:
         assert refused.reason == "authentication_failed"
         assert _clean(_chain_text(refused))
         assert tsg(["--explain", "--db", url, "status"]) == 2
+
+
+def _tsg_process(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "task_state_guard", *args],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TSG_", "PGPASS"))}
+    return {**env, "PYTHONDONTWRITEBYTECODE": "1", **extra}
+
+
+def test_sqlalchemy_style_urls_open_postgresql_and_show_no_password(pg_url: str) -> None:
+    """``postgresql+psycopg://`` (SQLAlchemy's spelling) is the same PostgreSQL ledger, never
+    a SQLite path whose directory is named after the password; it is redacted everywhere."""
+    for scheme in ("postgresql+psycopg", "POSTGRESQL+PSYCOPG2", "postgres+psycopg"):
+        url = pg_url.replace("postgresql://postgres@", f"{scheme}://postgres:{REAL}@", 1)
+        done = _tsg_process("--db", url, "create", env=_env())
+        assert done.returncode == 0 and done.stderr == "", done.stdout
+        with Ledger(url) as ledger:
+            assert ledger.storage_info()["backend"] == "postgresql"
+            assert _clean(ledger.path) and ledger.path.startswith(f"{scheme}://postgres@")
+        assert _clean(repr(resolve_settings(db=url)))
+    with Ledger(pg_url, read_only=True) as ledger:  # every create above went to the same ledger
+        assert len(ledger.find_task_ids("queued")) == 3
+    for refused in (f"postgresql+asyncpg://postgres:{REAL}@127.0.0.1/test",
+                    f"mysql://postgres:{REAL}@127.0.0.1/test"):
+        assert _clean(redact(refused))
+        for make in (Ledger, lambda url: resolve_settings(db=url)):
+            with pytest.raises(InvalidInput) as failed:
+                make(refused)
+            assert failed.value.reason == "unsupported_url_scheme"
+            assert _clean(_chain_text(failed.value))
+
+
+def test_a_password_file_libpq_skips_leaves_no_path_on_stderr(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """libpq prints a warning with the password file's path to stderr when the file is open to
+    group or others (or not a regular file) and skips it; the ledger skips it quietly, and a
+    server that then wants a password gives the fixed reason ``password_file_not_private``."""
+    home = tmp_path / "pgpass-canary-home"
+    home.mkdir()
+    passfile = home / ".pgpass"
+    cases: list[tuple[int | None, dict[str, str]]] = [
+        (mode, env) for mode in (0o644, 0o640, 0o604)
+        for env in (_env(PGPASSFILE=str(passfile)), _env(HOME=str(home)))]
+    cases.append((None, _env(PGPASSFILE=str(home))))  # a directory: not a plain file
+    for mode, env in cases:
+        passfile.write_text(f"*:*:*:*:{REAL}\n")
+        if mode is not None:
+            passfile.chmod(mode)
+        done = _tsg_process("--explain", "--db", pg_url, "init", env=env)
+        assert (done.returncode, done.stderr) == (0, ""), done  # trust: no password needed
+        with _password_refusing_server() as port:
+            url = f"postgresql://postgres@127.0.0.1:{port}/test?schema=tsgt_x&sslmode=disable"
+            refused = _tsg_process("--explain", "--db", url, "status", env=env)
+        assert (refused.returncode, refused.stderr) == (2, ""), refused
+        assert json.loads(refused.stdout) == {
+            "error": "StateConflict", "ok": False, "reason": "password_file_not_private"}
+    # a private password file is libpq's to use: the refusal is the server's own
+    passfile.chmod(0o600)
+    with _password_refusing_server() as port:
+        url = f"postgresql://postgres@127.0.0.1:{port}/test?schema=tsgt_x&sslmode=disable"
+        refused = _tsg_process("--explain", "--db", url, "status",
+                               env=_env(PGPASSFILE=str(passfile)))
+    assert json.loads(refused.stdout)["reason"] == "authentication_failed"
+    assert refused.stderr == ""

@@ -49,8 +49,17 @@ def test_doctor_reports_a_damaged_file_as_damaged(tmp_path: Path) -> None:
     # made-up zero
     assert report["task_count"] in (None, 3000)
     assert report["event_count"] in (None, 6000)
+    # a check the damage kept from running says so, with its reason: never a 0 that reads as
+    # "nothing found"
+    skipped = report["checks_not_run"]
+    assert skipped and set(skipped.values()) == {"unreadable"}
+    assert "foreign_key_violation_count" in skipped and "invalid_state_count" in skipped
+    flat = {**report, **report["warnings"]}
+    assert all(flat[key] is None for key in skipped)
+    assert all(key in skipped for key, value in flat.items() if value is None)
     text = run_cli("--db", str(db), "doctor", "--format", "text")
     assert text.code == 1 and text.stdout.startswith("DOCTOR: UNHEALTHY\n") and text.stderr == ""
+    assert "foreign key violations     not run (unreadable)" in text.stdout
 
 
 @pytest.mark.parametrize("args", [["init"], ["create"], ["reconcile"],

@@ -33,6 +33,7 @@ from psycopg.adapt import Transformer
 from task_state_guard import reasons as r
 from task_state_guard.model import LedgerBusy, LedgerError, StorageError, TaskNotFound
 
+from . import passfile
 from .url import SERVER_KEEPALIVE, Target
 
 _BUSY = (
@@ -244,6 +245,8 @@ _REFUSALS = {
     r.SERVER_UNREACHABLE: "cannot connect to the PostgreSQL ledger",
     r.AUTHENTICATION_FAILED: "the PostgreSQL server refused the URL's credentials",
     r.SERVER_DATABASE_MISSING: "the PostgreSQL server has no database of the URL's name",
+    r.PASSWORD_FILE_NOT_PRIVATE: "the server wants a password and libpq's password file, "
+                                 "open to group or others, was skipped",
 }
 # A server sends no SQLSTATE a client can read for a refused connection (libpq reports only its
 # message), so the server's English message decides; a server set to another language is
@@ -299,13 +302,16 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
     raw: psycopg.Connection[Any] | None = None
     refused = r.SERVER_UNREACHABLE
+    conninfo, passfile_skipped = passfile.quiet(target.conninfo)  # no libpq warning on stderr
     try:
         raw = psycopg.Connection.connect(
-            target.conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
+            conninfo, autocommit=True, cursor_factory=psycopg.ClientCursor,
             prepare_threshold=None,
         )
     except psycopg.Error as exc:
         refused = connect_refusal(exc)
+        if refused == r.AUTHENTICATION_FAILED and passfile_skipped:
+            refused = r.PASSWORD_FILE_NOT_PRIVATE
     if raw is None:  # raised outside the handler: the driver's text is not even chained
         raise StorageError(_REFUSALS[refused], reason=refused)
     conn = Conn(raw)

@@ -1,7 +1,8 @@
 """Ledger URLs: the schema parameter, connection defaults (TCP keepalive) and redaction.
 
 ``postgresql://USER@HOST[:PORT]/DB?schema=NAME&...`` (a password may follow the user, after a
-colon): ``schema`` (default ``tsg``) and ``owner_reconnect_seconds`` (default 60; see
+colon; ``postgres://`` and SQLAlchemy's ``postgresql+psycopg://`` / ``+psycopg2://`` are read
+as ``postgresql://``): ``schema`` (default ``tsg``) and ``owner_reconnect_seconds`` (default 60; see
 ``owners``) are the ledger's own parameters, stripped before connecting; every other parameter
 goes to libpq exactly as written (libpq decodes it). The password is kept only inside
 :class:`Target` and never shown (its ``repr`` and ``shown`` carry the URL without the user
@@ -118,7 +119,9 @@ def parse(url: str) -> Target:
     reconnect = _reconnect_seconds(own["owner_reconnect_seconds"])
     conninfo = ""
     try:
-        params = conninfo_to_dict(urlunsplit(parts._replace(query=rest, fragment="")))
+        # libpq's scheme: SQLAlchemy's postgresql+psycopg:// (or +psycopg2) means the same URL
+        libpq_url = urlunsplit(parts._replace(scheme="postgresql", query=rest, fragment=""))
+        params = conninfo_to_dict(libpq_url)
         for key, value in CLIENT_DEFAULTS.items():
             params.setdefault(key, value)
         conninfo = make_conninfo("", **params)

@@ -47,11 +47,18 @@ def parse_seconds(
     return number
 
 
-def parse_count(text: str, what: str) -> int:
-    """Return the whole number ``text`` denotes (ASCII digits only, nothing else)."""
-    if not isinstance(text, str) or _COUNT.fullmatch(text) is None or len(text) > 4000:
+def parse_count(text: str, what: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """Return the whole number ``text`` denotes: ASCII digits only (no sign, space, ``_`` or
+    other digits ``str.isdigit()`` accepts, such as ``²``), from ``minimum`` to ``maximum``
+    (when given); anything else raises :class:`InvalidInput` naming ``what`` only. Every
+    numeric option, setting and request value is read with it (or :func:`parse_seconds`)."""
+    longest = 4000 if maximum is None else min(4000, len(str(maximum)) + 8)  # leading zeros
+    if not isinstance(text, str) or len(text) > longest or _COUNT.fullmatch(text) is None:
         raise InvalidInput(f"{what} must be a whole number")  # int() refuses longer ones
-    return int(text)
+    number = int(text)
+    if number < minimum or (maximum is not None and number > maximum):
+        raise InvalidInput(f"{what} is out of range")
+    return number
 
 
 def humanize(seconds: float | None) -> str:

@@ -20,9 +20,17 @@ MISSING_DATABASE_PATH = "missing_database_path"
 USAGE_ERROR = "usage_error"
 SERVE_TOKEN_REQUIRED = "serve_token_required"
 SERVE_TOKEN_INVALID = "serve_token_invalid"
+# tsg serve's listening address (``--listen``), when binding it fails
+ADDRESS_IN_USE = "address_in_use"
+ADDRESS_NOT_AVAILABLE = "address_not_available"
+LISTEN_NOT_PERMITTED = "listen_not_permitted"
+LISTEN_FAILED = "listen_failed"
+# ``tsg get ID`` / ``children ID``: the id names more than one task
+AMBIGUOUS_ID = "ambiguous_id"
 
 # ----------------------------------------------------------------------------- the path
 INVALID_DATABASE_PATH = "invalid_database_path"
+UNSUPPORTED_URL_SCHEME = "unsupported_url_scheme"
 NETWORK_FILESYSTEM = "network_filesystem"
 EXTERNAL_ACL_REQUIRED = "external_acl_required"
 ANCESTOR_NOT_ACCESSIBLE = "ancestor_not_accessible"
@@ -89,6 +97,7 @@ BACKEND_MISSING = "backend_missing"
 SERVER_UNREACHABLE = "server_unreachable"
 AUTHENTICATION_FAILED = "authentication_failed"
 SERVER_DATABASE_MISSING = "server_database_missing"
+PASSWORD_FILE_NOT_PRIVATE = "password_file_not_private"
 PRIVILEGE_MISSING = "privilege_missing"
 SCHEMA_NEWER = "schema_newer"
 
@@ -98,13 +107,14 @@ USAGE: frozenset[str] = frozenset(
         MISSING_COMMAND, UNKNOWN_COMMAND, UNKNOWN_OPTION, UNEXPECTED_ARGUMENT, MISSING_ARGUMENT,
         MISSING_VALUE, INVALID_VALUE, MISSING_DATABASE_PATH, USAGE_ERROR, TEXTFILE_NAME_INVALID,
         SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID,
+        ADDRESS_IN_USE, ADDRESS_NOT_AVAILABLE, LISTEN_NOT_PERMITTED, LISTEN_FAILED, AMBIGUOUS_ID,
     }
 )
 #: Reasons of storage, location and identity errors (``StorageError``, ``LedgerBusy``,
 #: ``UnsafeLocation`` and the ``InvalidInput`` of a missing or malformed database path).
 STORAGE: frozenset[str] = frozenset(
     {
-        INVALID_DATABASE_PATH, NETWORK_FILESYSTEM, EXTERNAL_ACL_REQUIRED,
+        INVALID_DATABASE_PATH, UNSUPPORTED_URL_SCHEME, NETWORK_FILESYSTEM, EXTERNAL_ACL_REQUIRED,
         ANCESTOR_NOT_ACCESSIBLE, ANCESTOR_NOT_A_DIRECTORY, ANCESTOR_WRITABLE_BY_OTHERS,
         ANCESTOR_OWNED_BY_OTHER_USER, DIRECTORY_MISSING, DIRECTORY_NOT_ACCESSIBLE,
         DIRECTORY_NOT_A_DIRECTORY, DIRECTORY_OWNED_BY_OTHER_USER, DIRECTORY_WRITABLE_BY_OTHERS,
@@ -121,7 +131,7 @@ STORAGE: frozenset[str] = frozenset(
         TEXTFILE_DIRECTORY_NOT_WRITABLE,
         TEXTFILE_NOT_WRITTEN,
         BACKEND_MISSING, SERVER_UNREACHABLE, AUTHENTICATION_FAILED, SERVER_DATABASE_MISSING,
-        PRIVILEGE_MISSING, SCHEMA_NEWER,
+        PRIVILEGE_MISSING, SCHEMA_NEWER, PASSWORD_FILE_NOT_PRIVATE,
     }
 )
 #: The whole closed vocabulary.

@@ -5,12 +5,14 @@ Except for ``--help``, ``--version``, ``metrics`` and ``--format text`` (their t
 key-sorted JSON line on stdout and nothing on stderr (``--progress`` adds progress lines on
 stderr, only when asked). Durations take ``90``, ``90s``, ``15m``, ``2h``, ``1d``.
 Exit codes: 0 success (healthy doctor), 1 unhealthy doctor, 2 input/storage/state error, 3
-unexpected internal error (also when the output cannot be written: a closed or full stdout).
+unexpected internal error (also when the output cannot be written: a closed or full stdout,
+``--help`` and ``--version`` included).
 Rejected values, paths and exception texts are never echoed: an error line is exactly the
 specification's ``{"error":"<category>","ok":false}``, the category one of 0.1.0's
 ``InvalidInput``, ``TaskNotFound`` and ``StateConflict`` (a storage or identity problem,
 ``LedgerBusy`` included, is a ``StateConflict``; an unsafe location an ``InvalidInput``), or
-``InternalError``. ``--explain`` (or ``TSG_EXPLAIN=1``) adds ``"reason"`` to a usage or storage
+``InternalError``. ``--explain`` (or ``TSG_EXPLAIN=1``; an invalid ``TSG_EXPLAIN`` is itself
+refused, with the reason only when asked for) adds ``"reason"`` to a usage or storage
 error: the rule it broke, from the closed vocabulary of :mod:`task_state_guard.reasons`; to an
 ``InternalError`` it adds ``"exception"``, the standard class of what was raised (the nearest
 built-in or ``sqlite3`` class, never its text); ``--format text`` prints the category, the
@@ -78,9 +80,20 @@ def _usage_reason(message: str) -> str:
     return r.USAGE_ERROR
 
 
+class _OutputFailed(Exception):
+    """``--help`` or ``--version`` text could not be written to stdout (closed, full)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError("the command line was refused", reason=_usage_reason(message))
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """``--help`` and ``--version`` text, written and flushed: an output that cannot take
+        it is the contract's output failure (exit 3), not a silent success (argparse itself
+        ignores write errors)."""
+        if message and not _write(message):
+            raise _OutputFailed
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -103,10 +116,7 @@ def _seconds(value: str | None, env: str, default: float, what: str) -> float:
 def _positive_int(text: str | None, what: str) -> int | None:
     if text is None:
         return None
-    value = parse_count(text, what)
-    if value < 1 or value > 10**9:
-        raise InvalidInput(f"{what} is out of range")
-    return value
+    return parse_count(text, what, minimum=1, maximum=10**9)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,7 +286,9 @@ def _check_target(args: argparse.Namespace) -> None:
 
 def _check_ids(args: argparse.Namespace) -> None:
     """Reject malformed ids before the database is opened (whatever state it is in); turn a
-    framework's job id into its ledger id (computed, so the typed id is never printed)."""
+    framework's job id into its ledger id (computed, so the typed id is never printed). The
+    id ``get``/``children`` take without a framework option may be a ledger id or any
+    framework's job id: it is looked up once the ledger is open."""
     job = _named_job(args) if args.command in ("get", "children", "tasks") else None
     if job is not None:
         from ..integration.ids import job_task_id
@@ -284,7 +296,12 @@ def _check_ids(args: argparse.Namespace) -> None:
         args.task_id = job_task_id(*job)
     elif args.command == "tasks":
         args.task_id = None
-    if args.command in _BY_ID:
+    if args.command in ("get", "children") and job is None:
+        from ..integration.lookup import candidate_ids
+
+        candidate_ids(args.task_id)  # a ledger id or any framework's job id, resolved once open
+        args.any_id = True
+    elif args.command in _BY_ID:
         canonical_id(args.task_id)
     elif args.command == "create":
         for value, what in ((args.task_id, "task id"), (args.parent, "parent id")):
@@ -297,13 +314,14 @@ def _open(args: argparse.Namespace) -> Ledger:
     if not path:
         raise InvalidInput("no database: pass --db or set TSG_DB", reason=r.MISSING_DATABASE_PATH)
     try:
-        busy = _positive_int(args.busy_timeout_ms, "busy timeout") if args.busy_timeout_ms else 5000
+        busy = 5000 if args.busy_timeout_ms is None else parse_count(
+            args.busy_timeout_ms, "busy timeout", minimum=1, maximum=600_000)
     except InvalidInput:
         raise InvalidInput("bad busy timeout", reason=r.INVALID_VALUE) from None
     read_only = args.command in _READ_ONLY or bool(getattr(args, "dry_run", False))
     return Ledger(
         path,
-        busy_timeout_ms=busy if busy is not None else 5000,
+        busy_timeout_ms=busy,
         allow_external_acl=bool(args.allow_external_acl),
         read_only=read_only,
         # the read commands may use transient sidecars; a dry-run creates nothing at all
@@ -576,8 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3  # nothing could be reported: do nothing at all
     try:
         explain = _explain_from_environment() or explain
-    except InvalidInput as exc:
-        return _report("InvalidInput", exc.reason, explain=True, text=text, code=2)
+    except InvalidInput as exc:  # the reason only when the command line asked for one
+        return _report("InvalidInput", exc.reason, explain=explain, text=text, code=2)
     parser = build_parser()
     try:
         args = _parse(parser, tokens)
@@ -586,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload, code = _run(args)
     except LedgerError as exc:
         return _report(error_category(exc), exc.reason, explain=explain, text=text, code=2)
+    except _OutputFailed:
+        return 3  # --help or --version could not be written: nothing more can be reported
     except Exception as exc:
         return _report("InternalError", None, explain=explain, text=text, code=3,
                        exception=exception_class(exc))

@@ -6,6 +6,8 @@ JSON (the default) keeps the earlier outputs byte for byte: ``get`` adds ``event
 ``--celery``/``--dramatiq``/``--langgraph ID`` name a job by its framework id instead of a
 ledger id; the CLI has already turned it into the ledger id (``args.task_id``), and prints
 only what the ledger holds (a framework id only where one is stored), never the typed id.
+Without them, the id of ``get``/``children`` is a ledger id or the job id of any framework
+(one task, else ``TaskNotFound``, or ``ambiguous_id`` when it names several).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from . import text as cli_text
 def run(ledger: Ledger, args: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any] | str:
     """Run ``get``, ``children`` or ``tasks``; a dict is printed as JSON, a str as it is."""
     text = args.format == "text"
+    if getattr(args, "any_id", False):  # `get ID`: a ledger id, or a job id of any framework
+        from ..integration.lookup import find_any
+
+        args.task_id = find_any(ledger, args.task_id).id
     if args.command == "get":
         task = ledger.get_task(args.task_id)
         events = ledger.events_of(args.task_id) if args.events else None

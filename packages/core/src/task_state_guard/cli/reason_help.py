@@ -58,10 +58,38 @@ HELP: dict[str, tuple[str, str]] = {
         'or non-ASCII characters',
         'check the file; use a long random token (`openssl rand -hex 32`)',
     ),
+    r.ADDRESS_IN_USE: (
+        "`tsg serve`'s `--listen` port is already in use on that address",
+        'stop what listens there (`ss -ltnp`), or choose another port (`--listen 127.0.0.1:0` '
+        'picks a free one)',
+    ),
+    r.ADDRESS_NOT_AVAILABLE: (
+        "`tsg serve`'s `--listen` IP address is not one of this host's",
+        'listen on an address of this host (`ip addr`), `127.0.0.1` or `0.0.0.0`',
+    ),
+    r.LISTEN_NOT_PERMITTED: (
+        '`tsg serve` may not listen on that port (below 1024 without the privilege)',
+        'use a port from 1024 up, or grant `CAP_NET_BIND_SERVICE`',
+    ),
+    r.LISTEN_FAILED: (
+        '`tsg serve` could not listen on `--listen` for another reason of the system',
+        "check the address family (IPv6 enabled?) and the host's socket limits",
+    ),
+    r.AMBIGUOUS_ID: (
+        'the id given to `get` or `children` names more than one task (a ledger id and a '
+        "framework's job id, or the job ids of two frameworks)",
+        'name the framework: `--celery ID`, `--dramatiq ID` or `--langgraph ID`',
+    ),
     r.INVALID_DATABASE_PATH: (
         'the path is empty, a `file:` URI or `:memory:`; or a `postgresql://` URL that does not '
         'parse, or whose `schema` or `owner_reconnect_seconds` is out of range',
         'give a filesystem path, or fix the URL',
+    ),
+    r.UNSUPPORTED_URL_SCHEME: (
+        'the database is written as a URL (`scheme://...`) of a scheme no backend opens (it is '
+        'never taken for a path)',
+        'give a filesystem path, or a `postgresql://` URL (`postgres://`, `postgresql+psycopg://` '
+        'and `postgresql+psycopg2://` mean the same)',
     ),
     r.NETWORK_FILESYSTEM: (
         'the database is on a network filesystem or UNC path',
@@ -303,6 +331,11 @@ HELP: dict[str, tuple[str, str]] = {
         'or a client its `pg_hba.conf` rejects',
         "check the user and password (`PGPASSWORD`, `~/.pgpass` or the URL) and the server's "
         '`pg_hba.conf`',
+    ),
+    r.PASSWORD_FILE_NOT_PRIVATE: (
+        "the PostgreSQL server wants a password, and libpq's password file (`~/.pgpass` or "
+        '`PGPASSFILE`) was skipped: group or others may access it, or it is not a regular file',
+        '`chmod 600 ~/.pgpass` as its owner (or give the password in `PGPASSWORD` or the URL)',
     ),
     r.SERVER_DATABASE_MISSING: (
         "the PostgreSQL server has no database of the URL's name",

@@ -9,6 +9,7 @@ own vocabulary, validated ids and name labels, so nothing needs escaping.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -183,6 +184,7 @@ _FINDINGS = (
     ("parent_order_violation_count", "parent order violations"),
     ("parent_cycle_count", "parent cycles"),
     ("event_chain_mismatch_count", "event chain mismatches"),
+    ("verdict_mismatch_count", "verdict outbox mismatches"),
     ("unexpected_schema_object_count", "unexpected schema objects"),
 )
 
@@ -192,44 +194,64 @@ _WARNINGS = (
 )
 
 
-def _or(value: Any, missing: str) -> Any:
-    return missing if value is None else value
-
-
 def doctor(report: dict[str, Any]) -> str:
-    """A doctor report (counts only)."""
+    """A doctor report (counts only); a count whose check could not run reads ``not run
+    (<reason>)``, never a zero."""
     lines = ["DOCTOR: " + ("healthy" if report["healthy"] else "UNHEALTHY")]
     schema = f"{report['schema_version']} ({'ok' if report['schema_ok'] else 'NOT OK'})"
-    unreadable = "unreadable"  # a count a damaged file did not yield
+    skipped: dict[str, str] = report.get("checks_not_run") or {}
+
+    def shown(key: str, value: Any) -> Any:
+        if value is not None:
+            return value
+        return f"not run ({skipped.get(key, 'unreadable')})"
+
     lines += _counts([
         ("schema version", schema),
         ("quick check", report["quick_check"]),
-        ("tasks", _or(report["task_count"], unreadable)),
-        ("events", _or(report["event_count"], unreadable)),
+        ("tasks", shown("task_count", report["task_count"])),
+        ("events", shown("event_count", report["event_count"])),
     ])
     for title, key in (("TASKS", "task_status_counts"), ("DELIVERIES", "delivery_status_counts")):
         lines.append(title)
         counts = report[key]
-        lines += _counts(list(counts.items())) if counts is not None else [f"  {unreadable}"]
+        lines += _counts(list(counts.items())) if counts is not None else [
+            f"  {shown(key, None)}"]
     lines.append("FINDINGS")
-    lines += _counts([(label, report[key]) for key, label in _FINDINGS if key in report])
+    lines += _counts([(label, shown(key, report[key])) for key, label in _FINDINGS
+                      if key in report])
     warnings = report.get("warnings") or {}
     lines.append("WARNINGS (not counted against health)")
-    lines += _counts([(label, _or(warnings.get(key), unreadable)) for key, label in _WARNINGS])
+    lines += _counts([(label, shown(key, warnings.get(key))) for key, label in _WARNINGS])
     return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- progress
 
 
+def _drop_buffered(stream: TextIO) -> None:
+    """Point ``stream``'s descriptor at the null device: the text still buffered in it is
+    written there at exit instead of failing again (which would change the exit code)."""
+    with contextlib.suppress(Exception):
+        descriptor = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, descriptor)
+        finally:
+            os.close(null)
+
+
 def progress_printer(
-    command: str, what: str, stream: TextIO, interval: float = 1.0,
+    command: str, what: str, stream: TextIO | None, interval: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[int, int], None]:
     """A progress callback that writes ``tsg <command>: done/total <what> (pct%)`` lines to
     ``stream``: the first call, then at most one line per ``interval`` seconds, and the last
-    (``done == total``). A stream that cannot be written to is ignored (the pass goes on)."""
+    (``done == total``). A stream that cannot be written to (closed, full, a broken pipe, or
+    ``None``: the process started with it closed) is dropped for the rest of the pass, silently,
+    and what it still buffers is discarded so that the exit does not fail on it."""
     last: list[float] = []
+    broken: list[bool] = []
 
     def report(done: int, total: int) -> None:
         now = clock()
@@ -237,8 +259,13 @@ def progress_printer(
             return
         last[:] = [now]
         pct = 100 if total == 0 else done * 100 // total
-        with contextlib.suppress(OSError, ValueError):
+        if broken or stream is None:
+            return
+        try:
             stream.write(f"tsg {command}: {done}/{total} {what} ({pct}%)\n")
             stream.flush()
+        except (OSError, ValueError, AttributeError):
+            broken.append(True)  # closed, full or a broken pipe: progress is dropped
+            _drop_buffered(stream)
 
     return report

@@ -6,7 +6,8 @@ An adapter translates its framework's signals, middleware hooks or callbacks int
 verdicts, reconcile and counters. :func:`resolve_settings` gives every adapter the
 same settings, :class:`IdScheme` and :func:`name_label` the same id and label rules (each
 shipped adapter's namespace is defined once, in :mod:`~task_state_guard.integration.ids`;
-:func:`find_job` finds a job by its framework id), and
+:func:`find_job` finds a job by its framework id, :func:`find_any` a task by its ledger id or
+any framework's job id), and
 :mod:`~task_state_guard.integration.codes` names the states and reason codes. See
 ``docs/architecture.md`` ("Writing an adapter").
 """
@@ -15,7 +16,7 @@ from ..ops.verdicts import Verdict
 from . import codes
 from .errors import ErrorPolicy
 from .ids import FRAMEWORKS, IdScheme, job_task_id, name_label
-from .lookup import find_job
+from .lookup import find_any, find_job
 from .metrics import format_adapter_metrics
 from .runtime import AdapterRuntime, AttemptSpec, Closing, LostHook, LostTask, SuccessCheck
 from .settings import ConfigurationError, SettingArgs, Settings, env_name, resolve_settings
@@ -38,6 +39,7 @@ __all__ = [
     "Verdict",
     "codes",
     "env_name",
+    "find_any",
     "find_job",
     "format_adapter_metrics",
     "job_task_id",

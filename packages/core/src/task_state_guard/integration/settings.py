@@ -56,7 +56,7 @@ from typing import Any, Final, TypedDict
 
 from ..durations import parse_count, parse_seconds
 from ..model import MAX_SECONDS, InvalidInput
-from ..store.backends import redact
+from ..store.backends import check_target, redact
 
 DEFAULT_GRACE_SECONDS: Final = 600.0
 MAX_DEFAULT_HEARTBEAT_SECONDS: Final = 30.0
@@ -255,6 +255,12 @@ def resolve_settings(
         db = os.fspath(db)
         if not isinstance(db, str) or not db:
             raise ConfigurationError(f"task-state-guard: {source} must be a non-empty path")
+        try:
+            check_target(db)  # a URL of a scheme no backend opens is never a path
+        except InvalidInput as exc:
+            raise ConfigurationError(
+                f"task-state-guard: {source} must be a path or a postgresql:// URL",
+                reason=exc.reason) from None
     else:
         raise ConfigurationError(f"task-state-guard: {source} must be a path")
 

@@ -211,15 +211,16 @@ def _count(conn: Any, sql: str) -> int:
     return int(conn.execute(sql).fetchone()[0])
 
 
-def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str) -> None:
+def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str) -> bool:
     for *shape, times_ok, count in conn.execute(shapes_sql):
         states_ok, codes_ok = _shape_ok(tuple(shape))
         findings["invalid_states"] += 0 if states_ok else count
         findings["invalid_codes"] += 0 if codes_ok else count
         findings["invalid_timestamps"] += 0 if times_ok else count
+    return True  # every shape was read
 
 
-def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> None:
+def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> bool:
     uuid_ok, name_ok = CANONICAL_RE.fullmatch, NAME_RE.fullmatch
     known_names: set[str] = set()
     bad_ids = bad_values = 0
@@ -246,6 +247,7 @@ def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> 
             bad_values += 1
     findings["invalid_ids"] = bad_ids
     findings["invalid_values"] = bad_values
+    return True  # every row was read
 
 
 def _cycles(conn: Any, parent: Callable[[Any, str], Any]) -> tuple[int, int]:
@@ -289,10 +291,23 @@ def _state_counts(conn: Any) -> tuple[dict[str, int], dict[str, int]]:
 #: result, or records the failure and returns None (or lets the error through).
 Part = Callable[[Callable[[], Any]], Any]
 
+#: Why a count in the report is ``None``, under ``checks_not_run``: the layout is not one this
+#: release knows, so no rule could be checked; or the read a check needed failed.
+NOT_RUN_SCHEMA = "schema_not_recognized"
+NOT_RUN_UNREADABLE = "unreadable"
+_COUNT_NAMES = ("task_count", "event_count", "task_status_counts", "delivery_status_counts")
 
-def new_findings() -> dict[str, int]:
-    """Every finding class at zero."""
-    return dict.fromkeys(FINDINGS, 0)
+
+def new_findings() -> dict[str, int | None]:
+    """Every finding class not checked yet (``None``): a check that never runs stays so, and
+    the report says it was not run instead of showing a zero that reads as healthy."""
+    return dict.fromkeys(FINDINGS)
+
+
+def unread_counts() -> dict[str, Any]:
+    """The counts before anything was read (each ``None`` until a check reads it)."""
+    return {**dict.fromkeys(_COUNT_NAMES),
+            "warnings": dict.fromkeys(WARNING_KEYS.values())}
 
 
 def empty_counts() -> dict[str, Any]:
@@ -303,45 +318,73 @@ def empty_counts() -> dict[str, Any]:
             "warnings": dict.fromkeys(WARNING_KEYS.values(), 0)}
 
 
-def check(conn: Any, probes: Probes, findings: dict[str, int], counts: dict[str, Any],
+def check(conn: Any, probes: Probes, findings: dict[str, int | None], counts: dict[str, Any],
           part: Part, *, outbox: bool = True) -> None:
-    """Run every rule on the ledger read through ``conn`` (one read transaction): add the
-    findings to ``findings`` and set ``counts`` (the task and event counts, the state counts,
-    the warnings) as far as each part could read. ``outbox``: the layout has the verdict
-    outbox."""
+    """Run every rule on the ledger read through ``conn`` (one read transaction): set the
+    findings in ``findings`` and ``counts`` (the task and event counts, the state counts,
+    the warnings) as far as each part could read; what a part could not read stays ``None``.
+    ``outbox``: the layout has the verdict outbox (an older one has no verdicts to check)."""
     dialect = probes.dialect
-    task_count = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
-    event_count = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
-    counts["task_count"], counts["event_count"] = task_count, event_count
+
+    def count_of(name: str, read: Callable[[], int]) -> None:
+        findings[name] = part(read)
+
+    counts["task_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
+    counts["event_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
     states = part(lambda: _state_counts(conn))
     if states is not None:
         counts["task_status_counts"], counts["delivery_status_counts"] = states
-    findings["foreign_key_violations"] = part(lambda: probes.foreign_keys(conn)) or 0
-    findings["orphan_events"] = part(lambda: _count(conn, _ORPHAN_EVENTS)) or 0
-    part(lambda: _check_shapes(conn, findings, dialect.shapes))
-    part(lambda: _check_values(probes.rows(conn, _VALUES), findings))
-    findings["event_chain_mismatches"] = part(lambda: _count(conn, dialect.event_chains)) or 0
+    count_of("foreign_key_violations", lambda: probes.foreign_keys(conn))
+    count_of("orphan_events", lambda: _count(conn, _ORPHAN_EVENTS))
+    shapes = dict.fromkeys(("invalid_states", "invalid_codes", "invalid_timestamps"), 0)
+    if part(lambda: _check_shapes(conn, shapes, dialect.shapes)):
+        findings.update(shapes)
+    values = {"invalid_ids": 0, "invalid_values": 0}
+    if part(lambda: _check_values(probes.rows(conn, _VALUES), values)):
+        findings.update(values)
+    count_of("event_chain_mismatches", lambda: _count(conn, dialect.event_chains))
     counts["warnings"] = {
         WARNING_KEYS["contradicted_closes"]: part(lambda: _count(conn, _CONTRADICTED_CLOSES)),
     }
     cycles = part(lambda: _cycles(conn, probes.parent))
     if cycles is not None:
         findings["parent_order_violations"], findings["parent_cycles"] = cycles
-    if outbox:  # older layouts have no outbox
-        findings["invalid_values"] += part(lambda: _count(conn, dialect.outbox_values)) or 0
-        findings["verdict_mismatches"] = part(lambda: _count(conn, dialect.outbox)) or 0
+    if not outbox:  # an older layout has no outbox: nothing there can disagree
+        findings["verdict_mismatches"] = 0
+        return
+    outbox_values = part(lambda: _count(conn, dialect.outbox_values))
+    known = findings["invalid_values"]
+    findings["invalid_values"] = None if known is None or outbox_values is None else (
+        known + outbox_values)
+    count_of("verdict_mismatches", lambda: _count(conn, dialect.outbox))
+
+
+def not_run(counts: dict[str, Any], findings: dict[str, int | None], *,
+            schema_known: bool) -> dict[str, str]:
+    """Each count of the report that is ``None`` because its check could not run, with why."""
+    why = NOT_RUN_UNREADABLE if schema_known else NOT_RUN_SCHEMA
+    missing = [name for name in _COUNT_NAMES if counts.get(name) is None]
+    warnings = counts.get("warnings") or dict.fromkeys(WARNING_KEYS.values())
+    missing += [key for key, value in warnings.items() if value is None]
+    missing += [COUNT_KEYS[name] for name, value in findings.items() if value is None]
+    return dict.fromkeys(missing, why)
 
 
 def report(*, version: int | None, schema_ok: bool, read_ok: bool, counts: dict[str, Any],
-           findings: dict[str, int]) -> dict[str, Any]:
-    """The report: healthy when the schema is right and nothing was found (counts only; the
-    ``warnings`` in ``counts`` do not count against it)."""
+           findings: dict[str, int | None], schema_known: bool | None = None) -> dict[str, Any]:
+    """The report: healthy when the schema is right, every check ran and nothing was found
+    (counts only; the ``warnings`` in ``counts`` do not count against it). A count whose check
+    could not run is ``None`` and listed in ``checks_not_run`` with its reason
+    (``schema_not_recognized`` or ``unreadable``), never a zero."""
+    skipped = not_run(counts, findings,
+                      schema_known=version is not None if schema_known is None else schema_known)
     result: dict[str, Any] = {
-        "healthy": schema_ok and not any(findings.values()),
+        "healthy": schema_ok and read_ok and not skipped and not any(findings.values()),
         "schema_version": version,
         "schema_ok": schema_ok,
         "quick_check": "ok" if read_ok else "failed",
         **counts,
+        "checks_not_run": skipped,
     }
     for name, count in findings.items():
         result[COUNT_KEYS[name]] = count
@@ -349,6 +392,7 @@ def report(*, version: int | None, schema_ok: bool, read_ok: bool, counts: dict[
 
 
 __all__ = [
-    "COUNT_KEYS", "FINDINGS", "FLOAT_MAX_SQL", "WARNING_KEYS", "Dialect", "Part", "Probes",
-    "check", "empty_counts", "new_findings", "outbox_values_sql", "report", "times_ok_sql",
+    "COUNT_KEYS", "FINDINGS", "FLOAT_MAX_SQL", "NOT_RUN_SCHEMA", "NOT_RUN_UNREADABLE",
+    "WARNING_KEYS", "Dialect", "Part", "Probes", "check", "empty_counts", "new_findings",
+    "not_run", "outbox_values_sql", "report", "times_ok_sql", "unread_counts",
 ]

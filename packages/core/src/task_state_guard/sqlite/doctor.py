@@ -3,10 +3,12 @@ core's rules (:mod:`task_state_guard.ops.doctor`) in SQLite's dialect.
 
 A damaged file is reported as such, never as an empty healthy one: ``quick_check`` is
 ``"failed"``, ``schema_ok`` is false (a damaged file's schema cannot be vouched for), and a
-count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts);
-each part that could not be read adds one to ``integrity_error_count``. An object in the
-schema that no known layout has (a trigger added by hand, whatever its name) is counted in
-``unexpected_schema_object_count``; ``schema_ok`` is then false.
+count that could not be read is ``None`` (``task_count``, ``event_count``, the state counts,
+the findings of that part) and listed in ``checks_not_run``; each part that could not be read
+adds one to ``integrity_error_count``. A file whose layout is not a ledger's runs no check. An
+object in the schema that no known layout has (a trigger added by hand, whatever its name) is
+counted in ``unexpected_schema_object_count``; ``schema_ok`` is then false, and the rows are
+still checked when every object of a known layout is there.
 """
 
 from __future__ import annotations
@@ -48,10 +50,7 @@ PROBES = doctor.Probes(
 def run_doctor(db: Database) -> dict[str, Any]:
     """Check the whole ledger and return counts only (the core's report)."""
     findings = doctor.new_findings()
-    counts: dict[str, Any] = {
-        "task_count": None, "event_count": None,
-        "task_status_counts": None, "delivery_status_counts": None,
-    }
+    counts = doctor.unread_counts()
     with db.read() as conn:
         try:
             integrity = [r[0] for r in conn.execute("PRAGMA quick_check")]
@@ -71,9 +70,10 @@ def run_doctor(db: Database) -> dict[str, Any]:
                 return read()
             except sqlite3.DatabaseError:  # damaged beyond what this part could read
                 readable = False
-                findings["integrity_errors"] += 1
+                findings["integrity_errors"] = (findings["integrity_errors"] or 0) + 1
                 return None
 
+        findings["unexpected_schema_objects"] = 0
         layout = fmt
         if fmt not in schema.KNOWN and fmt != schema.NEWER:
             # a tampered ledger: its extra objects counted, its rows checked if it has them all
@@ -81,11 +81,9 @@ def run_doctor(db: Database) -> dict[str, Any]:
             findings["unexpected_schema_objects"] = extra
             if layout is not None and schema.compat_views(layout):
                 layout = None  # an older layout is read only through views of a known file
-        if layout in schema.KNOWN:
+        if layout in schema.KNOWN:  # else no rule can be checked: each count says "not run"
             doctor.check(conn, PROBES, findings, counts, part,
                          outbox=layout in schema.OUTBOX_LAYOUTS)
-        else:
-            counts = doctor.empty_counts()
     schema_ok = fmt in schema.KNOWN and integrity_ok and readable
     return doctor.report(
         version=schema.STORED_VERSION[fmt] if fmt in schema.KNOWN else None,

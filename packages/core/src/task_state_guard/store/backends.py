@@ -1,6 +1,9 @@
 """The backend registry: a ``postgresql://`` (or ``postgres://``) URL opens the optional
-PostgreSQL backend (package ``task-state-guard-postgres``); anything else is a SQLite path
-(``task_state_guard.sqlite``). ``Ledger`` opens its database object through :func:`open_store`.
+PostgreSQL backend (package ``task-state-guard-postgres``), and so does SQLAlchemy's spelling
+of the same URL with a libpq driver (``postgresql+psycopg://``, ``postgresql+psycopg2://``);
+any other ``scheme://`` is refused (``unsupported_url_scheme``), never taken for a path;
+anything else is a SQLite path (``task_state_guard.sqlite``). ``Ledger`` opens its database
+object through :func:`open_store`.
 
 This module recognises and redacts URLs; a backend (and its driver) is imported only when a
 ledger of its kind is opened.
@@ -9,6 +12,7 @@ ledger of its kind is opened.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_plus
 
@@ -19,6 +23,15 @@ if TYPE_CHECKING:
     from .protocol import Database
 
 URL_PREFIXES = ("postgresql://", "postgres://")
+#: The schemes of a PostgreSQL ledger URL (compared without case): libpq's two, and
+#: SQLAlchemy's ``dialect+driver`` names for the libpq drivers, whose URLs mean the same.
+POSTGRES_SCHEMES = frozenset({
+    "postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2",
+    "postgres+psycopg", "postgres+psycopg2",
+})
+# Anything that starts like a URL: a scheme of two or more characters, then ``://`` (a
+# one-letter scheme is a Windows drive, ``C://data``, and stays a path).
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]{1,63})://")
 #: The fixed error when a PostgreSQL URL is given but the backend is not installed.
 MISSING_BACKEND = (
     "a PostgreSQL ledger needs the task-state-guard-postgres package "
@@ -32,9 +45,28 @@ BACKENDS = {"postgresql": "task_state_guard_postgres", "sqlite": "task_state_gua
 SQLITE_SCHEMA_VERSION = 8
 
 
+def url_scheme(target: object) -> str | None:
+    """The scheme (lower case) when ``target`` is written as a URL (``scheme://...``)."""
+    if not isinstance(target, str):
+        return None
+    match = _SCHEME.match(target)
+    return match.group(1).lower() if match else None
+
+
 def is_url(target: object) -> bool:
-    """True when ``target`` is a PostgreSQL URL (``postgresql://`` or ``postgres://``)."""
-    return isinstance(target, str) and target[:13].lower().startswith(URL_PREFIXES)
+    """True when ``target`` is a PostgreSQL URL (a scheme of :data:`POSTGRES_SCHEMES`)."""
+    return url_scheme(target) in POSTGRES_SCHEMES
+
+
+def check_target(target: object) -> None:
+    """``InvalidInput`` (``unsupported_url_scheme``) when ``target`` is a URL of a scheme no
+    backend opens: such a string is never taken for a SQLite path."""
+    scheme = url_scheme(target)
+    if scheme is not None and scheme not in POSTGRES_SCHEMES:
+        raise InvalidInput(
+            "a ledger URL must be postgresql:// (or postgres://, postgresql+psycopg://)",
+            reason=r.UNSUPPORTED_URL_SCHEME,
+        )
 
 
 def is_secret_parameter(raw_key: str) -> bool:
@@ -49,11 +81,12 @@ def redact(target: str) -> str:
     whose key ends in ``password`` is dropped (however its key is percent-encoded or
     capitalised, however often it repeats), and so is a fragment; the rest is kept as written.
 
-    The user info ends at an ``@`` of the authority; a password with an unencoded ``@``, ``?``
-    or ``/`` is still cut out: the cut is made at the last ``@`` before the first ``/`` or
-    before the first ``?``, whichever lies further on.
+    Any ``scheme://`` is redacted so, a refused one too. The user info ends at an ``@`` of the
+    authority; a password with an unencoded ``@``, ``?`` or ``/`` is still cut out: the cut is
+    made at the last ``@`` before the first ``/`` or before the first ``?``, whichever lies
+    further on.
     """
-    if not is_url(target):
+    if url_scheme(target) is None:
         return target
     scheme, _, rest = target.partition("://")
     rest = rest.partition("#")[0]
@@ -72,7 +105,9 @@ def redact(target: str) -> str:
 
 
 def kind_of(target: object) -> str:
-    """The kind of ledger ``target`` names: ``postgresql`` for a URL, else ``sqlite``."""
+    """The kind of ledger ``target`` names: ``postgresql`` for a PostgreSQL URL, else
+    ``sqlite``; a URL of any other scheme is refused (:func:`check_target`)."""
+    check_target(target)
     return "postgresql" if is_url(target) else "sqlite"
 
 
@@ -106,6 +141,6 @@ def open_store(target: object, **options: Any) -> Database:
 
 
 __all__ = [
-    "BACKENDS", "MISSING_BACKEND", "URL_PREFIXES", "check_options", "is_url", "kind_of",
-    "open_store", "redact",
+    "BACKENDS", "MISSING_BACKEND", "POSTGRES_SCHEMES", "URL_PREFIXES", "check_options",
+    "check_target", "is_url", "kind_of", "open_store", "redact", "url_scheme",
 ]

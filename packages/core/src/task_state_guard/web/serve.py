@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import reasons as r
-from ..durations import parse_seconds
+from ..durations import parse_count, parse_seconds
 from ..ledger import Ledger
 from ..model import MAX_SECONDS, InvalidInput, LedgerError, error_category
 
@@ -27,7 +27,6 @@ TOKEN_ENV = "TSG_SERVE_TOKEN"
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_BYTES = 4096
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no spaces
-_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
 
 if TYPE_CHECKING:
     from wsgiref.types import WSGIApplication
@@ -49,9 +48,11 @@ def parse_listen(value: object) -> tuple[str, int]:
         address = ipaddress.ip_address(host)
     except ValueError:
         raise InvalidInput("the listen host must be an IP address") from None
-    if not _PORT.fullmatch(port_text) or not 0 <= int(port_text) <= 65535:
-        raise InvalidInput("the listen port must be 0-65535")
-    return str(address), int(port_text)
+    try:
+        port = parse_count(port_text, "listen port", maximum=65535)
+    except InvalidInput:
+        raise InvalidInput("the listen port must be 0-65535") from None
+    return str(address), port
 
 
 def check_serve_options(listen: str | None, refresh: str | None) -> dict[str, Any]:

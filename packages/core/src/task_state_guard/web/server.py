@@ -34,6 +34,7 @@ how long.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import queue
 import re
@@ -45,6 +46,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .. import reasons as r
 from ..model import InvalidInput
 from .app import Counters
 from .request import (
@@ -76,6 +78,15 @@ def _oldest_idle(conns: Iterable[Conn]) -> Conn | None:
     """The idle connection accepted first among ``conns`` (None: none is idle)."""
     return min((c for c in conns if c.state == IDLE), key=lambda c: c.accepted, default=None)
 
+#: The reason of a listening address the system refused, by ``errno`` (else ``listen_failed``).
+_LISTEN_REASONS = {
+    errno.EADDRINUSE: r.ADDRESS_IN_USE,
+    errno.EADDRNOTAVAIL: r.ADDRESS_NOT_AVAILABLE,
+    errno.EACCES: r.LISTEN_NOT_PERMITTED,
+    errno.EPERM: r.LISTEN_NOT_PERMITTED,
+}
+
+
 class HttpServer:
     """The listening socket, its accept loop, its worker pool and its counters (see the
     module's docstring); ``app`` is any WSGI application."""
@@ -105,9 +116,10 @@ class HttpServer:
             self._listener.bind((host, port))
             self._listener.listen(128)
             self._listener.setblocking(False)
-        except OSError:
+        except OSError as exc:
             self._listener.close()
-            raise InvalidInput("cannot listen on that address") from None
+            reason = _LISTEN_REASONS.get(exc.errno or 0, r.LISTEN_FAILED)
+            raise InvalidInput("cannot listen on that address", reason=reason) from None
         name = self._listener.getsockname()
         self.address: tuple[str, int] = (str(name[0]), int(name[1]))
         self.app = app
