@@ -20,6 +20,8 @@ MISSING_DATABASE_PATH = "missing_database_path"
 USAGE_ERROR = "usage_error"
 SERVE_TOKEN_REQUIRED = "serve_token_required"
 SERVE_TOKEN_INVALID = "serve_token_invalid"
+SERVE_TOKEN_WEAK = "serve_token_weak"
+SERVE_TOKEN_FILE_UNSAFE = "serve_token_file_unsafe"
 
 # ----------------------------------------------------------------------------- the path
 INVALID_DATABASE_PATH = "invalid_database_path"
@@ -96,7 +98,7 @@ USAGE: frozenset[str] = frozenset(
     {
         MISSING_COMMAND, UNKNOWN_COMMAND, UNKNOWN_OPTION, UNEXPECTED_ARGUMENT, MISSING_ARGUMENT,
         MISSING_VALUE, INVALID_VALUE, MISSING_DATABASE_PATH, USAGE_ERROR, TEXTFILE_NAME_INVALID,
-        SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID,
+        SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID, SERVE_TOKEN_WEAK, SERVE_TOKEN_FILE_UNSAFE,
     }
 )
 #: Reasons of storage, location and identity errors (``StorageError``, ``LedgerBusy``,
