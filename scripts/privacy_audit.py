@@ -51,7 +51,7 @@ TELEMETRY_MODULES = frozenset({
     "langsmith", "langfuse", "helicone", "traceloop", "openlit", "agentops",
 })
 #: The one core module allowed to open a listening socket: the opt-in ``tsg serve`` server
-#: (alias ``tsg metrics --serve``; loopback by default, a token beyond it, read-only), imported
+#: (alias ``tsg metrics --serve``; loopback by default, a token by default, read-only), imported
 #: only by that command. It may import these modules (``http.server`` parses its requests) and
 #: nothing else of NETWORK_MODULES; network calls stay flagged.
 SERVER_MODULE = "task_state_guard/web/server.py"
