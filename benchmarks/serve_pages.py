@@ -81,7 +81,7 @@ def run_size(base: str, size: int, core_src: str = CORE_SRC) -> dict[str, object
     env = dict(os.environ, PYTHONPATH=core_src, PYTHONDONTWRITEBYTECODE="1")
     server = subprocess.Popen(
         [sys.executable, "-m", "task_state_guard", "--db", db, "serve", "--listen",
-         "127.0.0.1:0", "--refresh", "0"],
+         "127.0.0.1:0", "--refresh", "0", "--no-token"],  # a benchmark's own loopback server
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:

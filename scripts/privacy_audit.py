@@ -51,7 +51,7 @@ TELEMETRY_MODULES = frozenset({
     "langsmith", "langfuse", "helicone", "traceloop", "openlit", "agentops",
 })
 #: The core modules of the opt-in ``tsg serve`` server (alias ``tsg metrics --serve``; loopback
-#: by default, a token beyond it, read-only), imported only by that command: the server (its
+#: by default, a token by default, read-only), imported only by that command: the server (its
 #: listening socket and connections) and its request module (``http.server`` parses each
 #: request). They may import these modules and nothing else of NETWORK_MODULES; network calls
 #: stay flagged.

@@ -154,7 +154,7 @@ def main() -> int:
         job = build(db)
         server = subprocess.Popen(
             [sys.executable, "-m", "task_state_guard", "--db", db, "serve", "--listen",
-             "127.0.0.1:0"], stdout=subprocess.PIPE, text=True,
+             "127.0.0.1:0", "--no-token"], stdout=subprocess.PIPE, text=True,
             env={k: v for k, v in os.environ.items() if not k.startswith("TSG_")},
         )
         assert server.stdout is not None

@@ -30,7 +30,7 @@ def _scrape(server: Served) -> tuple[int, float, str]:
     started = time.monotonic()
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {server.token}"})
         response = conn.getresponse()
         body = response.read().decode()
         return response.status, time.monotonic() - started, body

@@ -23,7 +23,8 @@ import json, sys
 from waitress import create_server
 from task_state_guard.web import make_wsgi_app
 
-app = make_wsgi_app(sys.argv[1], token=sys.argv[2] or None, refresh_seconds=0)
+app = make_wsgi_app(sys.argv[1], token=sys.argv[2] or None, no_token=not sys.argv[2],
+                    refresh_seconds=0)
 server = create_server(app, host="127.0.0.1", port=0, threads=4)
 print(json.dumps({"port": server.effective_port}), flush=True)
 server.run()

@@ -115,7 +115,7 @@ def test_malformed_requests_never_crash_or_echo(db: str) -> None:
     written, and the server stops cleanly (before: `Content-Length: ²` ended the server)."""
     with Ledger(db) as led:
         job = _job(led)
-    server = Served(db, "--listen", "127.0.0.1:0", "--refresh", "0")
+    server = Served(db, "--listen", "127.0.0.1:0", "--refresh", "0", "--no-token")
     try:
         before = stored_state(db)
         for data, allowed in _malformed_requests():
@@ -143,7 +143,7 @@ def test_a_request_that_stops_mid_way_is_dropped_quietly(db: str) -> None:
     400 or closed, nothing on stderr, the server keeps serving."""
     with Ledger(db) as led:
         job = _job(led)
-    server = Served(db, "--listen", "127.0.0.1:0", "--refresh", "0")
+    server = Served(db, "--listen", "127.0.0.1:0", "--refresh", "0", "--no-token")
     try:
         for data in (b"GET /stuck HTTP/1.1\r\nHo", b"GET /stu",
                      b"POST /login HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nab"):
@@ -225,7 +225,7 @@ def test_make_wsgi_app_serves_the_pages_in_another_wsgi_server(db: str) -> None:
     and Host check as `tsg serve`, read-only; without the serving process's own counters."""
     with Ledger(db) as led:
         job = _job(led)
-    app = make_wsgi_app(db, refresh_seconds=0)
+    app = make_wsgi_app(db, refresh_seconds=0, no_token=True)
     before = stored_state(db)
     with _mounted(app) as server:
         for path in _every_page(job):
@@ -277,7 +277,7 @@ def test_make_wsgi_app_refuses_odd_digits_in_any_server(db: str) -> None:
     text that never repeats them; a HEAD answers the headers only."""
     with Ledger(db) as led:
         _job(led)
-    app = make_wsgi_app(db)
+    app = make_wsgi_app(db, no_token=True)
     for key in ("per", "idle", "older", "after", "before", "window"):
         for odd in (digit for digit in ODD_DIGITS if not digit.isascii()):
             raw = odd.encode("utf-8").decode("latin-1")  # the bytes a client sent, unescaped
@@ -298,16 +298,17 @@ def test_make_wsgi_app_refuses_odd_digits_in_any_server(db: str) -> None:
 def test_make_wsgi_app_fails_fast(db: str, tmp_path: Path) -> None:
     """A missing ledger and a weak token are refused when the app is made, not per request."""
     with pytest.raises(InvalidInput):
-        make_wsgi_app(str(tmp_path / "none.sqlite"))
+        make_wsgi_app(str(tmp_path / "none.sqlite"), no_token=True)
     assert not (tmp_path / "none.sqlite").exists()
     with Ledger(db) as led:
         _job(led)
     for bad in ({"token": "short"}, {"token": "has spaces but is long enough"},
+                {"token": TOKEN, "no_token": True}, {"no_token": 1},
                 {"refresh_seconds": -1}, {"refresh_seconds": True},
                 {"active_grace_seconds": float("nan")}, {"active_grace_seconds": "600"},
                 {"metrics_dir": ""}):
         with pytest.raises(InvalidInput):
-            make_wsgi_app(db, **bad)
+            make_wsgi_app(db, **{**({} if "token" in bad else {"no_token": True}), **bad})
 
 
 def test_the_listen_port_takes_ascii_digits_only(db: str) -> None:

@@ -184,6 +184,7 @@ def test_the_sidecar_command_serves_the_ledger(tmp_path: Path) -> None:
     token = "t0ken-" + "x" * 26
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
+    token_file.chmod(0o600)  # private to the user serving (in the pod: root:fsGroup 0440)
     argv[argv.index("--listen") + 1] = f"0.0.0.0:{port}"
     argv[argv.index("--token-file") + 1] = str(token_file)
     data = tmp_path / "data"
@@ -280,8 +281,9 @@ def _verify_unit(path: Path, start: str, tmp_path: Path) -> None:
 
 
 def test_systemd_serve_unit(tmp_path: Path) -> None:
-    """tsg serve beside the worker: the worker's user and ledger, loopback (no token needed),
-    TSG_EXPLAIN, nothing run before it (it never writes)."""
+    """tsg serve beside the worker: the worker's user and ledger, loopback (its token made
+    beside the ledger on the first start), TSG_EXPLAIN, nothing run before it (it never
+    writes the ledger)."""
     service = _unit(SYSTEMD / "tsg-serve.service")["Service"]
     worker = _unit(SYSTEMD / "report-worker.service")["Service"]
     for key in ("User", "Group", "StateDirectory", "StateDirectoryMode"):

@@ -66,15 +66,19 @@ def _wait(predicate: Callable[[], Any], what: str, timeout: float = 90.0) -> Any
 
 
 class Prometheus:
-    """A Prometheus server on 127.0.0.1 scraping one target every second."""
+    """A Prometheus server on 127.0.0.1 scraping one target every second, with the bearer
+    token in ``credentials_file`` (docs/metrics.md's scrape configuration)."""
 
-    def __init__(self, work: Path, target: str) -> None:
+    def __init__(self, work: Path, target: str, credentials_file: str) -> None:
         self.port = _free_port()
         config = work / "prometheus.yml"
         config.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(OBSERVABILITY / "prometheus-rules.yml")],
-            "scrape_configs": [{"job_name": "tsg", "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": [{
+                "job_name": "tsg", "static_configs": [{"targets": [target]}],
+                "authorization": {"type": "Bearer", "credentials_file": credentials_file},
+            }],
         }))
         self.log = open(work / "prometheus.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -203,7 +207,7 @@ def test_every_dashboard_query_and_rule_in_a_real_prometheus(
     _owned_by_a_dead_process(db)
     _workers_start(metrics_dir, db)  # no error counted yet: the counters read 0
 
-    prometheus = Prometheus(tmp_path, target)
+    prometheus = Prometheus(tmp_path, target, db + ".serve-token")  # made by the first start
     try:
         _wait(lambda: prometheus.query('count_over_time(tsg_tasks{kind="task"}[5m]) >= 3'
                                        ' and on() count_over_time('

@@ -1,8 +1,11 @@
 """`tsg serve` in a real browser (headless Chromium over the DevTools protocol), against a
 ledger that real Celery, Dramatiq and LangGraph work wrote, with a SIGKILLed worker's job.
 
-Each page is loaded, its visible text asserted, a screenshot taken into the test's folder,
-and every request the browser made is checked to have gone to the server on 127.0.0.1.
+The operator signs in as `tsg serve` tells them to: the address with the token it printed to
+their terminal (the token made beside the ledger on the first start); at the end they sign
+out. Each page is loaded, its visible text asserted, a screenshot taken into the test's
+folder, and every request the browser made is checked to have gone to the server on
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 from cdp_client import Chromium, Page
@@ -23,7 +26,8 @@ from serve_helpers import Served
 
 @pytest.fixture
 def server(mixed_ledger: MixedLedger) -> Iterator[Served]:
-    served = Served(mixed_ledger.db, "--listen", "127.0.0.1:0", "--refresh", "0")
+    served = Served(mixed_ledger.db, "--listen", "127.0.0.1:0", "--refresh", "0", token=None,
+                    tty=True)
     try:
         yield served
     finally:
@@ -62,6 +66,17 @@ def test_every_page_against_real_framework_work(
     page = browser.page()
     before = stored_state(mixed_ledger.db)
 
+    # Signed out, a page is the sign-in form and shows nothing of the ledger.
+    page.goto(server.base + "/stuck")
+    assert "needs the server's token" in page.text()
+    assert mixed_ledger.celery_lost not in page.text()
+    # The sign-in address tsg serve printed to the operator's terminal: signed in, on the
+    # overview, the token no longer in the address bar.
+    printed = server.terminal_line()
+    assert printed.startswith(f"tsg serve: open {server.base}/login?token=")
+    page.goto(printed.split()[-1])
+    assert urlsplit(page.url()).path == "/" and "token" not in page.url()
+
     # Overview: the SIGKILLed worker's job is running with a dead owner (the job and its
     # attempt: both were owned by the killed process); aggregates, no ids.
     page.goto(server.base + "/")
@@ -98,7 +113,7 @@ def test_every_page_against_real_framework_work(
                          (mixed_ledger.celery_lost, "tsgt.sleep")):
         page.click('header nav a[href^="/job"]')
         page.type_into('input[name="id"]', pasted)
-        page.click('form button[type="submit"]')
+        page.click('main form button[type="submit"]')
         text = page.text()
         assert f"Job {name}" in text, text
         assert ("running" if name == "tsgt.sleep" else "succeeded") in text
@@ -140,6 +155,14 @@ def test_every_page_against_real_framework_work(
     page.goto(server.base + f"/job?id={mixed_ledger.celery_lost_ledger_id}")
     assert stored_state(mixed_ledger.db) == after != before
 
+    # Sign out: the session ends; the same browser sees the sign-in form again.
+    page.click("header form.signout button")
+    assert urlsplit(page.url()).path == "/login" and "Sign in" in page.text()
+    page.goto(server.base + f"/job?id={mixed_ledger.celery_lost_ledger_id}")
+    assert "needs the server's token" in page.text()
+    assert mixed_ledger.celery_lost_ledger_id not in page.text()
+    page.screenshot(tmp_path / "signed-out.png")
+
 
 def test_pages_work_without_javascript_and_refresh_can_be_paused(
     browser: Chromium, mixed_ledger: MixedLedger, tmp_path: Path
@@ -148,7 +171,9 @@ def test_pages_work_without_javascript_and_refresh_can_be_paused(
     try:
         page = browser.page()
         page.scripts(False)
-        page.goto(served.base + "/stuck?status=timed_out")
+        assert served.token is not None
+        page.goto(served.base + "/login?" + urlencode(
+            {"token": served.token, "next": "/stuck?status=timed_out"}))
         assert "tsgt.sleep" in page.text() or "no tasks match" in page.text()
         page.settle(3.5)  # <noscript> refresh: the page reloads itself every second
         loads = [u for u in page.requests if urlsplit(u).path == "/stuck"]

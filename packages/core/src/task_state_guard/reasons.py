@@ -27,6 +27,8 @@ LISTEN_NOT_PERMITTED = "listen_not_permitted"
 LISTEN_FAILED = "listen_failed"
 # ``tsg get ID`` / ``children ID``: the id names more than one task
 AMBIGUOUS_ID = "ambiguous_id"
+SERVE_TOKEN_WEAK = "serve_token_weak"
+SERVE_TOKEN_FILE_UNSAFE = "serve_token_file_unsafe"
 
 # ----------------------------------------------------------------------------- the path
 INVALID_DATABASE_PATH = "invalid_database_path"
@@ -106,7 +108,7 @@ USAGE: frozenset[str] = frozenset(
     {
         MISSING_COMMAND, UNKNOWN_COMMAND, UNKNOWN_OPTION, UNEXPECTED_ARGUMENT, MISSING_ARGUMENT,
         MISSING_VALUE, INVALID_VALUE, MISSING_DATABASE_PATH, USAGE_ERROR, TEXTFILE_NAME_INVALID,
-        SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID,
+        SERVE_TOKEN_REQUIRED, SERVE_TOKEN_INVALID, SERVE_TOKEN_WEAK, SERVE_TOKEN_FILE_UNSAFE,
         ADDRESS_IN_USE, ADDRESS_NOT_AVAILABLE, LISTEN_NOT_PERMITTED, LISTEN_FAILED, AMBIGUOUS_ID,
     }
 )

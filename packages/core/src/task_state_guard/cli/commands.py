@@ -51,7 +51,7 @@ from ..model import (
 )
 from ..ops.reconcile import ReconcilePolicy
 from ..ops.status import format_text
-from ..web.serve import DEFAULT_LISTEN, check_serve_options, run_serve
+from ..web.serve import DEFAULT_LISTEN, check_access_options, check_serve_options, run_serve
 from . import operator_reads
 from . import text as cli_text
 from .metrics_command import check_metrics_dir, check_metrics_options, run_metrics
@@ -226,8 +226,15 @@ def _add_job(cmd: argparse.ArgumentParser, scope: str = "") -> None:
 
 def _add_serve_options(cmd: argparse.ArgumentParser, prefix: str) -> None:
     cmd.add_argument("--listen", help=f"{prefix}IP:PORT (default {DEFAULT_LISTEN})")
-    cmd.add_argument("--token-file", help=f"{prefix}bearer token file (or $TSG_SERVE_TOKEN); "
-                                          "required beyond loopback")
+    cmd.add_argument("--token-file", help=f"{prefix}token file (or $TSG_SERVE_TOKEN; default: "
+                                          "made beside the ledger on the first start)")
+    cmd.add_argument("--no-token", action="store_true",
+                     help=f"{prefix}no token, loopback only: every local user can read the view")
+    cmd.add_argument("--public-metrics", action="store_true",
+                     help=f"{prefix}answer GET /metrics without the token")
+    cmd.add_argument("--session-lifetime", help=f"{prefix}sign-in sessions last T (default 12h)")
+    cmd.add_argument("--behind-https-proxy", action="store_true",
+                     help=f"{prefix}an HTTPS proxy is in front: Secure session cookies")
     cmd.add_argument("--refresh", help=f"{prefix}pages refresh every T (default 30s; 0: off)")
 
 
@@ -385,6 +392,12 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
     elif command == "serve":
         values["metrics_dir"] = check_metrics_dir(_metrics_dir(args))
         values.update(check_serve_options(args.listen, args.refresh))
+    if command == "serve" or (command == "metrics" and args.serve):
+        values.update(check_access_options(args.no_token, args.public_metrics,
+                                           args.session_lifetime, args.behind_https_proxy))
+    elif command == "metrics" and (args.no_token or args.public_metrics or args.behind_https_proxy
+                                   or args.session_lifetime is not None):
+        raise InvalidInput("the access options need --serve")
     elif command == "prune":
         values["older"] = _seconds(args.older_than, "", 0.0, "older-than")
     return values
@@ -406,8 +419,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any] | str, int]:
     except InvalidInput as exc:  # a specific reason is kept; any other refusal is a value's
         raise InvalidInput("a value was refused", reason=exc.reason or r.INVALID_VALUE) from None
     if command == "serve" or (command == "metrics" and values["listen"] is not None):
-        return run_serve(lambda: _open(args), values, token_file=args.token_file, emit=_emit,
-                         categorize=error_category)
+        return run_serve(lambda: _open(args), values,
+                         db=args.db if args.db is not None else os.environ.get("TSG_DB", ""),
+                         token_file=args.token_file,
+                         emit=_emit, categorize=error_category)
     if command == "metrics":
         return run_metrics(lambda: _open(args), values)
     ledger = _open(args)

@@ -50,12 +50,12 @@ HELP: dict[str, tuple[str, str]] = {
         'check `tsg COMMAND --help`',
     ),
     r.SERVE_TOKEN_REQUIRED: (
-        '`tsg serve` was asked to listen beyond loopback without a token',
-        'give `--token-file PATH` or set `TSG_SERVE_TOKEN`, or listen on `127.0.0.1`',
+        '`tsg serve --no-token` was asked to listen beyond loopback',
+        'drop `--no-token` (a token is then made beside the ledger), or listen on `127.0.0.1`',
     ),
     r.SERVE_TOKEN_INVALID: (
-        'the token file cannot be read, or the token is shorter than 16 characters or has spaces '
-        'or non-ASCII characters',
+        'the token file cannot be read or made, or the token is shorter than 16 characters or '
+        'has spaces or non-ASCII characters; or `--no-token` was given with a token',
         'check the file; use a long random token (`openssl rand -hex 32`)',
     ),
     r.ADDRESS_IN_USE: (
@@ -79,6 +79,18 @@ HELP: dict[str, tuple[str, str]] = {
         'the id given to `get` or `children` names more than one task (a ledger id and a '
         "framework's job id, or the job ids of two frameworks)",
         'name the framework: `--celery ID`, `--dramatiq ID` or `--langgraph ID`',
+    ),
+    r.SERVE_TOKEN_WEAK: (
+        'the token has fewer than 6 different characters, or repeats a short pattern',
+        'use a long random token (`openssl rand -hex 32`)',
+    ),
+    r.SERVE_TOKEN_FILE_UNSAFE: (
+        'the token file is not a regular file (a FIFO, a device, a directory), is a symbolic '
+        'link where none is taken (the file beside the ledger), is owned by another user than '
+        'the one serving or root, or is readable by others (a file of your own: by the group '
+        'too)',
+        '`chmod 600 FILE` as its owner; a root-owned file may be group-readable (a Kubernetes '
+        'Secret with `defaultMode: 0440`)',
     ),
     r.INVALID_DATABASE_PATH: (
         'the path is empty, a `file:` URI or `:memory:`; or a `postgresql://` URL that does not '

@@ -2,17 +2,19 @@
 
 Routes (``GET`` and ``HEAD``): ``/`` the overview, ``/stuck`` the stuck-work list, ``/job`` a
 job (by ledger id, or by the id a framework gave it), ``/metrics`` the Prometheus exposition;
-``POST /login`` only when a token is set. Every request opens the ledger read-only, reads,
-and closes it: nothing here writes the ledger. At most two overview reads run at once, so a
-few open browser tabs cannot multiply the memory of a large ledger's status pass; a scrape
-never waits for them. An expensive page or scrape is reused for a few seconds, and
-concurrent identical requests share one read (:mod:`.cache`).
+``/login`` (the form, ``POST`` it, or ``GET /login?token=...``, the address ``tsg serve``
+prints) and ``POST /logout`` only when a token is set. Every request opens the ledger
+read-only, reads, and closes it: nothing here writes the ledger. At most two overview reads
+run at once, so a few open browser tabs cannot multiply the memory of a large ledger's status
+pass; a scrape never waits for them. An expensive page or scrape is reused for a few seconds,
+and concurrent identical requests share one read (:mod:`.cache`).
 
-Access: with a token (listening beyond loopback requires one), every route but the sign-in
-wants it, as ``Authorization: Bearer <token>`` (Prometheus' ``authorization`` setting) or as
-the session cookie the sign-in form sets (``HttpOnly``, ``SameSite=Strict``; derived from the
-token, so changing the token ends every session). Without a token, only requests that name a
-loopback host are answered (a web page elsewhere cannot reach the server by DNS rebinding).
+Access: with a token, every route but the sign-in wants it, as ``Authorization: Bearer
+<token>`` (Prometheus' ``authorization`` setting) or as the session cookie the sign-in sets
+(:mod:`.auth`: it expires, ``POST /logout`` ends it, wrong tokens are rate-limited); with
+``public_metrics``, ``/metrics`` alone is answered without. Without a token (an explicit
+choice of the operator's), only requests that name a loopback host are answered (a web page
+elsewhere cannot reach the server by DNS rebinding).
 
 Every response carries ``X-Content-Type-Options: nosniff``, ``Cache-Control: no-store``, a
 ``Content-Security-Policy`` that allows the page's own nonce'd style and script and nothing
@@ -23,8 +25,6 @@ path or the value that was refused.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import re
 import secrets
@@ -51,6 +51,7 @@ from ..model import (
 )
 from ..ops.task_list import ORDERS, TaskListing, parse_cursor
 from . import pages
+from .auth import GuessLimit, Sessions, client_key, cookie_value, same_token
 from .cache import Cache
 from .html import View
 
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
 
 HTML = "text/html; charset=utf-8"
-SESSION_COOKIE = "tsg_session"
 PER_PAGE = (25, 50, 100, 200)
 ATTEMPTS_SHOWN = 100
 _ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
@@ -75,20 +75,22 @@ MAX_BODY = 4 * 1024
 REASONS = ("reset", "timeout", "overload", "malformed", "internal")
 _PHRASES = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
             404: "Not Found", 405: "Method Not Allowed", 413: "Content Too Large",
-            421: "Misdirected Request", 500: "Internal Server Error", 501: "Not Implemented",
-            503: "Service Unavailable"}
+            421: "Misdirected Request", 429: "Too Many Requests",
+            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request: method, path, query string, the headers the app reads (names lowercased)
-    and body."""
+    """One request: method, path, query string, the headers the app reads (names lowercased),
+    body, the client's address and the URL scheme the server says it was sent over."""
 
     method: str
     path: str
     query: str
     headers: dict[str, str]
     body: bytes
+    client: str = ""
+    scheme: str = "http"
 
 
 @dataclass(slots=True)
@@ -169,13 +171,18 @@ class _BadInput(Exception):
 @dataclass(frozen=True, slots=True)
 class Settings:
     """How the app answers: the active grace of the at-risk counts, the refresh interval
-    (0: off), the token (None: loopback only, no sign-in) and the adapters' metrics directory
-    whose summed counters ``/metrics`` adds (None: none)."""
+    (0: off), the token (None: loopback only, no sign-in), the adapters' metrics directory
+    whose summed counters ``/metrics`` adds (None: none), how long a session lasts, whether
+    its cookie is ``Secure`` even over plain HTTP (an HTTPS proxy in front), and whether
+    ``/metrics`` is answered without the token."""
 
     grace: float
     refresh_seconds: int
     token: str | None
     metrics_dir: str | None = None  # the adapters' metrics directory, added to /metrics
+    session_seconds: float = 12 * 3600
+    secure_cookie: bool = False
+    public_metrics: bool = False
 
 
 class WebApp:
@@ -194,8 +201,9 @@ class WebApp:
         self._aggregates = threading.BoundedSemaphore(2)
         self._pages: Cache[tuple[Response, str]] = Cache()
         self._scrapes: Cache[str] = Cache(max_entries=1)
-        self._session = None if settings.token is None else hmac.new(
-            settings.token.encode("utf-8"), b"tsg-serve-session", hashlib.sha256).hexdigest()
+        self._sessions = None if settings.token is None else Sessions(
+            settings.token, settings.session_seconds)
+        self._guesses = GuessLimit()
 
     # ------------------------------------------------------------------ WSGI
     def wsgi(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -227,7 +235,7 @@ class WebApp:
             _html_policy(nonce) if response.content_type == HTML else _PLAIN_POLICY)
         return response
 
-    _ROUTES = frozenset({"/", "/stuck", "/job", "/metrics", "/login"})
+    _ROUTES = frozenset({"/", "/stuck", "/job", "/metrics", "/login", "/logout"})
 
     def _dispatch(self, request: Request, nonce: str) -> Response:
         if request.method not in ("GET", "HEAD", "POST"):
@@ -238,7 +246,7 @@ class WebApp:
         if request.path not in self._ROUTES:
             return self._page(404, nonce, lambda view: pages.message(
                 view, "Not found", "There is no such page."))
-        if request.path == "/login":
+        if request.path in ("/login", "/logout"):
             try:
                 return self._login(request, nonce)
             except _BadInput as exc:
@@ -247,22 +255,20 @@ class WebApp:
             response = _text(405, "method not allowed")
             response.headers.append(("Allow", "GET, HEAD"))
             return response
-        if not self._authorized(request):
-            if request.path == "/metrics":
-                response = _text(401, "unauthorized")
-                response.headers.append(("WWW-Authenticate", 'Bearer realm="tsg"'))
-                return response
-            target = request.path + ("?" + request.query if request.query else "")
-            response = self._page(401, nonce, lambda view: pages.login(view, target, False))
-            response.headers.append(("WWW-Authenticate", 'Bearer realm="tsg"'))
-            return response
+        public = request.path == "/metrics" and self.settings.public_metrics
+        refusal = None if public else self._refusal(request, nonce)
+        if refusal is not None:
+            return refusal
         if request.path == "/metrics":
             return self._metrics()
         try:
             params = _params(request.query)
         except _BadInput as exc:
             return self._refused(nonce, exc)
-        view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off")
+        signed_in = self._sessions is not None and self._sessions.valid(
+            cookie_value(request.headers.get("cookie", "")))
+        view = View(nonce, self.settings.refresh_seconds, params.get("refresh") == "off",
+                    sign_out=signed_in)
         handler = {"/": self._overview, "/stuck": self._stuck, "/job": self._job}[request.path]
         try:
             return self._cached(request, nonce, lambda: handler(view, params))
@@ -297,38 +303,65 @@ class WebApp:
         return Response(status, render(View(nonce, 0, False)), HTML)
 
     # ------------------------------------------------------------------ access
-    def _authorized(self, request: Request) -> bool:
-        token = self.settings.token
-        if token is None:
-            return True
+    def _refusal(self, request: Request, nonce: str) -> Response | None:
+        """None when ``request`` may read; else its answer: ``401`` (the sign-in form for a
+        page), or ``429`` when its client guessed wrong too often."""
+        token, sessions = self.settings.token, self._sessions
+        if token is None or sessions is None:
+            return None
+        if sessions.valid(cookie_value(request.headers.get("cookie", ""))):
+            return None
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-                credentials.strip().encode("utf-8"), token.encode("utf-8")):
-            return True
-        session = _cookie(request.headers.get("cookie", ""), SESSION_COOKIE)
-        return session is not None and self._session is not None and hmac.compare_digest(
-            session.encode("utf-8"), self._session.encode("utf-8"))
+        if scheme.lower() == "bearer" and credentials.strip():
+            client = client_key(request.client)
+            wait = self._guesses.retry_after(client, sign_in=False)
+            if wait is not None:
+                return _limited(wait)
+            if same_token(credentials.strip(), token):
+                return None
+            self._guesses.wrong(client, sign_in=False)
+        if request.path == "/metrics":
+            response = _text(401, "unauthorized")
+        else:  # back to this page after the sign-in (its path only: never the query sent)
+            response = self._page(401, nonce, lambda view: pages.login(view, request.path,
+                                                                       False))
+        response.headers.append(("WWW-Authenticate", 'Bearer realm="tsg"'))
+        return response
 
     def _login(self, request: Request, nonce: str) -> Response:
-        if self.settings.token is None or self._session is None:
+        """``/login``: the form, or a sign-in (``POST``, or ``GET`` with ``token``);
+        ``POST /logout``: the session ends."""
+        token, sessions = self.settings.token, self._sessions
+        if token is None or sessions is None:
             return self._page(404, nonce, lambda view: pages.message(
                 view, "Not found", "This server has no token: there is nothing to sign in to."))
-        if request.method != "POST":
-            target = _params(request.query).get("next", "/")
-            safe = target if _SAFE_NEXT.fullmatch(target) else "/"
-            return self._page(200, nonce, lambda view: pages.login(view, safe, False))
-        form = _params(request.body.decode("utf-8", "replace"))
+        secure = self.settings.secure_cookie or request.scheme == "https"
+        if request.path == "/logout":
+            if request.method != "POST":
+                response = _text(405, "method not allowed")
+                response.headers.append(("Allow", "POST"))
+                return response
+            sessions.end(cookie_value(request.headers.get("cookie", "")))
+            response = Response(303, b"", "text/plain; charset=utf-8")
+            response.headers += [("Location", "/login"),
+                                 ("Set-Cookie", sessions.clearing_cookie(secure=secure))]
+            return response
+        form = _params(request.body.decode("utf-8", "replace") if request.method == "POST"
+                       else request.query)
         target = form.get("next", "/")
         safe = target if _SAFE_NEXT.fullmatch(target) else "/"
-        given = form.get("token", "")
-        if not hmac.compare_digest(given.encode("utf-8"), self.settings.token.encode("utf-8")):
+        if request.method != "POST" and "token" not in form:
+            return self._page(200, nonce, lambda view: pages.login(view, safe, False))
+        client = client_key(request.client)
+        wait = self._guesses.retry_after(client, sign_in=True)
+        if wait is not None:
+            return _limited(wait)
+        if not same_token(form.get("token", ""), token):
+            self._guesses.wrong(client, sign_in=True)
             return self._page(401, nonce, lambda view: pages.login(view, safe, True))
         response = Response(303, b"", "text/plain; charset=utf-8")
-        response.headers += [
-            ("Location", safe),
-            ("Set-Cookie", f"{SESSION_COOKIE}={self._session}; Path=/; HttpOnly; "
-                           "SameSite=Strict"),
-        ]
+        response.headers += [("Location", safe),
+                             ("Set-Cookie", sessions.cookie(sessions.issue(), secure=secure))]
         return response
 
     # ------------------------------------------------------------------ reads
@@ -414,7 +447,7 @@ class WebApp:
         try:
             candidates = job_candidates(kind, value)
         except InvalidInput:
-            body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
+            body = pages.job_search(view, ID_KINDS, chosen=kind,
                                     error="That is not a valid id of the kind chosen.")
             return Response(400, body, HTML)
         with self._ledger() as ledger:
@@ -430,7 +463,7 @@ class WebApp:
                      for k, _task_id in found]
             body = pages.job_search(view, ID_KINDS, chosen=kind, value=value, choices=links)
             return Response(200, body, HTML)
-        body = pages.job_search(view, ID_KINDS, chosen=kind, value=value,
+        body = pages.job_search(view, ID_KINDS, chosen=kind,
                                 error="No job with that id is in this ledger.")
         return Response(404, body, HTML)
 
@@ -590,21 +623,21 @@ def _request(environ: WSGIEnvironment, method: str) -> Request:
     headers = {name: str(environ[key]) for name, key in (
         ("host", "HTTP_HOST"), ("authorization", "HTTP_AUTHORIZATION"),
         ("cookie", "HTTP_COOKIE")) if key in environ}
+    scheme = "https" if environ.get("wsgi.url_scheme") == "https" else "http"
     return Request(method, str(environ.get("PATH_INFO") or "/"),
-                   _wsgi_text(environ.get("QUERY_STRING", "")), headers, body)
-
-
-def _cookie(header: str, name: str) -> str | None:
-    """The value of cookie ``name`` in a ``Cookie`` header (the first one), or None."""
-    for part in header.split(";"):
-        key, equals, value = part.strip().partition("=")
-        if equals and key == name:
-            return value.strip().strip('"')
-    return None
+                   _wsgi_text(environ.get("QUERY_STRING", "")), headers, body,
+                   str(environ.get("REMOTE_ADDR") or ""), scheme)
 
 
 def _text(status: int, text: str) -> Response:
     return Response(status, (text + "\n").encode("utf-8"))
+
+
+def _limited(wait: int) -> Response:
+    """``429``: too many wrong tokens from this client (or, signing in, from everyone)."""
+    response = _text(429, "too many wrong tokens: try again later")
+    response.headers.append(("Retry-After", str(wait)))
+    return response
 
 
 __all__ = ["ID_KINDS", "MAX_BODY", "REASONS", "Counters", "Request", "Response", "Settings",

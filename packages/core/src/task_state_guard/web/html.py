@@ -33,12 +33,14 @@ def ago(at: float | None, now: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """What every page of one request shares: the nonce, the refresh interval (0: off) and
-    whether the operator paused it."""
+    """What every page of one request shares: the nonce, the refresh interval (0: off),
+    whether the operator paused it, and whether it shows a "Sign out" button (signed in with
+    a session)."""
 
     nonce: str
     refresh_seconds: int
     paused: bool
+    sign_out: bool = False
 
     def href(self, path: str, params: Mapping[str, object] | None = None) -> str:
         """A link to ``path`` with ``params`` (empty values left out), keeping the pause."""
@@ -105,6 +107,8 @@ header nav a{color:#c9d4ea;text-decoration:none;margin-right:16px}
 header nav a.here{color:#fff;border-bottom:2px solid #7fa6ff}
 header .refresh{margin-left:auto;color:#c9d4ea;font-size:13px}
 header .refresh a{color:#fff}
+header form.signout{margin:0}
+header form.signout button{padding:2px 8px;font-size:13px}
 main{padding:16px 24px 40px;max-width:1280px}
 h1{font-size:20px;margin:4px 0 12px}
 h2{font-size:15px;margin:22px 0 8px}
@@ -166,6 +170,10 @@ if(l)l.textContent=left>0?' in '+left+' s':'';if(left<=0)location.reload();},100
 """
 
 
+_SIGN_OUT = ('<form class="signout" method="post" action="/logout">'
+             '<button type="submit">Sign out</button></form>')
+
+
 def _refresh_bar(view: View, here: str, params: Mapping[str, object]) -> str:
     if view.refresh_seconds <= 0:
         return '<span class="refresh">Auto-refresh off</span>'
@@ -205,7 +213,8 @@ def page(
         f'<style nonce="{esc(view.nonce)}">{_CSS}</style></head>'
         f'<body data-refresh="{view.refresh_seconds if live else 0}">'
         f'<header><span class="brand">TaskStateGuard</span><nav>{nav}</nav>'
-        f"{_refresh_bar(view, here, params or {})}</header>"
+        f"{_refresh_bar(view, here, params or {})}{_SIGN_OUT if view.sign_out else ''}"
+        "</header>"
         f"<main><h1>{esc(title)}</h1>{body}{as_of}</main>"
         f'<script nonce="{esc(view.nonce)}">{_SCRIPT}</script>'
         "</body></html>\n"

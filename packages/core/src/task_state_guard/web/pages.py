@@ -448,7 +448,9 @@ def login(view: View, next_path: str, failed: bool) -> bytes:
     alert = ('<p class="error" role="alert">That token was not accepted.</p>' if failed
              else "")
     body = (
-        f"{alert}<p>This view needs the server's token (the file given to "
+        f"{alert}<p>This view needs the server's token: open the sign-in address "
+        "<code>tsg serve</code> printed, or paste the token from its file (beside a SQLite "
+        "ledger, <code>LEDGER.serve-token</code>; else the file given to "
         "<code>--token-file</code>, or <code>TSG_SERVE_TOKEN</code>).</p>"
         '<form class="filters" method="post" action="/login">'
         '<label>Token<input type="password" name="token" size="40" required '
