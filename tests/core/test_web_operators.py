@@ -146,6 +146,8 @@ def test_lists_filter_by_code_framework_and_name_and_say_how_many_match(db: str)
     ids, body = page(q="<script>", status="failed")
     assert ids == [failed.id] and "1 match<" in body
     assert "<script>" not in body and "&lt;script&gt;alert_1_&lt;/script&gt;" in body
+    status, body = _get(app, f"/job?id={failed.id}")
+    assert status == 200 and "<script>" not in body and "Job &lt;script&gt;alert_1_" in body
     # every refused value: 400 with a fixed text, never the value
     for params, text in (({"code": "bogus<b>"}, "Unknown reason code."),
                          ({"framework": "rq<b>"}, "The framework is one of"),
