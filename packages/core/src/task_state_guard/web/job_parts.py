@@ -37,9 +37,9 @@ def owner(task: Task, state: JobState | None) -> str:
     return "recorded" if task.has_owner else "none recorded"
 
 
-def state_card(task: Task, state: JobState | None, now: float) -> str:
+def state_items(task: Task, state: JobState | None, now: float) -> str:
     """The job's owner (alive, dead, unknown) and its lost verdict (none, pending, published,
-    with the time)."""
+    with the time), as items of the fields' list."""
     verdict = "none (not closed as lost by an adapter's job)"
     if state is not None and state.verdict is not None:
         found = state.verdict
@@ -50,20 +50,22 @@ def state_card(task: Task, state: JobState | None, now: float) -> str:
             verdict = (f"pending since {utc(found.recorded_at)} ({ago(found.recorded_at, now)})"
                        ": no adapter of its framework has published it yet")
     rows = [("owner process", owner(task, state)), ("lost verdict", verdict)]
-    items = "".join(f"<dt>{esc(label)}</dt><dd>{esc(value)}</dd>" for label, value in rows)
-    return f'<section class="card job"><dl>{items}</dl></section>'
+    return "".join(f"<dt>{esc(label)}</dt><dd>{esc(value)}</dd>" for label, value in rows)
 
 
-def lineage(view: View, job: Task, parent: Task | None, runs: Sequence[Task],
-            roles: Mapping[str, str]) -> str:
-    """The run this job follows (when it is a later run of another) and the later runs of
-    this job, each a link."""
+def follows(view: View, job: Task, parent: Task | None, roles: Mapping[str, str]) -> str:
+    """The notice of a job that is a later run of another: which, as a link."""
+    if parent is None:
+        return ""
+    role = roles.get(job.id, CONTINUATION)
+    return (f'<p class="notice" role="note">This job is the {esc(role)} of '
+            f'{link(view.href("/job", {"id": parent.id, "kind": "ledger"}), parent.id)}'
+            f" ({esc(parent.name or 'unnamed')}, {esc(parent.status.value)}).</p>")
+
+
+def runs_table(view: View, runs: Sequence[Task], roles: Mapping[str, str]) -> str:
+    """The later runs of a job (a resume, a recovery run), each a link, with its role."""
     out = ""
-    if parent is not None:
-        role = roles.get(job.id, CONTINUATION)
-        out += (f'<p class="notice" role="note">This job is the {esc(role)} of '
-                f'{link(view.href("/job", {"id": parent.id, "kind": "ledger"}), parent.id)}'
-                f" ({esc(parent.name or 'unnamed')}, {esc(parent.status.value)}).</p>")
     if runs:
         rows = [[link(view.href("/job", {"id": run.id, "kind": "ledger"}), run.id, "id"),
                  esc(roles.get(run.id, CONTINUATION)), esc(run.name or "-"),
@@ -75,4 +77,5 @@ def lineage(view: View, job: Task, parent: Task | None, runs: Sequence[Task],
     return out
 
 
-__all__ = ["CONTINUATION", "RECOVERY", "lineage", "owner", "run_of", "state_card"]
+__all__ = ["CONTINUATION", "RECOVERY", "follows", "owner", "run_of", "runs_table",
+           "state_items"]

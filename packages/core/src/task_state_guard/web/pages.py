@@ -357,7 +357,7 @@ def _when(at: float | None, now: float) -> str:
     return "-" if at is None else esc(f"{utc(at)} ({ago(at, now)})")
 
 
-def _fields(task: Task, now: float) -> str:
+def _fields(task: Task, now: float, extra: str = "") -> str:
     delivery = task.delivery_status.value + ("" if task.delivery_required else
                                              " (internal: no delivery owed)")
     rows = [
@@ -377,7 +377,7 @@ def _fields(task: Task, now: float) -> str:
         ("owner recorded", "yes" if task.has_owner else "no"),
     ]
     items = "".join(f"<dt>{esc(label)}</dt><dd>{value}</dd>" for label, value in rows)
-    return f'<section class="card job"><dl>{items}</dl></section>'
+    return f'<section class="card job"><dl>{items}{extra}</dl></section>'
 
 
 def _phase(is_job: bool, kind: str) -> int:
@@ -458,9 +458,9 @@ def job(view: View, data: JobView, kinds: Sequence[tuple[str, str]], now: float)
                      "more exist (tsg children ID lists them all).</p>")
     body = (
         search_form(view, kinds) + note + _contradiction(data)
-        + job_parts.lineage(view, job_task, data.parent, data.runs, data.roles)
-        + f'<div class="row">{_fields(job_task, now)}'
-        + f"{job_parts.state_card(job_task, data.state, now)}</div>"
+        + job_parts.follows(view, job_task, data.parent, data.roles)
+        + _fields(job_task, now, job_parts.state_items(job_task, data.state, now))
+        + job_parts.runs_table(view, data.runs, data.roles)
         + f"<h2>Attempts</h2>{attempts}<h2>Timeline</h2>{_timeline(data)}"
     )
     return page(view, f"Job {job_task.name or ''}".strip(), body, here="/job",
