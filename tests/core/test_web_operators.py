@@ -106,6 +106,7 @@ def test_the_overview_counts_link_to_their_lists(db: str) -> None:
     assert status == 200
     expected = {
         r"/stuck\?flag=past_deadline": [late.id],
+        r"/stuck\?status=running&amp;idle=600": [late.id, fresh.id],  # heartbeat stale
         r"/stuck\?flag=owner_dead": [dead],
         r"/stuck\?flag=awaiting_delivery": [owed.id, waiting, published],
         r"/stuck\?flag=verdict_pending&amp;framework=dramatiq": [waiting],

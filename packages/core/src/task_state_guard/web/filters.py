@@ -89,6 +89,15 @@ def form_fields(narrow: Narrowing) -> str:
     )
 
 
+def note(narrow: Narrowing) -> str:
+    """What a list narrowed to an overview count shows of it: the overview counts running
+    jobs and attempts together, the list one kind at a time."""
+    if narrow.flag not in ("past_deadline", "owner_dead"):
+        return ""
+    return (' <span class="muted">(the overview counts jobs and attempts together: choose '
+            "Rows: attempts for the attempts)</span>")
+
+
 def total(listing: TaskListing) -> str:
     """How many rows match, as the list's heading says it (``10,000+`` past the cap)."""
     if listing.total is None:
@@ -98,4 +107,4 @@ def total(listing: TaskListing) -> str:
 
 
 __all__ = ["CODES", "FLAG_LABELS", "FRAMEWORKS", "Narrowing", "Refused", "form_fields",
-           "parse", "total"]
+           "note", "parse", "total"]

@@ -87,7 +87,9 @@ def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window
         ("past deadline", str(report["running_past_deadline"]),
          report["running_past_deadline"] > 0, _drill(view, "past_deadline")),
         (f"heartbeat stale (≥ {grace})", str(report["running_heartbeat_stale"]),
-         report["running_heartbeat_stale"] > 0, ""),
+         report["running_heartbeat_stale"] > 0, view.href("/stuck", {
+             "status": "running", "idle": f"{report['active_grace_seconds']:.3f}".rstrip("0")
+             .rstrip(".")})),
         ("owner dead", str(report["running_owner_dead"]), report["running_owner_dead"] > 0,
          _drill(view, "owner_dead")),
     ]
@@ -280,7 +282,8 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
                           "Next \u203a"))
     alert = f'<p class="error" role="alert">{esc(error)}</p>' if error else ""
     matches = filters.total(listing)
-    heading = f'<p class="total"><strong>{esc(matches)}</strong></p>' if matches else ""
+    heading = f'<p class="total"><strong>{esc(matches)}</strong>{filters.note(query.narrow)}</p>' \
+        if matches else ""
     body = (f"{alert}{form}{heading}{grid}"
             f'<div class="pager">{"".join(pager)}</div>'
             f'<p class="muted">{len(listing.tasks)} shown, {query.per_page} per page. '
