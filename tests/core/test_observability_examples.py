@@ -185,3 +185,29 @@ def test_every_adapter_counter_they_rate_is_there_at_zero_from_a_worker_start(
                       and all(labels.get(k) == v for k, v in wanted.items())]
             assert series and all(value == 0 for value in series), (
                 f"{name}{selector or ''} of {adapter} is not exported at 0 from the start")
+
+
+def test_the_dashboard_shows_verdicts_pending_and_published() -> None:
+    """Lost-job verdicts: the outbox by state (pending and published), the rate adapters
+    publish at, and the age of the oldest pending one."""
+    dashboard = json.loads((HERE / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    by_state = [e for e in exprs if "tsg_verdicts{" in e and "status" in e.split("by (")[1]
+                .split(")")[0]]
+    assert by_state, "no panel shows the verdicts by state (pending and published)"
+    assert any(RATED.search(e) and "tsg_adapter_verdicts_published_total" in e for e in exprs)
+    assert any("tsg_oldest_pending_verdict_age_seconds" in e for e in exprs)
+
+
+@pytest.mark.sqlite_only(reason="the module's families come from one SQLite ledger (not ported)")
+def test_the_docs_metrics_dir_table_lists_every_adapter_family_tsg_prints(
+        families: dict[str, Family]) -> None:
+    """docs/metrics.md's table of the metrics directory names exactly the adapter families a
+    real `tsg metrics --metrics-dir` prints."""
+    text = (HERE.parents[1] / "docs" / "metrics.md").read_text()
+    section = text[text.index("### Every process's counters in `tsg metrics`"):]
+    section = section[:section.index("**Counters from zero.**")]
+    documented = set(re.findall(r"^\| `(tsg_adapter_[a-z_]+)` \|", section, re.MULTILINE))
+    printed = {name for name in families if name.startswith("tsg_adapter_")}
+    assert "tsg_adapter_verdicts_published_total" in printed
+    assert documented == printed

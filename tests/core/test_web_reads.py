@@ -4,6 +4,8 @@ attempts contradict their close."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from core_helpers import Clock, contradicted_jobs
 from task_state_guard import InvalidInput, Ledger
@@ -119,3 +121,50 @@ def test_listing_the_jobs_whose_attempts_contradict_their_close(ledger: Ledger,
     assert [t.task.id for t in ledger.list_tasks().tasks] == [ids["open"]]
     with pytest.raises(InvalidInput):
         ledger.list_tasks(contradicted=1)  # type: ignore[arg-type]
+
+
+def test_listing_narrowed_by_code_framework_name_and_flag_with_a_total(ledger: Ledger,
+                                                                        clock: Clock) -> None:
+    """The filters the web view's lists offer, through the public API: ``code`` and a verdict
+    flag match closed jobs in any state, ``framework`` what that adapter opened,
+    ``name_contains`` a substring of the label (case as written); ``count`` adds the total."""
+    def lost(name: str, framework: str | None) -> str:
+        job = ledger.create_task(name=name, framework=framework)
+        ledger.start_task(job.id, owner=False)
+        ledger.close_task(job.id, "timed_out", code="owner_lost")
+        return job.id
+
+    celery, dramatiq, bare = lost("app.Fetch", "celery"), lost("app.fetch", "dramatiq"), \
+        lost("app.other", None)
+    late = ledger.create_task(name="app.fetch_late", timeout_seconds=5)
+    ledger.start_task(late.id, owner=False)
+    clock.advance(10)
+
+    def listed(**filters: Any) -> list[str]:
+        return [t.task.id for t in ledger.list_tasks(**filters).tasks]
+
+    assert listed(code="owner_lost") == [celery, dramatiq, bare]
+    assert listed(code="owner_lost", framework="celery") == [celery]
+    assert listed(name_contains="fetch") == [late.id]  # open work by default
+    assert listed(name_contains="fetch", status="timed_out") == [dramatiq]
+    assert listed(name_contains="Fetch", code="owner_lost") == [celery]
+    assert listed(flag="past_deadline") == [late.id]
+    assert listed(flag="verdict_pending") == [celery, dramatiq]
+    ledger.mark_verdicts_published([dramatiq])
+    assert listed(flag="verdict_pending") == [celery]
+    assert listed(flag="verdict_published", framework="dramatiq") == [dramatiq]
+    assert listed(flag="awaiting_delivery") == [celery, dramatiq, bare]
+    assert listed(flag="owner_dead") == []  # no task here has an owner
+    page = ledger.list_tasks(code="owner_lost", limit=1, count=True)
+    assert (len(page.tasks), page.more, page.total, page.total_capped) == (1, True, 3, False)
+    assert ledger.list_tasks(code="owner_lost", limit=1, after=page.tasks[0].cursor,
+                             count=True).total == 3  # the total is of every match
+    assert ledger.list_tasks().total is None
+    state = ledger.job_state(dramatiq)
+    assert state is not None and state.verdict is not None
+    assert state.verdict.state == "published" and state.verdict.published_at == clock.t
+    assert ledger.job_state(bare) is not None and ledger.job_state(bare).verdict is None
+    for bad in ({"code": "nope"}, {"framework": "rq"}, {"name_contains": ""},
+                {"name_contains": "x" * 201}, {"flag": "all"}, {"count": 1}):
+        with pytest.raises(InvalidInput):
+            ledger.list_tasks(**bad)

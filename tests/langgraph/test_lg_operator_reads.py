@@ -73,3 +73,45 @@ def test_a_running_recovery_run_is_listed_as_a_task(work: Path, db: str, apps: l
     assert reports and reports[0].resumed == ["listed-thread"]
     with Ledger(db, read_only=True) as ledger:
         assert str(ledger.get_task(logical_task_id(recovery)).status) == "succeeded"
+
+
+def test_the_web_view_shows_a_recovery_run_and_its_nodes(work: Path, db: str,
+                                                        apps: list[Any]) -> None:
+    """After a real crash and recovery, the lost run's job page lists its node attempts by
+    node name and links the recovery run (never "attempt #3"); the recovery run's page links
+    back to the run it recovers and lists its own nodes."""
+    import io
+    import re
+
+    from lg_crash_graph import build
+    from task_state_guard.web import make_wsgi_app
+
+    _kill_mid_node(work, db, "web-thread", "web-1")
+    app = guard(build(str(work / "checkpoints.sqlite"), None), db=db)
+    apps.append(app)
+    assert [r.thread_id for r in app.recover(durability="sync")] == ["web-thread"]
+    lost_id = logical_task_id("web-1")
+    run_id = logical_task_id(recovery_invocation_id("web-1"))
+    web = make_wsgi_app(db, no_token=True, refresh_seconds=0)
+
+    def page(task_id: str) -> str:
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/job", "QUERY_STRING": f"id={task_id}",
+                   "HTTP_HOST": "localhost", "wsgi.input": io.BytesIO(b"")}
+        statuses: list[str] = []
+        body = b"".join(web(environ, lambda status, headers, exc=None: statuses.append(status)))
+        assert statuses == ["200 OK"]
+        return body.decode("utf-8")
+
+    def nodes(body: str) -> list[str]:
+        attempts = body[body.index("<h2>Attempts</h2>"):body.index("<h2>Timeline</h2>")]
+        return re.findall(r'<td class="num">\d+</td><td><code>[^<]+</code></td><td>(\w+)</td>',
+                          attempts)
+
+    lost = page(lost_id)
+    assert nodes(lost) == ["prepare", "slow"]
+    runs = lost[lost.index("Later runs of this job"):lost.index("<h2>Attempts</h2>")]
+    assert f'href="/job?id={run_id}&amp;kind=ledger"' in runs and "recovery run" in runs
+    recovery = page(run_id)
+    assert "This job is the recovery run of" in recovery
+    assert f'href="/job?id={lost_id}&amp;kind=ledger"' in recovery
+    assert nodes(recovery) == ["slow", "finish"]

@@ -95,6 +95,14 @@ def test_every_page_against_real_framework_work(
         assert framework_id not in text
     page.screenshot(tmp_path / "overview.png")
 
+    # The "owner dead" count opens the list of those jobs: the SIGKILLed worker's.
+    page.click('section.card a[href*="flag=owner_dead"]')
+    text = page.text()
+    assert mixed_ledger.celery_lost_ledger_id in text
+    assert any(line.startswith("1 match (the overview counts jobs and attempts together")
+               for line in _lines(text))  # the job here; with its attempt, the count's 2
+    page.goto(server.base + "/")
+
     # Stuck work: the lost job is listed (running, its Celery id beside its ledger id).
     page.click('header nav a[href^="/stuck"]')
     text = page.text()
@@ -140,6 +148,11 @@ def test_every_page_against_real_framework_work(
         "s.querySelector('h2').innerText)).querySelector('table').innerText")
     assert _lines(verdicts)[1:] == ["celery\t1\t0", "dramatiq\t0\t0", "langgraph\t0\t0"]
     page.screenshot(tmp_path / "overview-after.png")
+    # Celery's waiting verdict opens the list of the jobs it is owed for.
+    page.click('section.card a[href*="flag=verdict_pending"]')
+    text = page.text()
+    assert mixed_ledger.celery_lost_ledger_id in text and "1 match" in _lines(text)
+    assert "framework=celery" in page.url()
 
     _only_local(page, server)
     # The page's own style and script ran under its Content-Security-Policy, and the browser

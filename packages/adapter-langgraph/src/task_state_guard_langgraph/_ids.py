@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from task_state_guard.integration.ids import LANGGRAPH
+from task_state_guard.integration.ids import LANGGRAPH, langgraph_recovery_id
 
 #: The core's id scheme of invocations (defined once in ``task_state_guard.integration.ids``,
 #: where ``tsg get --langgraph ID`` finds it too).
@@ -63,4 +63,4 @@ def recovery_id_for_task(lost_task_id: str) -> str:
     """:func:`recovery_invocation_id` from the lost invocation's ledger id: recovery can
     compute it for an invocation whose own id it never saw (one that died before writing its
     first checkpoint is known only by its ledger record)."""
-    return "recover-" + uuid.uuid5(NAMESPACE, f"recover|{lost_task_id}").hex
+    return langgraph_recovery_id(lost_task_id)

@@ -64,7 +64,8 @@ def _among(column: str, name: str, kind: str) -> str:
     return f"{column} = ANY({_mark(name)}::{kind}[])"  # a list goes as one array
 
 
-DIALECT = Dialect(_mark, _among, HOLD)
+DIALECT = Dialect(_mark, _among, HOLD,
+                  lambda column, marked: f"strpos({column}, {marked}) > 0")
 _SQL = statements(DIALECT)
 _STATUS_GROUPS = render(
     f"SELECT {STATUS_KEY}, count(*), "

@@ -18,6 +18,7 @@ from . import writes
 from .model import LedgerError, Task, canonical_id
 from .ops import events as _events
 from .ops import history as _history
+from .ops import job_state as _job_state
 from .ops import prune as _prune
 from .ops import reconcile as _reconcile
 from .ops import status as _status
@@ -272,7 +273,8 @@ class Ledger:
         stale_seconds: float | None = None, older_than_seconds: float | None = None,
         limit: int = task_list.DEFAULT_LIMIT, task_id: str | uuid.UUID | None = None,
         order: str = "created", descending: bool = False, after: str | None = None,
-        contradicted: bool = False,
+        contradicted: bool = False, code: str | None = None, framework: str | None = None,
+        name_contains: str | None = None, flag: str | None = None, count: bool = False,
     ) -> task_list.TaskListing:
         """List tasks (or, with ``attempts=True``, attempts) for operators: active ones by
         default, filtered as :meth:`find_task_ids`, ordered by ``order`` (``created``,
@@ -280,12 +282,24 @@ class Ledger:
         a page, ``after`` a row's ``cursor`` from the previous page. ``contradicted``: only
         jobs, in any state unless ``status``, closed other than ``succeeded`` with an attempt
         that succeeded after the close (doctor's ``contradicted_close_count``), or, with
-        ``attempts``, those attempts. Rows carry ids on purpose: protect the output."""
+        ``attempts``, those attempts. ``code``: only that reason code (any state unless
+        ``status``); ``framework``: only what that adapter opened; ``name_contains``: only
+        names holding that text; ``flag``: only the tasks behind one of the status report's
+        counts (``task_list.FLAGS``: ``past_deadline``, ``owner_dead``, ``awaiting_delivery``,
+        ``verdict_pending``, ``verdict_published``); ``count``: also count the matches (up to
+        ``task_list.COUNT_CAP``). Rows carry ids on purpose: protect the output."""
         return task_list.list_tasks(
             self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
             stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
             task_id=None if task_id is None else canonical_id(task_id),
-            order=order, descending=descending, after=after, contradicted=contradicted)
+            order=order, descending=descending, after=after, contradicted=contradicted,
+            code=code, framework=framework, name_contains=name_contains, flag=flag,
+            count=count)
+
+    def job_state(self, task_id: str | uuid.UUID) -> _job_state.JobState | None:
+        """A job's lost verdict (none, pending, published) and whether the processes that
+        own it and its running attempts are alive; None when no job has that id."""
+        return _job_state.job_state(self._db, canonical_id(task_id))
 
     def events_of(self, task_id: str | uuid.UUID) -> list[_events.TaskEvent]:
         """The task's recorded state changes, oldest first (``TaskNotFound`` when unknown);

@@ -79,6 +79,13 @@ DRAMATIQ_ATTEMPTS = IdScheme(
 #: invocation ids are derived in the same namespace).
 LANGGRAPH = IdScheme(uuid.UUID("6f0c3b8e-4a57-5d7e-9a51-2b7f1c0e8d42"))
 
+def langgraph_recovery_id(lost_task_id: str) -> str:
+    """The invocation id of the LangGraph run that recovers the run whose ledger id is
+    ``lost_task_id`` (deterministic: two processes recovering at once race on one ledger
+    task, and the web view tells a recovery run from another continuation by it)."""
+    return "recover-" + uuid.uuid5(LANGGRAPH.namespace, f"recover|{lost_task_id}").hex
+
+
 #: The job id scheme of each shipped adapter, by framework name. Never change one: existing
 #: ledgers would no longer find their jobs.
 FRAMEWORKS: Mapping[str, IdScheme] = MappingProxyType(
@@ -125,5 +132,6 @@ __all__ = [
     "LANGGRAPH",
     "IdScheme",
     "job_task_id",
+    "langgraph_recovery_id",
     "name_label",
 ]

@@ -14,6 +14,7 @@ are here; each backend's ``queries`` writes the statements.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -22,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import (
     ACTIVE_STATES,
+    TASK_CODES,
     TASK_STATES,
     InvalidInput,
+    Liveness,
     Task,
     TaskNotFound,
     canonical_id,
+    check_framework,
     check_name,
     check_seconds,
     check_state,
@@ -34,12 +38,20 @@ from ..model import (
     task_kind,
 )
 from ..store import queries
+from . import verdicts
 
 if TYPE_CHECKING:
     from ..store.protocol import Database
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10**6
+#: A listing's total is counted up to this many matches ("10000+" beyond).
+COUNT_CAP = 10_000
+#: The flags a listing can be narrowed to: the overview's at-risk and owed counts.
+FLAGS = ("past_deadline", "owner_dead", "awaiting_delivery", "verdict_pending",
+         "verdict_published")
+#: Most characters of a name search.
+MAX_CONTAINS = 200
 
 #: The sort keys of a listing (each backend sorts by :data:`queries.LIST_ORDERS`): creation
 #: order (the ledger's own, oldest first), the last sign of life (longest idle first), the name
@@ -93,6 +105,10 @@ class TaskListing:
     tasks: list[ListedTask]
     more: bool
     at: float
+    #: How many rows match in all (asked with ``count=True``; else None), counted up to
+    #: :data:`COUNT_CAP`: ``total_capped`` when at least that many match.
+    total: int | None = None
+    total_capped: bool = False
 
 
 def _cursor(order: str, key: Any, seq: Any) -> str:
@@ -141,6 +157,11 @@ def list_tasks(
     descending: bool = False,
     after: str | None = None,
     contradicted: bool = False,
+    code: str | None = None,
+    framework: str | None = None,
+    name_contains: str | None = None,
+    flag: str | None = None,
+    count: bool = False,
 ) -> TaskListing:
     """List tasks, oldest first (see :meth:`task_state_guard.Ledger.list_tasks`)."""
     state = None if status is None else check_state(status, TASK_STATES, "task status")
@@ -160,28 +181,75 @@ def list_tasks(
         raise InvalidInput("descending must be a boolean")
     if not isinstance(contradicted, bool):
         raise InvalidInput("contradicted must be a boolean")
-    # Open work only by default; a named job, or a contradicted close, in any state.
-    everything = job is not None or contradicted
+    narrow = _narrowing(code, framework, name_contains, flag, count)
+    # Open work only by default; a named job, a contradicted close, a reason code, a closed
+    # task's owed delivery or a verdict: in any state.
+    everything = (job is not None or contradicted or narrow["code"] is not None
+                  or flag in ("awaiting_delivery", "verdict_pending", "verdict_published"))
     position = None if after is None else parse_cursor(order, after)
     with db.read() as conn:
         now = db.now()
         query = queries.TaskQuery(
             attempts=attempts, job=job,
             # the open-work index, whenever only open work can match
-            open_only=(state is None and not everything) or state in ACTIVE_STATES,
+            open_only=(state is None and not everything) or state in ACTIVE_STATES
+            or flag == "awaiting_delivery",
             status=state, active_only=state is None and not everything, name=label,
             idle_before=None if stale is None else now - stale,
             created_before=None if older is None else now - older,
             order=order, descending=descending, after=position, limit=limit + 1,
-            contradicted=contradicted,
+            contradicted=contradicted, code=narrow["code"], framework=narrow["framework"],
+            contains=narrow["contains"], awaiting_delivery=flag == "awaiting_delivery",
+            deadline_before=now if flag == "past_deadline" else None,
+            owners=_dead_owners(db, conn) if flag == "owner_dead" else None,
+            verdict={"verdict_pending": "pending", "verdict_published": "published"}.get(
+                flag or ""),
         )
-        rows = db.queries.list_tasks(conn, columns, query)
+        rows: list[Any] = []  # an older layout records neither frameworks nor verdicts
+        total: int | None = 0
+        if verdicts.current(db) or not (query.framework or query.verdict):
+            rows = db.queries.list_tasks(conn, columns, query)
+            total = _count(db, conn, query) if count else None
     listed: list[ListedTask] = []
     for row in rows[:limit]:
         task = to_task(tuple(row[:-4]))
         listed.append(ListedTask(task, int(row[-4]), now - task.created_at,
                                  now - float(row[-3]), _cursor(order, row[-2], row[-1])))
-    return TaskListing(listed, len(rows) > limit, now)
+    return TaskListing(listed, len(rows) > limit, now,
+                       None if not count else min(total or 0, COUNT_CAP),
+                       bool(count and total is not None and total > COUNT_CAP))
+
+
+def _narrowing(code: Any, framework: Any, contains: Any, flag: Any,
+               count: Any) -> dict[str, str | None]:
+    """The listing's further filters, checked (``InvalidInput``, never repeating a value)."""
+    if code is not None and not any(code in codes for codes in TASK_CODES.values()):
+        raise InvalidInput("unknown reason code")
+    if framework is not None and check_framework(framework) is None:
+        raise InvalidInput("unknown framework")
+    if contains is not None and (not isinstance(contains, str) or not contains
+                                 or len(contains) > MAX_CONTAINS or "\x00" in contains):
+        raise InvalidInput("name_contains must be 1 to 200 characters of text")
+    if flag is not None and flag not in FLAGS:
+        raise InvalidInput("unknown flag")
+    if not isinstance(count, bool):
+        raise InvalidInput("count must be a boolean")
+    return {"code": code, "framework": framework, "contains": contains}
+
+
+def _dead_owners(db: Database, conn: Any) -> tuple[str, ...]:
+    """The owner tokens of open running tasks whose process is provably dead (as status
+    counts them), at most :data:`queries.MAX_OWNERS`."""
+    dead = sorted(token for token, _count in db.queries.open_running_owners(conn)
+                  if isinstance(token, str) and db.owners.probe(token) is Liveness.DEAD)
+    return tuple(dead[:queries.MAX_OWNERS])
+
+
+def _count(db: Database, conn: Any, query: queries.TaskQuery) -> int:
+    """How many rows ``query`` matches, counted up to one past :data:`COUNT_CAP`."""
+    capped = dataclasses.replace(query, after=None, count_up_to=COUNT_CAP + 1)
+    rows = db.queries.list_tasks(conn, "", capped)
+    return int(rows[0][0]) if rows else 0
 
 
 def get_task(db: Database, task_id: str, to_task: Callable[[tuple[Any, ...]], Task]) -> Task:

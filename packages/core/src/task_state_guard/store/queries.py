@@ -111,6 +111,21 @@ class TaskQuery:
     after: tuple[Any, int] | None
     limit: int
     contradicted: bool = False
+    #: ``code``: only that reason code; ``framework``: only tasks that adapter opened;
+    #: ``contains``: only names holding that text (case as written); ``deadline_before``:
+    #: only running tasks whose deadline is at or before it; ``owners``: only running tasks
+    #: of those owner tokens; ``verdict``: only jobs with a lost verdict in that state;
+    #: ``awaiting_delivery``: only closed tasks whose owed delivery is still pending.
+    code: str | None = None
+    framework: str | None = None
+    contains: str | None = None
+    deadline_before: float | None = None
+    owners: tuple[str, ...] | None = None
+    verdict: str | None = None
+    awaiting_delivery: bool = False
+    #: When set, the statement counts the matches instead, up to this many (the cursor, the
+    #: order and ``limit`` aside): one row, the count.
+    count_up_to: int | None = None
 
 
 #: The sort keys of a listing: creation order (the ledger's own, oldest first), the last sign of
@@ -180,6 +195,8 @@ class Dialect:
     mark: Callable[[str], str]
     among: Callable[[str, str, str], str]
     skip_held: str = ""
+    #: ``column`` holds the text bound as ``name`` (a substring, case as written).
+    contains: Callable[[str, str], str] = lambda column, marked: f"instr({column}, {marked}) > 0"
 
 
 #: Statements a backend runs as they are (no bound value).
@@ -276,11 +293,42 @@ def statements(d: Dialect) -> dict[str, str]:
     }
 
 
+#: A listed job's lost verdict: its state, when it was recorded and when published (current
+#: layout only; an older one has no verdicts).
+VERDICT_COLUMNS = ", ".join(
+    f"(SELECT v.{column} FROM tsg_verdicts v WHERE v.task_seq = {LISTED}seq)"
+    for column in ("state", "recorded_at", "published_at"))
+#: Most owner tokens one listing names (the owners found dead, a handful in practice).
+MAX_OWNERS = 500
+
+
 def listing(d: Dialect, columns: str, query: TaskQuery) -> tuple[str, dict[str, Any]]:
     """A :class:`TaskQuery`'s statement in dialect ``d`` and the values it binds by name."""
     v = d.mark
     clauses = [ATTEMPT_SQL if query.attempts else f"NOT {ATTEMPT_SQL}"]
     params: dict[str, Any] = {"limit": query.limit}
+    if query.awaiting_delivery:  # through the open-work index, as open_only
+        clauses.append(f"delivery_required = 1 AND status IN {rules.TERMINAL_SQL}")
+    if query.code is not None:
+        clauses.append(f"terminal_code = {v('code')}")
+        params["code"] = query.code
+    if query.framework is not None:
+        clauses.append(f"framework = {v('framework')}")
+        params["framework"] = query.framework
+    if query.contains is not None:
+        clauses.append(f"name IS NOT NULL AND {d.contains('name', v('contains'))}")
+        params["contains"] = query.contains
+    if query.deadline_before is not None:
+        clauses.append(f"status = 'running' AND deadline_at <= {v('deadline_before')}")
+        params["deadline_before"] = query.deadline_before
+    if query.owners is not None:  # one bound value each: at most MAX_OWNERS
+        marks = [f"owner{n}" for n in range(min(len(query.owners), MAX_OWNERS))]
+        clauses.append("status = 'running' AND owner IN ("
+                       + ", ".join(v(m) for m in marks) + ")" if marks else "0 = 1")
+        params.update(zip(marks, query.owners, strict=False))
+    if query.verdict is not None:
+        clauses.append(f"seq IN (SELECT task_seq FROM tsg_verdicts WHERE state = {v('verdict')})")
+        params["verdict"] = query.verdict
     if query.job is not None:  # one job: the task itself, or its attempts
         clauses.append(f"parent_id = {v('job')}" if query.attempts else f"id = {v('job')}")
         params["job"] = query.job
@@ -303,6 +351,11 @@ def listing(d: Dialect, columns: str, query: TaskQuery) -> tuple[str, dict[str, 
     if query.contradicted:
         clauses.append(rules.contradicts_its_close(LISTED) if query.attempts
                        else rules.close_contradicted(LISTED))
+    if query.count_up_to is not None:  # the matches, counted up to a bound
+        params = {k: value for k, value in params.items() if k != "limit"}
+        params["up_to"] = query.count_up_to
+        return (f"SELECT count(*) FROM (SELECT 1 FROM tsg_tasks WHERE {' AND '.join(clauses)} "
+                f"LIMIT {v('up_to')}) AS matched", params)
     key = LIST_ORDERS[query.order]
     direction, beyond = ("DESC", "<") if query.descending else ("ASC", ">")
     if query.after is not None:
@@ -498,6 +551,7 @@ __all__ = [
     "LIST_ATTEMPTS",
     "LIST_ORDERS",
     "MAX_GROUPS",
+    "MAX_OWNERS",
     "OPEN_BATCH",
     "OPEN_RUNNING_OWNERS",
     "OPEN_WORK",
@@ -506,6 +560,7 @@ __all__ = [
     "ROOT_CLOSES",
     "STATUS_KEY",
     "TOTALS",
+    "VERDICT_COLUMNS",
     "VERDICT_COUNTS",
     "Dialect",
     "FindQuery",

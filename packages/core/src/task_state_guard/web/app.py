@@ -44,13 +44,12 @@ from ..model import (
     TASK_STATES,
     InvalidInput,
     LedgerError,
-    Task,
     TaskNotFound,
     canonical_id,
     check_name,
 )
 from ..ops.task_list import ORDERS, TaskListing, parse_cursor
-from . import pages
+from . import filters, jobs, pages
 from .auth import GuessLimit, Sessions, client_key, cookie_value, same_token
 from .cache import Cache
 from .html import View
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
 
 HTML = "text/html; charset=utf-8"
 PER_PAGE = (25, 50, 100, 200)
-ATTEMPTS_SHOWN = 100
 _ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _SAFE_NEXT = re.compile(r"/(?!/)[A-Za-z0-9/_.~%&=+?-]{0,500}")
 #: The kinds of id a job can be found by: (form value, label). ``any`` tries each in turn.
@@ -429,12 +427,18 @@ class WebApp:
                         query.older, "older"),
                     limit=query.per_page, order=query.order,
                     descending=query.descending != backwards, after=cursor,
+                    count=True, code=query.narrow.code or None,
+                    framework=query.narrow.framework or None,
+                    name_contains=query.narrow.contains or None, flag=query.narrow.flag or None,
                 )
         has_previous = cursor is not None
         if backwards:  # the page before ``cursor``: read backwards, shown forwards
             has_previous = listing.more
-            listing = TaskListing(listing.tasks[::-1], True, listing.at)
-        body = pages.stuck(view, query, listing, has_previous=has_previous, kinds=ID_KINDS)
+            listing = TaskListing(listing.tasks[::-1], True, listing.at, listing.total,
+                                  listing.total_capped)
+        position = {"before" if backwards else "after": cursor} if cursor else {}
+        body = pages.stuck(view, query, listing, has_previous=has_previous, kinds=ID_KINDS,
+                           position=position)
         return Response(200, body, HTML)
 
     def _job(self, view: View, params: dict[str, str]) -> Response:
@@ -453,7 +457,7 @@ class WebApp:
         with self._ledger() as ledger:
             found = _existing(ledger, candidates)
             try:
-                data = _job_view(ledger, found[0][1]) if len(found) == 1 else None
+                data = jobs.job_view(ledger, found[0][1]) if len(found) == 1 else None
             except TaskNotFound:  # pruned meanwhile
                 found, data = [], None
         if data is not None:
@@ -509,24 +513,6 @@ def _existing(ledger: Ledger, candidates: list[tuple[str, str]]) -> list[tuple[s
     return found
 
 
-def _job_view(ledger: Ledger, task_id: str) -> pages.JobView:
-    asked = ledger.get_task(task_id)
-    job: Task = asked
-    for _ in range(8):  # an attempt's job is its root (attempts are a level below it)
-        if job.parent_id is None:
-            break
-        job = ledger.get_task(job.parent_id)
-    attempts = ledger.children_of(job.id, limit=ATTEMPTS_SHOWN + 1)
-    shown = attempts[:ATTEMPTS_SHOWN]
-    events = {task.id: ledger.events_of(task.id) for task in [job, *shown]}
-    # The attempts that succeeded after the job closed otherwise (doctor's warning).
-    contradicting = ledger.list_tasks(task_id=job.id, attempts=True, contradicted=True,
-                                      limit=ATTEMPTS_SHOWN)
-    return pages.JobView(job, shown, len(attempts) > ATTEMPTS_SHOWN, events, asked.id,
-                         frozenset(item.task.id for item in contradicting.tasks),
-                         contradicting.more)
-
-
 def _stuck_query(params: dict[str, str]) -> tuple[pages.StuckQuery, str | None, bool]:
     status = params.get("status") or "active"
     if status != "active" and status not in TASK_STATES:
@@ -569,9 +555,13 @@ def _stuck_query(params: dict[str, str]) -> tuple[pages.StuckQuery, str | None, 
     after, before = params.get("after"), params.get("before")
     if after and before:
         raise _BadInput("A page starts after one row or ends before one, not both.")
+    try:
+        narrow = filters.parse(params)
+    except filters.Refused as exc:
+        raise _BadInput(str(exc)) from None
     query = pages.StuckQuery(status, name, durations["idle"], durations["older"],
                              rows == "attempts", order, direction == "desc", int(per), job,
-                             job_kind)
+                             job_kind, narrow)
     cursor = after or before or None
     if cursor is not None:
         try:

@@ -9,17 +9,20 @@ the ledger stores no task arguments, results or messages.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..durations import humanize, utc
 from ..model import Task
 from ..ops.events import TaskEvent
 from ..ops.history import OutcomeHistory
+from ..ops.job_state import JobState
 from ..ops.status import INVALID_LABEL
 from ..ops.task_list import TaskListing
 from ..rules import TASK_ORDER
+from . import filters, job_parts
 from .chart import outcome_chart
+from .filters import Narrowing
 from .html import View, ago, badge, esc, link, page, table
 
 TASK_STATES_SHOWN = TASK_ORDER
@@ -34,9 +37,12 @@ NAMES_SHOWN = 50
 _ALERT = ' class="alert"'
 
 
-def _card(title: str, rows: Sequence[tuple[str, str, bool]], foot: str = "") -> str:
-    items = "".join(f"<dt>{esc(label)}</dt><dd{_ALERT if alert else ''}>{esc(value)}</dd>"
-                    for label, value, alert in rows)
+def _card(title: str, rows: Sequence[tuple[str, str, bool, str]], foot: str = "") -> str:
+    """A card of counts: label, value, alert, and the list the value links to (or "")."""
+    items = "".join(
+        f"<dt>{esc(label)}</dt><dd{_ALERT if alert else ''}>"
+        f"{link(href, value) if href else esc(value)}</dd>"
+        for label, value, alert, href in rows)
     return f'<section class="card"><h2>{esc(title)}</h2><dl>{items}</dl>{foot}</section>'
 
 
@@ -44,7 +50,7 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else humanize(seconds)
 
 
-def _verdicts_card(report: dict[str, Any]) -> str | None:
+def _verdicts_card(view: View, report: dict[str, Any]) -> str | None:
     """Lost-job verdicts (``report["verdicts"]``: state -> framework -> count), when the
     ledger keeps them: waiting to be published to the framework, and published."""
     verdicts = report.get("verdicts")
@@ -54,14 +60,22 @@ def _verdicts_card(report: dict[str, Any]) -> str | None:
     published = verdicts.get("published") or {}
     rows = []
     for framework in sorted(set(pending) | set(published)):
-        waiting = int(pending.get(framework, 0))
-        shown = f'<span class="alert">{waiting}</span>' if waiting else "0"
-        rows.append([esc(framework), shown, str(int(published.get(framework, 0)))])
+        waiting, done = int(pending.get(framework, 0)), int(published.get(framework, 0))
+        shown = link(_drill(view, "verdict_pending", framework), str(waiting), "alert") \
+            if waiting else "0"
+        rows.append([esc(framework), shown,
+                     link(_drill(view, "verdict_published", framework), str(done)) if done
+                     else "0"])
     grid = table(["framework", "waiting", "published"], rows, numeric=frozenset({1, 2}),
                  raw=frozenset({0, 1, 2}), cls="mini", empty="none")
     oldest = _age(report.get("oldest_pending_verdict_age_seconds"))
     return (f'<section class="card"><h2>Lost-job verdicts</h2>{grid}'
             f"<dl><dt>oldest waiting</dt><dd>{esc(oldest)}</dd></dl></section>")
+
+
+def _drill(view: View, flag: str, framework: str = "") -> str:
+    """The list behind one of the overview's counts."""
+    return view.href("/stuck", {"flag": flag, "framework": framework})
 
 
 def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window: str,
@@ -71,28 +85,32 @@ def overview(view: View, report: dict[str, Any], history: OutcomeHistory, window
     grace = humanize(report["active_grace_seconds"])
     risk = [
         ("past deadline", str(report["running_past_deadline"]),
-         report["running_past_deadline"] > 0),
+         report["running_past_deadline"] > 0, _drill(view, "past_deadline")),
         (f"heartbeat stale (≥ {grace})", str(report["running_heartbeat_stale"]),
-         report["running_heartbeat_stale"] > 0),
-        ("owner dead", str(report["running_owner_dead"]), report["running_owner_dead"] > 0),
+         report["running_heartbeat_stale"] > 0, view.href("/stuck", {
+             "status": "running", "idle": f"{report['active_grace_seconds']:.3f}".rstrip("0")
+             .rstrip(".")})),
+        ("owner dead", str(report["running_owner_dead"]), report["running_owner_dead"] > 0,
+         _drill(view, "owner_dead")),
     ]
     awaiting = report["deliveries_awaiting"]
     cards = [
         _card("Running at risk", risk,
               f'<p>{link(view.href("/stuck", {"status": "running"}), "Running work")}</p>'),
         _card("Work in progress", [
-            ("queued jobs", str(kinds["task"]["queued"]), False),
-            ("running jobs", str(kinds["task"]["running"]), False),
-            ("oldest queued", _age(report["oldest_queued_age_seconds"]), False),
-            ("oldest running", _age(report["oldest_running_age_seconds"]), False),
+            ("queued jobs", str(kinds["task"]["queued"]), False, ""),
+            ("running jobs", str(kinds["task"]["running"]), False, ""),
+            ("oldest queued", _age(report["oldest_queued_age_seconds"]), False, ""),
+            ("oldest running", _age(report["oldest_running_age_seconds"]), False, ""),
         ]),
         _card("Awaiting delivery", [
-            ("owed (result ready)", str(awaiting["owed"]), awaiting["owed"] > 0),
-            ("internal (nobody owed)", str(awaiting["internal"]), False),
-            ("oldest owed", _age(report["oldest_owed_delivery_age_seconds"]), False),
+            ("owed (result ready)", str(awaiting["owed"]), awaiting["owed"] > 0,
+             _drill(view, "awaiting_delivery")),
+            ("internal (nobody owed)", str(awaiting["internal"]), False, ""),
+            ("oldest owed", _age(report["oldest_owed_delivery_age_seconds"]), False, ""),
         ]),
     ]
-    verdicts = _verdicts_card(report)
+    verdicts = _verdicts_card(view, report)
     if verdicts is not None:
         cards.append(verdicts)
     windows = " · ".join(
@@ -162,6 +180,7 @@ class StuckQuery:
     per_page: int
     job: str = ""  # one job, by an id of ``job_kind``
     job_kind: str = "any"
+    narrow: Narrowing = field(default_factory=Narrowing)  # code, framework, search, flag
 
     def params(self, **changes: object) -> dict[str, object]:
         """The query string of this view, with ``changes``."""
@@ -171,6 +190,7 @@ class StuckQuery:
             "sort": self.order, "dir": "desc" if self.descending else "",
             "per": "" if self.per_page == 50 else self.per_page,
             "job": self.job, "job_kind": "" if self.job_kind == "any" else self.job_kind,
+            **self.narrow.params(),
         }
         values.update(changes)
         return values
@@ -190,8 +210,10 @@ def _sort_header(view: View, query: StuckQuery, order: str, label: str) -> str:
 
 
 def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: bool,
-          kinds: Sequence[tuple[str, str]], error: str = "") -> bytes:
-    """The stuck-work list: the filters form, the sortable table and the pager."""
+          kinds: Sequence[tuple[str, str]], error: str = "",
+          position: Mapping[str, str] | None = None) -> bytes:
+    """The stuck-work list: the filters form, the sortable table and the pager;
+    ``position``: the page's cursor (``after`` or ``before``), which pausing keeps."""
     options = "".join(
         f'<option value="{esc(value)}"{" selected" if value == query.status else ""}>'
         f"{esc(text)}</option>"
@@ -222,6 +244,7 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
         'placeholder="an id" autocomplete="off"></label>'
         f'<label>Kind of id<select name="job_kind">{_options(kinds, query.job_kind)}'
         "</select></label>"
+        f"{filters.form_fields(query.narrow)}"
         f'{hidden}<button type="submit">Apply</button> '
         f'{link(view.href("/stuck"), "Clear")}</form>'
     )
@@ -236,8 +259,11 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
     for item in listing.tasks:
         task = item.task
         other = task.parent_id if query.attempts else task.framework_id
+        shown = "-" if other is None else f"<code>{esc(other)}</code>"
+        if not query.attempts and task.parent_id is not None:  # a run continuing another
+            shown = job_parts.run_of(view, task.parent_id)
         row = [link(view.href("/job", {"id": task.id, "kind": "ledger"}), task.id, "id"),
-               esc(item.kind), "-" if other is None else f"<code>{esc(other)}</code>",
+               esc(item.kind), shown,
                esc(task.name or "-"), badge(task.status.value), esc(task.terminal_code or "-"),
                badge(task.delivery_status.value), esc(humanize(item.age_seconds)),
                esc(humanize(item.idle_seconds))]
@@ -255,12 +281,15 @@ def stuck(view: View, query: StuckQuery, listing: TaskListing, *, has_previous: 
         pager.append(link(view.href("/stuck", query.params(after=listing.tasks[-1].cursor)),
                           "Next \u203a"))
     alert = f'<p class="error" role="alert">{esc(error)}</p>' if error else ""
-    body = (f"{alert}{form}{grid}"
+    matches = filters.total(listing)
+    heading = f'<p class="total"><strong>{esc(matches)}</strong>{filters.note(query.narrow)}</p>' \
+        if matches else ""
+    body = (f"{alert}{form}{heading}{grid}"
             f'<div class="pager">{"".join(pager)}</div>'
             f'<p class="muted">{len(listing.tasks)} shown, {query.per_page} per page. '
             "Ids are shown on purpose: protect this page like the ledger.</p>")
-    return page(view, "Stuck work", body, here="/stuck", params=query.params(),
-                now=listing.at)
+    return page(view, "Stuck work", body, here="/stuck",
+                params={**query.params(), **(position or {})}, now=listing.at)
 
 
 # ----------------------------------------------------------------------------- a job
@@ -281,6 +310,13 @@ class JobView:
     #: when others do too): they succeeded after it closed otherwise.
     contradicting: frozenset[str] = frozenset()
     more_contradicting: bool = False
+    #: The later runs of this job (children that owe their own delivery: a LangGraph resume
+    #: or recovery run), the run this job follows (None: a root), each run's role by id, and
+    #: the job's owner liveness and lost verdict.
+    runs: tuple[Task, ...] = ()
+    parent: Task | None = None
+    roles: Mapping[str, str] = field(default_factory=dict)
+    state: JobState | None = None
 
 
 def _options(choices: Sequence[tuple[str, str]], chosen: str) -> str:
@@ -324,7 +360,7 @@ def _when(at: float | None, now: float) -> str:
     return "-" if at is None else esc(f"{utc(at)} ({ago(at, now)})")
 
 
-def _fields(task: Task, now: float) -> str:
+def _fields(task: Task, now: float, extra: str = "") -> str:
     delivery = task.delivery_status.value + ("" if task.delivery_required else
                                              " (internal: no delivery owed)")
     rows = [
@@ -344,7 +380,7 @@ def _fields(task: Task, now: float) -> str:
         ("owner recorded", "yes" if task.has_owner else "no"),
     ]
     items = "".join(f"<dt>{esc(label)}</dt><dd>{value}</dd>" for label, value in rows)
-    return f'<section class="card job"><dl>{items}</dl></section>'
+    return f'<section class="card job"><dl>{items}{extra}</dl></section>'
 
 
 def _phase(is_job: bool, kind: str) -> int:
@@ -408,23 +444,27 @@ def job(view: View, data: JobView, kinds: Sequence[tuple[str, str]], now: float)
                 f"<code>{esc(data.asked)}</code> of this job.</p>")
     marked = " after the job closed"
     rows = [
-        [str(n), f"<code>{esc(a.id)}</code>",
+        [str(n), f"<code>{esc(a.id)}</code>", esc(a.name or "-"),
          badge(a.status.value) + (esc(marked) if a.id in data.contradicting else ""),
          esc(a.terminal_code or "-"),
          esc(utc(a.started_at)), esc(utc(a.ended_at)),
          esc(humanize(a.ended_at - a.started_at)) if a.ended_at and a.started_at else "-",
-         "yes" if a.has_owner else "no"]
+         esc(job_parts.owner(a, data.state))]
         for n, a in enumerate(data.attempts, start=1)
     ]
-    attempts = table(["#", "attempt id", "state", "code", "started", "ended", "ran", "owner"],
-                     rows, raw=frozenset(range(8)), numeric=frozenset({0, 6}),
+    attempts = table(["#", "attempt id", "name (node)", "state", "code", "started", "ended",
+                      "ran", "owner"],
+                     rows, raw=frozenset(range(9)), numeric=frozenset({0, 7}),
                      empty="no attempts recorded")
     if data.more:
         attempts += (f'<p class="muted">The first {len(data.attempts)} attempts are shown; '
                      "more exist (tsg children ID lists them all).</p>")
     body = (
-        search_form(view, kinds) + note + _contradiction(data) + _fields(job_task, now) +
-        f"<h2>Attempts</h2>{attempts}<h2>Timeline</h2>{_timeline(data)}"
+        search_form(view, kinds) + note + _contradiction(data)
+        + job_parts.follows(view, job_task, data.parent, data.roles)
+        + _fields(job_task, now, job_parts.state_items(job_task, data.state, now))
+        + job_parts.runs_table(view, data.runs, data.roles)
+        + f"<h2>Attempts</h2>{attempts}<h2>Timeline</h2>{_timeline(data)}"
     )
     return page(view, f"Job {job_task.name or ''}".strip(), body, here="/job",
                 params={"id": data.asked}, now=now)
