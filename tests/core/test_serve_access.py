@@ -204,7 +204,7 @@ def test_weak_tokens_are_refused(db: str) -> None:
             make_wsgi_app(db, token=weak)
         assert raised.value.reason == "serve_token_weak"
     with pytest.raises(InvalidInput) as raised:
-        make_wsgi_app(db, no_token=True)  # neither a token nor an explicit no_token=True
+        make_wsgi_app(db)  # neither a token nor an explicit no_token=True
     assert raised.value.reason == "serve_token_required"
 
 

@@ -225,7 +225,7 @@ def test_make_wsgi_app_serves_the_pages_in_another_wsgi_server(db: str) -> None:
     and Host check as `tsg serve`, read-only; without the serving process's own counters."""
     with Ledger(db) as led:
         job = _job(led)
-    app = make_wsgi_app(db, no_token=True, refresh_seconds=0, no_token=True)
+    app = make_wsgi_app(db, refresh_seconds=0, no_token=True)
     before = stored_state(db)
     with _mounted(app) as server:
         for path in _every_page(job):

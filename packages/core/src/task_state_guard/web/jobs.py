@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..integration.ids import LANGGRAPH, langgraph_recovery_id
 from ..ledger import Ledger
-from ..model import Task
+from ..model import Task, TaskNotFound
 from . import job_parts
 from .pages import JobView
 
@@ -57,4 +57,18 @@ def job_view(ledger: Ledger, task_id: str) -> JobView:
                    state=ledger.job_state(job.id))
 
 
-__all__ = ["CHILDREN_SHOWN", "job_view", "role"]
+def existing(ledger: Ledger, candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The candidates whose task is in the ledger (each ledger id once)."""
+    found: list[tuple[str, str]] = []
+    for kind, task_id in candidates:
+        if any(task_id == seen for _kind, seen in found):
+            continue
+        try:
+            ledger.get_task(task_id)
+        except TaskNotFound:
+            continue
+        found.append((kind, task_id))
+    return found
+
+
+__all__ = ["CHILDREN_SHOWN", "existing", "job_view", "role"]

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from wsgiref.handlers import SimpleHandler
 from wsgiref.headers import Headers
 
-from .app import plain_headers
+from .messages import plain_headers
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -137,7 +137,8 @@ def run_serve(
     if token is None and not no_token:  # the default token: made beside the ledger at first
         token, token_path, _made = ensure_token_file(db)
 
-    from .app import Counters, Settings, WebApp
+    from .app import Settings, WebApp
+    from .messages import Counters
     from .server import HttpServer  # the network code loads only to serve
 
     counters = Counters()

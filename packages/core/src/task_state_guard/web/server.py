@@ -26,7 +26,7 @@ how long.
   connection (after a short linger, so a client never loses its response to a reset).
 * Nothing is logged. A client that resets, a malformed request (answered 4xx/5xx with a fixed
   body that never repeats what was sent) and an error of the application (answered ``500``)
-  are counted by reason (:class:`~task_state_guard.web.app.Counters`).
+  are counted by reason (:class:`~task_state_guard.web.messages.Counters`).
 * SIGTERM or SIGINT stops it: the listening socket and every connection not being answered
   close at once; requests being answered get up to ``stop_grace`` seconds to finish.
 """
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from .. import reasons as r
 from ..model import InvalidInput
-from .app import Counters
+from .messages import Counters
 from .request import (
     ANSWERING,
     DONE,
