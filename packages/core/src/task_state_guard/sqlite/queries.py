@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ..model import TASK_CODES
 from ..rules import DELIVERY_ORDER, TASK_ORDER
 from ..store.queries import (
     AT_RISK,
@@ -27,9 +28,11 @@ from ..store.queries import (
     OPEN_BATCH,
     OPEN_RUNNING_OWNERS,
     OPEN_WORK,
+    ROOT_CLOSED_IN,
     ROOT_CLOSES,
     TOTALS,
     VERDICT_COUNTS,
+    CloseWindow,
     Dialect,
     FindQuery,
     GroupKey,
@@ -62,11 +65,20 @@ def _code(column: str, values: tuple[str, ...]) -> str:
 # STATUS_KEY with its four small columns packed in one integer (small integers cost Python no
 # object a row, strings do): state, delivery state, is a root, owes its delivery.
 _DELIVERY_SPAN = 2 * 2 * (len(DELIVERY_ORDER) + 1)
-_GROUP_ROWS = (
+_GROUP_SELECT = (
     f"SELECT name, {_code('status', TASK_ORDER)} * {_DELIVERY_SPAN} + "
     f"{_code('delivery_status', DELIVERY_ORDER)} * 4 + (parent_id IS NULL) * 2 + "
-    "(delivery_required IS 1) FROM tsg_tasks"
+    "(delivery_required IS 1)"
 )
+_GROUP_ROWS = f"{_GROUP_SELECT} FROM tsg_tasks"
+# The same rows with a third column, for a root closed in the history's window: its bucket
+# and its close's code packed in one integer (NULL for every other row: no object a row).
+_CLOSE_CODES = tuple(sorted(set().union(*TASK_CODES.values())))
+_CODE_SPAN = len(_CLOSE_CODES) + 1
+_GROUP_ROWS_CLOSES = render(
+    f"{_GROUP_SELECT}, CASE WHEN {ROOT_CLOSED_IN} THEN CAST((ended_at - {{start}}) / {{width}} "
+    f"AS INTEGER) * {_CODE_SPAN} + {_code('terminal_code', _CLOSE_CODES)} END FROM tsg_tasks",
+    mark, "start", "end", "width")
 # Every at-risk figure in one pass over the open work (one statement, not one each).
 _AT_RISK = render(
     "SELECT " + ", ".join(
@@ -102,6 +114,28 @@ def _list(sql: str, params: dict[str, Any], name: str, values: list[Any]) -> str
     return sql.format(**{name: ",".join(mark(key) for key in keys)})
 
 
+def _count_rows(cursor: sqlite3.Cursor, bound: int) -> Counter[tuple[Any, ...]]:
+    """The rows of ``cursor`` (a name, a packed group, then any further packed columns)
+    counted as they are; past ``bound`` distinct rows, one whose (name, group) is new has its
+    name folded (as :func:`add_group` does), so the first ``bound`` groups met keep theirs."""
+    packed: Counter[tuple[Any, ...]] = Counter()
+    groups: set[tuple[Any, int]] | None = None
+    while rows := cursor.fetchmany(4096):
+        if groups is None and len(packed) < bound:
+            packed.update(rows)  # the common case: few distinct rows, counted in C
+            continue
+        if groups is None:
+            groups = {(name, code) for name, code, *_ in packed}
+        for row in rows:
+            group = (row[0], row[1])
+            if group in groups or len(groups) < bound:
+                groups.add(group)
+                packed[row] += 1
+            else:
+                packed[(None if row[0] is None else INVALID_LABEL, *row[1:])] += 1
+    return packed
+
+
 def _known(values: tuple[str, ...], index: int) -> str | None:
     """The value at ``index`` of a packed code; None for a value no state has."""
     return values[index] if index < len(values) else None
@@ -115,29 +149,29 @@ class SQLiteQueries:
         self._read = read
 
     @staticmethod
-    def status_groups(conn: sqlite3.Connection, now: float, stale_before: float,
-                      bound: int) -> StatusGroups:
-        packed: Counter[tuple[Any, int]] = Counter()
-        cursor = conn.execute(_GROUP_ROWS)
-        while rows := cursor.fetchmany(4096):
-            if len(packed) < bound:
-                packed.update(rows)
-                continue
-            for name, code in rows:  # past the bound a new name folds (as add_group does)
-                seen: tuple[Any, int] = (name, code)
-                packed[seen if seen in packed else (
-                    None if name is None else INVALID_LABEL, code)] += 1
+    def status_groups(conn: sqlite3.Connection, now: float, stale_before: float, bound: int,
+                      closes: CloseWindow | None = None) -> StatusGroups:
+        if closes is None:
+            packed = _count_rows(conn.execute(_GROUP_ROWS), bound)
+        else:
+            params = {"start": closes.start, "width": closes.width, "end": closes.end}
+            packed = _count_rows(conn.execute(_GROUP_ROWS_CLOSES, params), bound)
         counts: Counter[GroupKey] = Counter()
-        for (name, code), count in packed.items():
+        closed: Counter[tuple[Any, Any, Any]] = Counter()
+        for (name, code, *close), count in packed.items():
             state, rest = divmod(code, _DELIVERY_SPAN)
             delivery, root_owed = divmod(rest, 4)
-            key = (_known(TASK_ORDER, state), _known(DELIVERY_ORDER, delivery), name,
-                   root_owed >> 1, root_owed & 1)
+            status = _known(TASK_ORDER, state)
+            key = (status, _known(DELIVERY_ORDER, delivery), name, root_owed >> 1, root_owed & 1)
             add_group(counts, key, count, bound)
+            if close and close[0] is not None:
+                bucket, ended_code = divmod(close[0], _CODE_SPAN)
+                closed[(bucket, status, _known(_CLOSE_CODES, ended_code))] += count
         params = {"now": now, "stale_before": stale_before}
         found = dict(zip(AT_RISK, conn.execute(_AT_RISK, params).fetchone(), strict=True))
         least = {name: found[name] for name in LEAST}
-        return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]))
+        return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]),
+                            [(*key, count) for key, count in closed.items()])
 
     @staticmethod
     def root_closes(conn: sqlite3.Connection, start: float, width: float,
