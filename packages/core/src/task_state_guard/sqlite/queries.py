@@ -70,15 +70,24 @@ _GROUP_SELECT = (
     f"{_code('delivery_status', DELIVERY_ORDER)} * 4 + (parent_id IS NULL) * 2 + "
     "(delivery_required IS 1)"
 )
-_GROUP_ROWS = f"{_GROUP_SELECT} FROM tsg_tasks"
-# The same rows with a third column, for a root closed in the history's window: its bucket
-# and its close's code packed in one integer (NULL for every other row: no object a row).
+# One range of seq counted per group by SQLite: a range's sort is small and stays in cache,
+# and Python sees one row a group and range, not one a task (a whole-table GROUP BY would
+# sort every row at once). Ranges advance by seq (the table's own order), their width adapting
+# to how densely the range before was filled.
+_RANGE = "WHERE seq >= {low} AND seq < {high}"
+_GROUP_ROWS = render(f"{_GROUP_SELECT}, NULL, count(*) FROM tsg_tasks {_RANGE} GROUP BY 1, 2",
+                     mark, "low", "high")
+# The same groups with a third key, for a root closed in the history's window: its bucket and
+# its close's code packed in one integer (NULL for every other row).
 _CLOSE_CODES = tuple(sorted(set().union(*TASK_CODES.values())))
 _CODE_SPAN = len(_CLOSE_CODES) + 1
 _GROUP_ROWS_CLOSES = render(
     f"{_GROUP_SELECT}, CASE WHEN {ROOT_CLOSED_IN} THEN CAST((ended_at - {{start}}) / {{width}} "
-    f"AS INTEGER) * {_CODE_SPAN} + {_code('terminal_code', _CLOSE_CODES)} END FROM tsg_tasks",
-    mark, "start", "end", "width")
+    f"AS INTEGER) * {_CODE_SPAN} + {_code('terminal_code', _CLOSE_CODES)} END, count(*) "
+    f"FROM tsg_tasks {_RANGE} GROUP BY 1, 2, 3",
+    mark, "start", "end", "width", "low", "high")
+_SEQ_SPAN = "SELECT min(seq), max(seq) FROM tsg_tasks"
+_RANGE_ROWS = 8192  # the rows a range aims at
 # Every at-risk figure in one pass over the open work (one statement, not one each).
 _AT_RISK = render(
     "SELECT " + ", ".join(
@@ -114,25 +123,31 @@ def _list(sql: str, params: dict[str, Any], name: str, values: list[Any]) -> str
     return sql.format(**{name: ",".join(mark(key) for key in keys)})
 
 
-def _count_rows(cursor: sqlite3.Cursor, bound: int) -> Counter[tuple[Any, ...]]:
-    """The rows of ``cursor`` (a name, a packed group, then any further packed columns)
-    counted as they are; past ``bound`` distinct rows, one whose (name, group) is new has its
-    name folded (as :func:`add_group` does), so the first ``bound`` groups met keep theirs."""
-    packed: Counter[tuple[Any, ...]] = Counter()
-    groups: set[tuple[Any, int]] | None = None
-    while rows := cursor.fetchmany(4096):
-        if groups is None and len(packed) < bound:
-            packed.update(rows)  # the common case: few distinct rows, counted in C
-            continue
-        if groups is None:
-            groups = {(name, code) for name, code, *_ in packed}
-        for row in rows:
-            group = (row[0], row[1])
-            if group in groups or len(groups) < bound:
-                groups.add(group)
-                packed[row] += 1
+def _count_groups(conn: sqlite3.Connection, sql: str, params: dict[str, Any],
+                  bound: int) -> Counter[tuple[Any, int, Any]]:
+    """The counts of ``sql``'s groups (a name, a packed group, a packed close) over every
+    range of seq. Past ``bound`` (name, group) pairs, a new one has its name folded (as
+    :func:`add_group` does), so the first ``bound`` groups met keep theirs."""
+    packed: Counter[tuple[Any, int, Any]] = Counter()
+    groups: set[tuple[Any, int]] = set()
+    low, last = conn.execute(_SEQ_SPAN).fetchone()
+    width = _RANGE_ROWS
+    while low is not None and low <= last:
+        found = 0
+        for name, code, close, count in conn.execute(sql, {**params, "low": low,
+                                                           "high": low + width}):
+            found += count
+            label = name
+            if (name, code) not in groups and len(groups) >= bound:
+                label = None if name is None else INVALID_LABEL
             else:
-                packed[(None if row[0] is None else INVALID_LABEL, *row[1:])] += 1
+                groups.add((name, code))
+            packed[(label, code, close)] += count
+        low += width
+        if found < _RANGE_ROWS // 2:  # sparse (pruned) seq: wider ranges
+            width = min(width * 2, 1 << 40)
+        elif found > _RANGE_ROWS * 2:
+            width = max(width // 2, 1)
     return packed
 
 
@@ -151,21 +166,21 @@ class SQLiteQueries:
     @staticmethod
     def status_groups(conn: sqlite3.Connection, now: float, stale_before: float, bound: int,
                       closes: CloseWindow | None = None) -> StatusGroups:
-        if closes is None:
-            packed = _count_rows(conn.execute(_GROUP_ROWS), bound)
-        else:
+        params: dict[str, Any] = {}
+        if closes is not None:
             params = {"start": closes.start, "width": closes.width, "end": closes.end}
-            packed = _count_rows(conn.execute(_GROUP_ROWS_CLOSES, params), bound)
+        packed = _count_groups(conn, _GROUP_ROWS if closes is None else _GROUP_ROWS_CLOSES,
+                               params, bound)
         counts: Counter[GroupKey] = Counter()
         closed: Counter[tuple[Any, Any, Any]] = Counter()
-        for (name, code, *close), count in packed.items():
+        for (name, code, close), count in packed.items():
             state, rest = divmod(code, _DELIVERY_SPAN)
             delivery, root_owed = divmod(rest, 4)
             status = _known(TASK_ORDER, state)
             key = (status, _known(DELIVERY_ORDER, delivery), name, root_owed >> 1, root_owed & 1)
             add_group(counts, key, count, bound)
-            if close and close[0] is not None:
-                bucket, ended_code = divmod(close[0], _CODE_SPAN)
+            if close is not None:
+                bucket, ended_code = divmod(close, _CODE_SPAN)
                 closed[(bucket, status, _known(_CLOSE_CODES, ended_code))] += count
         params = {"now": now, "stale_before": stale_before}
         found = dict(zip(AT_RISK, conn.execute(_AT_RISK, params).fetchone(), strict=True))
