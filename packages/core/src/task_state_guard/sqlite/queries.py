@@ -1,9 +1,11 @@
 """SQLite's answers to the aggregates' reads and passes' writes (``queries``), in SQLite's SQL.
 
-In-process statements cost no round trip: status streams the rows and counts them in Python
-(SQLite's GROUP BY would sort every row, spilling on large ledgers) and reads each at-risk
-figure through the open-work index; the history streams the few recent closes; a pass's writes
-run one statement per row, the schema's triggers writing their events and totals. A write
+In-process statements cost no round trip: status has SQLite count the groups one seq range
+at a time (a whole-table GROUP BY would sort every row, spilling on large ledgers; a small
+range's sort stays in cache), the overview's chart buckets counted as one more key of the same
+statement, and reads the at-risk figures in one walk of the open-work index; the history alone
+streams the window's closes; a pass's writes run one statement per row, the schema's
+triggers writing their events and totals. A write
 transaction holds the whole database, so a pass's rows need no lock of their own. The
 statements both backends run come from ``store.queries.statements`` in SQLite's placeholders;
 a list of values goes as one named parameter each (the callers bound their length).

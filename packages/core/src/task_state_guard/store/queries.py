@@ -3,10 +3,10 @@
 The aggregates (status, history, reconcile, prune, the verdict outbox, the operator's reads)
 state *what* they need once, here and in :mod:`task_state_guard.rules`, and run one algorithm;
 a backend's :class:`Queries` object (``Database.queries``) decides *how* its database answers,
-in its own SQL and placeholders (nothing rewrites another dialect's text): SQLite streams rows
-and counts them in Python (its GROUP BY would sort every row) and reads the at-risk figures
-through the open-work index; PostgreSQL groups on the server, holds the rows a pass reads, and
-writes a pass's closes as set-based statements. Every method takes the connection of the
+in its own SQL and placeholders (nothing rewrites another dialect's text): SQLite counts groups
+one seq range at a time (a whole-table GROUP BY would sort every row), reads the at-risk
+figures through the open-work index; PostgreSQL groups on the server, holds the rows a pass
+reads, and writes a pass's closes as set-based statements. Every method takes the connection of the
 caller's transaction and plain values, except a read of one task, which the backend runs in a
 read of its own (see :class:`Queries`); no aggregate reads a backend flag, appends a backend's
 SQL fragment or executes a statement itself.
