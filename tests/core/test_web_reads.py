@@ -46,6 +46,46 @@ def test_outcome_history_counts_jobs_per_bucket_and_outcome(ledger: Ledger, cloc
             ledger.outcome_history(**bad)  # type: ignore[arg-type]
 
 
+def _mixed(ledger: Ledger, clock: Clock) -> float:
+    """Jobs closed in and before the last hour (every outcome, attempts beside), running,
+    queued and owed work; the clock left at the end."""
+    now = clock.t + 10_000
+    for n, (state, code) in enumerate([("succeeded", "worker_completed"),
+                                       ("failed", "worker_failed"), ("timed_out", "owner_lost"),
+                                       ("timed_out", "restart_stale"),
+                                       ("timed_out", "time_limit_exceeded"),
+                                       ("cancelled", "revoked"), ("succeeded", "completed")]):
+        _close(ledger, clock, state, code, at=now - 400 * n - 1)
+        _close(ledger, clock, state, code, at=now - 3601 - 100 * n)  # before the hour
+    owed = ledger.create_task(name="app.owed")
+    ledger.start_task(owed.id, owner=False)
+    ledger.close_task(owed.id, "succeeded")  # its delivery still pending
+    for name in ("app.run", "app.other", None):
+        task = ledger.create_task(name=name)
+        ledger.start_task(task.id, owner=False)
+    ledger.create_task(name="app.queued")
+    clock.set(now)
+    return now
+
+
+@pytest.mark.parametrize(("window", "buckets"), [(3600.0, 4), (86400.0, 24), (60.0, 1)])
+def test_the_overview_reads_what_status_and_the_history_read(
+        ledger: Ledger, clock: Clock, window: float, buckets: int) -> None:
+    now = _mixed(ledger, clock)
+    report, history = ledger.overview(active_grace_seconds=30.0, window_seconds=window,
+                                      buckets=buckets)
+    assert report == ledger.status(active_grace_seconds=30.0)
+    assert history == ledger.outcome_history(window_seconds=window, buckets=buckets)
+    assert history.start == now - window
+    closed = sum(sum(per) for per in history.counts.values())
+    assert closed == {3600.0: 7, 86400.0: 15, 60.0: 1}[window]
+    assert report["tasks_by_kind"]["task"]["running"] == 3
+    for bad in ({"window_seconds": 0, "buckets": 4}, {"window_seconds": 60, "buckets": 501},
+                {"active_grace_seconds": -1}):
+        with pytest.raises(InvalidInput):
+            ledger.overview(**bad)  # type: ignore[arg-type]
+
+
 def test_listing_orders_and_cursors_page_through_everything(ledger: Ledger,
                                                             clock: Clock) -> None:
     made = []

@@ -32,6 +32,7 @@ from task_state_guard.store.queries import (
     STATUS_KEY,
     TOTALS,
     VERDICT_COUNTS,
+    CloseWindow,
     Dialect,
     FindQuery,
     GroupKey,
@@ -140,8 +141,8 @@ class PostgresQueries:
         self._passing = passing
 
     @staticmethod
-    def status_groups(conn: Conn, now: float, stale_before: float,
-                      bound: int) -> StatusGroups:
+    def status_groups(conn: Conn, now: float, stale_before: float, bound: int,
+                      closes: CloseWindow | None = None) -> StatusGroups:
         counts: Counter[GroupKey] = Counter()
         least: dict[str, Any] = dict.fromkeys(LEAST)
         past_deadline = stale = 0
@@ -154,7 +155,11 @@ class PostgresQueries:
                         least[what] = value
                 past_deadline += risk[3]
                 stale += risk[4]
-        return StatusGroups(counts, least, past_deadline, stale)
+        found = StatusGroups(counts, least, past_deadline, stale)
+        if closes is not None:  # the server groups each read apart: a second statement
+            found.closes = PostgresQueries.root_closes(conn, closes.start, closes.width,
+                                                       closes.end)
+        return found
 
     @staticmethod
     def root_closes(conn: Conn, start: float, width: float,

@@ -367,6 +367,14 @@ class Ledger:
         (``succeeded``, ``failed``, ``lost``, ``timed_out``, ``cancelled``); counts only."""
         return _history.outcome_history(self._db, window_seconds=window_seconds, buckets=buckets)
 
+    def overview(self, *, active_grace_seconds: float | None = None,
+                 window_seconds: float = 86400.0,
+                 buckets: int = 24) -> tuple[dict[str, Any], _history.OutcomeHistory]:
+        """:meth:`status` and :meth:`outcome_history` in one read of the ledger (one clock;
+        on SQLite, one pass over the tasks for both): what the web view's overview shows."""
+        return _status.collect_overview(self._db, active_grace_seconds=active_grace_seconds,
+                                        window_seconds=window_seconds, buckets=buckets)
+
     def prune(
         self, older_than_seconds: float, *, dry_run: bool = False,
         progress: _prune.ProgressCallback | None = None,

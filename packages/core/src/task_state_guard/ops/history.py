@@ -46,16 +46,28 @@ def outcome_of(status: Any, code: Any) -> str | None:
 def outcome_history(db: Database, *, window_seconds: float, buckets: int) -> OutcomeHistory:
     """Logical tasks closed in the last ``window_seconds``, in ``buckets`` equal buckets ending
     now (the ledger's clock)."""
+    window, width = checked_window(window_seconds, buckets)
+    with db.read() as conn:
+        now = db.now()
+        closes = db.queries.root_closes(conn, now - window, width, now)
+    return history_of(now - window, width, buckets, closes)
+
+
+def checked_window(window_seconds: float, buckets: int) -> tuple[float, float]:
+    """``(window, bucket width)`` in seconds; :class:`InvalidInput` for a bad value."""
     window = check_seconds(window_seconds, "window_seconds", allow_zero=False)
     if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= MAX_BUCKETS:
         raise InvalidInput("buckets is out of range")
-    width = window / buckets
+    return window, window / buckets
+
+
+def history_of(start: float, width: float, buckets: int,
+               closes: list[tuple[Any, Any, Any, int]]) -> OutcomeHistory:
+    """The history of ``closes``: ``(bucket, state, code, count)`` rows as
+    :meth:`~task_state_guard.store.queries.Queries.root_closes` gives them."""
     counts = {outcome: [0] * buckets for outcome in OUTCOMES}
-    with db.read() as conn:
-        now = db.now()
-        start = now - window
-        for index, status, code, count in db.queries.root_closes(conn, start, width, now):
-            _add(counts, index, status, code, int(count))
+    for index, status, code, count in closes:
+        _add(counts, index, status, code, int(count))
     return OutcomeHistory(start, width, counts)
 
 
@@ -67,4 +79,5 @@ def _add(counts: dict[str, list[int]], index: Any, status: Any, code: Any, count
     counts[outcome][slot] += count
 
 
-__all__ = ["OUTCOMES", "OutcomeHistory", "outcome_history", "outcome_of"]
+__all__ = ["OUTCOMES", "OutcomeHistory", "checked_window", "history_of", "outcome_history",
+           "outcome_of"]

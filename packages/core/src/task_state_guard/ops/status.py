@@ -18,7 +18,9 @@ from ..model import (
     task_kind,
 )
 from ..store import queries
-from . import verdicts
+from ..store.queries import CloseWindow, StatusGroups
+from . import history, verdicts
+from .history import OutcomeHistory
 
 if TYPE_CHECKING:
     from ..store.protocol import Database
@@ -38,8 +40,29 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
     internal deliveries apart; monotonic outcome totals; oldest active ages; at-risk running
     tasks; lost-job verdicts by state and framework (pending: not yet published by an adapter
     of that framework) and the age of the oldest pending one."""
-    grace = DEFAULT_ACTIVE_GRACE if active_grace_seconds is None else check_seconds(
+    return _collect(db, _grace(active_grace_seconds), None)[0]
+
+
+def collect_overview(db: Database, *, active_grace_seconds: float | None = None,
+                     window_seconds: float, buckets: int) -> tuple[dict[str, Any], OutcomeHistory]:
+    """:func:`collect_status` and the outcome history of the last ``window_seconds``
+    (:func:`~task_state_guard.ops.history.outcome_history`), read together: one read, one
+    clock, and on SQLite one pass over the tasks for both."""
+    grace = _grace(active_grace_seconds)
+    window, width = history.checked_window(window_seconds, buckets)
+    report, found, now = _collect(db, grace, (window, width))
+    return report, history.history_of(now - window, width, buckets, found.closes)
+
+
+def _grace(active_grace_seconds: float | None) -> float:
+    return DEFAULT_ACTIVE_GRACE if active_grace_seconds is None else check_seconds(
         active_grace_seconds, "active_grace_seconds", allow_zero=True)
+
+
+def _collect(db: Database, grace: float,
+             window: tuple[float, float] | None) -> tuple[dict[str, Any], StatusGroups, float]:
+    """The status report, the groups read for it and the clock it was read at (``window``:
+    the history's ``(window, bucket width)``, read beside)."""
     by_status = dict.fromkeys(_TASK_ORDER, 0)
     by_delivery = dict.fromkeys(_DELIVERY_ORDER, 0)
     by_kind = {kind: dict.fromkeys(_TASK_ORDER, 0) for kind in KINDS}
@@ -48,7 +71,8 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
     awaiting = dict.fromkeys(OBLIGATIONS, 0)  # terminal, delivery still pending
     with db.read() as conn:
         now = db.now()
-        found = db.queries.status_groups(conn, now, now - grace, _MAX_GROUPS)
+        closes = None if window is None else CloseWindow(now - window[0], window[1], now)
+        found = db.queries.status_groups(conn, now, now - grace, _MAX_GROUPS, closes)
         oldest = {what: _age(now, value) for what, value in found.least.items()}
         past_deadline, stale = found.past_deadline, found.stale
         for (status, delivery, name, root, owed), count in found.counts.items():
@@ -90,7 +114,7 @@ def collect_status(db: Database, *, active_grace_seconds: float | None = None) -
         "active_grace_seconds": grace,
         "verdicts": owed,
         "oldest_pending_verdict_age_seconds": oldest_owed,
-    }
+    }, found, now
 
 
 def _age(now: float, value: Any) -> float | None:

@@ -1,9 +1,11 @@
 """SQLite's answers to the aggregates' reads and passes' writes (``queries``), in SQLite's SQL.
 
-In-process statements cost no round trip: status streams the rows and counts them in Python
-(SQLite's GROUP BY would sort every row, spilling on large ledgers) and reads each at-risk
-figure through the open-work index; the history streams the few recent closes; a pass's writes
-run one statement per row, the schema's triggers writing their events and totals. A write
+In-process statements cost no round trip: status has SQLite count the groups one seq range
+at a time (a whole-table GROUP BY would sort every row, spilling on large ledgers; a small
+range's sort stays in cache), the overview's chart buckets counted as one more key of the same
+statement, and reads the at-risk figures in one walk of the open-work index; the history alone
+streams the window's closes; a pass's writes run one statement per row, the schema's
+triggers writing their events and totals. A write
 transaction holds the whole database, so a pass's rows need no lock of their own. The
 statements both backends run come from ``store.queries.statements`` in SQLite's placeholders;
 a list of values goes as one named parameter each (the callers bound their length).
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ..model import TASK_CODES
 from ..rules import DELIVERY_ORDER, TASK_ORDER
 from ..store.queries import (
     AT_RISK,
@@ -27,9 +30,11 @@ from ..store.queries import (
     OPEN_BATCH,
     OPEN_RUNNING_OWNERS,
     OPEN_WORK,
+    ROOT_CLOSED_IN,
     ROOT_CLOSES,
     TOTALS,
     VERDICT_COUNTS,
+    CloseWindow,
     Dialect,
     FindQuery,
     GroupKey,
@@ -62,11 +67,29 @@ def _code(column: str, values: tuple[str, ...]) -> str:
 # STATUS_KEY with its four small columns packed in one integer (small integers cost Python no
 # object a row, strings do): state, delivery state, is a root, owes its delivery.
 _DELIVERY_SPAN = 2 * 2 * (len(DELIVERY_ORDER) + 1)
-_GROUP_ROWS = (
+_GROUP_SELECT = (
     f"SELECT name, {_code('status', TASK_ORDER)} * {_DELIVERY_SPAN} + "
     f"{_code('delivery_status', DELIVERY_ORDER)} * 4 + (parent_id IS NULL) * 2 + "
-    "(delivery_required IS 1) FROM tsg_tasks"
+    "(delivery_required IS 1)"
 )
+# One range of seq counted per group by SQLite: a range's sort is small and stays in cache,
+# and Python sees one row a group and range, not one a task (a whole-table GROUP BY would
+# sort every row at once). Ranges advance by seq (the table's own order), their width adapting
+# to how densely the range before was filled.
+_RANGE = "WHERE seq >= {low} AND seq < {high}"
+_GROUP_ROWS = render(f"{_GROUP_SELECT}, NULL, count(*) FROM tsg_tasks {_RANGE} GROUP BY 1, 2",
+                     mark, "low", "high")
+# The same groups with a third key, for a root closed in the history's window: its bucket and
+# its close's code packed in one integer (NULL for every other row).
+_CLOSE_CODES = tuple(sorted(set().union(*TASK_CODES.values())))
+_CODE_SPAN = len(_CLOSE_CODES) + 1
+_GROUP_ROWS_CLOSES = render(
+    f"{_GROUP_SELECT}, CASE WHEN {ROOT_CLOSED_IN} THEN CAST((ended_at - {{start}}) / {{width}} "
+    f"AS INTEGER) * {_CODE_SPAN} + {_code('terminal_code', _CLOSE_CODES)} END, count(*) "
+    f"FROM tsg_tasks {_RANGE} GROUP BY 1, 2, 3",
+    mark, "start", "end", "width", "low", "high")
+_SEQ_SPAN = "SELECT min(seq), max(seq) FROM tsg_tasks"
+_RANGE_ROWS = 8192  # the rows a range aims at
 # Every at-risk figure in one pass over the open work (one statement, not one each).
 _AT_RISK = render(
     "SELECT " + ", ".join(
@@ -102,6 +125,34 @@ def _list(sql: str, params: dict[str, Any], name: str, values: list[Any]) -> str
     return sql.format(**{name: ",".join(mark(key) for key in keys)})
 
 
+def _count_groups(conn: sqlite3.Connection, sql: str, params: dict[str, Any],
+                  bound: int) -> Counter[tuple[Any, int, Any]]:
+    """The counts of ``sql``'s groups (a name, a packed group, a packed close) over every
+    range of seq. Past ``bound`` (name, group) pairs, a new one has its name folded (as
+    :func:`add_group` does), so the first ``bound`` groups met keep theirs."""
+    packed: Counter[tuple[Any, int, Any]] = Counter()
+    groups: set[tuple[Any, int]] = set()
+    low, last = conn.execute(_SEQ_SPAN).fetchone()
+    width = _RANGE_ROWS
+    while low is not None and low <= last:
+        found = 0
+        for name, code, close, count in conn.execute(sql, {**params, "low": low,
+                                                           "high": low + width}):
+            found += count
+            label = name
+            if (name, code) not in groups and len(groups) >= bound:
+                label = None if name is None else INVALID_LABEL
+            else:
+                groups.add((name, code))
+            packed[(label, code, close)] += count
+        low += width
+        if found < _RANGE_ROWS // 2:  # sparse (pruned) seq: wider ranges
+            width = min(width * 2, 1 << 40)
+        elif found > _RANGE_ROWS * 2:
+            width = max(width // 2, 1)
+    return packed
+
+
 def _known(values: tuple[str, ...], index: int) -> str | None:
     """The value at ``index`` of a packed code; None for a value no state has."""
     return values[index] if index < len(values) else None
@@ -115,29 +166,29 @@ class SQLiteQueries:
         self._read = read
 
     @staticmethod
-    def status_groups(conn: sqlite3.Connection, now: float, stale_before: float,
-                      bound: int) -> StatusGroups:
-        packed: Counter[tuple[Any, int]] = Counter()
-        cursor = conn.execute(_GROUP_ROWS)
-        while rows := cursor.fetchmany(4096):
-            if len(packed) < bound:
-                packed.update(rows)
-                continue
-            for name, code in rows:  # past the bound a new name folds (as add_group does)
-                seen: tuple[Any, int] = (name, code)
-                packed[seen if seen in packed else (
-                    None if name is None else INVALID_LABEL, code)] += 1
+    def status_groups(conn: sqlite3.Connection, now: float, stale_before: float, bound: int,
+                      closes: CloseWindow | None = None) -> StatusGroups:
+        params: dict[str, Any] = {}
+        if closes is not None:
+            params = {"start": closes.start, "width": closes.width, "end": closes.end}
+        packed = _count_groups(conn, _GROUP_ROWS if closes is None else _GROUP_ROWS_CLOSES,
+                               params, bound)
         counts: Counter[GroupKey] = Counter()
-        for (name, code), count in packed.items():
+        closed: Counter[tuple[Any, Any, Any]] = Counter()
+        for (name, code, close), count in packed.items():
             state, rest = divmod(code, _DELIVERY_SPAN)
             delivery, root_owed = divmod(rest, 4)
-            key = (_known(TASK_ORDER, state), _known(DELIVERY_ORDER, delivery), name,
-                   root_owed >> 1, root_owed & 1)
+            status = _known(TASK_ORDER, state)
+            key = (status, _known(DELIVERY_ORDER, delivery), name, root_owed >> 1, root_owed & 1)
             add_group(counts, key, count, bound)
+            if close is not None:
+                bucket, ended_code = divmod(close, _CODE_SPAN)
+                closed[(bucket, status, _known(_CLOSE_CODES, ended_code))] += count
         params = {"now": now, "stale_before": stale_before}
         found = dict(zip(AT_RISK, conn.execute(_AT_RISK, params).fetchone(), strict=True))
         least = {name: found[name] for name in LEAST}
-        return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]))
+        return StatusGroups(counts, least, int(found["past_deadline"]), int(found["stale"]),
+                            [(*key, count) for key, count in closed.items()])
 
     @staticmethod
     def root_closes(conn: sqlite3.Connection, start: float, width: float,

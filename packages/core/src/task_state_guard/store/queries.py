@@ -3,10 +3,10 @@
 The aggregates (status, history, reconcile, prune, the verdict outbox, the operator's reads)
 state *what* they need once, here and in :mod:`task_state_guard.rules`, and run one algorithm;
 a backend's :class:`Queries` object (``Database.queries``) decides *how* its database answers,
-in its own SQL and placeholders (nothing rewrites another dialect's text): SQLite streams rows
-and counts them in Python (its GROUP BY would sort every row) and reads the at-risk figures
-through the open-work index; PostgreSQL groups on the server, holds the rows a pass reads, and
-writes a pass's closes as set-based statements. Every method takes the connection of the
+in its own SQL and placeholders (nothing rewrites another dialect's text): SQLite counts groups
+one seq range at a time (a whole-table GROUP BY would sort every row), reads the at-risk
+figures through the open-work index; PostgreSQL groups on the server, holds the rows a pass
+reads, and writes a pass's closes as set-based statements. Every method takes the connection of the
 caller's transaction and plain values, except a read of one task, which the backend runs in a
 read of its own (see :class:`Queries`); no aggregate reads a backend flag, appends a backend's
 SQL fragment or executes a statement itself.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import rules
@@ -41,11 +41,13 @@ AT_RISK: dict[str, tuple[str, str, str]] = {
 }
 #: The :data:`AT_RISK` figures that are the oldest time of a kind of open work.
 LEAST = tuple(name for name, (agg, _column, _cond) in AT_RISK.items() if agg == "min")
-#: The root closes in a time window (``{start}``, ``{end}``), for the history.
-ROOT_CLOSES = (
-    "FROM tsg_tasks WHERE parent_id IS NULL AND ended_at >= {start} AND ended_at < {end} "
+#: A root that closed in a time window (``{start}``, ``{end}``), for the history.
+ROOT_CLOSED_IN = (
+    "ended_at >= {start} AND ended_at < {end} AND parent_id IS NULL "
     f"AND status IN {rules.TERMINAL_SQL}"
 )
+#: The root closes in a time window, for the history.
+ROOT_CLOSES = f"FROM tsg_tasks WHERE {ROOT_CLOSED_IN}"
 #: Open work, newest first, in batches (``{before}``: the last seq seen; ``{limit}``): what a
 #: reconcile pass reads (children before their parents, so a parent sees this pass's
 #: decisions about its children).
@@ -173,15 +175,27 @@ PRUNABLE = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class CloseWindow:
+    """The history's window read beside the status counts: ``[start, end)`` in buckets of
+    ``width`` seconds."""
+
+    start: float
+    width: float
+    end: float
+
+
 @dataclass(slots=True)
 class StatusGroups:
     """What status counts in one read: task counts per :data:`STATUS_KEY` group, and the
-    :data:`AT_RISK` figures (``least``: the oldest queued, running and owed times)."""
+    :data:`AT_RISK` figures (``least``: the oldest queued, running and owed times); given a
+    :class:`CloseWindow`, its root closes as :meth:`Queries.root_closes` gives them."""
 
     counts: Counter[GroupKey]
     least: dict[str, Any]
     past_deadline: int
     stale: int
+    closes: list[tuple[Any, Any, Any, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,10 +425,11 @@ class Queries(Protocol):
     write a batch); the verdict outbox's claim, publish and release.
     """
 
-    def status_groups(self, conn: Any, now: float, stale_before: float,
-                      bound: int) -> StatusGroups:
-        """Count the tasks per group (folding names past ``bound`` groups) and the figures of
-        open work at risk (``stale_before``: the clock minus the active grace)."""
+    def status_groups(self, conn: Any, now: float, stale_before: float, bound: int,
+                      closes: CloseWindow | None = None) -> StatusGroups:
+        """Count the tasks per group (the first ``bound`` groups met keep their names, later
+        ones fold) and the figures of open work at risk (``stale_before``: the clock minus the
+        active grace); with ``closes``, also that window's root closes (in the same read)."""
         ...
 
     def root_closes(self, conn: Any, start: float, width: float,
@@ -557,11 +572,13 @@ __all__ = [
     "OPEN_WORK",
     "OWED_VERDICTS",
     "PRUNABLE",
+    "ROOT_CLOSED_IN",
     "ROOT_CLOSES",
     "STATUS_KEY",
     "TOTALS",
     "VERDICT_COLUMNS",
     "VERDICT_COUNTS",
+    "CloseWindow",
     "Dialect",
     "FindQuery",
     "GroupKey",

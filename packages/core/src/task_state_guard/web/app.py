@@ -299,8 +299,8 @@ class WebApp:
             raise BadInput("The chart window must be one of 1h, 6h, 24h or 7d.")
         seconds, buckets = pages.WINDOWS[window]
         with self._ledger(aggregate=True) as ledger:
-            report = ledger.status(active_grace_seconds=self.settings.grace)
-            history = ledger.outcome_history(window_seconds=seconds, buckets=buckets)
+            report, history = ledger.overview(active_grace_seconds=self.settings.grace,
+                                              window_seconds=seconds, buckets=buckets)
         now = history.start + seconds
         body = pages.overview(view, report, history, window, now)
         return Response(200, body, HTML)
