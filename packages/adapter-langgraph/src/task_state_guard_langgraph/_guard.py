@@ -25,7 +25,7 @@ from task_state_guard.integration import (
 
 from ._batch import BatchMixin
 from ._edits import EditsMixin
-from ._ids import INVOCATIONS, logical_task_id
+from ._ids import INVOCATIONS, logical_task_id, stored_thread
 from ._invocation import Invocation, finish_unstarted, with_handler
 from ._lineage import METADATA_KEY
 from ._recorder import Lane, Recorder
@@ -224,6 +224,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
             name=self._name,
             claim_errors=not claim,
             framework_id=inv,
+            thread_id=stored_thread(config),
         )
         if not opened and claim:
             return None

@@ -1,9 +1,10 @@
 """The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
 
 A translation, no choreography of its own: an invocation starts with the runtime's
-``begin_task`` (created and started in one write), each node attempt begins with the core's
-shared child attempt (``integration.child_attempts.begin_child``) under the invocation, or
-under the node attempt that runs its subgraph, and the invocation ends with ``end_tasks``.
+``begin_task`` (created and started in one write, with its thread id), each node attempt
+begins with the core's shared child attempt (``integration.child_attempts.begin_child``)
+under the invocation, or under the node attempt that runs its subgraph, and the invocation
+ends with ``end_tasks``.
 
 Transitions share one ledger write per node boundary: the close of a node attempt that just
 ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed together
@@ -167,13 +168,15 @@ class Recorder:
         claim_errors: bool = True,
         closings: Sequence[Closing] = (),
         framework_id: str | None = None,
+        thread_id: str | None = None,
     ) -> bool:
         """Start ``task_id`` and hold it (heartbeats) until it is closed; True when this call
         started it.
 
         ``delivery_required``: an invocation (a job of its own, under ``parent_id`` when it
         continues another run), created and started in one write; ``framework_id`` (the
-        invocation id) is stored only when it is a canonical UUID. Otherwise a node attempt,
+        invocation id) is stored only when it is a canonical UUID, ``thread_id`` (the
+        LangGraph thread) as given. Otherwise a node attempt,
         begun under ``parent_id`` (the invocation, or the node attempt running its subgraph)
         with the core's shared child attempt (``integration.child_attempts.begin_child``):
         ``closings``, the attempts that ended since the last write (see :meth:`close_many`),
@@ -192,7 +195,10 @@ class Recorder:
         label = name_label(name)
         try:
             if delivery_required:
-                self._begin_invocation(task_id, parent_id, label, framework_id)
+                self.rt.begin_task(task_id, parent_id=parent_id, name=label,
+                                   framework_id=framework_id, thread_id=thread_id,
+                                   owner=self.owner)
+                self.rt.hold(task_id)
             else:
                 assert parent_id is not None  # checked above
                 begin_child(
@@ -206,19 +212,6 @@ class Recorder:
             self.rt.policy.error("open", exc)
             return False
         return True
-
-    def _begin_invocation(
-        self, task_id: str, parent_id: str | None, name: str | None, framework_id: str | None
-    ) -> None:
-        if self.owner:
-            # Created and started in one write (one statement on PostgreSQL).
-            self.rt.begin_task(task_id, parent_id=parent_id, name=name, framework_id=framework_id)
-        else:
-            self.rt.start_task(
-                task_id, parent_id=parent_id, delivery_required=True, name=name, owner=False,
-                framework_id=framework_id,
-            )
-        self.rt.hold(task_id)
 
     def close(self, task_id: str, status: str, code: str | None, *, internal: bool) -> None:
         """Close one task (see :meth:`close_many`)."""
