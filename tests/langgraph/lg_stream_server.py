@@ -3,13 +3,15 @@
 ``TSG_DB`` is the ledger, ``CHECKPOINTS`` the checkpointer (a SQLite file or a
 ``postgresql://`` URL), ``MARKER`` the file the ``slow`` node writes before it waits.
 ``GET /stream/{thread}`` streams the run's updates, one JSON line each (invocation id
-``stream-<thread>``).
+``stream-<thread>``); ``GET /run/{thread}`` answers the run's output (``ainvoke``, invocation
+id ``run-<thread>``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +24,9 @@ from starlette.routing import Route
 from task_state_guard_langgraph import GuardedGraph, guard
 
 state: dict[str, GuardedGraph] = {}
+# Warnings and errors of the guard (and of any logger but uvicorn's own) are printed with their
+# logger's name, so that a test can tell them apart.
+logging.basicConfig(format="%(name)s %(levelname)s %(message)s", level=logging.WARNING)
 
 
 async def stream(request: Request) -> StreamingResponse:
@@ -35,6 +40,15 @@ async def stream(request: Request) -> StreamingResponse:
             yield json.dumps(update, default=str) + "\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def run(request: Request) -> JSONResponse:
+    thread = request.path_params["thread"]
+    out = await state["graph"].ainvoke(
+        {"log": []}, {"configurable": {"thread_id": thread}}, invocation_id=f"run-{thread}",
+        durability="sync",
+    )
+    return JSONResponse(out)
 
 
 async def stats(request: Request) -> JSONResponse:
@@ -54,5 +68,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
 
 app = Starlette(
-    routes=[Route("/stream/{thread}", stream), Route("/stats", stats)], lifespan=lifespan
+    routes=[Route("/stream/{thread}", stream), Route("/run/{thread}", run),
+            Route("/stats", stats)],
+    lifespan=lifespan,
 )

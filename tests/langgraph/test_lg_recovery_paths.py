@@ -128,6 +128,30 @@ def test_a_recovery_run_lost_during_a_pass_is_reported_with_its_thread_and_resum
             sigkill(recovering_child)
 
 
+def test_a_recovery_that_delivers_settles_the_deliveries_it_owed(stores: Stores) -> None:
+    """Lost run -> dead recovery -> recovery that delivers its answer: the two runs it
+    recovered are marked delivered with it, so no delivery of theirs fails after the grace."""
+    kill_in_slow(stores, "t-owed", "owed-1")
+    first = recovery_invocation_id("owed-1")
+    kill_in_slow(stores, "t-owed", "unused", "recover", running=first)
+    second = recovery_invocation_id(first)
+    lost: list[LostTask] = []
+    with recovering(stores, lost) as app:
+        app.on_recovered = lambda r: app.mark_delivered(r.invocation_id)
+        report = app.recover(durability="sync")
+        assert report.resumed == ["t-owed"] and report[0].invocation_id == second
+        runs = [app.ledger.get_task(logical_task_id(i)) for i in ("owed-1", first, second)]
+        assert [(str(t.status), str(t.delivery_status), t.delivery_code) for t in runs] == [
+            ("timed_out", "delivered", "transport_acknowledged"),
+            ("timed_out", "delivered", "transport_acknowledged"),
+            ("succeeded", "delivered", "transport_acknowledged"),
+        ]
+        # Past the delivery grace: no delivery left to fail, one lost-run signal in all.
+        assert app.ledger.reconcile(delivery_grace_seconds=0)["deliveries_failed"] == 0
+        assert len(lost) == 1 and app.stats()["errors"] == {}
+        assert_healthy(app.ledger)
+
+
 @pytest.mark.parametrize("mode", ["edit", "raw-edit"])
 def test_a_crash_after_update_state_is_resumed_with_its_lineage(
     stores: Stores, mode: str

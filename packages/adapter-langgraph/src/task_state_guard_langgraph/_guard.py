@@ -14,7 +14,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.errors import GraphDrained
 from langgraph.types import Command
-from task_state_guard import Ledger
+from task_state_guard import Ledger, Task
 from task_state_guard.integration import (
     AdapterRuntime,
     AdapterSurface,
@@ -22,8 +22,10 @@ from task_state_guard.integration import (
     SettingArgs,
     resolve_settings,
 )
+from task_state_guard.integration import codes as c
 
 from ._batch import BatchMixin
+from ._delivery import settle_recovered
 from ._edits import EditsMixin
 from ._ids import INVOCATIONS, logical_task_id, stored_thread
 from ._invocation import Invocation, finish_unstarted, with_handler
@@ -41,6 +43,8 @@ from .callbacks import (
 
 #: The framework label of this adapter's invocations (their lost verdicts are owed to it).
 FRAMEWORK = "langgraph"
+#: How long :meth:`GuardedGraph.aclose` lets cancelled callers close their own runs.
+CLOSE_GRACE = 1.0
 
 __all__ = [
     "METADATA_KEY",
@@ -136,6 +140,26 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         static method, so ``GuardedGraph.logical_task_id(...)`` works without an instance."""
         return logical_task_id(invocation_id)
 
+    def mark_delivered(self, framework_id: str) -> Task | None:
+        """The core's ``mark_delivered`` (see :class:`AdapterSurface`); for a recovery run,
+        also the pending deliveries of the runs it recovers (the lost run, a dead recovery
+        before it): its answer is theirs."""
+        task = super().mark_delivered(framework_id)
+        self._settle_recovered(framework_id, (c.DELIVERED, c.TRANSPORT_ACKNOWLEDGED))
+        return task
+
+    def mark_delivery_failed(self, framework_id: str) -> Task | None:
+        """The core's ``mark_delivery_failed``; for a recovery run, the runs it recovers too
+        (see :meth:`mark_delivered`)."""
+        task = super().mark_delivery_failed(framework_id)
+        self._settle_recovered(framework_id, (c.DELIVERY_FAILED, c.TRANSPORT_FAILED))
+        return task
+
+    def _settle_recovered(self, framework_id: str, outcome: c.Outcome) -> None:
+        rt = self._rec.rt
+        own = self.logical_task_id(framework_id)
+        rt.policy.call("settle_recovered", lambda: settle_recovered(rt, own, outcome))
+
     @property
     def last_invocation_id(self) -> str | None:
         """Invocation id of the last invocation started by the calling thread."""
@@ -158,9 +182,29 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     async def aclose(self, timeout: float = STOP_SECONDS) -> None:
         """:meth:`close` for async apps: waits (up to ``timeout``) for background recovery's
         resumed runs to drain at their next step boundary, then cancels the rest (closed
-        ``cancelled/interrupted``: resumed again at the next start), never blocking the loop."""
+        ``cancelled/interrupted``: resumed again at the next start), never blocking the loop.
+
+        Runs whose callers were cancelled (a server's graceful-shutdown timeout cancels its
+        requests, then shuts the application down) are closed ``cancelled/caller_cancelled``
+        before the writer threads stop: each run still open after :data:`CLOSE_GRACE` seconds
+        is closed so here (its caller is gone with the server)."""
         await self.astop_recovery(timeout)
+        await self._close_open_runs(min(CLOSE_GRACE, timeout))
         await asyncio.to_thread(self._rec.shutdown)
+
+    async def _close_open_runs(self, grace: float) -> None:
+        """Let the cancelled callers close their runs (a few loop turns), then close the rest
+        in their lanes and wait for those writes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._rec.open_runs() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        closes = []
+        for run in self._rec.open_runs():
+            lane = run.lane if run.lane is not None else self._rec.lane()
+            closes.append(asyncio.wrap_future(lane.submit(run.finish, asyncio.CancelledError())))
+        if closes:
+            await asyncio.gather(*closes, return_exceptions=True)
 
     uninstall = close
 
@@ -246,6 +290,8 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         """:meth:`_end` with the closing write in the invocation's lane (it completes even when
         the caller is cancelled meanwhile)."""
         lane = run.lane if run.lane is not None else self._rec.lane()
+        # Submitted before any await: the close is written however often the caller is
+        # cancelled while it waits (an anyio cancel scope cancels every await in it again).
         future = lane.submit(run.finish, exc, output)
         outcome = await asyncio.shield(asyncio.wrap_future(future))
         self._finished(run, exc, outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -44,12 +45,21 @@ class Invocation:
         self.recovery = recovery
         self._rec = recorder
         self._done = False
+        self._closing = threading.Lock()  # one close, whichever thread comes first
+        if task_id is not None:
+            recorder.opened(self)
+
+    @property
+    def done(self) -> bool:
+        """Whether the run was closed (or its close is being written)."""
+        return self._done
 
     def finish(self, exc: BaseException | None, output: Any = None) -> str:
         """Close leftover attempts and the invocation; returns the outcome label."""
-        if self._done:
-            return "done"
-        self._done = True
+        with self._closing:
+            if self._done:
+                return "done"
+            self._done = True
         if exc is None:
             status, code = c.SUCCEEDED, c.COMPLETED
             if self.handler is not None:
@@ -75,7 +85,10 @@ class Invocation:
         if self.task_id is not None:
             closings.append((self.task_id, status, code, False))
         # Leftover attempts and the invocation close at the same moment: one transaction.
-        self._rec.close_many(closings)
+        try:
+            self._rec.close_many(closings)
+        finally:
+            self._rec.closed(self)
         return outcome
 
 

@@ -103,6 +103,25 @@ class Recorder:
         self._writer: ThreadPoolExecutor | None = None
         self._writer_pid = 0
         self._writer_lock = threading.Lock()
+        #: Runs recorded as started and not closed yet (see :meth:`open_runs`).
+        self._open: set[Any] = set()
+        self._open_lock = threading.Lock()
+
+    # -- the runs this process holds open ----------------------------------------------------
+
+    def opened(self, run: Any) -> None:
+        """``run`` was recorded as started: it is open until :meth:`closed`."""
+        with self._open_lock:
+            self._open.add(run)
+
+    def closed(self, run: Any) -> None:
+        with self._open_lock:
+            self._open.discard(run)
+
+    def open_runs(self) -> list[Any]:
+        """The runs recorded as started by this process and not closed yet."""
+        with self._open_lock:
+            return list(self._open)
 
     # -- the writer threads of async runs ---------------------------------------------------
 
