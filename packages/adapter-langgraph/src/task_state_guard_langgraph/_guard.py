@@ -13,6 +13,7 @@ from typing import Any, Unpack, cast
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.errors import GraphDrained
+from langgraph.runtime import RunControl
 from langgraph.types import Command
 from task_state_guard import Ledger, Task
 from task_state_guard.integration import (
@@ -192,6 +193,20 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         await self._close_open_runs(min(CLOSE_GRACE, timeout))
         await asyncio.to_thread(self._rec.shutdown)
 
+    def request_drain(self, reason: str = "shutdown") -> int:
+        """Ask every run of this process to stop at its next step boundary (LangGraph's
+        ``RunControl.request_drain``): each raises ``GraphDrained`` to its caller, closes
+        ``cancelled/interrupted`` and the next recovery resumes it (its result goes to
+        ``on_recovered``). Safe from any thread and from a signal handler; returns how many
+        runs were asked. Runs started afterwards are not affected. Under a server, call it
+        when the shutdown signal arrives: :func:`drain_on_signals`."""
+        asked = 0
+        for run in self._rec.open_runs():
+            if run.control is not None and not run.drain_requested:
+                run.control.request_drain(reason)
+                asked += 1
+        return asked
+
     async def _close_open_runs(self, grace: float) -> None:
         """Let the cancelled callers close their runs (a few loop turns), then close the rest
         in their lanes and wait for those writes."""
@@ -341,7 +356,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         config = self._merged(config)
         run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
         try:
-            out = self._graph.invoke(input, run.config, **kwargs)
+            out = self._graph.invoke(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
             self._end(run, exc)
             raise
@@ -361,7 +376,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
-            out = await self._graph.ainvoke(input, run.config, **kwargs)
+            out = await self._graph.ainvoke(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
             await self._aend(run, exc)
             raise
@@ -384,7 +399,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         config = self._merged(config)
         run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
         try:
-            yield from self._graph.stream(input, run.config, **kwargs)
+            yield from self._graph.stream(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
             self._end(run, exc)
             raise
@@ -403,7 +418,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
-            async for chunk in self._graph.astream(input, run.config, **kwargs):
+            async for chunk in self._graph.astream(input, run.config, **_controlled(run, kwargs)):
                 yield chunk
         except BaseException as exc:
             await self._aend(run, exc)
@@ -483,3 +498,14 @@ def guard(
     runtime.boot("reconcile")
     runtime.start_periodic_reconcile("periodic_reconcile")
     return app
+
+
+def _controlled(run: Invocation, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the run's ``RunControl`` (the caller's, else one of its own), so that
+    :meth:`GuardedGraph.request_drain` can drain it."""
+    control = kwargs.get("control")
+    if control is None:
+        control = RunControl()
+        kwargs = {**kwargs, "control": control}
+    run.control = control
+    return kwargs

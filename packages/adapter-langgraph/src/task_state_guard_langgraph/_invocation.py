@@ -23,7 +23,8 @@ class Invocation:
     ``lane``: where the ledger writes of an async run go, in order (see :class:`Lane`).
     ``recovery``: a run started by recovery; it has no caller, so a cancellation is the
     process stopping it: it closes ``cancelled/interrupted`` like a drained run and the next
-    recovery resumes the thread again.
+    recovery resumes the thread again. So does a run asked to drain (``control``) that its
+    server cancels before it reached a step boundary.
     """
 
     def __init__(
@@ -44,10 +45,17 @@ class Invocation:
         self.lane = lane
         self.recovery = recovery
         self._rec = recorder
+        #: The run's ``RunControl`` (its drain), when it has one.
+        self.control: Any = None
         self._done = False
         self._closing = threading.Lock()  # one close, whichever thread comes first
         if task_id is not None:
             recorder.opened(self)
+
+    @property
+    def drain_requested(self) -> bool:
+        """Whether the run was asked to drain (its process is stopping)."""
+        return bool(getattr(self.control, "drain_requested", False))
 
     @property
     def done(self) -> bool:
@@ -75,8 +83,10 @@ class Invocation:
             status, code = classify_error(exc)
             if status == c.SUCCEEDED:  # a stray ParentCommand at the top is a failure
                 status, code = c.FAILED, c.WORKER_FAILED
-            elif code == c.CALLER_CANCELLED and self.recovery:
-                code = c.INTERRUPTED  # stopped with its process: resumable, like a drain
+            elif code == c.CALLER_CANCELLED and (self.recovery or self.drain_requested):
+                # Stopped with its process (a recovery run, or a run asked to drain that the
+                # server then cancelled): resumable, like a drain.
+                code = c.INTERRUPTED
             outcome = status
             leftover = (c.CANCELLED, c.CALLER_CANCELLED if status == c.CANCELLED else None)
         closings: list[Closing] = []

@@ -332,6 +332,7 @@ class RecoveryMixin:
 
     def _resume(self, claim: _Claim, kwargs: dict[str, Any]) -> Recovery:
         run_kwargs, control = self._control(kwargs)
+        claim.run.control = run_kwargs["control"]
         try:
             try:
                 out = self._graph.invoke(None, claim.run.config, **run_kwargs)
@@ -349,6 +350,7 @@ class RecoveryMixin:
 
     async def _aresume(self, claim: _Claim, kwargs: dict[str, Any]) -> Recovery:
         run_kwargs, control = self._control(kwargs)
+        claim.run.control = run_kwargs["control"]
         try:
             try:
                 out = await self._graph.ainvoke(None, claim.run.config, **run_kwargs)
