@@ -9,6 +9,11 @@ background, the threads those runs (or a drain) left unfinished: the server answ
 A resumed run's answer is owed to whoever asked the lost run: the service keeps it with the
 thread (``GET /threads/<id>`` shows it with the invocation to acknowledge) until the client
 acknowledges it (``POST /invocations/<id>/delivered``).
+
+On SIGTERM (``drain_on_signals``, installed in ``lifespan`` in front of uvicorn's own handler)
+every question in flight stops at its next step boundary and answers 503 with its thread: the
+next start resumes it, and its answer waits with the thread like any resumed run's. Run uvicorn
+with a ``--timeout-graceful-shutdown`` longer than your slowest node.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from graph import build
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.errors import GraphDrained
 from pydantic import BaseModel
 from task_state_guard import StateConflict, TaskNotFound
 from task_state_guard_langgraph import (
@@ -32,6 +38,7 @@ from task_state_guard_langgraph import (
     Recovery,
     RecoveryReport,
     RecoveryRunner,
+    drain_on_signals,
     guard,
 )
 
@@ -67,9 +74,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.graph = graph
         # Recovery runs beside serving (and again every TSG_RECONCILE_INTERVAL_SECONDS).
         app.state.recovery = graph.start_recovery()
+        # SIGTERM drains the questions in flight (uvicorn runs this shutdown only after them).
+        restore_signals = drain_on_signals(graph)
         try:
             yield
         finally:
+            restore_signals()
             # Resumed runs still going drain at their next step (the next start resumes them).
             await graph.aclose(timeout=20)
 
@@ -86,9 +96,13 @@ def _graph() -> GuardedGraph:
 async def ask(body: Question) -> dict[str, Any]:
     invocation_id = f"req-{uuid.uuid4().hex}"
     config = {"configurable": {"thread_id": body.thread_id}}
-    out = await _graph().ainvoke(
-        {"question": body.question}, config, invocation_id=invocation_id
-    )
+    try:
+        out = await _graph().ainvoke(
+            {"question": body.question}, config, invocation_id=invocation_id
+        )
+    except GraphDrained:
+        # The server is stopping: the next start resumes the thread; fetch its answer there.
+        raise HTTPException(status_code=503, detail={"thread_id": body.thread_id}) from None
     return {"invocation_id": invocation_id, "answer": out["answer"]}
 
 

@@ -239,10 +239,19 @@ def raw_execute(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> No
         conn.close()
 
 
+def as_v8(path: str) -> None:
+    """Turn a fresh (v9) SQLite ledger into the exact v8 layout: no thread column."""
+    raw_execute(path, "DROP INDEX tsg_tasks_thread",
+                "ALTER TABLE tsg_tasks DROP COLUMN thread_id",
+                "UPDATE tsg_meta SET value = '8' WHERE key = 'schema_version'")
+
+
 def as_v7(path: str) -> None:
-    """Turn a fresh (v8) SQLite ledger into the exact v7 layout: checks and trigger conditions
+    """Turn a fresh (v9) SQLite ledger into the exact v7 layout: checks and trigger conditions
     tested values against lists of constants."""
     from task_state_guard.sqlite import schema
+
+    as_v8(path)
 
     scratch = sqlite3.connect(":memory:")
     for statement in schema.DDL_V7:
@@ -274,7 +283,7 @@ def as_v7(path: str) -> None:
 
 
 def as_v6(path: str) -> None:
-    """Turn a fresh (v8) SQLite ledger into the exact v6 layout: an insert wrote only its
+    """Turn a fresh (v9) SQLite ledger into the exact v6 layout: an insert wrote only its
     created event (rows were inserted queued, then started)."""
     as_v7(path)
     raw_execute(path, "DROP TRIGGER tsg_event_started_inserted",
@@ -282,7 +291,7 @@ def as_v6(path: str) -> None:
 
 
 def as_v5(path: str) -> None:
-    """Turn a fresh (v8) SQLite ledger into the exact v5 layout: its close totals counted a
+    """Turn a fresh (v9) SQLite ledger into the exact v5 layout: its close totals counted a
     child as an attempt, whatever it owed."""
     from task_state_guard.sqlite import schema
 
@@ -292,7 +301,7 @@ def as_v5(path: str) -> None:
 
 
 def as_v4(path: str) -> None:
-    """Turn a fresh (v8) SQLite ledger into the exact v4 layout an earlier build wrote:
+    """Turn a fresh (v9) SQLite ledger into the exact v4 layout an earlier build wrote:
     without the verdict outbox and its two task columns."""
     as_v5(path)
     raw_execute(path, "DROP TRIGGER tsg_verdict_owed", "DROP TABLE tsg_verdicts",

@@ -44,7 +44,7 @@ def test_full_lifecycle_through_cli(db: str) -> None:
         assert init["storage"]["permission_model"] == "posix_mode"
         assert init["storage"]["journal_mode"] == "wal"
         assert init["storage"]["foreign_keys"] is True
-        expected_version = 8
+        expected_version = 9
     else:
         from task_state_guard_postgres import SCHEMA_VERSION as expected_version
     assert init["storage"]["busy_timeout_ms"] == 5000
@@ -118,7 +118,7 @@ def test_console_scripts_share_the_entry_point(tmp_path) -> None:
                               env=cli_env(), check=False, timeout=60)
         assert proc.returncode == 0 and proc.stderr == ""
         payload = assert_json_line(CliResult(proc.returncode, proc.stdout, proc.stderr))
-        assert payload["ok"] is True and payload["storage"]["schema_version"] == 8
+        assert payload["ok"] is True and payload["storage"]["schema_version"] == 9
 
 
 def test_help_and_version_exit_zero() -> None:

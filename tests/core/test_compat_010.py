@@ -175,13 +175,13 @@ def test_payload_fingerprint_of_text_and_bytes() -> None:
 
 
 def test_schema_version_constant(ledger: Ledger) -> None:
-    assert Ledger.SCHEMA_VERSION == 8
+    assert Ledger.SCHEMA_VERSION == 9
     if is_sqlite(str(ledger.path)):
-        assert ledger.SCHEMA_VERSION == 8
+        assert ledger.SCHEMA_VERSION == 9
     else:
         from task_state_guard_postgres import SCHEMA_VERSION as pg_version
 
-        assert ledger.SCHEMA_VERSION == pg_version == 7
+        assert ledger.SCHEMA_VERSION == pg_version == 8
     assert ledger.doctor()["schema_version"] == ledger.SCHEMA_VERSION
     assert ledger.storage_info()["schema_version"] == ledger.SCHEMA_VERSION
 

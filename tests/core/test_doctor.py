@@ -85,8 +85,8 @@ def test_healthy_doctor(db: str) -> None:
     assert report["ok"] is True and report["healthy"] is True
     assert report["task_count"] == 5
     assert report["event_count"] == 1 + 2 + 3 + 4 + 2
-    assert Ledger.SCHEMA_VERSION == 8  # each backend reports its own layout: PostgreSQL's is 7
-    assert report["schema_version"] == (8 if is_sqlite(db) else 7)
+    assert Ledger.SCHEMA_VERSION == 9  # each backend reports its own layout: PostgreSQL's is 8
+    assert report["schema_version"] == (9 if is_sqlite(db) else 8)
     assert report["schema_ok"] is True and report["quick_check"] == "ok"
     assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
     assert report["warnings"] == dict.fromkeys(WARNING_KEYS, 0)
@@ -168,7 +168,7 @@ TAMPERS: dict[str, Any] = {
     "schema_extra_index": ["CREATE INDEX sneaky ON tsg_tasks(terminal_code)"],
     "schema_extra_column": ["ALTER TABLE tsg_tasks ADD COLUMN prompt TEXT"],
     "schema_extra_table": ["CREATE TABLE tsg_notes(body TEXT)"],
-    "schema_meta_version": ["UPDATE tsg_meta SET value = '9' WHERE key = 'schema_version'"],
+    "schema_meta_version": ["UPDATE tsg_meta SET value = '10' WHERE key = 'schema_version'"],
     "schema_meta_extra_key": ["INSERT INTO tsg_meta(key, value) VALUES ('host', 'x')"],
     "event_deleted": [
         "DELETE FROM tsg_events WHERE kind = 'started' AND task_seq = "

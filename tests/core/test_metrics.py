@@ -216,13 +216,13 @@ def test_a_v3_ledger_reads_totals_read_only_and_migrates_with_them(db: str) -> N
     assert fam["tsg_outcomes_total"].value(
         kind="task", status="succeeded", code="worker_completed") == 2
     with Ledger(db) as led:  # a writable open migrates, seeding the totals
-        assert led.schema_version == 8
+        assert led.schema_version == 9
         assert led.status()["outcomes_total"] == expected
         assert led.doctor()["healthy"] is True
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("SELECT value FROM tsg_meta WHERE key = 'schema_version'"
-                            ).fetchone() == ("8",)
+                            ).fetchone() == ("9",)
     finally:
         conn.close()
 

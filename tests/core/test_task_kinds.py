@@ -57,7 +57,7 @@ def test_an_upgraded_ledger_keeps_its_counts_and_counts_on_by_the_rule(tmp_path)
         assert ro.schema_version == 5
         assert _closed(ro.status(), "attempt", "succeeded", "completed") == 1
     with Ledger(db) as ledger:  # the writable open migrates; a counter never goes down
-        assert ledger.schema_version == 8
+        assert ledger.schema_version == 9
         ledger.close_task(after.id, "succeeded", code="completed")
         status = ledger.status()
         assert _closed(status, "attempt", "succeeded", "completed") == 1  # counted before

@@ -381,7 +381,7 @@ def test_a_v4_ledger_migrates_to_the_outbox(db: str) -> None:
         assert ro.doctor()["healthy"] is True
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as ledger:
-        assert ledger.schema_version == 8
+        assert ledger.schema_version == 9
         rt = runtime(ledger)
         logical, _ = open_job(rt)
         clock.advance(GRACE + 1)

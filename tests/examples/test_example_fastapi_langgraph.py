@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -171,6 +172,46 @@ def test_killed_server_run_is_closed_and_its_thread_recovered(
         200, {"delivery": "delivered"})
     assert api.call("GET", "/threads/chat-7")[1]["owed"] is None
     assert tsg(ledgers.db, "doctor")["ok"] is True
+
+
+def test_sigterm_drains_a_question_in_flight_and_the_next_start_answers_it(
+    ledgers: Ledgers, tmp_path: Path, servers: list[Api]
+) -> None:
+    """The drain recipe: SIGTERM stops the question at its next step boundary (within the
+    graceful-shutdown timeout), it answers 503, and the next start resumes the thread."""
+    api = Api(ledgers, tmp_path / "drain.log", gather_seconds=2)
+    servers.append(api)
+    answers: list[Any] = []
+    asker = threading.Thread(target=lambda: answers.append(api.call(
+        "POST", "/questions", {"thread_id": "chat-d", "question": "SQLite?"}, 60)))
+    asker.start()
+    (invocation,) = wait(lambda: tsg(ledgers.db, "tasks", "--thread", "chat-d")["task_ids"],
+                         what="the question to run")
+    wait(lambda: [(c["name"], c["status"]) for c in tsg(
+        ledgers.db, "children", invocation, "--extras")["children"]]
+        == [("plan", "succeeded"), ("gather", "running")], what="gather to run")
+    os.killpg(api.service.proc.pid, signal.SIGTERM)  # as a container runtime stops it
+    asker.join(60)
+    assert answers == [(503, {"detail": {"thread_id": "chat-d"}})]
+    assert api.service.proc.wait(30) in (0, -signal.SIGTERM)
+    log = api.service.log()
+    assert "Cancel" not in log and "Traceback" not in log, log  # drained, nothing cancelled
+    drained = tsg(ledgers.db, "get", invocation)["task"]
+    assert (drained["status"], drained["terminal_code"]) == ("cancelled", "interrupted")
+
+    again = Api(ledgers, tmp_path / "again.log", gather_seconds=0)
+    servers.append(again)
+    recovery = wait(lambda: (lambda r: r if r["passes"] and r["resumed"] else None)(
+        again.call("GET", "/recovery")[1]), what="the drained thread to be resumed")
+    assert recovery["lost"] == [] and recovery["resumed"] == ["chat-d"]
+    (run,) = recovery["runs"]
+    assert run["outcome"] == "succeeded" and logical_task_id(run["recovers"]) == invocation
+    status, thread = again.call("GET", "/threads/chat-d")
+    assert status == 200 and thread["answer"].startswith("SQLite keeps")
+    assert thread["owed"] == run["invocation_id"]
+    # Both runs of the thread, found by its id: the drained one and the one that resumed it.
+    runs = tsg(ledgers.db, "tasks", "--thread", "chat-d")["task_ids"]
+    assert runs == [invocation, logical_task_id(run["invocation_id"])]
 
 
 UNUSABLE = ("task-state-guard: the ledger cannot be used at worker start (UnsafeLocation, "

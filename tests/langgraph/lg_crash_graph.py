@@ -61,7 +61,10 @@ def builder(marker: str | None, *, use_async: bool = False, release: bool = Fals
     async def aslow(state: State) -> dict[str, Any]:
         if marker is not None:
             Path(marker).write_text("in slow")
-            await asyncio.sleep(120)  # SIGKILLed here
+            gate = Path(marker + ".release")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (release and gate.exists()):
+                await asyncio.sleep(0.05)  # SIGKILLed or cancelled here, or released
         return {"log": ["slow"]}
 
     def finish(state: State) -> dict[str, Any]:

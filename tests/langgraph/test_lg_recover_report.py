@@ -47,11 +47,10 @@ def test_recover_reports_lost_and_resumed_threads(work: Path, db: str, apps: lis
     again = app.recover(durability="sync")
     assert again == [] and again.lost == [] and again.resumed == []
     assert len(calls) == 1
-    # Thread ids are never stored in the ledger, and aggregates name no id.
-    for suffix in ("", "-wal"):
-        path = Path(db + suffix)
-        if path.exists():
-            assert b"report-thread" not in path.read_bytes()
+    # Each run is recorded with its thread id (an operator finds them by it); aggregates name
+    # no id, and no thread.
+    assert app.ledger.find_task_ids(None, thread_id="report-thread") == [
+        logical_task_id("report-1"), logical_task_id(new_id)]
     for aggregate in (app.ledger.doctor(), app.ledger.status(), app.last_reconcile):
         text = json.dumps(aggregate)
         assert "report-thread" not in text and logical_task_id("report-1") not in text

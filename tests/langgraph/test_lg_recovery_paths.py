@@ -84,6 +84,74 @@ def test_a_crash_during_recovery_is_taken_over(stores: Stores) -> None:
         assert_healthy(app.ledger)
 
 
+def test_a_recovery_run_lost_during_a_pass_is_reported_with_its_thread_and_resumed(
+    stores: Stores,
+) -> None:
+    """A recovering server dies while another one's pass runs: the pass examined the dead
+    run's thread while it was still running, and a reconcile closed it lost afterwards. The
+    pass examines that thread again: the loss is reported with its thread and run id and the
+    thread resumed in the same pass (not reported without them, and resumed a pass later)."""
+    kill_in_slow(stores, "t-late", "late-1")
+    first = recovery_invocation_id("late-1")
+    recovering_child, marker = start_child(stores, "t-late", "unused", "recover")
+    try:
+        wait_marker(recovering_child, marker)  # its resumed run is in `slow`, alive
+        kill_in_slow(stores, "t-z", "z-1")  # another thread lost, examined after "t-late"
+        lost: list[LostTask] = []
+
+        def on_lost(task: LostTask) -> None:
+            lost.append(task)
+            if task.thread_id == "t-z":  # meanwhile the recovering server dies, and is found
+                sigkill(recovering_child)
+                with Ledger(stores.db) as ledger:
+                    assert ledger.reconcile()["tasks_timed_out"] == 2  # the run, its node
+
+        with saver_at(stores.checkpoints) as saver:
+            graph = builder(None).compile(checkpointer=saver, name="crashy")
+            app = guard(graph, db=stores.db, strict=True, on_lost=on_lost)
+            try:
+                report = app.recover(durability="sync")
+                assert report.resumed == ["t-z", "t-late"]
+                assert lost == [
+                    LostTask("z-1", logical_task_id("z-1"), "crashy", "owner_lost", "t-z"),
+                    LostTask(first, logical_task_id(first), "crashy", "owner_lost", "t-late"),
+                ]
+                assert _log(app, "t-late") == _log(app, "t-z") == ["prepare", "slow", "finish"]
+                again = app.recover()
+                assert again == [] and again.reported == [] and len(lost) == 2
+                assert app.stats()["errors"] == {}
+                assert_healthy(app.ledger)
+            finally:
+                app.close()
+    finally:
+        if recovering_child.poll() is None:
+            sigkill(recovering_child)
+
+
+def test_a_recovery_that_delivers_settles_the_deliveries_it_owed(stores: Stores) -> None:
+    """Lost run -> dead recovery -> recovery that delivers its answer: the two runs it
+    recovered are marked delivered with it, so no delivery of theirs fails after the grace."""
+    kill_in_slow(stores, "t-owed", "owed-1")
+    first = recovery_invocation_id("owed-1")
+    kill_in_slow(stores, "t-owed", "unused", "recover", running=first)
+    second = recovery_invocation_id(first)
+    lost: list[LostTask] = []
+    with recovering(stores, lost) as app:
+        app.on_recovered = lambda r: app.mark_delivered(r.invocation_id)
+        report = app.recover(durability="sync")
+        assert report.resumed == ["t-owed"] and report[0].invocation_id == second
+        runs = [app.ledger.get_task(logical_task_id(i)) for i in ("owed-1", first, second)]
+        assert [(str(t.status), str(t.delivery_status), t.delivery_code) for t in runs] == [
+            ("timed_out", "delivered", "transport_acknowledged"),
+            ("timed_out", "delivered", "transport_acknowledged"),
+            ("succeeded", "delivered", "transport_acknowledged"),
+        ]
+        # Past the delivery grace: no delivery left to fail, one lost-run signal in all.
+        assert app.ledger.reconcile(delivery_grace_seconds=0)["deliveries_failed"] == 0
+        assert len(lost) == 1 and app.stats()["errors"] == {}
+        assert_healthy(app.ledger)
+
+
 @pytest.mark.parametrize("mode", ["edit", "raw-edit"])
 def test_a_crash_after_update_state_is_resumed_with_its_lineage(
     stores: Stores, mode: str
@@ -212,9 +280,11 @@ def test_two_servers_recovering_at_once_resume_and_report_each_thread_once(
     recovered = Counter(line["thread"] for line in lines if line["kind"] == "on_recovered")
     reports = [line for line in lines if line["kind"] == "report"]
     # Each lost thread: one on_lost, one resumption, across both servers; the exit-durability
-    # run (nothing saved, so no thread leads to it) one on_lost without a thread.
-    assert calls == Counter([*threads, None]) and recovered == Counter(threads)
-    unplaced = [line for line in lines if line["kind"] == "on_lost" and line["thread"] is None]
+    # run (nothing saved, so no checkpoint leads to it) one on_lost with the thread it was
+    # recorded with.
+    assert calls == Counter([*threads, "t-two-4"]) and recovered == Counter(threads)
+    unplaced = [line for line in lines if line["kind"] == "on_lost"
+                and line["thread"] == "t-two-4"]
     assert [line["task"] for line in unplaced] == [logical_task_id("two-4")]
     assert all(line["log"] == ["prepare", "slow", "finish"]
                for line in lines if line["kind"] == "on_recovered")
@@ -236,11 +306,14 @@ def test_a_crash_under_exit_durability_on_a_new_thread_is_reported_once(
     lost: list[LostTask] = []
     with recovering(stores, lost) as app:
         # No checkpoint leads to the run (nothing was saved): its verdict is reported after
-        # the pass over every thread, without a thread id.
+        # the pass over every thread, with the thread id the run was recorded with.
         report = app.recover(durability="sync")
         lid = logical_task_id("exit-new-1")
         assert report == [] and report.lost == []
-        assert report.reported == lost == [LostTask(None, lid, "crashy", "owner_lost", None)]
+        assert report.reported == lost == [
+            LostTask(None, lid, "crashy", "owner_lost", "t-exit-new")]
+        # The operator finds the thread's run by its thread id.
+        assert app.ledger.find_task_ids(None, thread_id="t-exit-new") == [lid]
         assert app.get_state({"configurable": {"thread_id": "t-exit-new"}}).values == {}
         assert app.publish_verdicts() == 0 and len(lost) == 1  # published once
         assert app.stats()["verdicts_published"] == 1

@@ -13,6 +13,7 @@ list, which would not notice an edited earlier step.)
 from __future__ import annotations
 
 import gzip
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -55,9 +56,17 @@ def test_a_schema_an_earlier_build_wrote_migrates_whole(dump: Path, pg_url: str)
         ("running", "pending"),
         ("succeeded", "delivered"),
     ]
+    with Ledger(pg_url, read_only=True) as ro:  # an earlier layout recorded no thread
+        assert ro.find_task_ids(None, thread_id="t-1") == []
     with Ledger(pg_url) as ledger:
         assert ledger.schema_version == SCHEMA_VERSION
         assert ledger.doctor()["healthy"] is True
+        # The thread column came along empty; a new run's thread is stored and found.
+        assert sql(pg_url, "SELECT count(*) FROM tsg_tasks WHERE thread_id IS NOT NULL") == [(0,)]
+        run = str(uuid.uuid4())
+        ledger.begin_attempt(run, name="graph", delivery_required=True, framework="langgraph",
+                             logical_owner=True, attempt=False, thread_id="t-1")
+        assert ledger.find_task_ids(None, thread_id="t-1") == [run]
         for task_id, (status, delivery, parent) in before.items():
             task = ledger.get_task(task_id)
             assert (task.status.value, task.delivery_status.value, task.parent_id) == (

@@ -17,7 +17,7 @@ EVERY_MIGRATION = [(n,) for n in sorted(MIGRATIONS)]
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 7
+        assert ledger.schema_version == SCHEMA_VERSION == 8
         ledger.create_task()
     with Ledger(pg_url) as again:  # a second open migrates nothing
         assert again.schema_version == SCHEMA_VERSION
@@ -28,7 +28,7 @@ def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
 def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
     start = time.time() + 2.0
     procs = [workers.start("open", pg_url, start) for _ in range(4)]
-    assert [workers.finish(p)["schema_version"] for p in procs] == [7, 7, 7, 7]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [8, 8, 8, 8]
     assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
     with Ledger(pg_url) as ledger:
         assert ledger.doctor()["healthy"] is True
@@ -37,7 +37,7 @@ def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> N
 def test_a_newer_schema_is_refused(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (8, 0)")
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (9, 0)")
     for read_only in (False, True):
         with pytest.raises(StorageError) as err:
             Ledger(pg_url, read_only=read_only)
@@ -57,7 +57,7 @@ def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
     assert tables == []  # no table, no migrations row: all of it or nothing
     sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
     with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
-        assert ledger.schema_version == 7
+        assert ledger.schema_version == 8
 
 
 def test_a_foreign_schema_is_refused_and_doctor_says_so(
@@ -118,12 +118,18 @@ def test_an_edited_older_schema_is_refused_and_left_unmigrated(pg_url: str) -> N
     whole transaction rolls back (the version and the rows stay as they were)."""
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "DELETE FROM tsg_migrations WHERE version = 7")
+    # Back to version 7 (without the thread column), then edited.
+    sql(pg_url, "DELETE FROM tsg_migrations WHERE version = 8")
+    sql(pg_url, "ALTER TABLE tsg_tasks DROP COLUMN thread_id")
     sql(pg_url, "DROP TRIGGER tsg_event_created ON tsg_tasks")
     with pytest.raises(StorageError) as err:
         Ledger(pg_url)
     assert err.value.reason == "foreign_schema"
-    assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(6,)]
+    assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(7,)]
+    columns = sql(pg_url, "SELECT column_name FROM information_schema.columns "
+                          "WHERE table_schema = %s AND column_name = 'thread_id'",
+                  (schema_of(pg_url),))
+    assert columns == []  # the migration to 8 rolled back with the check
 
 
 def test_a_read_only_open_of_a_missing_ledger_creates_nothing(pg_url: str) -> None:
@@ -171,7 +177,7 @@ def test_a_version_3_ledger_migrates_to_7_with_its_totals(pg_url: str) -> None:
                     "VALUES (%s, %s, %s, 1, 'pending', 1.0, %s, 1.0, 2.0)",
             (tid, status, code, ended))
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == 7
+        assert ledger.schema_version == 8
         seeded = ledger.status()["outcomes_total"]["task"]  # the two closed tasks it held
         assert seeded["succeeded"]["worker_completed"] == 1 and seeded["failed"][""] == 1
         assert seeded["cancelled"].get("", 0) == 0
@@ -207,7 +213,7 @@ def test_a_version_4_ledger_migrates_to_7_and_its_pass_writes_every_event(pg_url
                        "AND pg_get_triggerdef(t.oid) LIKE %s",
                (schema, "%WHEN%")) == []
     with Ledger(pg_url, clock=lambda: 10_000.0) as ledger:
-        assert ledger.schema_version == 7
+        assert ledger.schema_version == 8
         assert ledger.doctor()["healthy"] is True
         report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60,
                                                   delivery_grace_seconds=0))
@@ -255,7 +261,7 @@ def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url:
     sql(pg_url, "INSERT INTO tsg_events VALUES (1, 2, 'started', 'running', 'started', 1.0)")
     clock = [10_000.0]
     with Ledger(pg_url, clock=lambda: clock[0]) as ledger:
-        assert ledger.schema_version == 7
+        assert ledger.schema_version == 8
         assert ledger.doctor()["healthy"] is True
         settings = resolve_settings(db_required=False, heartbeat_seconds=0)
         rt = AdapterRuntime(settings, logger=logging.getLogger("test"), ledger=ledger,

@@ -86,7 +86,7 @@ def _newer_ledger(tmp_path: Path) -> Path:
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("BEGIN")
     conn.execute("ALTER TABLE tsg_tasks ADD COLUMN future_field TEXT")
-    conn.execute("UPDATE tsg_meta SET value = '9' WHERE key = 'schema_version'")
+    conn.execute("UPDATE tsg_meta SET value = '10' WHERE key = 'schema_version'")
     conn.execute("COMMIT")
     conn.close()
     return db

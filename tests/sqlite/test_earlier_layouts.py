@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import os
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,19 @@ def test_a_file_an_earlier_build_wrote_migrates_whole(fixture: Path, tmp_path: P
     digest = hashlib.sha256(Path(db).read_bytes()).hexdigest()
     assert assert_json_line(run_cli("--db", db, "doctor"))["healthy"] is True
     assert hashlib.sha256(Path(db).read_bytes()).hexdigest() == digest
+    with Ledger(db, read_only=True) as ro:  # an earlier layout recorded no thread
+        assert ro.find_task_ids(None, thread_id="t-1") == []
+        assert ro.list_tasks(thread_id="t-1").tasks == []
     ledger = Ledger(db)
     try:
         assert ledger.schema_version == Ledger.SCHEMA_VERSION
         assert ledger.doctor()["healthy"] is True
+        # The thread column came along empty: no thread for any task stored before.
+        assert all(ledger.find_task_ids(None, thread_id=t) == [] for t in ("t-1", "None"))
+        run = str(uuid.uuid4())
+        ledger.begin_attempt(run, name="graph", delivery_required=True, framework="langgraph",
+                             logical_owner=True, attempt=False, thread_id="t-1")
+        assert ledger.find_task_ids(None, thread_id="t-1") == [run]
         for task_id, (status, delivery, parent) in before.items():
             task = ledger.get_task(task_id)
             assert (task.status.value, task.delivery_status.value) == (status, delivery)
@@ -87,8 +97,8 @@ def test_a_file_an_earlier_build_wrote_migrates_whole(fixture: Path, tmp_path: P
         assert ledger.doctor()["healthy"] is True
     finally:
         ledger.close()
-    after = stored_tasks(db)  # the migration was committed with the new task
-    assert len(after) == 5 and {k: after[k] for k in before} == before
+    after = stored_tasks(db)  # the migration was committed with the new tasks
+    assert len(after) == 6 and {k: after[k] for k in before} == before
     # The file stores, character for character, what a file this release creates stores.
     assert stored_schema(db) == stored_schema(fresh_ledger(tmp_path))
 

@@ -478,10 +478,10 @@ def test_empty_v1_migrates_to_v5(tmp_path) -> None:
     db = str(tmp_path / "d" / "tasks.sqlite")
     build_v1(db, empty=True)
     with Ledger(db, clock=Clock()) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 8
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 9
         assert led.doctor()["healthy"] is True
         led.create_task(name="x")
-    assert meta_version(db) == "8"
+    assert meta_version(db) == "9"
     assert same_schema_as_fresh(db, tmp_path)
 
 
@@ -490,7 +490,7 @@ def test_v1_migrates_to_v5(tmp_path) -> None:
     ids = build_v1(db)
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 8
+        assert led.schema_version == 9
         done = led.get_task(ids[0])
         assert done.terminal_code == "worker_completed" and done.ended_at == T0 + 1
         assert done.version == 1 and done.delivery_updated_at == T0 and done.updated_at == T0 + 1
@@ -498,21 +498,21 @@ def test_v1_migrates_to_v5(tmp_path) -> None:
         assert running.version == 1 and running.started_at == T0 + 2 and running.name is None
         assert running.framework_id is None and done.framework_id is None
         report = led.doctor()
-        assert report["healthy"] is True and report["schema_version"] == 8
+        assert report["healthy"] is True and report["schema_version"] == 9
         assert report["task_count"] == 2 and report["event_count"] == 4
         fid = "0ac03e98-045d-499b-a3e1-22df12f98c64"
         task = led.create_task(name="after.migration", framework_id=fid)
         assert led.get_task(task.id).name == "after.migration"
         assert led.get_task(task.id).framework_id == fid
         assert led.set_delivery(ids[0], "delivered").version == 2
-    assert meta_version(db) == "8"
+    assert meta_version(db) == "9"
     assert same_schema_as_fresh(db, tmp_path)
     # the CLI apply path migrates too
     db2 = str(tmp_path / "g" / "tasks.sqlite")
     build_v1(db2)
     result = run_cli("--db", db2, "reconcile")
     assert result.code == 0 and result.json["reconcile"]["tasks_timed_out"] == 1
-    assert meta_version(db2) == "8"
+    assert meta_version(db2) == "9"
 
 
 def test_v2_migrates_to_v5(tmp_path) -> None:
@@ -524,7 +524,7 @@ def test_v2_migrates_to_v5(tmp_path) -> None:
         before = [ro.get_task(i) for i in ids]
     assert meta_version(db) == "2"
     with Ledger(db, clock=Clock(T0 + 10)) as led:
-        assert led.schema_version == 8
+        assert led.schema_version == 9
         after = [led.get_task(i) for i in ids]
         assert after == before
         delivered, running = after
@@ -538,7 +538,7 @@ def test_v2_migrates_to_v5(tmp_path) -> None:
         report = led.doctor()
         assert report["healthy"] is True and report["event_count"] == 5
         assert led.close_task(ids[1], "succeeded").version == 2
-    assert meta_version(db) == "8"
+    assert meta_version(db) == "9"
     assert same_schema_as_fresh(db, tmp_path)
 
 
@@ -564,11 +564,11 @@ def test_v6_reads_in_place_and_migrates_to_rows_inserted_running(tmp_path) -> No
     assert meta_version(db) == "6"
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 8
+        assert led.schema_version == 9
         upgraded = guarded_job(led, clock)
         assert led.doctor()["healthy"] is True
         assert led.get_task(old.id).version == 1
-    assert meta_version(db) == "8"
+    assert meta_version(db) == "9"
     assert same_schema_as_fresh(db, tmp_path)
     clock = Clock(T0 + 10)
     with Ledger(str(tmp_path / "other" / "tasks.sqlite"), clock=clock) as led:
@@ -599,11 +599,11 @@ def test_v7_reads_in_place_and_migrates_to_checks_without_lists(tmp_path) -> Non
     rowids = early.execute("SELECT seq, rowid FROM tsg_tasks").fetchall()
     clock = Clock(T0 + 10)
     with Ledger(db, clock=clock) as led:
-        assert led.schema_version == 8
+        assert led.schema_version == 9
         upgraded = guarded_job(led, clock)
         assert led.doctor()["healthy"] is True
         assert led.get_task(old.id).version == 1
-    assert meta_version(db) == "8"
+    assert meta_version(db) == "9"
     assert same_schema_as_fresh(db, tmp_path)
     try:
         stored = " ".join(sql for (sql,) in early.execute(
@@ -670,7 +670,7 @@ def test_a_sqlite_that_refuses_to_rewrite_its_schema_keeps_a_v7_file_working(
             conn.close()
     monkeypatch.setattr(connections, "connect_writable", plain)
     with Ledger(db, clock=Clock(T0 + 20)) as led:  # an ordinary SQLite upgrades it later
-        assert led.schema_version == 8 and led.doctor()["healthy"] is True
+        assert led.schema_version == 9 and led.doctor()["healthy"] is True
     clock = Clock(T0 + 10)
     with Ledger(str(tmp_path / "other" / "tasks.sqlite"), clock=clock) as led:
         assert guarded_job(led, clock) == job

@@ -85,7 +85,7 @@ def test_fixture_is_a_0_1_0_ledger() -> None:
 def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
     db = fixture_copy(tmp_path)
     with Ledger(db, clock=Clock(AFTER)) as led:
-        assert led.schema_version == Ledger.SCHEMA_VERSION == 8
+        assert led.schema_version == Ledger.SCHEMA_VERSION == 9
         for role, expected in EXPECTED.items():
             task = led.get_task(expected["id"])
             got = task.to_dict(include_payload_hash=True)
@@ -97,7 +97,7 @@ def test_migration_reads_every_task_back_unchanged(tmp_path: Path) -> None:
             assert task.name is None and task.has_owner is False and task.framework_id is None
         report = led.doctor()
     assert report["healthy"] is True and report["schema_ok"] is True
-    assert report["schema_version"] == 8 and report["quick_check"] == "ok"
+    assert report["schema_version"] == 9 and report["quick_check"] == "ok"
     assert report["task_count"] == 8 and report["event_count"] == 23
     assert report["task_status_counts"] == {
         "queued": 1, "running": 1, "succeeded": 3, "failed": 1, "timed_out": 1, "cancelled": 1}
@@ -259,7 +259,7 @@ def test_the_cli_apply_path_migrates_too(tmp_path: Path) -> None:
     assert result.code == 0 and report["tasks_timed_out"] == 1
     assert table_names(db) == ["tsg_events", "tsg_meta", "tsg_tasks", "tsg_totals", "tsg_verdicts"]
     init = assert_json_line(run_cli("--db", db, "init"))
-    assert init["storage"]["schema_version"] == 8
+    assert init["storage"]["schema_version"] == 9
 
 
 def _tampered(db: str, *statements: str) -> None:

@@ -15,6 +15,7 @@ from ._guard import (
     guard,
 )
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
+from ._shutdown import drain_on_signals
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
 from .heartbeat import heartbeat
 
@@ -29,6 +30,7 @@ __all__ = [
     "RecoveryReport",
     "RecoveryRunner",
     "attempt_task_id",
+    "drain_on_signals",
     "guard",
     "heartbeat",
     "logical_task_id",

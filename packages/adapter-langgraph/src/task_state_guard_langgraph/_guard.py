@@ -13,8 +13,9 @@ from typing import Any, Unpack, cast
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.errors import GraphDrained
+from langgraph.runtime import RunControl
 from langgraph.types import Command
-from task_state_guard import Ledger
+from task_state_guard import Ledger, Task
 from task_state_guard.integration import (
     AdapterRuntime,
     AdapterSurface,
@@ -22,10 +23,12 @@ from task_state_guard.integration import (
     SettingArgs,
     resolve_settings,
 )
+from task_state_guard.integration import codes as c
 
 from ._batch import BatchMixin
+from ._delivery import settle_recovered
 from ._edits import EditsMixin
-from ._ids import INVOCATIONS, logical_task_id
+from ._ids import INVOCATIONS, logical_task_id, stored_thread
 from ._invocation import Invocation, finish_unstarted, with_handler
 from ._lineage import METADATA_KEY
 from ._recorder import Lane, Recorder
@@ -41,6 +44,8 @@ from .callbacks import (
 
 #: The framework label of this adapter's invocations (their lost verdicts are owed to it).
 FRAMEWORK = "langgraph"
+#: How long :meth:`GuardedGraph.aclose` lets cancelled callers close their own runs.
+CLOSE_GRACE = 1.0
 
 __all__ = [
     "METADATA_KEY",
@@ -136,6 +141,26 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         static method, so ``GuardedGraph.logical_task_id(...)`` works without an instance."""
         return logical_task_id(invocation_id)
 
+    def mark_delivered(self, framework_id: str) -> Task | None:
+        """The core's ``mark_delivered`` (see :class:`AdapterSurface`); for a recovery run,
+        also the pending deliveries of the runs it recovers (the lost run, a dead recovery
+        before it): its answer is theirs."""
+        task = super().mark_delivered(framework_id)
+        self._settle_recovered(framework_id, (c.DELIVERED, c.TRANSPORT_ACKNOWLEDGED))
+        return task
+
+    def mark_delivery_failed(self, framework_id: str) -> Task | None:
+        """The core's ``mark_delivery_failed``; for a recovery run, the runs it recovers too
+        (see :meth:`mark_delivered`)."""
+        task = super().mark_delivery_failed(framework_id)
+        self._settle_recovered(framework_id, (c.DELIVERY_FAILED, c.TRANSPORT_FAILED))
+        return task
+
+    def _settle_recovered(self, framework_id: str, outcome: c.Outcome) -> None:
+        rt = self._rec.rt
+        own = self.logical_task_id(framework_id)
+        rt.policy.call("settle_recovered", lambda: settle_recovered(rt, own, outcome))
+
     @property
     def last_invocation_id(self) -> str | None:
         """Invocation id of the last invocation started by the calling thread."""
@@ -158,9 +183,43 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     async def aclose(self, timeout: float = STOP_SECONDS) -> None:
         """:meth:`close` for async apps: waits (up to ``timeout``) for background recovery's
         resumed runs to drain at their next step boundary, then cancels the rest (closed
-        ``cancelled/interrupted``: resumed again at the next start), never blocking the loop."""
+        ``cancelled/interrupted``: resumed again at the next start), never blocking the loop.
+
+        Runs whose callers were cancelled (a server's graceful-shutdown timeout cancels its
+        requests, then shuts the application down) are closed ``cancelled/caller_cancelled``
+        before the writer threads stop: each run still open after :data:`CLOSE_GRACE` seconds
+        is closed so here (its caller is gone with the server)."""
         await self.astop_recovery(timeout)
+        await self._close_open_runs(min(CLOSE_GRACE, timeout))
         await asyncio.to_thread(self._rec.shutdown)
+
+    def request_drain(self, reason: str = "shutdown") -> int:
+        """Ask every run of this process to stop at its next step boundary (LangGraph's
+        ``RunControl.request_drain``): each raises ``GraphDrained`` to its caller, closes
+        ``cancelled/interrupted`` and the next recovery resumes it (its result goes to
+        ``on_recovered``). Safe from any thread and from a signal handler; returns how many
+        runs were asked. Runs started afterwards are not affected. Under a server, call it
+        when the shutdown signal arrives: :func:`drain_on_signals`."""
+        asked = 0
+        for run in self._rec.open_runs():
+            if run.control is not None and not run.drain_requested:
+                run.control.request_drain(reason)
+                asked += 1
+        return asked
+
+    async def _close_open_runs(self, grace: float) -> None:
+        """Let the cancelled callers close their runs (a few loop turns), then close the rest
+        in their lanes and wait for those writes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._rec.open_runs() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        closes = []
+        for run in self._rec.open_runs():
+            lane = run.lane if run.lane is not None else self._rec.lane()
+            closes.append(asyncio.wrap_future(lane.submit(run.finish, asyncio.CancelledError())))
+        if closes:
+            await asyncio.gather(*closes, return_exceptions=True)
 
     uninstall = close
 
@@ -224,6 +283,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
             name=self._name,
             claim_errors=not claim,
             framework_id=inv,
+            thread_id=stored_thread(config),
         )
         if not opened and claim:
             return None
@@ -245,6 +305,8 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         """:meth:`_end` with the closing write in the invocation's lane (it completes even when
         the caller is cancelled meanwhile)."""
         lane = run.lane if run.lane is not None else self._rec.lane()
+        # Submitted before any await: the close is written however often the caller is
+        # cancelled while it waits (an anyio cancel scope cancels every await in it again).
         future = lane.submit(run.finish, exc, output)
         outcome = await asyncio.shield(asyncio.wrap_future(future))
         self._finished(run, exc, outcome)
@@ -294,7 +356,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         config = self._merged(config)
         run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
         try:
-            out = self._graph.invoke(input, run.config, **kwargs)
+            out = self._graph.invoke(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
             self._end(run, exc)
             raise
@@ -314,7 +376,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
-            out = await self._graph.ainvoke(input, run.config, **kwargs)
+            out = await self._graph.ainvoke(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
             await self._aend(run, exc)
             raise
@@ -337,7 +399,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         config = self._merged(config)
         run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
         try:
-            yield from self._graph.stream(input, run.config, **kwargs)
+            yield from self._graph.stream(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
             self._end(run, exc)
             raise
@@ -356,7 +418,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         previous = await self._aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
-            async for chunk in self._graph.astream(input, run.config, **kwargs):
+            async for chunk in self._graph.astream(input, run.config, **_controlled(run, kwargs)):
                 yield chunk
         except BaseException as exc:
             await self._aend(run, exc)
@@ -436,3 +498,14 @@ def guard(
     runtime.boot("reconcile")
     runtime.start_periodic_reconcile("periodic_reconcile")
     return app
+
+
+def _controlled(run: Invocation, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the run's ``RunControl`` (the caller's, else one of its own), so that
+    :meth:`GuardedGraph.request_drain` can drain it."""
+    control = kwargs.get("control")
+    if control is None:
+        control = RunControl()
+        kwargs = {**kwargs, "control": control}
+    run.control = control
+    return kwargs

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
+from typing import Any
 
 from task_state_guard.integration.ids import LANGGRAPH, langgraph_recovery_id
+from task_state_guard.model import is_valid_thread_id
 
 #: The core's id scheme of invocations (defined once in ``task_state_guard.integration.ids``,
 #: where ``tsg get --langgraph ID`` finds it too).
@@ -13,6 +16,27 @@ INVOCATIONS = LANGGRAPH
 #: Namespace of every ledger id this adapter derives (``uuid5(NAMESPACE, ...)``).
 NAMESPACE = INVOCATIONS.namespace
 _INVOCATIONS = INVOCATIONS
+
+
+_logger = logging.getLogger("task_state_guard_langgraph")
+_warned: list[bool] = []
+
+
+def stored_thread(config: dict[str, Any] | None) -> str | None:
+    """The thread id an invocation is recorded with: ``configurable.thread_id`` as text.
+    One the ledger cannot store (over 256 characters, or with control characters) is not
+    recorded (logged once): recovery still finds the thread through the checkpointer."""
+    value = ((config or {}).get("configurable") or {}).get("thread_id")
+    if value is None:
+        return None
+    thread = str(value)
+    if is_valid_thread_id(thread):
+        return thread
+    if not _warned:
+        _warned.append(True)
+        _logger.warning("a thread id longer than 256 characters or with control characters "
+                        "is not recorded in the ledger")
+    return None
 
 
 def logical_task_id(invocation_id: str) -> str:

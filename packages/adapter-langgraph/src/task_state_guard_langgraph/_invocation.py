@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -22,7 +23,8 @@ class Invocation:
     ``lane``: where the ledger writes of an async run go, in order (see :class:`Lane`).
     ``recovery``: a run started by recovery; it has no caller, so a cancellation is the
     process stopping it: it closes ``cancelled/interrupted`` like a drained run and the next
-    recovery resumes the thread again.
+    recovery resumes the thread again. So does a run asked to drain (``control``) that its
+    server cancels before it reached a step boundary.
     """
 
     def __init__(
@@ -43,13 +45,29 @@ class Invocation:
         self.lane = lane
         self.recovery = recovery
         self._rec = recorder
+        #: The run's ``RunControl`` (its drain), when it has one.
+        self.control: Any = None
         self._done = False
+        self._closing = threading.Lock()  # one close, whichever thread comes first
+        if task_id is not None:
+            recorder.opened(self)
+
+    @property
+    def drain_requested(self) -> bool:
+        """Whether the run was asked to drain (its process is stopping)."""
+        return bool(getattr(self.control, "drain_requested", False))
+
+    @property
+    def done(self) -> bool:
+        """Whether the run was closed (or its close is being written)."""
+        return self._done
 
     def finish(self, exc: BaseException | None, output: Any = None) -> str:
         """Close leftover attempts and the invocation; returns the outcome label."""
-        if self._done:
-            return "done"
-        self._done = True
+        with self._closing:
+            if self._done:
+                return "done"
+            self._done = True
         if exc is None:
             status, code = c.SUCCEEDED, c.COMPLETED
             if self.handler is not None:
@@ -65,8 +83,10 @@ class Invocation:
             status, code = classify_error(exc)
             if status == c.SUCCEEDED:  # a stray ParentCommand at the top is a failure
                 status, code = c.FAILED, c.WORKER_FAILED
-            elif code == c.CALLER_CANCELLED and self.recovery:
-                code = c.INTERRUPTED  # stopped with its process: resumable, like a drain
+            elif code == c.CALLER_CANCELLED and (self.recovery or self.drain_requested):
+                # Stopped with its process (a recovery run, or a run asked to drain that the
+                # server then cancelled): resumable, like a drain.
+                code = c.INTERRUPTED
             outcome = status
             leftover = (c.CANCELLED, c.CALLER_CANCELLED if status == c.CANCELLED else None)
         closings: list[Closing] = []
@@ -75,7 +95,10 @@ class Invocation:
         if self.task_id is not None:
             closings.append((self.task_id, status, code, False))
         # Leftover attempts and the invocation close at the same moment: one transaction.
-        self._rec.close_many(closings)
+        try:
+            self._rec.close_many(closings)
+        finally:
+            self._rec.closed(self)
         return outcome
 
 

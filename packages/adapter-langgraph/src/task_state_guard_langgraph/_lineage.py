@@ -9,8 +9,8 @@ found in the ledger only. The thread's last invocation (its *head*) is therefore
 invocation the latest checkpoint names (walking back over hand edits that name none), then,
 while it has continuations, its latest continuation.
 
-Thread ids are never stored in the ledger: the checkpointer gives the thread, the ledger the
-invocations.
+The checkpointer gives the thread, the ledger the invocations; each invocation is also recorded
+with its thread id, which reports the lost runs no checkpoint leads to with their thread.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
 
 A translation, no choreography of its own: an invocation starts with the runtime's
-``begin_task`` (created and started in one write), each node attempt begins with the core's
-shared child attempt (``integration.child_attempts.begin_child``) under the invocation, or
-under the node attempt that runs its subgraph, and the invocation ends with ``end_tasks``.
+``begin_task`` (created and started in one write, with its thread id), each node attempt
+begins with the core's shared child attempt (``integration.child_attempts.begin_child``)
+under the invocation, or under the node attempt that runs its subgraph, and the invocation
+ends with ``end_tasks``.
 
 Transitions share one ledger write per node boundary: the close of a node attempt that just
 ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed together
@@ -102,6 +103,25 @@ class Recorder:
         self._writer: ThreadPoolExecutor | None = None
         self._writer_pid = 0
         self._writer_lock = threading.Lock()
+        #: Runs recorded as started and not closed yet (see :meth:`open_runs`).
+        self._open: set[Any] = set()
+        self._open_lock = threading.Lock()
+
+    # -- the runs this process holds open ----------------------------------------------------
+
+    def opened(self, run: Any) -> None:
+        """``run`` was recorded as started: it is open until :meth:`closed`."""
+        with self._open_lock:
+            self._open.add(run)
+
+    def closed(self, run: Any) -> None:
+        with self._open_lock:
+            self._open.discard(run)
+
+    def open_runs(self) -> list[Any]:
+        """The runs recorded as started by this process and not closed yet."""
+        with self._open_lock:
+            return list(self._open)
 
     # -- the writer threads of async runs ---------------------------------------------------
 
@@ -167,13 +187,15 @@ class Recorder:
         claim_errors: bool = True,
         closings: Sequence[Closing] = (),
         framework_id: str | None = None,
+        thread_id: str | None = None,
     ) -> bool:
         """Start ``task_id`` and hold it (heartbeats) until it is closed; True when this call
         started it.
 
         ``delivery_required``: an invocation (a job of its own, under ``parent_id`` when it
         continues another run), created and started in one write; ``framework_id`` (the
-        invocation id) is stored only when it is a canonical UUID. Otherwise a node attempt,
+        invocation id) is stored only when it is a canonical UUID, ``thread_id`` (the
+        LangGraph thread) as given. Otherwise a node attempt,
         begun under ``parent_id`` (the invocation, or the node attempt running its subgraph)
         with the core's shared child attempt (``integration.child_attempts.begin_child``):
         ``closings``, the attempts that ended since the last write (see :meth:`close_many`),
@@ -192,7 +214,10 @@ class Recorder:
         label = name_label(name)
         try:
             if delivery_required:
-                self._begin_invocation(task_id, parent_id, label, framework_id)
+                self.rt.begin_task(task_id, parent_id=parent_id, name=label,
+                                   framework_id=framework_id, thread_id=thread_id,
+                                   owner=self.owner)
+                self.rt.hold(task_id)
             else:
                 assert parent_id is not None  # checked above
                 begin_child(
@@ -206,19 +231,6 @@ class Recorder:
             self.rt.policy.error("open", exc)
             return False
         return True
-
-    def _begin_invocation(
-        self, task_id: str, parent_id: str | None, name: str | None, framework_id: str | None
-    ) -> None:
-        if self.owner:
-            # Created and started in one write (one statement on PostgreSQL).
-            self.rt.begin_task(task_id, parent_id=parent_id, name=name, framework_id=framework_id)
-        else:
-            self.rt.start_task(
-                task_id, parent_id=parent_id, delivery_required=True, name=name, owner=False,
-                framework_id=framework_id,
-            )
-        self.rt.hold(task_id)
 
     def close(self, task_id: str, status: str, code: str | None, *, internal: bool) -> None:
         """Close one task (see :meth:`close_many`)."""

@@ -42,7 +42,7 @@ from ._lineage import (
     thread_head,
 )
 from ._threads import athread_ids, thread_ids
-from ._verdicts import claim_lineage, publish_unplaced
+from ._verdicts import claim_lineage, pending_threads, publish_unplaced
 from ._verdicts import publish as publish_claimed
 from ._verdicts import report as report_lost
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
@@ -90,8 +90,9 @@ class RecoveryReport(list[Recovery]):
     ``lost``: the threads whose loss this pass reported, in the order examined, whether or
     not they could be resumed (a thread waiting at an interrupt or whose task failed is lost
     but not resumed). ``reported``: every :class:`~task_state_guard.integration.LostTask` this
-    pass handed to ``on_lost``, one per lost-run verdict it published (``thread_id`` ``None``
-    for a lost run no thread leads to, e.g. ``durability="exit"`` on a new thread). A verdict
+    pass handed to ``on_lost``, one per lost-run verdict it published (a lost run no checkpoint
+    leads to, e.g. ``durability="exit"`` on a new thread, with the thread it was recorded
+    with). A verdict
     another process holds is that process's to report. ``cancelled``: threads whose last run
     was cancelled by its caller with work left (never resumed). ``claimed_elsewhere``: threads
     another process was resuming first.
@@ -331,6 +332,7 @@ class RecoveryMixin:
 
     def _resume(self, claim: _Claim, kwargs: dict[str, Any]) -> Recovery:
         run_kwargs, control = self._control(kwargs)
+        claim.run.control = run_kwargs["control"]
         try:
             try:
                 out = self._graph.invoke(None, claim.run.config, **run_kwargs)
@@ -348,6 +350,7 @@ class RecoveryMixin:
 
     async def _aresume(self, claim: _Claim, kwargs: dict[str, Any]) -> Recovery:
         run_kwargs, control = self._control(kwargs)
+        claim.run.control = run_kwargs["control"]
         try:
             try:
                 out = await self._graph.ainvoke(None, claim.run.config, **run_kwargs)
@@ -427,10 +430,11 @@ class RecoveryMixin:
         limit = max(1, args.max_concurrency or DEFAULT_CONCURRENCY)
         with ThreadPoolExecutor(limit, thread_name_prefix="tsg-recovery") as pool:
             futures = []
-            for thread_id in ids:
+
+            def examine(thread_id: str) -> None:
                 finding = policy.call("recover", partial(self._examine, saver, thread_id))
                 if finding is None:
-                    continue
+                    return
                 run = policy.call(
                     "recover",
                     partial(self._settle, finding, config, report, GuardCallbackHandler),
@@ -438,10 +442,20 @@ class RecoveryMixin:
                 if run is not None:
                     claim = _Claim(finding, run)
                     futures.append(pool.submit(self._resume, claim, kwargs))
+
+            for thread_id in ids:
+                examine(thread_id)
             if args.thread_ids is None:
+                for thread_id in policy.call("recover", self._late_threads) or []:
+                    examine(thread_id)
                 policy.call("recover", partial(self._report_unplaced, report))
             report.extend(f.result() for f in futures)
         return report
+
+    def _late_threads(self) -> list[str]:
+        """The threads recorded with verdicts still pending after the pass over every thread
+        (see :func:`._verdicts.pending_threads`)."""
+        return pending_threads(self._rec.rt)
 
     def _report_unplaced(self, report: RecoveryReport) -> None:
         """After a pass over every thread: the lost runs no thread led to."""
@@ -498,33 +512,43 @@ class RecoveryMixin:
             finally:
                 gate.release()
 
+        async def examine(thread_id: str) -> None:
+            try:
+                finding = await self._aexamine(saver, thread_id)
+            except Exception as exc:
+                errors.error("recover", exc)
+                return
+            if finding is None:
+                return
+            # A slot first: a claimed run always starts (never held by a full gate).
+            await gate.acquire()
+            settling = self._rec.pool().submit(
+                self._settle, finding, config, report, AsyncGuardCallbackHandler
+            )
+            try:
+                run = await asyncio.shield(asyncio.wrap_future(settling))
+            except asyncio.CancelledError:
+                settling.add_done_callback(finish_unstarted)  # a claim made meanwhile
+                raise
+            except Exception as exc:
+                errors.error("recover", exc)
+                run = None
+            if run is None:
+                gate.release()
+                return
+            resumes.append(asyncio.ensure_future(resume(_Claim(finding, run))))
+
         try:
             for thread_id in ids:
-                try:
-                    finding = await self._aexamine(saver, thread_id)
-                except Exception as exc:
-                    errors.error("recover", exc)
-                    continue
-                if finding is None:
-                    continue
-                # A slot first: a claimed run always starts (never held by a full gate).
-                await gate.acquire()
-                settling = self._rec.pool().submit(
-                    self._settle, finding, config, report, AsyncGuardCallbackHandler
-                )
-                try:
-                    run = await asyncio.shield(asyncio.wrap_future(settling))
-                except asyncio.CancelledError:
-                    settling.add_done_callback(finish_unstarted)  # a claim made meanwhile
-                    raise
-                except Exception as exc:
-                    errors.error("recover", exc)
-                    run = None
-                if run is None:
-                    gate.release()
-                    continue
-                resumes.append(asyncio.ensure_future(resume(_Claim(finding, run))))
+                await examine(thread_id)
             if args.thread_ids is None:
+                try:
+                    late = await self._rec.call(self._late_threads)
+                except Exception as exc:
+                    errors.error("recover", exc)
+                    late = []
+                for thread_id in late:
+                    await examine(thread_id)
                 try:
                     await self._rec.call(self._report_unplaced, report)
                 except Exception as exc:

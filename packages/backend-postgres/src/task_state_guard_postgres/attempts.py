@@ -35,6 +35,7 @@ TYPES = {
     "now": "float8", "timeout": "float8", "fmax": "float8", "redelivery": "float8",
     "lid": "text", "name": "text", "owner": "text", "ldr": "int", "lowner": "text",
     "lfid": "text", "lfw": "text", "open": "boolean", "fresh": "text", "parent": "text",
+    "thread": "text",
     "cids": "text[]", "cmake": "boolean[]", "qids": "text[]", "qparents": "text[]",
     "qnames": "text[]", "qtimeouts": "float8[]", "ids": "text[]", "states": "text[]",
     "codes": "text[]", "mstates": "text[]", "mcodes": "text[]",
@@ -162,10 +163,10 @@ def _open_only(v: Mark) -> str:
 lg AS (
     INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
         created_at, started_at, delivery_updated_at, updated_at, owner, version, framework_id,
-        framework)
+        framework, thread_id)
     SELECT {v('lid')}, {parent}, {v('name')}, 'running', {v('ldr')},
         'pending', {now}, {now}, {now}, {now}, {v('lowner')}, 1, {v('lfid')},
-        {v('lfw')}
+        {v('lfw')}, {v('thread')}
     WHERE {parent} IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks p
         WHERE p.id = {parent} AND p.created_at <= {now})
     ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
@@ -310,6 +311,7 @@ def begin(conn: Conn, spec: Begin, now: float) -> str | None:
             return None
         params = _begin_params(spec, now)
         params["parent"] = spec.parent_id
+        params["thread"] = spec.thread_id
         rows = conn.fetch_named(_OPEN_ONLY, params)
         return str(rows[0][0]) if rows else None
     rows = conn.fetch_named(BEGIN[bool(spec.candidates)], _begin_params(spec, now))

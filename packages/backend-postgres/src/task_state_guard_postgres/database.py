@@ -133,8 +133,10 @@ class PostgresDatabase:
 
     @property
     def layout(self) -> Layout:
-        """The schema's layout (the PostgreSQL layout 6 added the verdict outbox)."""
-        return Layout.of(self.schema_version, ddl.SCHEMA_VERSION, ddl.OUTBOX_VERSION)
+        """The schema's layout (the PostgreSQL layout 6 added the verdict outbox, 8 the thread
+        column)."""
+        return Layout.of(self.schema_version, ddl.SCHEMA_VERSION, ddl.OUTBOX_VERSION,
+                         ddl.THREAD_VERSION)
 
     def now(self) -> float:
         """Read the clock; a non-number, non-finite or negative reading is ``InvalidInput``."""

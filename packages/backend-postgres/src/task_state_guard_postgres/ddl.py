@@ -23,8 +23,8 @@ from .driver import Conn
 
 #: The layout version this release writes (4: the core's data model; 5: reconcile passes
 #: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox; 7: the
-#: totals' kind is the one a person calls the task).
-SCHEMA_VERSION = 7
+#: totals' kind is the one a person calls the task; 8: the thread column).
+SCHEMA_VERSION = 8
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -199,15 +199,25 @@ def _v7(s: str) -> list[str]:
     return [_current_event_function(f'"{s}"')]
 
 
+def _v8(s: str) -> list[str]:
+    """Version 8 (the core's SQLite layout 9 does the same): the framework's thread of a
+    logical task (a LangGraph thread id) and the index that finds a thread's tasks; NULL for
+    every task recorded before."""
+    return rules.add_thread_column("postgres", f'"{s}".tsg_tasks')
+
+
 def _current_event_function(q: str) -> str:
     """This release's event function (the latest migration's ``CREATE OR REPLACE``)."""
     return _event_function(q, replace=True, totals=True, verdicts=True, kinds=True)
 
 
 #: Migration number -> its statements (a function of the schema name), applied in order.
-MIGRATIONS: dict[int, Callable[[str], list[str]]] = {3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+MIGRATIONS: dict[int, Callable[[str], list[str]]] = {
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
 #: The first version with the verdict outbox.
 OUTBOX_VERSION = 6
+#: The first version with the thread column.
+THREAD_VERSION = 8
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
@@ -280,7 +290,7 @@ _INDEXES = f"""SELECT i.relname FROM pg_catalog.pg_index x
 _EXPECTED_INDEXES = [
     "tsg_events_pkey", "tsg_meta_pkey", "tsg_migrations_pkey", "tsg_tasks_id_key",
     "tsg_tasks_open", "tsg_tasks_parent", "tsg_tasks_pkey", "tsg_tasks_prunable",
-    "tsg_verdicts_pending", "tsg_verdicts_pkey",
+    rules.THREAD_INDEX, "tsg_verdicts_pending", "tsg_verdicts_pkey",
 ]
 _TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigger g
     JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid

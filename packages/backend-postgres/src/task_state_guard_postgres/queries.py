@@ -282,8 +282,8 @@ class PostgresQueries:
         return [row[0] for row in conn.run(sql, params).fetchall()]
 
     @staticmethod
-    def claimed(conn: Conn, seqs: list[int]) -> list[tuple[Any, ...]]:
-        return _rows(conn, _SQL["claimed"], {"seqs": seqs})
+    def claimed(conn: Conn, seqs: list[int], threads: bool) -> list[tuple[Any, ...]]:
+        return _rows(conn, _SQL["claimed_threads" if threads else "claimed"], {"seqs": seqs})
 
     @staticmethod
     def publish_verdicts(conn: Conn, now: float, task_ids: list[str]) -> int:

@@ -183,7 +183,7 @@ class Ledger:
         candidates: Iterable[tuple[str | uuid.UUID, bool]] = (),
         attempt_id: str | uuid.UUID | None = None, timeout_seconds: float | None = None,
         redelivery_seconds: float | None = None, parent_id: str | uuid.UUID | None = None,
-        attempt: bool = True,
+        attempt: bool = True, thread_id: str | None = None,
     ) -> str:
         """A guarded job's first write, committed before its body runs (SQLite: one
         transaction; PostgreSQL: one statement); returns the attempt's id.
@@ -197,14 +197,17 @@ class Ledger:
         ``TaskNotFound``: the logical task does not exist; ``StateConflict``: ``attempt_id``
         exists and is not queued. ``attempt=False``: the logical task alone (under
         ``parent_id``), :meth:`create_task` then :meth:`start_task` in one write, with their
-        errors; returns its id.
+        errors; returns its id. ``thread_id`` (``attempt=False``, a delivering task only): the
+        framework's thread of the task (a LangGraph thread id: 1-256 printable characters),
+        stored with it where the layout has the column (:meth:`find_task_ids` finds a
+        thread's tasks).
         """
         return writes.begin_attempt(
             self._db, logical_id, name=name, delivery_required=delivery_required,
             fid=framework_id, framework=framework, open_logical=open_logical,
             logical_owner=logical_owner, candidates=candidates, attempt_id=attempt_id,
             timeout_seconds=timeout_seconds, redelivery_seconds=redelivery_seconds,
-            parent_id=parent_id, attempt=attempt)
+            parent_id=parent_id, attempt=attempt, thread_id=thread_id)
 
     def end_and_begin_attempt(
         self, closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
@@ -255,18 +258,20 @@ class Ledger:
         return task_list.children_of(self._db, canonical_id(task_id), row_to_task, limit)
 
     def find_task_ids(
-        self, status: str, *, stale_seconds: float | None = None, limit: int | None = None,
-        name: str | None = None, older_than_seconds: float | None = None,
-        task_id: str | uuid.UUID | None = None,
+        self, status: str | None, *, stale_seconds: float | None = None,
+        limit: int | None = None, name: str | None = None,
+        older_than_seconds: float | None = None, task_id: str | uuid.UUID | None = None,
+        thread_id: str | None = None,
     ) -> list[str]:
         """Ids of tasks in ``status`` (attempts included), oldest first; with ``stale_seconds``
         only those idle that long, with ``name`` only that label, with ``older_than_seconds``
         only those created that long ago, with ``task_id`` only that task and its direct
-        children. Idle time counts from the last heartbeat or start (running), creation
-        (queued) or the last change (terminal)."""
+        children, with ``thread_id`` only the tasks recorded with that framework thread (a
+        LangGraph thread's runs; ``status`` None: in any state). Idle time counts from the last
+        heartbeat or start (running), creation (queued) or the last change (terminal)."""
         return task_list.find_task_ids(
             self._db, status, stale_seconds=stale_seconds, limit=limit, name=name,
-            older_than_seconds=older_than_seconds, task_id=task_id)
+            older_than_seconds=older_than_seconds, task_id=task_id, thread_id=thread_id)
 
     def list_tasks(
         self, *, status: str | None = None, name: str | None = None, attempts: bool = False,
@@ -275,6 +280,7 @@ class Ledger:
         order: str = "created", descending: bool = False, after: str | None = None,
         contradicted: bool = False, code: str | None = None, framework: str | None = None,
         name_contains: str | None = None, flag: str | None = None, count: bool = False,
+        thread_id: str | None = None,
     ) -> task_list.TaskListing:
         """List tasks (or, with ``attempts=True``, attempts) for operators: active ones by
         default, filtered as :meth:`find_task_ids`, ordered by ``order`` (``created``,
@@ -287,14 +293,15 @@ class Ledger:
         names holding that text; ``flag``: only the tasks behind one of the status report's
         counts (``task_list.FLAGS``: ``past_deadline``, ``owner_dead``, ``awaiting_delivery``,
         ``verdict_pending``, ``verdict_published``); ``count``: also count the matches (up to
-        ``task_list.COUNT_CAP``). Rows carry ids on purpose: protect the output."""
+        ``task_list.COUNT_CAP``); ``thread_id``: only the tasks of that framework thread, in
+        any state unless ``status``. Rows carry ids on purpose: protect the output."""
         return task_list.list_tasks(
             self._db, TASK_COLUMNS, row_to_task, status=status, name=name, attempts=attempts,
             stale_seconds=stale_seconds, older_than_seconds=older_than_seconds, limit=limit,
             task_id=None if task_id is None else canonical_id(task_id),
             order=order, descending=descending, after=after, contradicted=contradicted,
             code=code, framework=framework, name_contains=name_contains, flag=flag,
-            count=count)
+            count=count, thread_id=thread_id)
 
     def job_state(self, task_id: str | uuid.UUID) -> _job_state.JobState | None:
         """A job's lost verdict (none, pending, published) and whether the processes that

@@ -317,6 +317,24 @@ def is_payload_hash(value: str) -> bool:
     return bool(HASH_RE.fullmatch(value))
 
 
+#: The longest thread id stored (characters).
+THREAD_ID_MAX = 256
+
+
+def is_valid_thread_id(value: object) -> bool:
+    """Whether ``value`` is a thread id the ledger stores: a string of 1 to
+    :data:`THREAD_ID_MAX` printable characters (a framework's thread, as its user named it)."""
+    return type(value) is str and 0 < len(value) <= THREAD_ID_MAX and value.isprintable()
+
+
+def check_thread_id(value: object) -> str:
+    """``value`` as a stored thread id; anything else is ``InvalidInput``."""
+    if not is_valid_thread_id(value):
+        raise InvalidInput(f"thread id must be 1-{THREAD_ID_MAX} printable characters")
+    assert isinstance(value, str)
+    return value
+
+
 def is_valid_name(value: str) -> bool:
     """Tell whether ``value`` is an acceptable name label."""
     return bool(NAME_RE.fullmatch(value))

@@ -120,7 +120,22 @@ TASK_COLUMNS_OUTBOX = (
            f"CHECK (framework IN {sql_set(FRAMEWORK_LABELS)})"),
     Column("redelivery_seconds", *_REAL),
 )
-TASK_COLUMNS = (*TASK_COLUMNS_BASE, *TASK_COLUMNS_OUTBOX)
+#: ... and the framework's thread of a logical task (SQLite 9, PostgreSQL 8): a LangGraph
+#: thread id, stored as given (a framework id the user chose; see docs/architecture.md,
+#: privacy), NULL for every other task and for every task recorded before.
+TASK_COLUMNS_THREAD = (Column("thread_id", "TEXT", "text"),)
+TASK_COLUMNS = (*TASK_COLUMNS_BASE, *TASK_COLUMNS_OUTBOX, *TASK_COLUMNS_THREAD)
+#: The index that finds a thread's tasks (partial: only tasks that have a thread).
+THREAD_INDEX = "tsg_tasks_thread"
+
+
+def add_thread_column(dialect: str, tasks: str = "tsg_tasks") -> list[str]:
+    """The statements that add the thread column and its index to ``tasks`` (the index is
+    created in the table's schema)."""
+    column = TASK_COLUMNS_THREAD[0]
+    return [f"ALTER TABLE {tasks} ADD COLUMN {column.declare(dialect, tasks)}",
+            f"CREATE INDEX {THREAD_INDEX} ON {tasks}(thread_id, seq) "
+            "WHERE thread_id IS NOT NULL"]
 
 
 def task_table_columns(dialect: str, tasks: str = "tsg_tasks") -> str:

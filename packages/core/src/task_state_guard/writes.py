@@ -36,6 +36,7 @@ from .model import (
     check_payload_hash,
     check_seconds,
     check_state,
+    check_thread_id,
     is_canonical,
 )
 from .store import attempts
@@ -300,6 +301,7 @@ def begin_attempt(
     redelivery_seconds: float | None,
     parent_id: str | uuid.UUID | None = None,
     attempt: bool = True,
+    thread_id: str | None = None,
 ) -> str:
     """``Ledger.begin_attempt``: one write; a step it refused is explained (or done) by the
     one-task transitions, in one group."""
@@ -307,7 +309,8 @@ def begin_attempt(
         db, logical_id, name=name, delivery_required=delivery_required, fid=fid,
         framework=framework, open_logical=open_logical, logical_owner=logical_owner,
         candidates=candidates, attempt_id=attempt_id, timeout_seconds=timeout_seconds,
-        redelivery_seconds=redelivery_seconds, parent_id=parent_id, attempt=attempt)
+        redelivery_seconds=redelivery_seconds, parent_id=parent_id, attempt=attempt,
+        thread_id=thread_id)
     begun = db.transition(spec)
     if begun is not None:
         return begun
@@ -331,9 +334,13 @@ def _begin_spec(
     redelivery_seconds: float | None,
     parent_id: str | uuid.UUID | None,
     attempt: bool,
+    thread_id: str | None = None,
 ) -> attempts.Begin:
     """The validated :class:`~task_state_guard.store.attempts.Begin` of a ``begin_attempt``."""
     lid = canonical_id(logical_id)
+    thread = None if thread_id is None else check_thread_id(thread_id)
+    if thread is not None and (attempt or not delivery_required):
+        raise InvalidInput("thread_id is only for a delivering task opened without an attempt")
     if not isinstance(attempt, bool):
         raise InvalidInput("flags must be booleans")
     parent = None if parent_id is None else canonical_id(parent_id, "parent id")
@@ -369,6 +376,8 @@ def _begin_spec(
         attempt_id=str(uuid.uuid4()) if attempt_id is None else canonical_id(attempt_id),
         timeout_seconds=timeout, owner=token, redelivery_seconds=bound, parent_id=parent,
         attempt=attempt,
+        # A layout without the thread column (an older file SQLite kept as it was) stores none.
+        thread_id=thread if db.layout.has_threads else None,
     )
 
 

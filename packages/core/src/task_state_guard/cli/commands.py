@@ -47,6 +47,7 @@ from ..model import (
     check_name,
     check_payload_hash,
     check_state,
+    check_thread_id,
     error_category,
 )
 from ..ops.reconcile import ReconcilePolicy
@@ -181,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "--attempts: those attempts); needs --details or --format text")
     tasks.add_argument("--details", action="store_true",
                        help="one row per task instead of ids (implied by --format text)")
+    tasks.add_argument("--thread", help="only the runs recorded with this LangGraph thread id, "
+                                        "oldest first, in any state unless --status")
     tasks.add_argument("--limit", help="at most this many (rows: default 100)")
     _add_job(tasks, " (ids: it and its children; rows: it, or its --attempts; any state)")
     _add_format(tasks)
@@ -301,6 +304,8 @@ def _check_ids(args: argparse.Namespace) -> None:
         from ..integration.ids import job_task_id
 
         args.task_id = job_task_id(*job)
+        # ``get --langgraph ID``: a thread id too, when no invocation has that id.
+        args.thread_of_job = job[1] if job[0] == "langgraph" and args.command == "get" else None
     elif args.command == "tasks":
         args.task_id = None
     if args.command in ("get", "children") and job is None:
@@ -362,8 +367,10 @@ def _check_values(args: argparse.Namespace) -> dict[str, Any]:
             if given and not values["rows"]:
                 raise InvalidInput(f"{flag} lists rows: add --details or --format text",
                                    reason=r.MISSING_ARGUMENT)
-        if args.status is None and not values["rows"]:
+        if args.status is None and not values["rows"] and args.thread is None:
             raise InvalidInput("the id list needs --status", reason=r.MISSING_ARGUMENT)
+        if args.thread is not None:
+            check_thread_id(args.thread)
         if args.status is not None:
             check_state(args.status, TASK_STATES, "task status")
         check_name(args.name)

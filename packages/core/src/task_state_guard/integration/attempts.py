@@ -135,14 +135,18 @@ class Attempts:
         parent_id: str | None,
         name: str | None,
         framework_id: str | None = None,
+        thread_id: str | None = None,
+        owner: bool = True,
     ) -> None:
-        """:meth:`start_task` of a delivering task owned by this process (no timeout, no
-        redelivery window) as one write: the core's *begin attempt* of the task alone
-        (``Ledger.begin_attempt`` with ``attempt=False``), the same records and errors."""
+        """:meth:`start_task` of a delivering task (owned by this process unless ``owner`` is
+        False; no timeout, no redelivery window) as one write: the core's *begin attempt* of
+        the task alone (``Ledger.begin_attempt`` with ``attempt=False``), the same records and
+        errors. ``thread_id``: the framework's thread of the task (a LangGraph thread id),
+        stored with it."""
         self._handle.ledger.begin_attempt(
             task_id, parent_id=parent_id, name=name, delivery_required=True,
             framework_id=stored_id(framework_id), framework=self.framework,
-            open_logical=True, logical_owner=True, attempt=False,
+            open_logical=True, logical_owner=owner, attempt=False, thread_id=thread_id,
         )
 
     def queue_attempt(

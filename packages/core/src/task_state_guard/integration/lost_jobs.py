@@ -87,7 +87,8 @@ class LostJobs:
     @staticmethod
     def lost_task(verdict: Verdict) -> LostTask:
         """The :class:`LostTask` the hook receives for a verdict."""
-        return LostTask(verdict.framework_id, verdict.task_id, verdict.name, verdict.code)
+        return LostTask(verdict.framework_id, verdict.task_id, verdict.name, verdict.code,
+                        verdict.thread_id)
 
     def publish_verdicts(self) -> int:
         """Drain the verdicts owed to this framework: claim a batch with a lease, publish each

@@ -34,6 +34,7 @@ from ..model import (
     check_name,
     check_seconds,
     check_state,
+    check_thread_id,
     is_canonical,
     task_kind,
 )
@@ -162,9 +163,11 @@ def list_tasks(
     name_contains: str | None = None,
     flag: str | None = None,
     count: bool = False,
+    thread_id: str | None = None,
 ) -> TaskListing:
     """List tasks, oldest first (see :meth:`task_state_guard.Ledger.list_tasks`)."""
     state = None if status is None else check_state(status, TASK_STATES, "task status")
+    thread = None if thread_id is None else check_thread_id(thread_id)
     job = None if task_id is None else canonical_id(task_id)
     label = check_name(name)
     stale = None if stale_seconds is None else check_seconds(
@@ -182,11 +185,14 @@ def list_tasks(
     if not isinstance(contradicted, bool):
         raise InvalidInput("contradicted must be a boolean")
     narrow = _narrowing(code, framework, name_contains, flag, count)
-    # Open work only by default; a named job, a contradicted close, a reason code, a closed
-    # task's owed delivery or a verdict: in any state.
-    everything = (job is not None or contradicted or narrow["code"] is not None
+    # Open work only by default; a named job or thread, a contradicted close, a reason code, a
+    # closed task's owed delivery or a verdict: in any state.
+    everything = (job is not None or contradicted or thread is not None
+                  or narrow["code"] is not None
                   or flag in ("awaiting_delivery", "verdict_pending", "verdict_published"))
     position = None if after is None else parse_cursor(order, after)
+    if thread is not None and not db.layout.has_threads:
+        return TaskListing([], False, db.now())  # an older layout recorded no thread
     with db.read() as conn:
         now = db.now()
         query = queries.TaskQuery(
@@ -198,7 +204,8 @@ def list_tasks(
             idle_before=None if stale is None else now - stale,
             created_before=None if older is None else now - older,
             order=order, descending=descending, after=position, limit=limit + 1,
-            contradicted=contradicted, code=narrow["code"], framework=narrow["framework"],
+            contradicted=contradicted, thread=thread, code=narrow["code"],
+            framework=narrow["framework"],
             contains=narrow["contains"], awaiting_delivery=flag == "awaiting_delivery",
             deadline_before=now if flag == "past_deadline" else None,
             owners=_dead_owners(db, conn) if flag == "owner_dead" else None,
@@ -275,12 +282,15 @@ def children_of(
 
 
 def find_task_ids(
-    db: Database, status: str, *, stale_seconds: float | None = None, limit: int | None = None,
-    name: str | None = None, older_than_seconds: float | None = None,
+    db: Database, status: str | None, *, stale_seconds: float | None = None,
+    limit: int | None = None, name: str | None = None, older_than_seconds: float | None = None,
     task_id: Any = None,
+    thread_id: str | None = None,
 ) -> list[str]:
     """The ids of tasks in ``status`` (see :meth:`task_state_guard.Ledger.find_task_ids`)."""
-    state = check_state(status, TASK_STATES, "task status")
+    thread = None if thread_id is None else check_thread_id(thread_id)
+    state = None if status is None and thread is not None else check_state(
+        status, TASK_STATES, "task status")
     stale = None if stale_seconds is None else check_seconds(
         stale_seconds, "stale_seconds", allow_zero=True
     )
@@ -291,11 +301,14 @@ def find_task_ids(
     job = None if task_id is None else canonical_id(task_id)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidInput("limit must be a positive integer")
+    if thread is not None and not db.layout.has_threads:
+        return []  # an older layout recorded no thread
     with db.read() as conn:
         now = db.now()
         ids = db.queries.find_ids(conn, queries.FindQuery(
             status=state, open_only=state in ACTIVE_STATES,
             idle_before=None if stale is None else now - stale, name=label,
             created_before=None if older is None else now - older, job=job, limit=limit,
+            thread=thread,
         ))
     return [i for i in ids if type(i) is str and is_canonical(i)]

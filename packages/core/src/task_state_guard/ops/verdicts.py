@@ -34,6 +34,7 @@ from ..model import (
     check_seconds,
     is_canonical,
     is_valid_name,
+    is_valid_thread_id,
 )
 from ..rules import sql_set as sql_list
 
@@ -53,7 +54,8 @@ class Verdict:
     ``framework_id``: the framework's own id of the job where one was stored (a canonical
     UUID), else ``None``; ``name``: the name label; ``code``: why it was lost (``owner_lost``,
     ``restart_stale`` or ``deadline_exceeded``); ``recorded_at``: when the close was made;
-    ``claim``/``lease_until``: this claim's token and the ledger-clock time its lease ends.
+    ``claim``/``lease_until``: this claim's token and the ledger-clock time its lease ends;
+    ``thread_id``: the job's thread where one was stored, else ``None``.
     """
 
     task_id: str
@@ -64,6 +66,8 @@ class Verdict:
     recorded_at: float
     claim: str
     lease_until: float
+    #: The framework's thread of the job where one was stored (a LangGraph thread id).
+    thread_id: str | None = None
 
 
 def current(db: Database) -> bool:
@@ -89,15 +93,18 @@ def _finite(value: Any) -> bool:
 
 def _verdict(row: tuple[Any, ...], claim_token: str, lease_until: float) -> Verdict | None:
     """A claimed row as a Verdict; None when it fails validation (doctor reports it)."""
-    task_id, fid, name, code, framework, recorded = row
+    task_id, fid, name, code, framework, recorded, thread = row
     if not (
         type(task_id) is str and is_canonical(task_id)
         and (fid is None or (type(fid) is str and is_canonical(fid)))
         and (name is None or (type(name) is str and is_valid_name(name)))
         and code in LOST_CODES and framework in FRAMEWORK_LABELS and _finite(recorded)
+        and (thread is None or is_valid_thread_id(thread))
     ):
         return None
-    return Verdict(task_id, framework, fid, name, code, float(recorded), claim_token, lease_until)
+    return Verdict(task_id, framework, fid, name, code, float(recorded), claim_token, lease_until,
+                   thread)
+
 
 
 def _claimable(db: Database, label: str) -> bool:
@@ -152,7 +159,7 @@ def claim(
             left -= len(seqs)
             for start in range(0, len(seqs), _CHUNK):
                 part = seqs[start : start + _CHUNK]
-                for row in db.queries.claimed(conn, part):
+                for row in db.queries.claimed(conn, part, db.layout.has_threads):
                     verdict = _verdict(tuple(row), token, until)
                     if verdict is not None:
                         found.append(verdict)

@@ -31,11 +31,13 @@ from .transitions import mark as _mark
 # 12 values a job before. Each shape below is a constant chosen by the caller.
 _PARENT_EXISTS = "EXISTS (SELECT 1 FROM tsg_tasks WHERE id = :parent AND created_at <= :now)"
 _PARENT_FITS = f"(:parent IS NULL OR {_PARENT_EXISTS})"
-_COLUMNS = (
-    "tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status, "
+_NAMES = (
+    "id, parent_id, name, status, delivery_required, delivery_status, "
     "timeout_seconds, deadline_at, created_at, started_at, owner, redelivery_seconds, "
-    "delivery_updated_at, updated_at, version, framework_id, framework) "
+    "delivery_updated_at, updated_at, version, framework_id, framework"
 )
+_COLUMNS = f"tsg_tasks({_NAMES}) "
+_THREAD_COLUMNS = f"tsg_tasks({_NAMES}, thread_id) "
 # A new queued attempt (a scheduled retry), under a parent that exists and was created no
 # later than now.
 _INSERT_QUEUED = (
@@ -50,13 +52,22 @@ _LOGICAL_ROW = (
     ":name, 'running', :required, 'pending', NULL, NULL, :now, :now, :owner, NULL, :now, :now, "
     "1, :fid, :framework"
 )
-_INSERT_LOGICAL_ROOT = (
-    f"INSERT INTO {_COLUMNS}VALUES (:id, NULL, {_LOGICAL_ROW}) ON CONFLICT(id) DO NOTHING"
-)
-_INSERT_LOGICAL_CHILD = (
-    f"INSERT OR IGNORE INTO {_COLUMNS}VALUES (CASE WHEN {_PARENT_EXISTS} THEN :id END, "
-    f":parent, {_LOGICAL_ROW})"
-)
+
+def _logical_insert(child: bool, thread: bool) -> str:
+    """The INSERT of a logical task already running, in one shape: ``child`` under
+    ``:parent`` (which must exist), ``thread`` with its thread id (a layout without the
+    column never gets one)."""
+    columns, row = (_THREAD_COLUMNS, f"{_LOGICAL_ROW}, :thread") if thread else (
+        _COLUMNS, _LOGICAL_ROW)
+    if not child:
+        return f"INSERT INTO {columns}VALUES (:id, NULL, {row}) ON CONFLICT(id) DO NOTHING"
+    return (f"INSERT OR IGNORE INTO {columns}VALUES (CASE WHEN {_PARENT_EXISTS} THEN :id END, "
+            f":parent, {row})")
+
+
+# Every shape of :func:`_logical_insert`, by (child, thread).
+_INSERT_LOGICAL = {(child, thread): _logical_insert(child, thread)
+                   for child in (False, True) for thread in (False, True)}
 
 
 def _attempt_insert(checked: bool, timed: bool, redelivered: bool) -> str:
@@ -132,10 +143,11 @@ def sqlite_begin(conn: sqlite3.Connection, spec: Begin, now: float) -> str | Non
         owner, redelivery = spec.owner, spec.redelivery_seconds
         parent = spec.parent_id
         opened = spec.open_logical and _insert_new(
-            conn, _INSERT_LOGICAL_ROOT if parent is None else _INSERT_LOGICAL_CHILD,
+            conn, _INSERT_LOGICAL[parent is not None, spec.thread_id is not None],
             {"now": now, "id": lid, "parent": parent, "name": name,
              "required": int(spec.delivery_required), "owner": spec.logical_owner,
-             "fid": spec.framework_id, "framework": spec.framework}, 2)
+             "fid": spec.framework_id, "framework": spec.framework,
+             "thread": spec.thread_id}, 2)
         if spec.open_logical and not opened:
             if not spec.attempt:  # recorded earlier: the ledger runs the steps and explains
                 return None

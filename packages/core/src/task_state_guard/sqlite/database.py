@@ -205,9 +205,10 @@ class SQLiteDatabase:
 
     @property
     def layout(self) -> Layout:
-        """The file's layout (SQLite's layout 5 added the verdict outbox)."""
+        """The file's layout (SQLite's layout 5 added the verdict outbox, 9 the thread
+        column)."""
         return Layout.of(self.schema_version, schema.SCHEMA_VERSION,
-                         schema.STORED_VERSION[schema.V5])
+                         schema.STORED_VERSION[schema.V5], schema.STORED_VERSION[schema.V9])
 
     # ----------------------------------------------------------------- connections
     def conn(self) -> sqlite3.Connection:

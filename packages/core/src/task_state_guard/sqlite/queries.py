@@ -309,9 +309,10 @@ class SQLiteQueries:
         return [row[0] for row in conn.execute(sql, params).fetchall()]
 
     @staticmethod
-    def claimed(conn: sqlite3.Connection, seqs: list[int]) -> list[tuple[Any, ...]]:
+    def claimed(conn: sqlite3.Connection, seqs: list[int], threads: bool) -> list[tuple[Any, ...]]:
         params: dict[str, Any] = {}
-        return conn.execute(_list(_SQL["claimed"], params, "seqs", seqs), params).fetchall()
+        sql = _SQL["claimed_threads" if threads else "claimed"]
+        return conn.execute(_list(sql, params, "seqs", seqs), params).fetchall()
 
     @staticmethod
     def publish_verdicts(conn: sqlite3.Connection, now: float, task_ids: list[str]) -> int:

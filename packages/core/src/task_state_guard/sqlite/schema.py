@@ -37,7 +37,12 @@ accept is unchanged, and so are the tables' columns and rows: the upgrade from v
 three tables' stored definitions in place with the text a v8 file stores
 (``PRAGMA writable_schema``, no row is copied) and recreates the three triggers. A SQLite that
 refuses to rewrite its own schema keeps the file at v7, which this release reads and writes
-as it is.
+as it is (without thread ids: the v9 step follows v8's).
+
+v9 adds ``tsg_tasks.thread_id``, the framework's thread of a logical task (a LangGraph thread
+id), and a partial index that finds a thread's tasks; NULL for every task recorded before.
+Task rows are read without it (``store.transitions.TASK_COLUMNS``): only a thread's lookups
+and the verdicts' claim read it, on a layout that has it.
 """
 
 from __future__ import annotations
@@ -72,16 +77,18 @@ V5 = "v5"
 V6 = "v6"
 V7 = "v7"
 V8 = "v8"
+V9 = "v9"
 #: The layout this release writes.
-CURRENT = V8
+CURRENT = V9
 #: The layouts that have the verdict outbox (v5 and later).
-OUTBOX_LAYOUTS = frozenset({"v5", "v6", "v7", "v8"})
+OUTBOX_LAYOUTS = frozenset({"v5", "v6", "v7", "v8", "v9"})
 RELEASE_010 = "0.1.0"  # the layout written by the published task-state-guard 0.1.0
 #: A ledger written by a later release (its own metadata says so): ``schema_newer``, never
 #: "foreign".
 NEWER = "newer"
 #: The schema version each layout stores about itself (0.1.0 called its layout version 2).
-STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, V7: 7, V8: 8, RELEASE_010: 2}
+STORED_VERSION = {V1: 1, V2: 2, V3: 3, V4: 4, V5: 5, V6: 6, V7: 7, V8: 8, V9: 9,
+                  RELEASE_010: 2}
 KNOWN = frozenset(STORED_VERSION)
 
 _TERMINAL = rules.TERMINAL_SQL
@@ -358,6 +365,11 @@ DDL_V8 = [
     *_V7_ADDITIONS,
 ]
 
+# ----------------------------------------------------------------------------- v9
+
+_V9_ADDITIONS = rules.add_thread_column("sqlite")
+DDL_V9 = [*DDL_V8, *_V9_ADDITIONS]
+
 # ----------------------------------------------------------------------------- v1 and v2
 
 _TASK_COLUMNS_V1 = """
@@ -533,7 +545,7 @@ def read_fingerprint(conn: sqlite3.Connection, schema: str = "main") -> Fingerpr
 def _built(fmt: str) -> sqlite3.Connection:
     """An in-memory database built from the DDL of layout ``fmt`` (the caller closes it)."""
     ddl = {V1: DDL_V1, V2: DDL_V2, V3: DDL_V3, V4: DDL_V4, V5: DDL_V5, V6: DDL_V6,
-           V7: DDL_V7, V8: DDL_V8}[fmt]
+           V7: DDL_V7, V8: DDL_V8, V9: DDL_V9}[fmt]
     conn = sqlite3.connect(":memory:")
     for statement in ddl:
         conn.execute(statement)
@@ -574,7 +586,7 @@ def _changed_by(fmt: str, before: str) -> dict[tuple[str, str], str]:
 
 
 def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
-    """Return EMPTY, V1 to V8 or RELEASE_010 for an exact known schema; NEWER for a layout
+    """Return EMPTY, V1 to V9 or RELEASE_010 for an exact known schema; NEWER for a layout
     this release does not know whose metadata says it is a ledger of a later release; else
     None (foreign, or tampered: a known layout whose metadata says otherwise)."""
     found = read_fingerprint(conn, schema)
@@ -583,7 +595,7 @@ def detect_format(conn: sqlite3.Connection, schema: str = "main") -> str | None:
     if not any(found == expected_fingerprint(fmt) for fmt in KNOWN):
         has_meta = any(row[:2] == ("table", "tsg_meta") for row in found)
         return NEWER if has_meta and _is_newer(conn, schema) else None
-    for fmt in (V8, V7, V6, V5, V4, V3, V2, V1, RELEASE_010):
+    for fmt in (V9, V8, V7, V6, V5, V4, V3, V2, V1, RELEASE_010):
         if found != expected_fingerprint(fmt):
             continue
         if fmt == RELEASE_010:
@@ -630,7 +642,7 @@ def _is_newer(conn: sqlite3.Connection, schema: str) -> bool:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the current schema inside the caller's transaction."""
-    for statement in DDL_V8:
+    for statement in DDL_V9:
         conn.execute(statement)
     _write_meta(conn)
 
@@ -804,6 +816,13 @@ def _v7_to_v8(conn: sqlite3.Connection, fmt: str) -> None:
     _set_version(conn, V8)
 
 
+def _v8_to_v9(conn: sqlite3.Connection, fmt: str) -> None:
+    """v8 to v9: the thread column (NULL for every task stored before) and its index."""
+    for statement in _V9_ADDITIONS:
+        conn.execute(statement)
+    _set_version(conn, V9)
+
+
 def _set_version(conn: sqlite3.Connection, fmt: str) -> None:
     conn.execute(
         "UPDATE tsg_meta SET value = ? WHERE key = 'schema_version'", (str(STORED_VERSION[fmt]),)
@@ -820,6 +839,7 @@ MIGRATIONS: dict[str, tuple[str, Callable[[sqlite3.Connection, str], None]]] = {
     V5: (V6, _v5_to_v6),
     V6: (V7, _v6_to_v7),
     V7: (V8, _v7_to_v8),
+    V8: (V9, _v8_to_v9),
 }
 
 

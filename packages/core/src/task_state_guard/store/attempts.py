@@ -43,6 +43,8 @@ class Begin(NamedTuple):
     redelivery_seconds: float | None
     parent_id: str | None = None
     attempt: bool = True
+    #: The framework's thread of the logical task (``attempt=False`` only): stored with it.
+    thread_id: str | None = None
 
 
 class End(NamedTuple):

@@ -42,7 +42,7 @@ MISSING_BACKEND = (
 BACKENDS = {"postgresql": "task_state_guard_postgres", "sqlite": "task_state_guard.sqlite.database"}
 #: The layout version the SQLite backend writes (``sqlite.schema`` takes it from here), stated
 #: here so the facade knows it without importing a backend.
-SQLITE_SCHEMA_VERSION = 8
+SQLITE_SCHEMA_VERSION = 9
 
 
 def url_scheme(target: object) -> str | None:

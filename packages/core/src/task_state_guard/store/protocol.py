@@ -41,18 +41,24 @@ class Layout:
     """A ledger's layout: ``version``, the schema version it stores (None: not yet opened, or
     not a ledger this release knows); ``current``, the version its backend writes (each backend
     versions its own layout); ``has_outbox``, whether it has the verdict outbox (an older
-    layout a read-only open reads in place has none: it owes no verdicts)."""
+    layout a read-only open reads in place has none: it owes no verdicts); ``has_threads``,
+    whether its tasks have the thread column (an older layout stores and finds no thread)."""
 
     version: int | None
     current: int
     has_outbox: bool
+    has_threads: bool = False
 
     @classmethod
-    def of(cls, version: int | None, current: int, first_with_outbox: int) -> Layout:
+    def of(cls, version: int | None, current: int, first_with_outbox: int,
+           first_with_threads: int) -> Layout:
         """The layout of a ledger at ``version`` of a backend that writes ``current`` and
-        added the outbox in ``first_with_outbox``."""
+        added the outbox in ``first_with_outbox``, the thread column in
+        ``first_with_threads``."""
+        known = version is not None and version <= current
         return cls(version, current,
-                   version is not None and first_with_outbox <= version <= current)
+                   known and first_with_outbox <= (version or 0),
+                   known and first_with_threads <= (version or 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,8 @@ class TaskQuery:
     ``name``: only that label; ``idle_before``: last sign of life (:data:`rules.IDLE_SINCE_SQL`)
     at or before; ``created_before``: created at or before; ``contradicted``: only jobs whose
     close an attempt contradicts (``attempts``: only those attempts;
-    :func:`rules.contradicts_close`); ``order``: a key of
+    :func:`rules.contradicts_close`); ``thread``: only the tasks of that framework thread (a
+    layout with the thread column); ``order``: a key of
     :data:`LIST_ORDERS`; ``after``: the (sort key, seq) of the row the page starts after;
     ``limit``: most rows. Rows: the task columns, its attempts, its idle-since time, its sort
     key and its seq.
@@ -113,6 +114,8 @@ class TaskQuery:
     after: tuple[Any, int] | None
     limit: int
     contradicted: bool = False
+    #: ``thread``: only the tasks of that framework thread.
+    thread: str | None = None
     #: ``code``: only that reason code; ``framework``: only tasks that adapter opened;
     #: ``contains``: only names holding that text (case as written); ``deadline_before``:
     #: only running tasks whose deadline is at or before it; ``owners``: only running tasks
@@ -153,13 +156,14 @@ class FindQuery:
     created at or before; ``job``: only that task and its direct children; ``limit``: most ids
     (None: all)."""
 
-    status: str
+    status: str | None
     open_only: bool
     idle_before: float | None
     name: str | None
     created_before: float | None
     job: str | None
     limit: int | None
+    thread: str | None = None
 
 
 #: When a task of a state last showed life, for :class:`FindQuery`: its heartbeat or start
@@ -291,8 +295,14 @@ def statements(d: Dialect) -> dict[str, str]:
         "claim": claim + claim_end,
         "claim_only": f"{claim} AND {of_tasks}{claim_end}",
         "claimed": (
-            "SELECT t.id, t.framework_id, t.name, t.terminal_code, v.framework, v.recorded_at "
-            "FROM tsg_verdicts v JOIN tsg_tasks t ON t.seq = v.task_seq "
+            "SELECT t.id, t.framework_id, t.name, t.terminal_code, v.framework, v.recorded_at, "
+            "NULL FROM tsg_verdicts v JOIN tsg_tasks t ON t.seq = v.task_seq "
+            f"WHERE {d.among('v.task_seq', 'seqs', 'bigint')} ORDER BY v.task_seq"
+        ),
+        # A layout with the thread column: the thread of each claimed task too.
+        "claimed_threads": (
+            "SELECT t.id, t.framework_id, t.name, t.terminal_code, v.framework, v.recorded_at, "
+            "t.thread_id FROM tsg_verdicts v JOIN tsg_tasks t ON t.seq = v.task_seq "
             f"WHERE {d.among('v.task_seq', 'seqs', 'bigint')} ORDER BY v.task_seq"
         ),
         "publish": (
@@ -356,6 +366,9 @@ def listing(d: Dialect, columns: str, query: TaskQuery) -> tuple[str, dict[str, 
     if query.name is not None:
         clauses.append(f"name = {v('name')}")
         params["name"] = query.name
+    if query.thread is not None:  # the thread index
+        clauses.append(f"thread_id = {v('thread')}")
+        params["thread"] = query.thread
     if query.idle_before is not None:
         clauses.append(f"{rules.IDLE_SINCE_SQL} <= {v('idle_before')}")
         params["idle_before"] = query.idle_before
@@ -388,12 +401,16 @@ def listing(d: Dialect, columns: str, query: TaskQuery) -> tuple[str, dict[str, 
 def finding(d: Dialect, query: FindQuery) -> tuple[str, dict[str, Any]]:
     """A :class:`FindQuery`'s statement in dialect ``d`` and the values it binds by name."""
     v = d.mark
-    status = f"status = {v('status')}"
-    sql = "SELECT id FROM tsg_tasks WHERE " + (
-        f"{OPEN_WORK} AND {status}" if query.open_only else status)
-    params: dict[str, Any] = {"status": query.status}
+    clauses = [] if query.status is None else [f"status = {v('status')}"]
+    params: dict[str, Any] = {} if query.status is None else {"status": query.status}
+    if query.open_only:
+        clauses.insert(0, OPEN_WORK)
+    if query.thread is not None:  # the thread index
+        clauses.append(f"thread_id = {v('thread')}")
+        params["thread"] = query.thread
+    sql = "SELECT id FROM tsg_tasks WHERE " + " AND ".join(clauses or ["1 = 1"])
     if query.idle_before is not None:
-        since = FIND_IDLE_SINCE.get(query.status, FIND_IDLE_SINCE_CLOSED)
+        since = FIND_IDLE_SINCE.get(query.status or "", FIND_IDLE_SINCE_CLOSED)
         sql += f" AND {since} <= {v('idle_before')}"
         params["idle_before"] = query.idle_before
     if query.name is not None:
@@ -536,9 +553,10 @@ class Queries(Protocol):
         task seqs claimed."""
         ...
 
-    def claimed(self, conn: Any, seqs: list[int]) -> list[tuple[Any, ...]]:
-        """``(id, framework_id, name, terminal_code, framework, recorded_at)`` of the verdicts
-        of ``seqs``, in seq order."""
+    def claimed(self, conn: Any, seqs: list[int], threads: bool) -> list[tuple[Any, ...]]:
+        """``(id, framework_id, name, terminal_code, framework, recorded_at, thread_id)`` of
+        the verdicts of ``seqs``, in seq order (``threads``: the layout has the thread
+        column, else ``thread_id`` is None)."""
         ...
 
     def publish_verdicts(self, conn: Any, now: float, task_ids: list[str]) -> int:
