@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+
 from task_state_guard import LedgerError, StorageError
 from task_state_guard.integration import AdapterRuntime, Closing
 from task_state_guard.integration.attempts import AttemptSpec
@@ -63,8 +64,13 @@ def write_history(
                 if owner:
                     rt.claim_attempt(AttemptSpec(parent_id, name, attempt_id=task_id))
                 else:
-                    rt.start_task(task_id, parent_id=parent_id, delivery_required=False,
-                                  name=name, owner=False)
+                    rt.start_task(
+                        task_id,
+                        parent_id=parent_id,
+                        delivery_required=False,
+                        name=name,
+                        owner=False,
+                    )
             except StorageError:
                 raise  # the write itself failed: nothing of it commits
             except LedgerError as exc:  # an id recorded already, a parent that is not
@@ -94,11 +100,19 @@ def _levels(starts: Sequence[Start]) -> list[list[tuple[str, str, str | None, No
 class NodeHistory:
     """The buffered node attempts of one invocation (see the module docstring)."""
 
-    __slots__ = ("_rt", "_owner", "_lock", "_flushing", "_starts", "_ended", "_held",
-                 "_flusher", "_live")
+    __slots__ = (
+        "_ended",
+        "_flusher",
+        "_flushing",
+        "_held",
+        "_live",
+        "_lock",
+        "_owner",
+        "_rt",
+        "_starts",
+    )
 
-    def __init__(self, rt: AdapterRuntime, *, owner: bool,
-                 flusher: HistoryFlusher | None) -> None:
+    def __init__(self, rt: AdapterRuntime, *, owner: bool, flusher: HistoryFlusher | None) -> None:
         self._rt = rt
         self._owner = owner
         self._lock = threading.Lock()
@@ -202,7 +216,8 @@ class HistoryFlusher:
             self._live.add(history)
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(
-                    target=self._run, name="tsg-node-history", daemon=True)
+                    target=self._run, name="tsg-node-history", daemon=True
+                )
                 self._thread.start()
 
     def unregister(self, history: NodeHistory) -> None:
