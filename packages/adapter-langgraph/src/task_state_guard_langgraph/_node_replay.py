@@ -62,30 +62,41 @@ def _nodes(snapshot: Any, last: bool) -> list[LostNode]:
 
 
 class _Collect:
-    """Sorts a thread's checkpoints, newest first, into the lost runs' node attempts."""
+    """Sorts a thread's checkpoints, newest first, into the lost runs' node attempts.
 
-    def __init__(self, wanted: Iterable[str]) -> None:
-        self.wanted = set(wanted)
+    ``wanted``: the lost runs' invocation ids; ``path``: every invocation of the lineage (no
+    checkpoint older than the first one not on it can be theirs); ``head``: the lineage's last
+    invocation when it is lost (it may have died before writing a checkpoint of its own: a
+    continuation's running nodes are then the tasks of the thread's latest checkpoint)."""
+
+    def __init__(self, wanted: dict[str, str], path: Iterable[str], head: str | None) -> None:
+        self.wanted = wanted  # invocation id -> ledger task id
+        self.path = set(path)
+        self.head = head
         self.runs: dict[str, list[Any]] = {}  # invocation -> its checkpoints, newest first
-        self.parents: dict[str, Any] = {}  # invocation -> the checkpoint before its first
+        self.parents: dict[str | None, Any] = {}  # invocation -> the checkpoint before its first
+        self.latest: Any = None
         self._last: str | None = None
         self.seen = 0
 
     def add(self, snapshot: Any) -> bool:
         """Take the next (older) checkpoint; False once nothing older can matter."""
-        self.seen += 1
         meta = snapshot.metadata or {}
         named = meta.get(METADATA_KEY)
         named = None if named is None else str(named)
-        if self._last is not None and named != self._last and self._last not in self.parents:
+        if self.seen and named != self._last and self._last not in self.parents:
             self.parents[self._last] = snapshot
+        if self.latest is None:
+            self.latest = snapshot
+        self.seen += 1
         if named in self.wanted and meta.get("source") not in EDIT_SOURCES:
             self.runs.setdefault(named, []).append(snapshot)
         self._last = named
-        done = set(self.runs) == self.wanted and all(n in self.parents for n in self.wanted)
-        return not done and self.seen < MAX_SNAPSHOTS
+        outside = named is not None and named not in self.path
+        return not outside and self.seen < MAX_SNAPSHOTS
 
     def result(self) -> dict[str, list[LostNode]]:
+        """The node attempts of each lost run, by ledger task id."""
         out: dict[str, list[LostNode]] = {}
         for invocation, snapshots in self.runs.items():
             nodes: list[LostNode] = []
@@ -95,7 +106,12 @@ class _Collect:
                 nodes += _nodes(parent, False)  # a continuation ran its parent's tasks first
             for i, snapshot in enumerate(reversed(snapshots)):
                 nodes += _nodes(snapshot, i == len(snapshots) - 1)
-            out[invocation] = nodes
+            out[self.wanted[invocation]] = nodes
+        head = self.head
+        if head is not None and head not in out and self.latest is not None:
+            # Died before writing a checkpoint: what it was running is what the thread's
+            # latest checkpoint still has to run.
+            out[head] = [n for n in _nodes(self.latest, True) if n.status == c.TIMED_OUT]
         return out
 
 
@@ -103,10 +119,10 @@ def _config(thread_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id}}
 
 
-def read(graph: Any, thread_id: str, wanted: Iterable[str]) -> dict[str, list[LostNode]]:
-    """The node attempts of the runs ``wanted`` (invocation ids) on the thread."""
-    collect = _Collect(wanted)
-    if collect.wanted:
+def read(graph: Any, thread_id: str, head: Head) -> dict[str, list[LostNode]]:
+    """The node attempts of the lost runs on the thread's lineage ``head``, by invocation id."""
+    collect = _collect(head)
+    if collect.wanted or collect.head is not None:
         history: Iterator[Any] = iter(graph.get_state_history(_config(thread_id)))
         for snapshot in history:
             if not collect.add(snapshot):
@@ -114,10 +130,10 @@ def read(graph: Any, thread_id: str, wanted: Iterable[str]) -> dict[str, list[Lo
     return collect.result()
 
 
-async def aread(graph: Any, thread_id: str, wanted: Iterable[str]) -> dict[str, list[LostNode]]:
+async def aread(graph: Any, thread_id: str, head: Head) -> dict[str, list[LostNode]]:
     """:func:`read` for async checkpointers."""
-    collect = _Collect(wanted)
-    if collect.wanted:
+    collect = _collect(head)
+    if collect.wanted or collect.head is not None:
         history: AsyncIterator[Any] = graph.aget_state_history(_config(thread_id))
         async for snapshot in history:
             if not collect.add(snapshot):
@@ -125,16 +141,22 @@ async def aread(graph: Any, thread_id: str, wanted: Iterable[str]) -> dict[str, 
     return collect.result()
 
 
-def write(rt: AdapterRuntime, invocation_id: str, task: Any, nodes: Sequence[LostNode]) -> int:
+def write(
+    rt: AdapterRuntime, invocation_id: str | None, task: Any, nodes: Sequence[LostNode]
+) -> int:
     """Write the lost run's node attempts ``nodes`` under its ledger task ``task`` (those it
     committed itself are left as they are); an attempt that was running when the run was lost
     closes ``timed_out`` with the run's own code (``owner_lost``, ``restart_stale``...).
+    Without the run's invocation id (not stored: not a canonical UUID) the ids the live run
+    gave its attempts are unknown: they are written only when it committed none itself.
     Returns how many were written."""
     task_id = task.id
     if not nodes:
         return 0
     known = {child.id for child in rt.ledger.children_of(task_id)}
-    ids = AttemptIds(invocation_id)
+    if invocation_id is None and _has_attempts(rt, task_id):
+        return 0
+    ids = AttemptIds(invocation_id if invocation_id is not None else f"task|{task_id}")
     starts: list[Start] = []
     closings: list[Closing] = []
     for node in nodes:
@@ -151,13 +173,19 @@ def write(rt: AdapterRuntime, invocation_id: str, task: Any, nodes: Sequence[Los
     return len(starts)
 
 
-def lost_ids(head: Head) -> list[str]:
-    """Invocation ids of the lost runs on a thread's lineage (whose attempts are replayed)."""
-    return [
-        link.invocation_id
+def _collect(head: Head) -> _Collect:
+    lost = {
+        link.invocation_id: link.task.id
         for link in head.path
         if link.task.status == c.TIMED_OUT and link.invocation_id is not None
-    ]
+    }
+    path = [link.invocation_id for link in head.path if link.invocation_id is not None]
+    last = head.task.id if head.task.status == c.TIMED_OUT else None
+    return _Collect(lost, path, last)
+
+
+def _has_attempts(rt: AdapterRuntime, task_id: str) -> bool:
+    return any(not child.delivery_required for child in rt.ledger.children_of(task_id))
 
 
 def write_claimed(
@@ -167,11 +195,10 @@ def write_claimed(
     written = 0
     for one in claimed:
         link = one.link
-        if link is not None and link.invocation_id is not None:
-            nodes = lost_nodes.get(link.invocation_id)
-            if nodes:
-                written += write(rt, link.invocation_id, link.task, nodes)
+        nodes = lost_nodes.get(link.task.id) if link is not None else None
+        if link is not None and nodes:
+            written += write(rt, link.invocation_id, link.task, nodes)
     return written
 
 
-__all__ = ["LostNode", "aread", "lost_ids", "read", "write", "write_claimed"]
+__all__ = ["LostNode", "aread", "read", "write", "write_claimed"]

@@ -227,7 +227,7 @@ class RecoveryMixin:
         state = None
         if found[1] is not None:
             state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
-        lost_nodes = replay.read(self._graph, thread_id, replay.lost_ids(found[0]))
+        lost_nodes = replay.read(self._graph, thread_id, found[0])
         return _finding(thread_id, *found, state, tup, lost_nodes)
 
     async def _aexamine(self, saver: Any, thread_id: str) -> _Finding | None:
@@ -241,7 +241,7 @@ class RecoveryMixin:
         state = None
         if found[1] is not None:
             state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
-        lost_nodes = await replay.aread(self._graph, thread_id, replay.lost_ids(found[0]))
+        lost_nodes = await replay.aread(self._graph, thread_id, found[0])
         return _finding(thread_id, *found, state, tup, lost_nodes)
 
     # -- settling a finding: claim, report ----------------------------------------------------
