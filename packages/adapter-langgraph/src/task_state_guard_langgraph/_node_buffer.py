@@ -45,42 +45,55 @@ def write_history(
     An attempt that starts and closes in the same write is recorded from its close alone:
     queued and closed at that moment (no start time: the ledger never claims one it does
     not know). Queued attempts are written by nesting depth, one ``end attempt`` each (a
-    PostgreSQL statement sees no row inserted by the same statement), then every close in one
-    more (``AdapterRuntime.close_tasks``). One still running is started first (owned by this
-    process with ``owner``). A start the ledger refuses is skipped and counted under ``open``;
-    the closes are judged and counted as ``close_tasks`` does. When the write itself fails
-    nothing of it was committed and the error is raised."""
+    PostgreSQL statement sees no row inserted by the same statement); one still running is
+    started (owned by this process with ``owner``), in start order; then every close in one
+    more ``end attempt`` (``AdapterRuntime.close_tasks``). A start the ledger refuses is
+    skipped and counted under ``open``; the closes are judged and counted as ``close_tasks``
+    does. When the write itself fails nothing of it was committed and the error is raised."""
     closing_ids = {closing[0] for closing in closings}
-    running = [start for start in starts if start[0] not in closing_ids]
-    levels = _levels([start for start in starts if start[0] in closing_ids])
     rt.release(*closing_ids)
-    if not running and not levels:
+    if not starts:
         rt.close_tasks(closings, where=where)
         return set()
     written: set[str] = set()
     with rt.ledger.atomic():
-        for task_id, parent_id, name in running:
-            try:
-                if owner:
-                    rt.claim_attempt(AttemptSpec(parent_id, name, attempt_id=task_id))
-                else:
-                    rt.start_task(
-                        task_id,
-                        parent_id=parent_id,
-                        delivery_required=False,
-                        name=name,
-                        owner=False,
-                    )
-            except StorageError:
-                raise  # the write itself failed: nothing of it commits
-            except LedgerError as exc:  # an id recorded already, a parent that is not
-                rt.policy.error("open", exc)
+        # In start order (the ledger lists a task's children so): runs of attempts that
+        # closed already are queued together, one still running is started on its own.
+        done: list[Start] = []
+        for start in starts:
+            if start[0] in closing_ids:
+                done.append(start)
                 continue
-            written.add(task_id)
-        for level in levels:
-            rt.close_tasks((), where=where, queue=level)
+            _queue(rt, done, where)
+            done = []
+            if _start(rt, start, owner):
+                written.add(start[0])
+        _queue(rt, done, where)
         rt.close_tasks(closings, where=where)
     return written
+
+
+def _queue(rt: AdapterRuntime, starts: Sequence[Start], where: str) -> None:
+    for level in _levels(starts):
+        rt.close_tasks((), where=where, queue=level)
+
+
+def _start(rt: AdapterRuntime, start: Start, owner: bool) -> bool:
+    """Record one attempt running; False when the ledger refused it (counted)."""
+    task_id, parent_id, name = start
+    try:
+        if owner:
+            rt.claim_attempt(AttemptSpec(parent_id, name, attempt_id=task_id))
+        else:
+            rt.start_task(
+                task_id, parent_id=parent_id, delivery_required=False, name=name, owner=False
+            )
+    except StorageError:
+        raise  # the write itself failed: nothing of it commits
+    except LedgerError as exc:  # an id recorded already, a parent that is not
+        rt.policy.error("open", exc)
+        return False
+    return True
 
 
 def _levels(starts: Sequence[Start]) -> list[list[tuple[str, str, str | None, None]]]:
