@@ -55,14 +55,18 @@ def test_a_running_node_is_in_the_ledger_within_one_heartbeat(
             time.sleep(0.05)
         return {"log": ["slow"]}
 
-    app = guard(_two_nodes(slow).compile(checkpointer=saver), db=db, strict=True,
-                heartbeat_seconds=0.2)
+    app = guard(
+        _two_nodes(slow).compile(checkpointer=saver), db=db, strict=True, heartbeat_seconds=0.2
+    )
     apps.append(app)
     app.invoke({"log": []}, {"configurable": {"thread_id": "live"}}, invocation_id="live")
     # While it ran: the finished node closed, the running one owned by this process.
     assert seen == [[("first", "succeeded", False), ("slow", "running", True)]]
     assert shape(tree(app.ledger, logical_task_id("live"))) == (
-        "LangGraph", "succeeded", "completed", (("first", *OK), ("slow", *OK)),
+        "LangGraph",
+        "succeeded",
+        "completed",
+        (("first", *OK), ("slow", *OK)),
     )
     assert app.stats()["errors"] == {} and app.stats()["conflicts"] == {}
     assert_healthy(app.ledger)
@@ -77,13 +81,15 @@ def test_heartbeat_helper_commits_the_node_history(db: str, saver: Any, apps: li
         seen.append(_attempts(db, "helper"))
         return {"log": ["slow"]}
 
-    app = guard(_two_nodes(slow).compile(checkpointer=saver), db=db, strict=True,
-                heartbeat_seconds=0)
+    app = guard(
+        _two_nodes(slow).compile(checkpointer=saver), db=db, strict=True, heartbeat_seconds=0
+    )
     apps.append(app)
     app.invoke({"log": []}, {"configurable": {"thread_id": "h"}}, invocation_id="helper")
     assert seen == [[], [("first", "succeeded", False), ("slow", "running", True)]]
     assert shape(tree(app.ledger, logical_task_id("helper")))[3] == (
-        ("first", *OK), ("slow", *OK),
+        ("first", *OK),
+        ("slow", *OK),
     )
     assert_healthy(app.ledger)
 
@@ -96,8 +102,15 @@ def test_a_flushed_running_node_is_lost_once_after_sigkill(
     monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "0.2")
     marker = work / "marker"
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "lg_crash_graph.py"), db, str(work / "checkpoints.sqlite"),
-         str(marker), "flushed-thread", "flushed-1"],
+        [
+            sys.executable,
+            str(HERE / "lg_crash_graph.py"),
+            db,
+            str(work / "checkpoints.sqlite"),
+            str(marker),
+            "flushed-thread",
+            "flushed-1",
+        ],
         cwd=str(HERE),
     )
     try:
@@ -116,7 +129,8 @@ def test_a_flushed_running_node_is_lost_once_after_sigkill(
     assert app.last_reconcile is not None and app.last_reconcile["tasks_timed_out"] == 2
     lost = ("timed_out", "owner_lost", ())
     assert shape(tree(app.ledger, logical_task_id("flushed-1")))[3] == (
-        ("prepare", *OK), ("slow", *lost),
+        ("prepare", *OK),
+        ("slow", *lost),
     )
     report = app.recover(durability="sync")
     assert report.resumed == ["flushed-thread"]

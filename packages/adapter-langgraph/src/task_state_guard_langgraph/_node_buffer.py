@@ -165,7 +165,7 @@ class NodeHistory:
                 with self._lock:  # nothing was written: back to the front of the buffer
                     self._starts[:0] = starts
                     self._ended[:0] = ended
-                self._rt.policy.error("node_history", exc)
+                self._rt.policy.record("node_history", exc)  # never raised: a background tick
                 return
             closed = {closing[0] for closing in ended}
             running = [t for t in written if t not in closed]
@@ -190,10 +190,11 @@ class NodeHistory:
             try:
                 write_history(self._rt, starts, every, owner=self._owner)
             except Exception as exc:
-                self._rt.policy.error("node_history", exc)
                 with self._lock:
-                    held = self._held
+                    held, self._held = self._held, set()
+                # The invocation's close (and the attempts written earlier) on their own.
                 self._rt.close_tasks([c for c in every if c[0] in held or not c[3]])
+                self._rt.policy.error("node_history", exc)
             with self._lock:
                 self._held.clear()
 
