@@ -14,9 +14,10 @@ class State(TypedDict, total=False):
 
 
 def tree(ledger: Ledger, task_id: str) -> dict[str, Any]:
-    """The ledger subtree under ``task_id`` as nested dicts (children in creation order)."""
+    """The ledger subtree under ``task_id`` as nested dicts (children in creation order: the
+    ledger's order, which also orders node attempts recorded in one write)."""
     task = ledger.get_task(task_id)
-    children = sorted(ledger.children_of(task_id), key=lambda t: (t.created_at, t.id))
+    children = sorted(ledger.children_of(task_id), key=lambda t: t.created_at)
     return {
         "id": task.id,
         "name": task.name,

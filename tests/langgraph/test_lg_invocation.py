@@ -254,12 +254,13 @@ class _CountingLedger(Ledger):
 
 
 @pytest.mark.postgresql_only
-def test_one_statement_per_moment_on_postgresql(
+def test_statements_per_invocation_on_postgresql(
     db: str, saver: Any, apps: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On PostgreSQL each boundary is one statement: the invocation's start (create and
-    start), the first node's start, each later boundary (the ended node's close with the next
-    node's start) and the close; no BEGIN, no COMMIT, no row lock taken before."""
+    """On PostgreSQL the invocation's start is one statement (create and start) and its end
+    one transaction: the node history (the attempts, queued in one statement) and every close
+    (the attempts' and the invocation's, one statement); nothing between, whatever the number
+    of nodes, and no row lock taken before."""
     from task_state_guard_postgres import driver
 
     builder = StateGraph(State)
@@ -285,8 +286,10 @@ def test_one_statement_per_moment_on_postgresql(
     out = app.invoke({"log": []}, {"configurable": {"thread_id": "st"}}, invocation_id="st")
     monkeypatch.undo()
     assert out["log"] == ["plan", "act", "check"]
-    assert len(statements) == 5, statements
-    assert not [s for s in statements if s.split()[0].upper() in ("BEGIN", "COMMIT")]
+    kinds = [s.split()[0].upper() for s in statements]
+    assert kinds == ["WITH", "BEGIN", "WITH", "WITH", "COMMIT"], statements
+    assert "INSERT INTO tsg_tasks" in statements[2] and "'queued'" in statements[2]
+    assert "UPDATE tsg_tasks" in statements[3] and "INSERT" not in statements[3]
     ok = ("succeeded", "worker_completed", ())
     assert shape(tree(ledger, app.logical_task_id("st"))) == (
         "LangGraph", "succeeded", "completed",
@@ -296,18 +299,18 @@ def test_one_statement_per_moment_on_postgresql(
     ledger.close()
 
 
-def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> None:
+def test_one_transaction_per_invocation_end(db: str, saver: Any, apps: list[Any]) -> None:
     seen: dict[str, Any] = {}
 
     def plan(state: State) -> dict[str, Any]:
-        # While the node runs, its attempt is already a committed, owned, running record.
+        # While the node runs (no heartbeat), only the invocation is a committed record: the
+        # node attempts are history, buffered until the invocation's end.
         with Ledger(db) as other:  # another connection sees only committed data
             running = [other.get_task(i) for i in other.find_task_ids("running")]
         seen["running"] = sorted((str(t.name), t.has_owner) for t in running)
         return {"log": ["plan"]}
 
     def act(state: State) -> dict[str, Any]:
-        # The previous attempt's close was committed with this attempt's start.
         with Ledger(db) as other:
             ids = [i for st in ("running", "succeeded") for i in other.find_task_ids(st)]
             tasks = [other.get_task(i) for i in ids]
@@ -326,11 +329,11 @@ def test_one_transaction_per_moment(db: str, saver: Any, apps: list[Any]) -> Non
     apps.append(app)
     before = ledger.transactions
     app.invoke({"log": []}, {"configurable": {"thread_id": "tx"}}, invocation_id="tx")
-    # One transaction per boundary: the invocation's start; plan's start; plan's close (and
-    # delivery) with act's start; act's close with the invocation's close.
-    assert ledger.transactions - before == 4
-    assert seen["running"] == [("LangGraph", True), ("plan", True)]
-    assert seen["act"] == [("LangGraph", "running"), ("act", "running"), ("plan", "succeeded")]
+    # Two transactions, whatever the number of nodes: the invocation's start; the node
+    # history (both attempts, their closes and deliveries) with the invocation's close.
+    assert ledger.transactions - before == 2
+    assert seen["running"] == [("LangGraph", True)]
+    assert seen["act"] == [("LangGraph", "running")]
     ok = ("succeeded", "worker_completed", ())
     assert shape(tree(ledger, app.logical_task_id("tx"))) == (
         "LangGraph",

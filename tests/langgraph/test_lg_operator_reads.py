@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,9 @@ def _held_graph(checkpoints: str, entered: threading.Event, release: threading.E
 def test_a_running_recovery_run_is_listed_as_a_task(work: Path, db: str, apps: list[Any]) -> None:
     _kill_mid_node(work, db, "listed-thread", "listed-1")
     entered, release = threading.Event(), threading.Event()
-    app = guard(_held_graph(str(work / "checkpoints.sqlite"), entered, release), db=db)
+    # Node attempts are history committed every heartbeat: a short one lists the running node.
+    app = guard(_held_graph(str(work / "checkpoints.sqlite"), entered, release), db=db,
+                heartbeat_seconds=0.2)
     apps.append(app)
     reports: list[Any] = []
     recovering = threading.Thread(target=lambda: reports.append(app.recover(durability="sync")))
@@ -60,10 +63,13 @@ def test_a_running_recovery_run_is_listed_as_a_task(work: Path, db: str, apps: l
         text = run_cli("--db", db, "tasks", "--format", "text").stdout.splitlines()
         assert text[0].split()[:2] == ["ID", "KIND"]
         assert [line.split()[:2] for line in text[1:]] == [[run_id, "task"]]
-        attempts = assert_json_line(
-            run_cli("--db", db, "tasks", "--langgraph", recovery, "--attempts", "--details"))
-        assert [(r["name"], r["kind"], r["status"]) for r in attempts["tasks"]] == [
-            ("slow", "attempt", "running")]
+        listed: list[Any] = []
+        deadline = time.monotonic() + 30  # one heartbeat (0.2 s), generously
+        while not listed and time.monotonic() < deadline:
+            attempts = assert_json_line(
+                run_cli("--db", db, "tasks", "--langgraph", recovery, "--attempts", "--details"))
+            listed = [(r["name"], r["kind"], r["status"]) for r in attempts["tasks"]]
+        assert listed == [("slow", "attempt", "running")]
         found = assert_json_line(run_cli("--db", db, "get", "--langgraph", recovery))["task"]
         assert (found["id"], found["parent_id"], found["status"]) == (run_id, lost_id, "running")
         assert recovery not in run_cli("--db", db, "get", "--langgraph", recovery).stdout

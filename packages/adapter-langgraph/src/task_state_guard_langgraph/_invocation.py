@@ -94,9 +94,12 @@ class Invocation:
             closings = self.handler.take_open(*leftover)
         if self.task_id is not None:
             closings.append((self.task_id, status, code, False))
-        # Leftover attempts and the invocation close at the same moment: one transaction.
+        # The node history, leftover attempts and the invocation close: one transaction.
         try:
-            self._rec.close_many(closings)
+            if self.handler is not None:
+                self.handler.finish(closings)
+            else:
+                self._rec.close_many(closings)
         finally:
             self._rec.closed(self)
         return outcome

@@ -31,6 +31,8 @@ from task_state_guard import StateConflict
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
 from task_state_guard.integration.child_attempts import begin_child, end_tasks
 
+from ._node_buffer import HistoryFlusher
+
 T = TypeVar("T")
 
 #: At most this many threads run the ledger writes of async runs (per guarded graph and
@@ -100,6 +102,8 @@ class Recorder:
     def __init__(self, runtime: AdapterRuntime, *, owner: bool = True) -> None:
         self.rt = runtime
         self.owner = owner
+        #: Commits the buffered node history of running invocations every heartbeat.
+        self.history = HistoryFlusher(runtime, runtime.settings.heartbeat_seconds)
         self._writer: ThreadPoolExecutor | None = None
         self._writer_pid = 0
         self._writer_lock = threading.Lock()
@@ -148,7 +152,9 @@ class Recorder:
         return await asyncio.wrap_future(self.pool().submit(fn, *args))
 
     def shutdown(self) -> None:
-        """Finish queued writes, stop the writer threads, then close the runtime."""
+        """Commit the buffered node history, finish queued writes, stop the writer threads,
+        then close the runtime."""
+        self.history.stop()
         with self._writer_lock:
             writer, self._writer = self._writer, None
             mine = self._writer_pid == os.getpid()

@@ -31,6 +31,7 @@ from langgraph.runtime import RunControl
 from task_state_guard.integration import LostTask
 from task_state_guard.integration import codes as c
 
+from . import _node_replay as replay
 from ._ids import recovery_id_for_task
 from ._invocation import Invocation, finish_unstarted
 from ._lineage import (
@@ -138,6 +139,9 @@ class _Finding:
     resumable: bool
     #: The thread has work left at all.
     work_left: bool
+    #: The node attempts of the lost runs on the lineage, from the checkpoints (by invocation
+    #: id): written by the process that claims their verdicts.
+    lost_nodes: dict[str, list[replay.LostNode]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,13 +161,18 @@ def _kind(head: Head) -> str | None:
     return None
 
 
-def _finding(thread_id: str, head: Head, kind: str | None, state: Any, tup: Any) -> _Finding:
+def _finding(
+    thread_id: str, head: Head, kind: str | None, state: Any, tup: Any,
+    lost_nodes: dict[str, list[replay.LostNode]],
+) -> _Finding:
     if state is None:
-        return _Finding(thread_id, head, kind, False, False)
+        return _Finding(thread_id, head, kind, False, False, lost_nodes)
     work_left = bool(state.next)
     failed = any(t.error is not None for t in state.tasks)
     waiting = any(t.interrupts for t in state.tasks) and not resume_pending(tup)
-    return _Finding(thread_id, head, kind, work_left and not failed and not waiting, work_left)
+    return _Finding(
+        thread_id, head, kind, work_left and not failed and not waiting, work_left, lost_nodes
+    )
 
 
 def _lineage_lost(head: Head) -> bool:
@@ -219,7 +228,8 @@ class RecoveryMixin:
         state = None
         if found[1] is not None:
             state = self._graph.get_state({"configurable": {"thread_id": thread_id}})
-        return _finding(thread_id, *found, state, tup)
+        lost_nodes = replay.read(self._graph, thread_id, found[0])
+        return _finding(thread_id, *found, state, tup, lost_nodes)
 
     async def _aexamine(self, saver: Any, thread_id: str) -> _Finding | None:
         tup = await aget_tuple(
@@ -232,7 +242,8 @@ class RecoveryMixin:
         state = None
         if found[1] is not None:
             state = await self._graph.aget_state({"configurable": {"thread_id": thread_id}})
-        return _finding(thread_id, *found, state, tup)
+        lost_nodes = await replay.aread(self._graph, thread_id, found[0])
+        return _finding(thread_id, *found, state, tup, lost_nodes)
 
     # -- settling a finding: claim, report ----------------------------------------------------
 
@@ -248,6 +259,9 @@ class RecoveryMixin:
         event loop in async passes). Returns the claimed run."""
         rt = self._rec.rt
         claimed = claim_lineage(rt, finding.head)
+        # The node history the lost runs' processes took with them, from the checkpoints.
+        rt.policy.call("node_replay", partial(replay.write_claimed, rt, claimed,
+                                              finding.lost_nodes))
         lost = report_lost(rt, claimed, finding.thread_id)
         if lost:
             report.lost.append(finding.thread_id)

@@ -15,10 +15,11 @@ from functools import partial
 from typing import Any
 
 from langgraph.callbacks import GraphCallbackHandler, GraphInterruptEvent
-from task_state_guard.integration import AdapterRuntime, Closing, resolve_settings
+from task_state_guard.integration import AdapterRuntime, Closing, name_label, resolve_settings
 from task_state_guard.integration import codes as c
 
 from ._ids import AttemptIds, logical_task_id
+from ._node_buffer import NodeHistory
 from ._recorder import Lane, Recorder
 from ._retries import RetryOracle, classify_error
 
@@ -118,9 +119,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
         self._runs: dict[uuid.UUID, _Run] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._attempt_ids: dict[str, AttemptIds] = {}
-        # Closes of attempts that ended, committed with the next ledger write (the next
-        # attempt's start or the invocation's close): one transaction per node boundary.
-        self._pending: list[Closing] = []
+        # Node attempts are history: buffered, committed with the invocation's end, the
+        # flusher's next tick or a heartbeat() call (see ``_node_buffer``).
+        self._history = NodeHistory(recorder.rt, owner=recorder.owner, flusher=recorder.history)
         self.interrupted = False
 
     # -- public helpers ---------------------------------------------------------------------
@@ -140,7 +141,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
             return [r.task for r in self._runs.values() if r.task is not None]
 
     def beat_run(self, run_id: uuid.UUID | None) -> int:
-        """Heartbeat the attempt of callback run ``run_id`` and its ancestors."""
+        """Commit the buffered node history, then heartbeat the attempt of callback run
+        ``run_id`` and its ancestors."""
+        self._history.flush()
         with self._lock:
             run = self._runs.get(run_id) if run_id is not None else None
             chain = run.chain if run is not None else ()
@@ -152,14 +155,17 @@ class GuardCallbackHandler(GraphCallbackHandler):
         with self._lock:
             open_runs = [r for r in self._runs.values() if r.task is not None]
             self._runs.clear()
-            pending, self._pending = self._pending, []
         open_runs.sort(key=lambda r: len(r.chain), reverse=True)
-        # Ended attempts first (a child ends before its parent), then the leftovers.
-        return pending + [(r.task, status, code, True) for r in open_runs if r.task is not None]
+        return [(r.task, status, code, True) for r in open_runs if r.task is not None]
+
+    def finish(self, closings: list[Closing]) -> None:
+        """Commit the buffered node history (attempts, their closes) and then ``closings``
+        (innermost first: leftovers, then the invocation) in one ledger write."""
+        self._history.finish(closings)
 
     def close_open(self, status: str, code: str | None) -> None:
-        """Close every attempt still open (one ledger transaction)."""
-        self._rec.close_many(self.take_open(status, code))
+        """Close every attempt still open, with the buffered history (one ledger write)."""
+        self.finish(self.take_open(status, code))
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -206,19 +212,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 attempt=attempt,
             )
             self._runs[run_id] = run
-            pending, self._pending = self._pending, []
-        opened = self._rec.open(
-            task,
-            parent_id=parent_task,
-            delivery_required=False,
-            name=metadata.get("langgraph_node"),
-            closings=pending,
-        )
-        if not opened:
-            with self._lock:
-                # Not in the ledger: its subgraph nodes nest under the enclosing record.
-                run.task = None
-                run.chain = run.chain[1:]
+        self._history.start(task, parent_task, name_label(metadata.get("langgraph_node")))
 
     def _start_root(self, run_id: uuid.UUID, parent_run_id: uuid.UUID | None, name: object) -> None:
         # Called with the lock held.
@@ -245,7 +239,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
         if run is None:
             return
         if run.task is not None:
-            self._defer((run.task, c.SUCCEEDED, c.WORKER_COMPLETED, True))
+            self._history.end((run.task, c.SUCCEEDED, c.WORKER_COMPLETED, True))
         elif run.root:
             self._end_root(run, c.SUCCEEDED, c.COMPLETED)
 
@@ -263,21 +257,14 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 and self._oracle.will_retry(run.ns, run.attempt, error)
             ):
                 code = c.RETRY_SCHEDULED
-            self._defer((run.task, status, code, True))
+            self._history.end((run.task, status, code, True))
         elif run.root:
             self._end_root(run, status, code)
-
-    def _defer(self, closing: Closing) -> None:
-        """Keep an ended attempt's close for the next boundary write; stop beating it now."""
-        self._rec.rt.release(closing[0])
-        with self._lock:
-            self._pending.append(closing)
 
     def _end_root(self, run: _Run, status: str, code: str) -> None:
         if not self._owns_root:
             return
         with self._lock:
-            pending, self._pending = self._pending, []
             leftovers = [
                 r
                 for r in self._runs.values()
@@ -287,15 +274,15 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 del self._counts[key]
             self._attempt_ids.pop(run.invocation, None)
         leftovers.sort(key=lambda r: len(r.chain), reverse=True)
-        closings: list[Closing] = pending + [
+        closings: list[Closing] = [
             (left.task, c.CANCELLED, c.CALLER_CANCELLED, True)
             for left in leftovers
             if left.task is not None
         ]
         if run.chain:
             closings.append((run.chain[0], status, code, False))
-        # The leftovers and the invocation close at the same moment: one transaction.
-        self._rec.close_many(closings)
+        # The history, the leftovers and the invocation close at once: one transaction.
+        self._history.finish(closings)
 
     def on_interrupt(self, event: GraphInterruptEvent) -> None:
         self.interrupted = True
@@ -331,10 +318,8 @@ class AsyncGuardCallbackHandler(GuardCallbackHandler):
     """:class:`GuardCallbackHandler` for async runs (``ainvoke``, ``astream``,
     ``astream_events``): every ledger write runs on one of the recorder's writer threads, in the
     invocation's own lane, and is awaited, so the event loop never waits for the ledger (not
-    even while another process holds it locked), events keep their order, and a node starts
-    only once its attempt is committed.
-    Events that write nothing (ends of node attempts, whose closes ride with the next write,
-    routing functions) are handled inline.
+    even while another process holds it locked) and events keep their order. Events that
+    write nothing (node attempts, buffered as history; routing functions) are handled inline.
     """
 
     def _writes_on_end(self, run_id: uuid.UUID) -> bool:
@@ -366,8 +351,8 @@ class AsyncGuardCallbackHandler(GuardCallbackHandler):
         )
         with self._lock:
             tracked = parent_run_id is not None and parent_run_id in self._runs
-        if _is_node_run(tags, metadata) or not tracked:
-            await self._lane.call(start)  # may write: a node attempt, or a stand-alone root
+        if not tracked and not _is_node_run(tags, metadata):
+            await self._lane.call(start)  # may write: a stand-alone root
         else:
             start()
 

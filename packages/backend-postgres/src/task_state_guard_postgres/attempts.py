@@ -175,16 +175,18 @@ SELECT id FROM lg"""
 
 
 def _queue(v: Mark) -> str:
-    """The retries queued by an end (each under a parent that exists)."""
+    """The attempts queued by an end (each under a parent that exists), recorded in the
+    order given (their ``seq`` order, which lists a task's children oldest first)."""
     now = v("now")
     return f"""q AS (
     INSERT INTO tsg_tasks(id, parent_id, name, status, delivery_required, delivery_status,
         timeout_seconds, created_at, delivery_updated_at, updated_at)
     SELECT u.id, u.parent, u.name, 'queued', 0, 'pending', u.timeout, {now}, {now}, {now}
     FROM unnest({v('qids')}, {v('qparents')}, {v('qnames')},
-        {v('qtimeouts')}) AS u(id, parent, name, timeout)
+        {v('qtimeouts')}) WITH ORDINALITY AS u(id, parent, name, timeout, ord)
     WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent
         AND p.id = ANY({v('qparents')}) AND p.created_at <= {now})
+    ORDER BY u.ord
     ON CONFLICT (id) DO NOTHING RETURNING id),
 """
 
