@@ -179,7 +179,8 @@ def test_sigterm_drains_a_question_in_flight_and_the_next_start_answers_it(
 ) -> None:
     """The drain recipe: SIGTERM stops the question at its next step boundary (within the
     graceful-shutdown timeout), it answers 503, and the next start resumes the thread."""
-    api = Api(ledgers, tmp_path / "drain.log", gather_seconds=2)
+    # node history is committed every heartbeat: a short one lets the test see gather start
+    api = Api(ledgers, tmp_path / "drain.log", gather_seconds=3, TSG_HEARTBEAT_SECONDS="0.5")
     servers.append(api)
     answers: list[Any] = []
     asker = threading.Thread(target=lambda: answers.append(api.call(
