@@ -134,8 +134,11 @@ class Pool:
             return  # leased before a fork: the parent's, never touched here
         with self._cond:
             keep = (
-                not self._closed and conn.usable and not conn.in_transaction
-                and conn in self._open and len(self._open) <= BASE_CONNECTIONS
+                not self._closed
+                and conn.usable
+                and not conn.in_transaction
+                and conn in self._open
+                and len(self._open) <= BASE_CONNECTIONS
             )
             if keep:
                 self._idle.append(conn)

@@ -1,0 +1,115 @@
+"""The connection budget of a PostgreSQL ledger: one statement connection per process, whatever
+its number of threads, plus the owner lock's; a write blocked by another session's lock gets a
+connection of its own, given back when the block ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+from pg_fixtures import PG_BASE
+from pg_sessions import PeakSessions, count_sessions, session_name, settled
+from task_state_guard import Ledger
+
+THREADS = 20
+ROUNDS = 15
+
+
+def _work(
+    ledger: Ledger, start: threading.Barrier, owner: bool, errors: list[BaseException]
+) -> None:
+    try:
+        start.wait(30)
+        for _ in range(ROUNDS):
+            task = ledger.create_task()
+            ledger.start_task(task.id, owner=owner)
+            ledger.heartbeat_many([task.id])
+            with ledger.atomic():
+                ledger.get_task(task.id)
+                ledger.close_task(task.id, "succeeded")
+            ledger.list_tasks(limit=5)
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+
+
+def _run_threads(ledger: Ledger, owner: bool) -> None:
+    start = threading.Barrier(THREADS)
+    errors: list[BaseException] = []
+    threads = [
+        threading.Thread(target=_work, args=(ledger, start, owner, errors)) for _ in range(THREADS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+
+
+def test_twenty_threads_share_one_statement_connection(pg_url: str) -> None:
+    name = session_name()
+    with Ledger(f"{pg_url}&application_name={name}") as ledger, PeakSessions(name) as seen:
+        _run_threads(ledger, owner=False)
+        assert seen.now() == 1
+        _run_threads(ledger, owner=True)  # the owner's lock session comes on top
+        assert seen.now() == 2
+        assert ledger.status()["tasks"]["succeeded"] == 2 * THREADS * ROUNDS
+    assert seen.samples > 10
+    assert 1 <= seen.peak <= 2
+    # Closing the ledger closed its statement connection; the owner's lock session lives as
+    # long as the process (its tasks stay owned).
+    assert settled(name, 1) == 1
+
+
+def _hold_row(url: str, task_id: str, locked: threading.Event, release: threading.Event) -> None:
+    schema = url.split("schema=", 1)[1].split("&", 1)[0]
+    with psycopg.connect(PG_BASE) as conn:
+        conn.execute(f'SELECT 1 FROM "{schema}".tsg_tasks WHERE id = %s FOR UPDATE', (task_id,))
+        locked.set()
+        release.wait(60)
+
+
+def test_a_blocked_write_holds_up_its_own_thread_only(pg_url: str) -> None:
+    name = session_name()
+    with Ledger(f"{pg_url}&application_name={name}", busy_timeout_ms=60000) as ledger:
+        task = ledger.create_task()
+        ledger.start_task(task.id, owner=False)
+        locked, release = threading.Event(), threading.Event()
+        holder = threading.Thread(target=_hold_row, args=(pg_url, task.id, locked, release))
+        holder.start()
+        closed: list[str] = []
+        try:
+            assert locked.wait(30)
+            closer = threading.Thread(
+                target=lambda: closed.append(str(ledger.close_task(task.id, "succeeded").status))
+            )
+            closer.start()
+            deadline = time.monotonic() + 30
+            while not _waiting_for_a_lock(name):  # the close holds the kept connection, waiting
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            with PeakSessions(name) as seen:
+                # each waits past the stall, then runs on an extra connection of its own
+                other = ledger.create_task()
+                assert str(ledger.get_task(other.id).status) == "queued"
+            assert closed == []
+            assert seen.peak == 2  # the kept one (blocked) and one extra at a time
+            assert settled(name, 1) == 1  # each extra closed when its write was done
+        finally:
+            release.set()
+            holder.join(30)
+        closer.join(30)
+        assert closed == ["succeeded"]
+        assert settled(name, 1) == 1  # back to the budget once the block ended
+        ledger.create_task()
+        assert count_sessions(name) == 1
+
+
+def _waiting_for_a_lock(name: str) -> bool:
+    with psycopg.connect(PG_BASE, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND wait_event_type = 'Lock'",
+            (name,),
+        ).fetchone()
+    return bool(row and row[0])
