@@ -8,9 +8,10 @@ import threading
 import time
 
 import psycopg
+import pytest
 from pg_fixtures import PG_BASE
 from pg_sessions import PeakSessions, count_sessions, session_name, settled
-from task_state_guard import Ledger
+from task_state_guard import InvalidInput, Ledger
 
 THREADS = 20
 ROUNDS = 15
@@ -113,3 +114,43 @@ def _waiting_for_a_lock(name: str) -> bool:
             (name,),
         ).fetchone()
     return bool(row and row[0])
+
+
+def test_the_url_sets_how_many_statement_connections_a_process_keeps(pg_url: str) -> None:
+    name = session_name()
+    inside, leave = threading.Barrier(4), threading.Event()
+
+    def hold(ledger: Ledger) -> None:
+        with ledger.atomic():  # a transaction holds its connection until it ends
+            ledger.create_task()
+            inside.wait(30)
+            leave.wait(30)
+
+    with Ledger(f"{pg_url}&connections=3&application_name={name}") as ledger:
+        threads = [threading.Thread(target=hold, args=(ledger,)) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        inside.wait(30)  # three transactions at once, none waited for a connection
+        assert count_sessions(name) == 3
+        leave.set()
+        for thread in threads:
+            thread.join(30)
+        _run_threads(ledger, owner=False)
+        assert ledger.status()["tasks"]["succeeded"] == THREADS * ROUNDS
+        assert settled(name, 3) == 3  # all three kept, never more
+
+
+@pytest.mark.parametrize("value", ["0", "65", "-1", "1.5", "", "x", "٣", "1&connections=2"])
+def test_a_bad_connections_parameter_is_refused_and_creates_nothing(
+    pg_url: str, value: str
+) -> None:
+    with pytest.raises(InvalidInput) as err:
+        Ledger(f"{pg_url}&connections={value}")
+    assert err.value.reason == "invalid_database_path"
+    assert "connections must be one whole number from 1 to 64" in str(err.value)
+    schema = pg_url.split("schema=", 1)[1]
+    with psycopg.connect(PG_BASE, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchone()
+    assert row == (0,)

@@ -111,8 +111,8 @@ class PostgresDatabase:
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
-        #: The statement connections (one kept per process; ``task_state_guard_postgres.pool``).
-        self._pool = _pool.Pool(self._open)
+        #: The statement connections (the URL's ``connections`` kept per process; ``pool``).
+        self._pool = _pool.Pool(self._open, self._target.connections)
         self._prepared = False
         self._closed = False
         self.schema_version: int | None = None

@@ -1,14 +1,15 @@
 """The statement connections of one PostgreSQL ledger in one process: a fixed budget.
 
-A process keeps **one** statement connection per ledger, whatever its number of threads
-(:data:`BASE_CONNECTIONS`), plus the owner's lock connection when it owns tasks
-(``task_state_guard_postgres.owners``): at most two PostgreSQL sessions in all. A thread leases
-the connection for one statement or one transaction (:meth:`Pool.lease`; nested leases of one
-thread reuse its connection, so a read inside a write transaction joins it) and gives it back
-at once; other threads wait meanwhile. The ledger's statements are single round trips of about
-a millisecond, so a queue of waiting threads moves fast.
+A process keeps at most ``connections`` statement connections per ledger (a URL parameter,
+default :data:`BASE_CONNECTIONS`: one), whatever its number of threads, plus the owner's lock
+connection when it owns tasks (``task_state_guard_postgres.owners``): by default at most two
+PostgreSQL sessions in all. A thread leases a connection for one statement or one transaction
+(:meth:`Pool.lease`; nested leases of one thread reuse its connection, so a read inside a write
+transaction joins it) and gives it back at once; other threads wait meanwhile, first come,
+first served (a release hands the connection to the longest waiting thread). The ledger's
+statements are single round trips of about a millisecond, so the queue moves fast.
 
-A wait longer than :data:`STALL_SECONDS` means the connection is stuck, not busy: a statement
+A wait longer than :data:`STALL_SECONDS` means the connections are stuck, not busy: a statement
 waits for a row or advisory lock another session holds (for up to the ledger's busy timeout),
 or a long pass holds its transaction. The waiting thread then opens an extra connection of its
 own for its statement, and closes it when it gives it back, so a blocked write holds up its own
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -31,30 +32,42 @@ from task_state_guard.model import StorageError
 
 from . import driver
 
-#: Statement connections a process keeps open per ledger (the owner lock's comes on top).
+#: Statement connections a process keeps per ledger by default (the owner lock's comes on top).
 BASE_CONNECTIONS = 1
 #: How long a thread waits for a leased connection before it opens an extra one of its own.
 STALL_SECONDS = 1.0
 
 
-class Pool:
-    """At most :data:`BASE_CONNECTIONS` kept connections (opened by ``opener`` on first use),
-    each leased to one thread at a time; a thread that waited :data:`STALL_SECONDS` opens an
-    extra connection, closed when its lease ends."""
+class _Waiter:
+    """A thread waiting for a connection: handed one (``conn``), or woken to open one."""
 
-    def __init__(self, opener: Callable[[], driver.Conn]) -> None:
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.conn: driver.Conn | None = None
+        #: woken to open a connection, its place in the budget already counted
+        self.reserved = False
+
+
+class Pool:
+    """At most ``size`` kept connections (opened by ``opener`` as needed), each leased to one
+    thread at a time; a thread that waited :data:`STALL_SECONDS` opens an extra connection,
+    closed when its lease ends."""
+
+    def __init__(self, opener: Callable[[], driver.Conn], size: int = BASE_CONNECTIONS) -> None:
         self._opener = opener
+        self._size = size
         self._closed = False
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._local = threading.local()
         #: connections open in this process (kept and extra), and the kept ones not leased
         self._open: list[driver.Conn] = []
         self._idle: list[driver.Conn] = []
         self._opening = 0
+        self._waiters: deque[_Waiter] = deque()
 
     def _mine(self) -> None:
         if self._pid != os.getpid():  # forked: never touch the parent's connections
@@ -69,7 +82,7 @@ class Pool:
     def connections(self) -> int:
         """How many connections this process has open for the ledger now."""
         self._mine()
-        with self._cond:
+        with self._lock:
             return len(self._open)
 
     @contextmanager
@@ -97,31 +110,37 @@ class Pool:
             return conn
 
     def _acquire(self) -> driver.Conn:
-        deadline = time.monotonic() + STALL_SECONDS
-        with self._cond:
-            while True:
+        waiter: _Waiter | None = None
+        with self._lock:
+            if self._closed:
+                raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
+            conn = self._take_idle()
+            if conn is not None:
+                return conn
+            if len(self._open) + self._opening < self._size:
+                self._opening += 1
+            else:  # first come, first served: a release hands its connection to the head
+                waiter = _Waiter()
+                self._waiters.append(waiter)
+        if waiter is not None:
+            waiter.ready.wait(STALL_SECONDS)
+            with self._lock:
+                if waiter.conn is not None:
+                    return waiter.conn
+                if not waiter.reserved:  # stuck: an extra connection of its own
+                    self._waiters.remove(waiter)
+                    self._opening += 1
                 if self._closed:
+                    self._opening -= 1
                     raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
-                while self._idle:
-                    conn = self._idle.pop()
-                    if conn.usable:
-                        return conn
-                    self._drop(conn)
-                if len(self._open) + self._opening < BASE_CONNECTIONS:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break  # stuck: an extra connection of this thread's own
-                self._cond.wait(remaining)
-            self._opening += 1
         try:
             conn = self._opener()
         except BaseException:
-            with self._cond:
+            with self._lock:
                 self._opening -= 1
-                self._cond.notify()
+                self._wake_one()
             raise
-        with self._cond:
+        with self._lock:
             self._opening -= 1
             self._open.append(conn)
             if self._closed:
@@ -129,25 +148,46 @@ class Pool:
                 raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
         return conn
 
+    def _take_idle(self) -> driver.Conn | None:
+        """A usable idle connection (unusable ones dropped), or None (caller holds the lock)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.usable:
+                return conn
+            self._drop(conn)
+        return None
+
+    def _wake_one(self) -> None:
+        """Let the first waiter open a connection when the budget has room (lock held)."""
+        if self._waiters and len(self._open) + self._opening < self._size:
+            waiter = self._waiters.popleft()
+            waiter.reserved = True
+            self._opening += 1
+            waiter.ready.set()
+
     def _release(self, conn: driver.Conn) -> None:
         if conn.pid != os.getpid():
             return  # leased before a fork: the parent's, never touched here
-        with self._cond:
+        with self._lock:
             keep = (
                 not self._closed
                 and conn.usable
                 and not conn.in_transaction
                 and conn in self._open
-                and len(self._open) <= BASE_CONNECTIONS
+                and len(self._open) <= self._size
             )
-            if keep:
-                self._idle.append(conn)
-            else:
+            if not keep:
                 self._drop(conn)
-            self._cond.notify()
+                self._wake_one()
+            elif self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.conn = conn
+                waiter.ready.set()
+            else:
+                self._idle.append(conn)
 
     def _drop(self, conn: driver.Conn) -> None:
-        """Close ``conn`` and forget it (caller holds the condition)."""
+        """Close ``conn`` and forget it (caller holds the lock)."""
         if conn in self._open:
             self._open.remove(conn)
         conn.close()
@@ -155,12 +195,16 @@ class Pool:
     def close(self) -> None:
         """Close every connection this process opened for the ledger; no lease afterwards."""
         self._mine()
-        with self._cond:
+        with self._lock:
             self._closed = True
             for conn in list(self._open):
                 self._drop(conn)
             self._idle = []
-            self._cond.notify_all()
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.reserved = True
+                self._opening += 1  # undone by the waiter, which finds the pool closed
+                waiter.ready.set()
 
 
 __all__ = ["BASE_CONNECTIONS", "STALL_SECONDS", "Pool"]
