@@ -51,9 +51,9 @@ def test_twenty_threads_share_one_statement_connection(pg_url: str) -> None:
     name = session_name()
     with Ledger(f"{pg_url}&application_name={name}") as ledger, PeakSessions(name) as seen:
         _run_threads(ledger, owner=False)
-        assert seen.now() == 1
+        assert settled(name, 1) == 1
         _run_threads(ledger, owner=True)  # the owner's lock session comes on top
-        assert seen.now() == 2
+        assert settled(name, 2) == 2
         assert ledger.status()["tasks"]["succeeded"] == 2 * THREADS * ROUNDS
     assert seen.samples > 10
     assert 1 <= seen.peak <= 2
@@ -89,12 +89,11 @@ def test_a_blocked_write_holds_up_its_own_thread_only(pg_url: str) -> None:
             while not _waiting_for_a_lock(name):  # the close holds the kept connection, waiting
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            with PeakSessions(name) as seen:
-                # each waits past the stall, then runs on an extra connection of its own
+            with ledger.atomic():  # waits past the stall, then runs on an extra connection
                 other = ledger.create_task()
-                assert str(ledger.get_task(other.id).status) == "queued"
+                assert count_sessions(name) == 2  # the kept one (blocked) and this extra one
+            assert str(ledger.get_task(other.id).status) == "queued"
             assert closed == []
-            assert seen.peak == 2  # the kept one (blocked) and one extra at a time
             assert settled(name, 1) == 1  # each extra closed when its write was done
         finally:
             release.set()
