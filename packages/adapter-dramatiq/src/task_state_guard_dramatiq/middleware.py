@@ -172,9 +172,12 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         once at ERROR; with ``require_ledger`` the error is raised and the process does not
         boot), reconcile, publish the verdicts owed to Dramatiq; start this worker process's
         verdict drain (every ``verdict_interval_seconds``, default 10 s) and periodic reconcile
-        (when ``reconcile_interval_seconds`` is above 0)."""
+        (when ``reconcile_interval_seconds`` is above 0). A PostgreSQL ledger keeps one
+        statement connection per worker thread in this process, unless its URL sets
+        ``connections=``."""
         self._check_placement(broker)
         self._attach(broker)
+        self.runtime.connections = getattr(worker, "worker_threads", None)
         try:
             self.runtime.boot("before_worker_boot")
         except LedgerError as exc:

@@ -101,6 +101,7 @@ class PostgresDatabase:
         read_only: bool,
         check_schema: bool = True,
         create: bool = True,
+        connections: int | None = None,
     ) -> None:
         self._target: Target = parse(url)
         self._create = create
@@ -111,8 +112,10 @@ class PostgresDatabase:
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
-        #: The statement connections (the URL's ``connections`` kept per process; ``pool``).
-        self._pool = _pool.Pool(self._open, self._target.connections)
+        #: The statement connections kept per process (``pool``): the URL's ``connections``,
+        #: else the opener's (an adapter sizes it to its worker's threads), else one.
+        size = self._target.connections or connections or _pool.BASE_CONNECTIONS
+        self._pool = _pool.Pool(self._open, size)
         self._prepared = False
         self._closed = False
         self.schema_version: int | None = None
@@ -418,17 +421,19 @@ def open_database(
     allow_external_acl: bool = False,
     transient_sidecars: bool = True,
     verify_integrity: bool = False,
+    connections: int | None = None,
 ) -> PostgresDatabase:
     """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet.
     ``create=False``: a schema that holds no ledger is ``database_missing``, never created.
     ``snapshot_max_bytes`` is checked as for a SQLite ledger and unused here, like the other
-    options only a SQLite file has."""
+    options only a SQLite file has. ``connections``: the statement connections a process
+    keeps when the URL sets none (``pool``)."""
     check_snapshot_limit(snapshot_max_bytes)
     if not callable(clock):
         raise InvalidInput("clock must be callable")
     return PostgresDatabase(
         str(url), clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
-        check_schema=check_schema, create=create,
+        check_schema=check_schema, create=create, connections=connections,
     )
 
 

@@ -1,7 +1,8 @@
 """The statement connections of one PostgreSQL ledger in one process: a fixed budget.
 
-A process keeps at most ``connections`` statement connections per ledger (a URL parameter,
-default :data:`BASE_CONNECTIONS`: one), whatever its number of threads, plus the owner's lock
+A process keeps at most ``connections`` statement connections per ledger (a URL parameter; unset,
+the number its opener asked for: an adapter's worker threads, else :data:`BASE_CONNECTIONS`:
+one), whatever its number of threads, plus the owner's lock
 connection when it owns tasks (``task_state_guard_postgres.owners``): by default at most two
 PostgreSQL sessions in all. A thread leases a connection for one statement or one transaction
 (:meth:`Pool.lease`; nested leases of one thread reuse its connection, so a read inside a write

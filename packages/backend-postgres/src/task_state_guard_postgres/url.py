@@ -2,11 +2,12 @@
 
 ``postgresql://USER@HOST[:PORT]/DB?schema=NAME&...`` (a password may follow the user, after a
 colon): ``schema`` (default ``tsg``), ``owner_reconnect_seconds`` (default 60; see
-``owners``) and ``connections`` (the statement connections a process keeps, 1 to 64, default 1;
-see ``pool``) are the ledger's own parameters, stripped before connecting; every other parameter
-goes to libpq exactly as written (libpq decodes it). The password is kept only inside
-:class:`Target` and never shown (its ``repr`` and ``shown`` carry the URL without the user
-info's password and without any parameter whose key ends in ``password``).
+``owners``) and ``connections`` (the statement connections a process keeps, 1 to 64; unset:
+the number the opener asks for, else 1; see ``pool``) are the ledger's own parameters,
+stripped before connecting; every other parameter goes to libpq exactly as written (libpq
+decodes it). The password is kept only inside :class:`Target` and never shown (its ``repr``
+and ``shown`` carry the URL without the user info's password and without any parameter
+whose key ends in ``password``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class Target:
     schema: str
     shown: str
     owner_reconnect_seconds: float = DEFAULT_OWNER_RECONNECT_SECONDS
-    #: Statement connections a process keeps for the ledger (``pool``).
-    connections: int = 1
+    #: Statement connections a process keeps for the ledger (``pool``); None: not in the URL.
+    connections: int | None = None
 
 
 def _invalid(message: str) -> InvalidInput:
@@ -85,10 +86,10 @@ def _reconnect_seconds(values: list[str]) -> float:
     return seconds
 
 
-def _connections(values: list[str]) -> int:
-    """The ``connections`` parameter: one whole number (ASCII digits) from 1 to 64."""
+def _connections(values: list[str]) -> int | None:
+    """The ``connections`` parameter: one whole number (ASCII digits) from 1 to 64 (None: unset)."""
     if not values:
-        return 1
+        return None
     value = values[0]
     if len(values) != 1 or not (value.isascii() and value.isdigit() and len(value) <= 2) or not (
         1 <= int(value) <= MAX_CONNECTIONS
