@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -153,3 +155,59 @@ def test_a_bad_connections_parameter_is_refused_and_creates_nothing(
             "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
         ).fetchone()
     assert row == (0,)
+
+
+def _hold_transactions(ledger: Ledger, count: int, during: Callable[[], None]) -> None:
+    """``count`` threads each hold a transaction (so a connection) open at once while
+    ``during`` runs, then end them."""
+    inside, leave = threading.Barrier(count + 1), threading.Event()
+
+    def hold() -> None:
+        with ledger.atomic():
+            ledger.create_task()
+            inside.wait(60)
+            leave.wait(60)
+
+    threads = [threading.Thread(target=hold) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        inside.wait(60)
+        during()
+    finally:
+        leave.set()
+        for thread in threads:
+            thread.join(60)
+
+
+def test_the_opener_sets_the_connections_a_url_leaves_unset(pg_url: str) -> None:
+    name = session_name()
+    with Ledger(f"{pg_url}&application_name={name}", connections=3) as ledger:
+        _hold_transactions(ledger, 3, lambda: None)
+        assert settled(name, 3) == 3  # all three kept
+        _run_threads(ledger, owner=False)
+        assert settled(name, 3) == 3  # never more
+    assert settled(name, 0) == 0
+
+
+def test_the_urls_connections_win_over_the_openers(pg_url: str) -> None:
+    name = session_name()
+    url = f"{pg_url}&connections=1&application_name={name}"
+    with Ledger(url, connections=3) as ledger:
+        # Two of the three waited past the stall and ran on extra connections of their own.
+        _hold_transactions(ledger, 3, lambda: None)
+        assert settled(name, 1) == 1  # the extras closed: the URL's one is kept
+
+
+@pytest.mark.parametrize("value", [0, 65, -1, True, 1.5, "2"])
+def test_a_bad_connections_option_is_refused(pg_url: str, tmp_path: Path, value: object) -> None:
+    for target in (pg_url, str(tmp_path / "tasks.sqlite")):
+        with pytest.raises(InvalidInput, match="connections must be None or a whole number"):
+            Ledger(target, connections=value)  # type: ignore[arg-type]
+    assert not (tmp_path / "tasks.sqlite").exists()
+
+
+def test_a_sqlite_ledger_ignores_the_connections_option(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "tasks.sqlite", connections=8) as ledger:
+        _hold_transactions(ledger, 1, lambda: None)
+        assert ledger.status()["tasks"]["queued"] == 1
