@@ -1,5 +1,6 @@
 """A Dramatiq worker on a PostgreSQL ledger keeps one statement connection per worker thread
-(the adapter sizes the process's budget to ``worker_threads``), unless the URL sets
+(the adapter sizes the process's budget to ``worker_threads`` plus the consumer thread, whose
+ack hooks write), unless the URL sets
 ``connections=``."""
 
 from __future__ import annotations
