@@ -80,11 +80,12 @@ def session_cpu_seconds(sid: int) -> float | None:
 
 
 def split_url(url: str) -> tuple[str, str | None]:
-    """(the URL without its ``schema`` parameter, the schema)."""
+    """(the URL without the ledger's own parameters, the schema)."""
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query)
     schema = next((v for k, v in query if k == "schema"), None)
-    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "schema"])
+    own = ("schema", "owner_reconnect_seconds", "connections")
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k not in own])
     return urllib.parse.urlunsplit(parts._replace(query=rest)), schema
 
 

@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -182,10 +183,46 @@ async def _load(server: Server, requests: int, concurrency: int) -> tuple[list[f
         return latencies, time.perf_counter() - start
 
 
+def _threads(pid: int) -> int:
+    """The number of threads of process ``pid`` (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+class Peaks:
+    """The most PostgreSQL connections (the server's ``application_name``) and threads the
+    server process held at once, sampled every 20 ms while a round runs."""
+
+    def __init__(self, server: Server) -> None:
+        self.connections = 0
+        self.threads = 0
+        self._server = server
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while True:
+            self.connections = max(self.connections, len(self._server.server_cpu.pids()))
+            self.threads = max(self.threads, _threads(self._server.proc.pid))
+            if self._stop.wait(0.02):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def measure(server: Server, requests: int, concurrency: int) -> dict[str, float]:
     server.server_cpu.start()
     cpu0 = _bench.session_cpu_seconds(server.proc.pid) or 0.0
-    latencies, wall = asyncio.run(_load(server, requests, concurrency))
+    peaks = Peaks(server)
+    try:
+        latencies, wall = asyncio.run(_load(server, requests, concurrency))
+    finally:
+        peaks.stop()
     cpu = ((_bench.session_cpu_seconds(server.proc.pid) or 0.0) - cpu0) * 1000 / requests
     backends = server.server_cpu.seconds() * 1000 / requests
     ordered = sorted(latencies)
@@ -193,7 +230,8 @@ def measure(server: Server, requests: int, concurrency: int) -> dict[str, float]
             "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 1),
             "requests_per_s": round(requests / wall, 1),
             "server_cpu_ms_per_request": round(cpu, 3),
-            "backend_cpu_ms_per_request": round(backends, 3)}
+            "backend_cpu_ms_per_request": round(backends, 3),
+            "peak_pg_connections": peaks.connections, "peak_threads": peaks.threads}
 
 
 def main() -> int:
@@ -223,6 +261,8 @@ def main() -> int:
                     "plain": p, "guarded": g,
                     "p50_ratio_guarded_over_plain": round(g["p50_ms"] / p["p50_ms"], 3),
                     "throughput_ratio": round(g["requests_per_s"] / p["requests_per_s"], 3),
+                    "extra_pg_connections": g["peak_pg_connections"] - p["peak_pg_connections"],
+                    "extra_threads": g["peak_threads"] - p["peak_threads"],
                     "ledger_cpu_ms_per_request": round(
                         g["server_cpu_ms_per_request"] + g["backend_cpu_ms_per_request"]
                         - p["server_cpu_ms_per_request"] - p["backend_cpu_ms_per_request"], 3),
@@ -240,7 +280,7 @@ def main() -> int:
         for side in ("plain", "guarded") for key in rounds[0]["plain"]
     }
     for key in ("p50_ratio_guarded_over_plain", "throughput_ratio", "ledger_cpu_ms_per_request",
-                "cpu_ratio"):
+                "cpu_ratio", "extra_pg_connections", "extra_threads"):
         summary[f"median_{key}"] = _bench.median(r[key] for r in rounds)
     print(json.dumps({
         "benchmark": "langgraph_server", "requests_per_round": args.requests,

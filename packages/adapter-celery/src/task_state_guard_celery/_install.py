@@ -7,6 +7,7 @@ import threading
 from typing import Any, Unpack
 
 from celery import bootsteps  # type: ignore[import-untyped]
+from celery.concurrency.thread import TaskPool as ThreadPool  # type: ignore[import-untyped]
 from task_state_guard.integration import LostHook, SettingArgs, resolve_settings
 
 from ._guard import CeleryGuard, unwire
@@ -22,7 +23,9 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
     until the worker stops, every ``verdict_interval_seconds`` (default 10 s) check for
     verdicts owed to Celery (one read) and publish them, whoever reconciled, and every
     ``reconcile_interval_seconds`` (when above 0) reconcile and publish again. A worker step:
-    it runs in the worker's main process only, never in a pool child.
+    it runs in the worker's main process only, never in a pool child. With the threads pool a
+    PostgreSQL ledger keeps one statement connection per pool thread (``--concurrency``),
+    unless its URL sets ``connections=``.
 
     Custom worker steps start before the Consumer step (which is ``last``), so this
     runs before the worker receives its first message. Reconcile is idempotent, so
@@ -34,6 +37,7 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, parent: Any) -> None:
         guard = guard_for(getattr(parent, "app", None))
         if guard is not None:
+            guard.runtime.connections = pool_threads(parent)
             guard.runtime.boot("reconcile_on_boot")
             guard.runtime.start_periodic_reconcile()
             guard.runtime.start_verdict_drain()
@@ -43,6 +47,16 @@ class ReconcileOnBoot(bootsteps.StartStopStep):  # type: ignore[misc]
         if guard is not None:
             guard.runtime.stop_periodic_reconcile()
             guard.runtime.stop_verdict_drain()
+
+
+def pool_threads(worker: Any) -> int | None:
+    """How many of ``worker``'s jobs run at once in its main process: its concurrency with
+    the threads pool; None (one) with any other (a prefork child runs one job at a time)."""
+    pool = getattr(worker, "pool_cls", None)
+    concurrency = getattr(worker, "concurrency", None)
+    if not (isinstance(pool, type) and issubclass(pool, ThreadPool)):
+        return None
+    return concurrency if isinstance(concurrency, int) and concurrency > 0 else None
 
 
 def guard_for(app: Any) -> CeleryGuard | None:

@@ -172,9 +172,13 @@ class TaskStateGuardMiddleware(Middleware, AdapterSurface):
         once at ERROR; with ``require_ledger`` the error is raised and the process does not
         boot), reconcile, publish the verdicts owed to Dramatiq; start this worker process's
         verdict drain (every ``verdict_interval_seconds``, default 10 s) and periodic reconcile
-        (when ``reconcile_interval_seconds`` is above 0)."""
+        (when ``reconcile_interval_seconds`` is above 0). A PostgreSQL ledger keeps one
+        statement connection per worker thread in this process and one for the consumer thread
+        (the ack and nack hooks write there), unless its URL sets ``connections=``."""
         self._check_placement(broker)
         self._attach(broker)
+        threads = getattr(worker, "worker_threads", None)
+        self.runtime.connections = None if threads is None else threads + 1
         try:
             self.runtime.boot("before_worker_boot")
         except LedgerError as exc:

@@ -1,6 +1,7 @@
 """The PostgreSQL database object behind ``Ledger(url)``: the core's ``Database`` protocol.
 
-One connection per thread and per process (opened lazily, never used after ``fork()``).
+One kept statement connection per process, leased to one thread at a time for a statement or
+a transaction (``task_state_guard_postgres.pool``; opened lazily, never used after ``fork()``).
 Writes run at READ COMMITTED. A transition outside a group is first tried as its guarded
 statement alone (one round trip, its own transaction; a statement that waited for a row lock
 re-judges its guard against the row committed meanwhile). On a refusal, and inside a group,
@@ -18,10 +19,9 @@ double-closes, loses an update, or waits for (so deadlocks with) a worker.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, overload
 
 from task_state_guard import reasons as r
@@ -39,6 +39,7 @@ from task_state_guard.store.transitions import Outcome, Step
 from . import attempts as _attempts
 from . import ddl, driver, owners
 from . import doctor as _doctor
+from . import pool as _pool
 from . import transitions as _transitions
 from .queries import PASS_KIND, PostgresQueries
 from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
@@ -100,6 +101,7 @@ class PostgresDatabase:
         read_only: bool,
         check_schema: bool = True,
         create: bool = True,
+        connections: int | None = None,
     ) -> None:
         self._target: Target = parse(url)
         self._create = create
@@ -110,8 +112,10 @@ class PostgresDatabase:
         self._check_schema = check_schema
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._conns: list[driver.Conn] = []
+        #: The statement connections kept per process (``pool``): the URL's ``connections``,
+        #: else the opener's (an adapter sizes it to its worker's threads), else one.
+        size = self._target.connections or connections or _pool.BASE_CONNECTIONS
+        self._pool = _pool.Pool(self._open, size)
         self._prepared = False
         self._closed = False
         self.schema_version: int | None = None
@@ -143,17 +147,8 @@ class PostgresDatabase:
         return read_clock(self._clock)
 
     # ----------------------------------------------------------------- connections
-    def conn(self) -> driver.Conn:
-        """This thread's connection in this process (opened, checked and migrated lazily)."""
-        entry: driver.Conn | None = getattr(self._local, "conn", None)
-        if entry is not None and entry.usable:
-            return entry
-        if self._closed:
-            raise StorageError("the ledger is closed", reason=r.LEDGER_CLOSED)
-        pid = os.getpid()
-        if pid != self._pid:  # forked: the parent's connections are neutralised, never used
-            self._lock = threading.Lock()
-            self._conns, self._pid = [], pid
+    def _open(self) -> driver.Conn:
+        """A new statement connection (the schema checked and migrated on the first)."""
         conn = driver.connect(
             self._target, busy_timeout_ms=self.busy_timeout_ms, read_only=self._read_only
         )
@@ -169,20 +164,17 @@ class PostgresDatabase:
         except BaseException:
             conn.close()
             raise
-        with self._lock:
-            self._conns.append(conn)
-        self._local.conn = conn
         return conn
+
+    def conn(self) -> driver.Conn:
+        """The connection this thread leases, else the process's kept connection without a
+        lease (opened, checked and migrated lazily): for inspecting a session's settings."""
+        return self._pool.peek()
 
     def close(self) -> None:
         """Close every connection this process opened; no use afterwards."""
-        with self._lock:
-            self._closed = True
-            if os.getpid() == self._pid:
-                for conn in self._conns:
-                    conn.close()
-            self._conns = []
-        self._local = threading.local()
+        self._closed = True
+        self._pool.close()
 
     # ----------------------------------------------------------------- transactions
     @contextmanager
@@ -191,13 +183,20 @@ class PostgresDatabase:
         Inside :meth:`group` the enclosing transaction is reused; inside :meth:`bulk` the
         schema's pass lock is taken first. Once it has begun (the server is reachable), an
         owning process whose owner lock connection broke (a server restart or failover) takes
-        its locks back (``owners.keep_locks``)."""
+        its locks back (``owners.keep_locks``). The transaction holds this thread's lease on
+        a connection (``pool``) until it ends."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        if getattr(self._local, "atomic", False):
-            yield self.conn()
-            return
-        conn = self.conn()
+        with self._pool.lease() as conn:
+            if getattr(self._local, "atomic", False):
+                yield conn
+            else:
+                with self._transaction(conn):
+                    yield conn
+
+    @contextmanager
+    def _transaction(self, conn: driver.Conn) -> Iterator[None]:
+        """:meth:`write`'s transaction on ``conn``."""
         conn.execute("BEGIN")
         try:
             owners.keep_locks(self._target, self.busy_timeout_ms)
@@ -205,7 +204,7 @@ class PostgresDatabase:
                 conn.run("SELECT pg_advisory_xact_lock(%(key)s)",
                          {"key": ddl.lock_key(PASS_KIND, self.schema)})
                 conn.execute(ddl.COMPACT_TOTALS)
-            yield conn
+            yield
             if conn.failed:
                 # A statement failed inside and the caller went on: PostgreSQL would turn this
                 # COMMIT into a silent ROLLBACK. Say so instead.
@@ -243,16 +242,16 @@ class PostgresDatabase:
     def read(self) -> Iterator[driver.Conn]:
         """One REPEATABLE READ READ ONLY transaction, its snapshot taken before the caller
         reads the clock (inside this thread's open transaction: that one)."""
-        conn = self.conn()
-        if conn.in_transaction:
-            yield conn
-            return
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        try:
-            conn.execute("SELECT 1")  # the snapshot is taken by the first statement
-            yield conn
-        finally:
-            self._rollback(conn)
+        with self._pool.lease() as conn:
+            if conn.in_transaction:
+                yield conn
+                return
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                conn.execute("SELECT 1")  # the snapshot is taken by the first statement
+                yield conn
+            finally:
+                self._rollback(conn)
 
     def _passing(self) -> bool:
         """Whether this thread's write transactions are a pass (inside :meth:`bulk`)."""
@@ -304,15 +303,15 @@ class PostgresDatabase:
         if _transitions.has_fast_path(spec) and not (
             getattr(local, "atomic", False) or getattr(local, "bulk", False)
         ):
-            now = self.now()
-            conn = self._write_conn()
-            if not conn.in_transaction:
-                row = _transitions.try_alone(conn, spec, now)
-                # The server answered: as after a write's BEGIN, an owner whose lock
-                # connection broke takes its locks back.
-                owners.keep_locks(self._target, self.busy_timeout_ms)
-                if row is not None:
-                    return Outcome(row, now, None)
+            with self._write_lease() as conn:
+                if not conn.in_transaction:
+                    now = self.now()
+                    row = _transitions.try_alone(conn, spec, now)
+                    # The server answered: as after a write's BEGIN, an owner whose lock
+                    # connection broke takes its locks back.
+                    owners.keep_locks(self._target, self.busy_timeout_ms)
+                    if row is not None:
+                        return Outcome(row, now, None)
         with self.write() as conn:
             return _transitions.run_locked(conn, spec, self.now)
 
@@ -320,17 +319,17 @@ class PostgresDatabase:
     def _begin_attempt(self, spec: Begin) -> str | None:
         """*Begin attempt* as one statement (its own transaction outside a group): the
         attempt's id, or None when no attempt was started (the ledger explains)."""
-        conn = self._write_conn()
-        begun = _attempts.begin(conn, spec, self.now())
-        self._after_autocommit(conn)
-        return begun
+        with self._write_lease() as conn:
+            begun = _attempts.begin(conn, spec, self.now())
+            self._after_autocommit(conn)
+            return begun
 
     def _end_attempt(self, spec: End) -> Ended:
         """*End attempt* as one statement (its own transaction outside a group)."""
-        conn = self._write_conn()
-        ended = _attempts.end(conn, spec, self.now())
-        self._after_autocommit(conn)
-        return ended
+        with self._write_lease() as conn:
+            ended = _attempts.end(conn, spec, self.now())
+            self._after_autocommit(conn)
+            return ended
 
     def _boundary(self, spec: Boundary) -> tuple[Ended, str | None]:
         """A boundary (*end attempt*, then *begin attempt*) as one statement (its own
@@ -343,15 +342,16 @@ class PostgresDatabase:
             with self.write() as conn:
                 now = self.now()
                 return _attempts.end(conn, spec.end, now), _attempts.begin(conn, begin, now)
-        conn = self._write_conn()
-        crossed = _attempts.boundary(conn, spec, self.now())
-        self._after_autocommit(conn)
-        return crossed
+        with self._write_lease() as conn:
+            crossed = _attempts.boundary(conn, spec, self.now())
+            self._after_autocommit(conn)
+            return crossed
 
-    def _write_conn(self) -> driver.Conn:
+    def _write_lease(self) -> AbstractContextManager[driver.Conn]:
+        """This thread's lease on a connection for a write of its own (``pool``)."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
-        return self.conn()
+        return self._pool.lease()
 
     def _after_autocommit(self, conn: driver.Conn) -> None:
         # The server answered: as after a write's BEGIN, an owner whose lock connection broke
@@ -385,7 +385,8 @@ class PostgresDatabase:
     def probe_owner(self, token: str) -> Liveness:
         """Whether the owner of ``token`` is alive (its advisory lock held), dead, or unknown
         (lock free within ``owner_reconnect_seconds`` of a server restart; see ``owners``)."""
-        return owners.probe(self.conn(), self._target, token)
+        with self._pool.lease() as conn:
+            return owners.probe(conn, self._target, token)
 
     @property
     def health(self) -> SchemaHealth:
@@ -422,17 +423,19 @@ def open_database(
     allow_external_acl: bool = False,
     transient_sidecars: bool = True,
     verify_integrity: bool = False,
+    connections: int | None = None,
 ) -> PostgresDatabase:
     """The database object for ``url`` (what ``Ledger(url)`` uses); nothing is opened yet.
     ``create=False``: a schema that holds no ledger is ``database_missing``, never created.
     ``snapshot_max_bytes`` is checked as for a SQLite ledger and unused here, like the other
-    options only a SQLite file has."""
+    options only a SQLite file has. ``connections``: the statement connections a process
+    keeps when the URL sets none (``pool``)."""
     check_snapshot_limit(snapshot_max_bytes)
     if not callable(clock):
         raise InvalidInput("clock must be callable")
     return PostgresDatabase(
         str(url), clock=clock, busy_timeout_ms=busy_timeout_ms, read_only=read_only,
-        check_schema=check_schema, create=create,
+        check_schema=check_schema, create=create, connections=connections,
     )
 
 

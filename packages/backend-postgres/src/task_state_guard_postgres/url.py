@@ -2,11 +2,13 @@
 
 ``postgresql://USER@HOST[:PORT]/DB?schema=NAME&...`` (a password may follow the user, after a
 colon; ``postgres://`` and SQLAlchemy's ``postgresql+psycopg://`` / ``+psycopg2://`` are read
-as ``postgresql://``): ``schema`` (default ``tsg``) and ``owner_reconnect_seconds`` (default 60; see
-``owners``) are the ledger's own parameters, stripped before connecting; every other parameter
-goes to libpq exactly as written (libpq decodes it). The password is kept only inside
-:class:`Target` and never shown (its ``repr`` and ``shown`` carry the URL without the user
-info's password and without any parameter whose key ends in ``password``).
+as ``postgresql://``): ``schema`` (default ``tsg``), ``owner_reconnect_seconds`` (default 60;
+see ``owners``) and ``connections`` (the statement connections a process keeps, 1 to 64;
+unset: the number the opener asks for, else 1; see ``pool``) are the ledger's own parameters,
+stripped before connecting; every other parameter goes to libpq exactly as written (libpq
+decodes it). The password is kept only inside :class:`Target` and never shown (its ``repr``
+and ``shown`` carry the URL without the user info's password and without any parameter
+whose key ends in ``password``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 #: counts as possibly alive (it may be reconnecting); see ``owners``.
 DEFAULT_OWNER_RECONNECT_SECONDS = 60.0
 MAX_OWNER_RECONNECT_SECONDS = 86400.0
-_OWN_PARAMETERS = ("schema", "owner_reconnect_seconds")
+MAX_CONNECTIONS = 64
+_OWN_PARAMETERS = ("schema", "owner_reconnect_seconds", "connections")
 
 #: Client-side connection defaults, used unless the URL sets them. The TCP keepalive
 #: settings make a connection to a vanished server fail within about 25 s of silence
@@ -62,6 +65,8 @@ class Target:
     schema: str
     shown: str
     owner_reconnect_seconds: float = DEFAULT_OWNER_RECONNECT_SECONDS
+    #: Statement connections a process keeps for the ledger (``pool``); None: not in the URL.
+    connections: int | None = None
 
 
 def _invalid(message: str) -> InvalidInput:
@@ -80,6 +85,18 @@ def _reconnect_seconds(values: list[str]) -> float:
     if not (math.isfinite(seconds) and 0 <= seconds <= MAX_OWNER_RECONNECT_SECONDS):
         raise _invalid("the URL's owner_reconnect_seconds must be one number from 0 to 86400")
     return seconds
+
+
+def _connections(values: list[str]) -> int | None:
+    """The ``connections`` parameter: one whole number (ASCII digits) from 1 to 64 (None: unset)."""
+    if not values:
+        return None
+    value = values[0]
+    if len(values) != 1 or not (value.isascii() and value.isdigit() and len(value) <= 2) or not (
+        1 <= int(value) <= MAX_CONNECTIONS
+    ):
+        raise _invalid("the URL's connections must be one whole number from 1 to 64")
+    return int(value)
 
 
 def _split_query(query: str) -> tuple[dict[str, list[str]], str]:
@@ -117,6 +134,7 @@ def parse(url: str) -> Target:
         raise _invalid("the URL's schema must match [a-z_][a-z0-9_]{0,62}")
     schema = schemas[0] if schemas else DEFAULT_SCHEMA
     reconnect = _reconnect_seconds(own["owner_reconnect_seconds"])
+    connections = _connections(own["connections"])
     conninfo = ""
     try:
         # libpq's scheme: SQLAlchemy's postgresql+psycopg:// (or +psycopg2) means the same URL
@@ -130,11 +148,12 @@ def parse(url: str) -> Target:
     if not conninfo:
         raise _invalid("the PostgreSQL URL does not parse")
     return Target(
-        conninfo=conninfo, schema=schema, shown=redact(url), owner_reconnect_seconds=reconnect
+        conninfo=conninfo, schema=schema, shown=redact(url), owner_reconnect_seconds=reconnect,
+        connections=connections,
     )
 
 
 __all__ = [
     "CLIENT_DEFAULTS", "DEFAULT_OWNER_RECONNECT_SECONDS", "DEFAULT_SCHEMA",
-    "MAX_OWNER_RECONNECT_SECONDS", "SERVER_KEEPALIVE", "Target", "parse",
+    "MAX_CONNECTIONS", "MAX_OWNER_RECONNECT_SECONDS", "SERVER_KEEPALIVE", "Target", "parse",
 ]

@@ -44,7 +44,8 @@ class Ledger:
         self, path: str | os.PathLike[str], *, clock: Callable[[], float] | None = None,
         busy_timeout_ms: int = 5000, allow_external_acl: bool = False, read_only: bool = False,
         snapshot_max_bytes: int = 1 << 30, transient_sidecars: bool = True, create: bool = True,
-        _check_schema: bool = True, _verify_integrity: bool = False,
+        connections: int | None = None, _check_schema: bool = True,
+        _verify_integrity: bool = False,
     ) -> None:
         """Open (with ``read_only=False``: create or migrate) the ledger at ``path``.
 
@@ -54,13 +55,16 @@ class Ledger:
         a live ledger is read through SQLite's read-only WAL access, a closed one in place
         (``transient_sidecars``: private WAL/SHM files removed on close) or, with
         ``transient_sidecars=False``, as a verified in-memory snapshot of at most
-        ``snapshot_max_bytes``. ``docs/core-api.md`` has every mode and error.
+        ``snapshot_max_bytes``. ``connections`` (1 to 64): the statement connections this
+        process keeps for a PostgreSQL ledger whose URL has no ``connections=`` (None: one);
+        a SQLite ledger ignores it. ``docs/core-api.md`` has every mode and error.
         """
         self._db: store.Database = backends.open_store(
             path, clock=time.time if clock is None else clock, busy_timeout_ms=busy_timeout_ms,
             allow_external_acl=allow_external_acl, read_only=read_only,
             transient_sidecars=transient_sidecars, snapshot_max_bytes=snapshot_max_bytes,
-            check_schema=_check_schema, create=create, verify_integrity=_verify_integrity)
+            check_schema=_check_schema, create=create, verify_integrity=_verify_integrity,
+            connections=connections)
         with self._db.read():  # connect and run every safety check (and migration) now
             pass
         self.SCHEMA_VERSION = self._db.layout.current

@@ -90,6 +90,9 @@ class LedgerHandle:
         #: (``usable`` None: not tried yet); see :meth:`check_ledger`.
         self.health: tuple[bool | None, str | None] = (
             None if external is None else True, None)
+        #: The statement connections a PostgreSQL ledger opened from here keeps per process
+        #: when its URL sets none (None: one); the adapter sizes it to its worker's threads.
+        self.connections: int | None = None
 
     def state(self) -> ProcessState:
         """This process's state (a forked child gets a fresh one)."""
@@ -112,7 +115,8 @@ class LedgerHandle:
                 if led is None:
                     try:
                         led = Ledger(
-                            self.settings.db, busy_timeout_ms=self.settings.busy_timeout_ms
+                            self.settings.db, busy_timeout_ms=self.settings.busy_timeout_ms,
+                            connections=self.connections,
                         )
                     except LedgerError as exc:
                         self.health = (False, exc.reason)

@@ -57,6 +57,7 @@ from typing import Any
 from ..ledger import Ledger
 from ..model import check_framework
 from ..ops.verdicts import Verdict
+from ..store.backends import MAX_CONNECTIONS
 from .attempts import Attempts, AttemptSpec
 from .closing import Closes, Closing
 from .counters import Counters
@@ -167,6 +168,19 @@ class AdapterRuntime:
     def ledger(self) -> Ledger:
         """This process's ledger (opened on first use; a forked child opens its own)."""
         return self.handle.ledger
+
+    @property
+    def connections(self) -> int | None:
+        """The statement connections a PostgreSQL ledger keeps in each process when its URL
+        has no ``connections=`` (None: one; a SQLite ledger ignores it)."""
+        return self.handle.connections
+
+    @connections.setter
+    def connections(self, threads: int | None) -> None:
+        """Size it to the threads that run jobs at once in this process (kept within 1..64),
+        before the process opens its ledger (a ledger already open keeps its size)."""
+        self.handle.connections = (
+            None if threads is None else max(1, min(int(threads), MAX_CONNECTIONS)))
 
     @property
     def on_lost(self) -> LostHook | None:

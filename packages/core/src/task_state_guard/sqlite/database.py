@@ -655,8 +655,11 @@ def open_database(
     check_schema: bool,
     create: bool,
     verify_integrity: bool,
+    connections: int | None = None,
 ) -> SQLiteDatabase:
-    """The database object of the SQLite ledger at ``target`` (a path; nothing opened yet)."""
+    """The database object of the SQLite ledger at ``target`` (a path; nothing opened yet).
+    ``connections`` (a PostgreSQL ledger's) is ignored: a SQLite ledger opens one connection
+    per thread."""
     return SQLiteDatabase(
         storage.normalize_path(target),
         clock=clock,

@@ -43,6 +43,8 @@ BACKENDS = {"postgresql": "task_state_guard_postgres", "sqlite": "task_state_gua
 #: The layout version the SQLite backend writes (``sqlite.schema`` takes it from here), stated
 #: here so the facade knows it without importing a backend.
 SQLITE_SCHEMA_VERSION = 9
+#: The most statement connections a process may keep for one ledger (``connections``).
+MAX_CONNECTIONS = 64
 
 
 def url_scheme(target: object) -> str | None:
@@ -114,7 +116,7 @@ def kind_of(target: object) -> str:
 def check_options(options: dict[str, Any]) -> None:
     """``InvalidInput`` for a ledger option every backend shares that is not valid: a clock
     that is not callable, a busy timeout that is not an integer in 0..600,000 ms, a flag that
-    is not a boolean."""
+    is not a boolean, a number of connections that is not None nor an integer in 1..64."""
     if not callable(options["clock"]):
         raise InvalidInput("clock must be callable")
     timeout = options["busy_timeout_ms"]
@@ -125,6 +127,12 @@ def check_options(options: dict[str, Any]) -> None:
     for flag in ("allow_external_acl", "read_only", "transient_sidecars", "create"):
         if not isinstance(options[flag], bool):
             raise InvalidInput("flags must be booleans")
+    connections = options["connections"]
+    if connections is not None and (
+        isinstance(connections, bool) or not isinstance(connections, int)
+        or not 1 <= connections <= MAX_CONNECTIONS
+    ):
+        raise InvalidInput("connections must be None or a whole number from 1 to 64")
 
 
 def open_store(target: object, **options: Any) -> Database:
