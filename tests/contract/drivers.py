@@ -60,6 +60,7 @@ class CeleryDriver:
     logical_delivers_by_default = False
     stores_framework_id = True  # eager task ids are uuid4 strings
     publishes_in_reconcile = True  # a reconcile drains the verdicts it made
+    attempts_are_history = False  # an attempt is written when it starts
 
     def __init__(self) -> None:
         self.seen: Seen = {}
@@ -120,6 +121,7 @@ class DramatiqDriver:
     has_framework_config = False
     logical_delivers_by_default = False
     stores_framework_id = True  # message ids are uuid4 strings
+    attempts_are_history = False  # an attempt is written when it starts
     publishes_in_reconcile = True
 
     def __init__(self) -> None:
@@ -188,8 +190,10 @@ class LangGraphDriver:
     logger = "task_state_guard_langgraph"
     has_framework_config = False
     logical_delivers_by_default = True  # an invocation always answers somebody
-    stores_framework_id = False  # invocation and thread ids are never stored
+    stores_framework_id = False  # invocation ids are not stored (thread ids are)
     publishes_in_reconcile = False  # its recovery passes publish (they know the threads)
+    # node attempts are buffered and committed with the invocation's end or a heartbeat
+    attempts_are_history = True
 
     def __init__(self) -> None:
         self.seen: Seen = {}
