@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 import task_state_guard_celery as tsgc
 from celery import Celery  # type: ignore[import-untyped]
+from celery._state import (  # type: ignore[import-untyped]
+    _set_task_join_will_block,
+    task_join_will_block,
+)
 from ledger_backends import ledger_target
 from pg_sessions import count_sessions, session_name, settled
 from task_state_guard import Ledger
@@ -22,6 +26,18 @@ CONCURRENCY = 4
 def pg_target(tmp_path: Path) -> Iterator[str]:
     with ledger_target("postgresql", tmp_path) as url:
         yield url
+
+
+@pytest.fixture(autouse=True)
+def _joins_stay_allowed() -> Iterator[None]:
+    """A WorkController made in this process marks it a pool process (prefork: a result's
+    ``get()`` would block the pool), as Celery's own ``start_worker`` does and undoes: undo
+    it, or every later test of the session that waits for a result is refused."""
+    before = task_join_will_block()
+    try:
+        yield
+    finally:
+        _set_task_join_will_block(before)
 
 
 def _hold_transactions(ledger: Ledger, count: int) -> None:
