@@ -435,7 +435,7 @@ def test_foreign_database_bytes_are_never_modified(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tamper", [
     "CREATE INDEX extra ON tsg_tasks(created_at)",
     "CREATE TABLE notes(x)",
-    "UPDATE tsg_meta SET value = '9' WHERE key = 'schema_version'",
+    "UPDATE tsg_meta SET value = '99' WHERE key = 'schema_version'",
     "CREATE TRIGGER t AFTER INSERT ON tsg_events BEGIN SELECT 1; END",
 ])
 def test_tampered_ledger_schema(tmp_path: Path, tamper: str) -> None:
