@@ -116,7 +116,7 @@ def smoke_core(dist: Path, work: Path) -> dict[str, Any]:
         return _cli(tsg if steps % 2 else long_name, db, *args, **kw)
 
     init = cli("init")["storage"]
-    assert init["schema_version"] == 8 and init["permission_model"] == "posix_mode"
+    assert init["schema_version"] == 9 and init["permission_model"] == "posix_mode"
     parent = cli("create", "--timeout-seconds", "600", "--name", "smoke.parent")["task"]
     assert cli("start", parent["id"])["task"]["status"] == "running"
     assert cli("heartbeat", parent["id"])["task"]["version"] == 1  # a heartbeat does not count
