@@ -7,7 +7,7 @@ import copy
 import os
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any, Unpack, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -25,7 +25,7 @@ from task_state_guard.integration import (
 )
 from task_state_guard.integration import codes as c
 
-from ._batch import BatchMixin
+from . import _batch
 from ._delivery import settle_recovered
 from ._edits import EditsMixin
 from ._ids import INVOCATIONS, logical_task_id, stored_thread
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
+class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -447,6 +447,35 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
             await self._aend(run, exc)
             raise
         await self._aend(run, None)
+
+    def batch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`invoke` for each input (one recorded invocation each), in threads like
+        ``Runnable.batch`` (``max_concurrency`` of the first config bounds them); outputs in
+        input order. ``config``: one for all, or one per input; ``invocation_ids`` likewise
+        one per input."""
+        return _batch.batch(self.invoke, inputs, config, invocation_ids=invocation_ids,
+                            return_exceptions=return_exceptions, kwargs=kwargs)
+
+    async def abatch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
+        return await _batch.abatch(self.ainvoke, inputs, config, invocation_ids=invocation_ids,
+                                   return_exceptions=return_exceptions, kwargs=kwargs)
 
 
 def guard(
