@@ -14,7 +14,6 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.errors import GraphDrained
 from langgraph.runtime import RunControl
-from langgraph.types import Command
 from task_state_guard import Ledger, Task
 from task_state_guard.integration import (
     AdapterRuntime,
@@ -27,7 +26,7 @@ from task_state_guard.integration import codes as c
 
 from . import _batch
 from ._delivery import settle_recovered
-from ._edits import EditsMixin
+from ._edits import Lineage
 from ._ids import INVOCATIONS, logical_task_id, stored_thread
 from ._invocation import Invocation, finish_unstarted, with_handler
 from ._lineage import METADATA_KEY
@@ -57,7 +56,7 @@ __all__ = [
 ]
 
 
-class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
+class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -82,6 +81,7 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
         self._graph = graph
         self._record_nodes = record_nodes
         self._rec = recorder
+        self._lineage = Lineage(graph, recorder)
         self.runtime: AdapterRuntime = recorder.rt
         self._name = name if name is not None else getattr(graph, "name", None)
         self._oracle = RetryOracle(graph)
@@ -319,29 +319,6 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
             # (or to another process).
             self._drained_here.add(run.task_id)
 
-    def _continues(self, input: Any, kwargs: dict[str, Any]) -> bool:
-        """Whether a run continues its thread's lineage: input ``None`` or a ``Command``
-        (resume, goto), or ``durability="exit"`` (it writes no checkpoint before it ends, so
-        the ledger link is the only way recovery finds its thread)."""
-        return input is None or isinstance(input, Command) or kwargs.get("durability") == "exit"
-
-    def _previous(
-        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
-    ) -> str | None:
-        """Ledger id of the invocation a continuing run follows (see :meth:`_continues`)."""
-        if not self._continues(input, kwargs):
-            return None
-        named = self._thread_invocation(config)
-        return None if named is None else logical_task_id(named)
-
-    async def _aprevious(
-        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
-    ) -> str | None:
-        if not self._continues(input, kwargs):
-            return None
-        named = await self._athread_invocation(config)
-        return None if named is None else logical_task_id(named)
-
     # -- the four entry points --------------------------------------------------------------
 
     def invoke(
@@ -354,7 +331,7 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
     ) -> Any:
         """``graph.invoke`` recorded as one invocation (see the package README)."""
         config = self._merged(config)
-        run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
+        run = self._begin(config, invocation_id, self._lineage.previous(input, config, kwargs))
         try:
             out = self._graph.invoke(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
@@ -373,7 +350,7 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
     ) -> Any:
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config, kwargs)
+        previous = await self._lineage.aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
             out = await self._graph.ainvoke(input, run.config, **_controlled(run, kwargs))
@@ -397,7 +374,7 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
         ``cancelled/caller_cancelled``.
         """
         config = self._merged(config)
-        run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
+        run = self._begin(config, invocation_id, self._lineage.previous(input, config, kwargs))
         try:
             yield from self._graph.stream(input, run.config, **_controlled(run, kwargs))
         except BaseException as exc:
@@ -415,7 +392,7 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config, kwargs)
+        previous = await self._lineage.aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
             async for chunk in self._graph.astream(input, run.config, **_controlled(run, kwargs)):
@@ -436,7 +413,7 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config, kwargs)
+        previous = await self._lineage.aprevious(input, config, kwargs)
         run = await self._abegin(config, invocation_id, previous)
         try:
             async for event in self._graph.astream_events(
@@ -476,6 +453,43 @@ class GuardedGraph(EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
         """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
         return await _batch.abatch(self.ainvoke, inputs, config, invocation_ids=invocation_ids,
                                    return_exceptions=return_exceptions, kwargs=kwargs)
+
+
+    # -- state edits ------------------------------------------------------------------------
+
+    def update_state(
+        self,
+        config: dict[str, Any],
+        values: Any,
+        as_node: str | None = None,
+        task_id: str | None = None,
+    ) -> Any:
+        """The graph's ``update_state``; the new checkpoint keeps the thread's lineage."""
+        edited = self._lineage.edit_config(self._merged(config))
+        return self._graph.update_state(edited, values, as_node, task_id)
+
+    async def aupdate_state(
+        self,
+        config: dict[str, Any],
+        values: Any,
+        as_node: str | None = None,
+        task_id: str | None = None,
+    ) -> Any:
+        """The graph's ``aupdate_state``; the new checkpoint keeps the thread's lineage."""
+        edited = await self._lineage.aedit_config(self._merged(config))
+        return await self._graph.aupdate_state(edited, values, as_node, task_id)
+
+    def bulk_update_state(self, config: dict[str, Any], supersteps: Sequence[Any]) -> Any:
+        """The graph's ``bulk_update_state``; the new checkpoints keep the thread's lineage."""
+        edited = self._lineage.edit_config(self._merged(config))
+        return self._graph.bulk_update_state(edited, supersteps)
+
+    async def abulk_update_state(
+        self, config: dict[str, Any], supersteps: Sequence[Any]
+    ) -> Any:
+        """The graph's ``abulk_update_state``; the new checkpoints keep the lineage."""
+        edited = await self._lineage.aedit_config(self._merged(config))
+        return await self._graph.abulk_update_state(edited, supersteps)
 
 
 def guard(
