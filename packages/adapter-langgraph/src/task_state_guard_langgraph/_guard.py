@@ -5,15 +5,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import threading
-import uuid
 from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any, Unpack, cast
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
-from langgraph.errors import GraphDrained
-from langgraph.runtime import RunControl
 from task_state_guard import Ledger, Task
 from task_state_guard.integration import (
     AdapterRuntime,
@@ -27,17 +23,14 @@ from task_state_guard.integration import codes as c
 from . import _batch
 from ._delivery import settle_recovered
 from ._edits import Lineage
-from ._ids import INVOCATIONS, logical_task_id, stored_thread
-from ._invocation import Invocation, finish_unstarted, with_handler
+from ._ids import INVOCATIONS, logical_task_id
 from ._lineage import METADATA_KEY
-from ._recorder import Lane, Recorder
+from ._recorder import Recorder
 from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
 from ._retries import RetryOracle
 from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
+from ._runs import Runs, controlled
 from .callbacks import (
-    AsyncGuardCallbackHandler,
-    GuardCallbackHandler,
-    invocation_handler,
     logger,
 )
 
@@ -79,16 +72,13 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         record_nodes: bool = True,
     ) -> None:
         self._graph = graph
-        self._record_nodes = record_nodes
         self._rec = recorder
         self._lineage = Lineage(graph, recorder)
         self.runtime: AdapterRuntime = recorder.rt
-        self._name = name if name is not None else getattr(graph, "name", None)
-        self._oracle = RetryOracle(graph)
-        self._local = threading.local()
+        label = name if name is not None else getattr(graph, "name", None)
+        self._runs = Runs(recorder, RetryOracle(graph), name=label, record_nodes=record_nodes)
         self._defaults: dict[str, Any] = {}
         # Shared with every with_config() copy: per process, not per view.
-        self._drained_here: set[str] = set()
         self._seen_cancelled: set[str] = set()
         self._recovery_controls: set[Any] = set()
         self._runners: list[RecoveryRunner] = []
@@ -104,7 +94,7 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         ``callbacks``, ``configurable``...) into the config of every call, like
         ``Runnable.with_config``; it shares this one's ledger, threads and counters."""
         bound = copy.copy(self)
-        bound._local = threading.local()
+        bound._runs = self._runs.view()
         merged = merge_configs(
             cast(RunnableConfig, self._defaults), cast(Any, {**(config or {}), **kwargs})
         )
@@ -164,13 +154,13 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
     @property
     def last_invocation_id(self) -> str | None:
         """Invocation id of the last invocation started by the calling thread."""
-        return getattr(self._local, "invocation_id", None)
+        return self._runs.last_invocation_id
 
     @property
     def last_outcome(self) -> str | None:
         """Outcome of the calling thread's last finished invocation: ``succeeded``,
         ``interrupted``, ``failed`` or ``cancelled``."""
-        return getattr(self._local, "outcome", None)
+        return self._runs.last_outcome
 
     def close(self, timeout: float = STOP_SECONDS) -> None:
         """Stop background recovery (its resumed runs are drained: the next start resumes
@@ -190,7 +180,7 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         before the writer threads stop: each run still open after :data:`CLOSE_GRACE` seconds
         is closed so here (its caller is gone with the server)."""
         await self.astop_recovery(timeout)
-        await self._close_open_runs(min(CLOSE_GRACE, timeout))
+        await self._runs.close_open(min(CLOSE_GRACE, timeout))
         await asyncio.to_thread(self._rec.shutdown)
 
     def request_drain(self, reason: str = "shutdown") -> int:
@@ -200,26 +190,7 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         ``on_recovered``). Safe from any thread and from a signal handler; returns how many
         runs were asked. Runs started afterwards are not affected. Under a server, call it
         when the shutdown signal arrives: :func:`drain_on_signals`."""
-        asked = 0
-        for run in self._rec.open_runs():
-            if run.control is not None and not run.drain_requested:
-                run.control.request_drain(reason)
-                asked += 1
-        return asked
-
-    async def _close_open_runs(self, grace: float) -> None:
-        """Let the cancelled callers close their runs (a few loop turns), then close the rest
-        in their lanes and wait for those writes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while self._rec.open_runs() and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        closes = []
-        for run in self._rec.open_runs():
-            lane = run.lane if run.lane is not None else self._rec.lane()
-            closes.append(asyncio.wrap_future(lane.submit(run.finish, asyncio.CancelledError())))
-        if closes:
-            await asyncio.gather(*closes, return_exceptions=True)
+        return self._runs.request_drain(reason)
 
     uninstall = close
 
@@ -228,96 +199,6 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- invocation lifecycle ---------------------------------------------------------------
-
-    def _begin(
-        self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
-    ) -> Invocation:
-        inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
-        self._local.invocation_id = inv
-        run = self._open_run(config, inv, parent, False, GuardCallbackHandler)
-        assert run is not None
-        return run
-
-    async def _abegin(
-        self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
-    ) -> Invocation:
-        """:meth:`_begin` for async runs: the ledger work runs in the invocation's lane on a
-        writer thread, and the invocation's running record is committed before this returns."""
-        inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
-        self._local.invocation_id = inv
-        lane = self._rec.lane()
-        future = lane.submit(
-            self._open_run, config, inv, parent, False, AsyncGuardCallbackHandler, lane
-        )
-        try:
-            run = await asyncio.shield(asyncio.wrap_future(future))
-        except asyncio.CancelledError:
-            # The caller gave up while the start was being written: close it once it is.
-            future.add_done_callback(finish_unstarted)
-            raise
-        assert run is not None
-        return run
-
-    def _open_run(
-        self,
-        config: dict[str, Any] | None,
-        inv: str,
-        parent: str | None,
-        claim: bool,
-        handler_cls: type[GuardCallbackHandler],
-        lane: Lane | None = None,
-        *,
-        recovery: bool = False,
-    ) -> Invocation | None:
-        """Start the invocation ``inv`` (a child of ledger task ``parent``, if the ledger has
-        it). ``claim``: None when it exists already (recovery lost the race)."""
-        own = logical_task_id(inv)
-        if parent == own or (parent is not None and self._rec.get(parent) is None):
-            parent = None
-        opened = self._rec.open(
-            own,
-            parent_id=parent,
-            delivery_required=True,
-            name=self._name,
-            claim_errors=not claim,
-            framework_id=inv,
-            thread_id=stored_thread(config),
-        )
-        if not opened and claim:
-            return None
-        lane = lane if lane is not None else self._rec.lane()
-        # Not opened: run unrecorded (ledger down, or invocation id reused); no handler.
-        task_id = own if opened else None
-        handler: GuardCallbackHandler | None = None
-        if opened and self._record_nodes:
-            handler = invocation_handler(handler_cls, self._rec, inv, own, self._oracle, lane)
-        cfg = with_handler(config, handler, inv)
-        return Invocation(inv, task_id, handler, cfg, self._rec, lane, recovery=recovery)
-
-    def _end(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
-        outcome = run.finish(exc, output)
-        self._finished(run, exc, outcome)
-        return outcome
-
-    async def _aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
-        """:meth:`_end` with the closing write in the invocation's lane (it completes even when
-        the caller is cancelled meanwhile)."""
-        lane = run.lane if run.lane is not None else self._rec.lane()
-        # Submitted before any await: the close is written however often the caller is
-        # cancelled while it waits (an anyio cancel scope cancels every await in it again).
-        future = lane.submit(run.finish, exc, output)
-        outcome = await asyncio.shield(asyncio.wrap_future(future))
-        self._finished(run, exc, outcome)
-        return outcome
-
-    def _finished(self, run: Invocation, exc: BaseException | None, outcome: str) -> None:
-        self._local.outcome = outcome
-        if isinstance(exc, GraphDrained) and run.task_id is not None:
-            # Drained by this live process: its recovery passes leave it to the next start
-            # (or to another process).
-            self._drained_here.add(run.task_id)
 
     # -- the four entry points --------------------------------------------------------------
 
@@ -331,13 +212,14 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
     ) -> Any:
         """``graph.invoke`` recorded as one invocation (see the package README)."""
         config = self._merged(config)
-        run = self._begin(config, invocation_id, self._lineage.previous(input, config, kwargs))
+        previous = self._lineage.previous(input, config, kwargs)
+        run = self._runs.begin(config, invocation_id, previous)
         try:
-            out = self._graph.invoke(input, run.config, **_controlled(run, kwargs))
+            out = self._graph.invoke(input, run.config, **controlled(run, kwargs))
         except BaseException as exc:
-            self._end(run, exc)
+            self._runs.end(run, exc)
             raise
-        self._end(run, None, out)
+        self._runs.end(run, None, out)
         return out
 
     async def ainvoke(
@@ -351,13 +233,13 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
         config = self._merged(config)
         previous = await self._lineage.aprevious(input, config, kwargs)
-        run = await self._abegin(config, invocation_id, previous)
+        run = await self._runs.abegin(config, invocation_id, previous)
         try:
-            out = await self._graph.ainvoke(input, run.config, **_controlled(run, kwargs))
+            out = await self._graph.ainvoke(input, run.config, **controlled(run, kwargs))
         except BaseException as exc:
-            await self._aend(run, exc)
+            await self._runs.aend(run, exc)
             raise
-        await self._aend(run, None, out)
+        await self._runs.aend(run, None, out)
         return out
 
     def stream(
@@ -374,13 +256,14 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         ``cancelled/caller_cancelled``.
         """
         config = self._merged(config)
-        run = self._begin(config, invocation_id, self._lineage.previous(input, config, kwargs))
+        previous = self._lineage.previous(input, config, kwargs)
+        run = self._runs.begin(config, invocation_id, previous)
         try:
-            yield from self._graph.stream(input, run.config, **_controlled(run, kwargs))
+            yield from self._graph.stream(input, run.config, **controlled(run, kwargs))
         except BaseException as exc:
-            self._end(run, exc)
+            self._runs.end(run, exc)
             raise
-        self._end(run, None)
+        self._runs.end(run, None)
 
     async def astream(
         self,
@@ -393,14 +276,14 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
         previous = await self._lineage.aprevious(input, config, kwargs)
-        run = await self._abegin(config, invocation_id, previous)
+        run = await self._runs.abegin(config, invocation_id, previous)
         try:
-            async for chunk in self._graph.astream(input, run.config, **_controlled(run, kwargs)):
+            async for chunk in self._graph.astream(input, run.config, **controlled(run, kwargs)):
                 yield chunk
         except BaseException as exc:
-            await self._aend(run, exc)
+            await self._runs.aend(run, exc)
             raise
-        await self._aend(run, None)
+        await self._runs.aend(run, None)
 
     async def astream_events(
         self,
@@ -414,16 +297,16 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
         previous = await self._lineage.aprevious(input, config, kwargs)
-        run = await self._abegin(config, invocation_id, previous)
+        run = await self._runs.abegin(config, invocation_id, previous)
         try:
             async for event in self._graph.astream_events(
                 input, run.config, version=version, **kwargs
             ):
                 yield event
         except BaseException as exc:
-            await self._aend(run, exc)
+            await self._runs.aend(run, exc)
             raise
-        await self._aend(run, None)
+        await self._runs.aend(run, None)
 
     def batch(
         self,
@@ -542,13 +425,3 @@ def guard(
     runtime.start_periodic_reconcile("periodic_reconcile")
     return app
 
-
-def _controlled(run: Invocation, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with the run's ``RunControl`` (the caller's, else one of its own), so that
-    :meth:`GuardedGraph.request_drain` can drain it."""
-    control = kwargs.get("control")
-    if control is None:
-        control = RunControl()
-        kwargs = {**kwargs, "control": control}
-    run.control = control
-    return kwargs

@@ -50,6 +50,7 @@ from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler, logger
 
 if TYPE_CHECKING:
     from ._recorder import Recorder
+    from ._runs import Runs
 
 LOST = "lost"
 DRAINED = "drained"
@@ -184,15 +185,12 @@ class RecoveryMixin:
 
     _graph: Any
     _rec: Recorder
-    _drained_here: set[str]
+    _runs: Runs
     _recovery_controls: set[RunControl]
     _seen_cancelled: set[str]
     on_recovered: RecoveredHook | None
 
     if TYPE_CHECKING:  # provided by GuardedGraph
-        _open_run: Callable[..., Invocation | None]
-        _end: Callable[..., str]
-        _aend: Callable[..., Awaitable[str]]
 
         @property
         def ledger(self) -> Any: ...
@@ -213,7 +211,7 @@ class RecoveryMixin:
         if head is None:
             return None  # unknown to the ledger: no proof it is not running elsewhere
         kind = _kind(head)
-        if kind == DRAINED and head.task.id in self._drained_here:
+        if kind == DRAINED and head.task.id in self._runs.drained_here:
             kind = None  # a drain by this live process is left to the next start
         if kind is None and not _lineage_lost(head):
             return None
@@ -296,7 +294,7 @@ class RecoveryMixin:
             **(base.get("configurable") or {}), "thread_id": finding.thread_id
         }
         head = finding.head.task
-        return self._open_run(
+        return self._runs.open_run(
             base, recovery_id_for_task(head.id), head.id, True, handler_cls, recovery=True
         )
 
@@ -351,12 +349,12 @@ class RecoveryMixin:
             try:
                 out = self._graph.invoke(None, claim.run.config, **run_kwargs)
             except Exception as exc:
-                recovery = self._recovery(claim, self._end(claim.run, exc), exc, None)
+                recovery = self._recovery(claim, self._runs.end(claim.run, exc), exc, None)
             except BaseException as exc:
-                self._end(claim.run, exc)
+                self._runs.end(claim.run, exc)
                 raise
             else:
-                recovery = self._recovery(claim, self._end(claim.run, None, out), None, out)
+                recovery = self._recovery(claim, self._runs.end(claim.run, None, out), None, out)
         finally:
             self._release(control)
         self._delivered_to_hook(recovery)
@@ -369,13 +367,13 @@ class RecoveryMixin:
             try:
                 out = await self._graph.ainvoke(None, claim.run.config, **run_kwargs)
             except Exception as exc:
-                outcome = await self._aend(claim.run, exc)
+                outcome = await self._runs.aend(claim.run, exc)
                 recovery = self._recovery(claim, outcome, exc, None)
             except BaseException as exc:
-                await self._aend(claim.run, exc)
+                await self._runs.aend(claim.run, exc)
                 raise
             else:
-                outcome = await self._aend(claim.run, None, out)
+                outcome = await self._runs.aend(claim.run, None, out)
                 recovery = self._recovery(claim, outcome, None, out)
         finally:
             self._release(control)
