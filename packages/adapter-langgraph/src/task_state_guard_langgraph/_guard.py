@@ -26,7 +26,9 @@ from ._edits import Lineage
 from ._ids import INVOCATIONS, logical_task_id
 from ._lineage import METADATA_KEY
 from ._recorder import Recorder
-from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
+from ._recovery import arecover_pass, recover_pass
+from ._recovery_resume import drain
+from ._recovery_types import PassArgs, RecoveredHook, Recovery, RecoveryReport, RecoveryScope
 from ._retries import RetryOracle
 from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
 from ._runs import Runs, controlled
@@ -49,7 +51,7 @@ __all__ = [
 ]
 
 
-class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
+class GuardedGraph(RunnerMixin, AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -373,6 +375,64 @@ class GuardedGraph(RunnerMixin, RecoveryMixin, AdapterSurface):
         """The graph's ``abulk_update_state``; the new checkpoints keep the lineage."""
         edited = await self._lineage.aedit_config(self._merged(config))
         return await self._graph.abulk_update_state(edited, supersteps)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _recovering(self) -> RecoveryScope:
+        return RecoveryScope(self._graph, self._rec, self._runs, self._seen_cancelled,
+                             self._recovery_controls, self)
+
+    def recover(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryReport:
+        """One recovery pass in the calling thread (see :mod:`._recovery` and the README).
+
+        Reconciles the ledger, then examines every checkpointer thread (or ``thread_ids``):
+        a thread whose last invocation was lost is reported (``on_lost``) and, when it still
+        has work, resumed; a drained one is resumed; one cancelled by its caller is reported
+        in ``.cancelled``. Each resumption is ``invoke(None, ...)`` as a new invocation
+        :func:`~task_state_guard_langgraph.recovery_invocation_id`, a child of the one it
+        recovers; at most ``max_concurrency`` (default 4) run at once, in threads. ``config``
+        and ``kwargs`` (e.g. ``durability``) go to every resumed run; its error is reported,
+        not raised, and its result handed to ``on_recovered``. Returns a
+        :class:`RecoveryReport`.
+        """
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        return recover_pass(self._recovering(), args)
+
+    async def arecover(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryReport:
+        """:meth:`recover` for async checkpointers (``AsyncSqliteSaver``, ``AsyncPostgresSaver``):
+        the same pass, every ledger call on a worker thread (the event loop keeps serving),
+        each thread resumed with ``ainvoke(None, ...)``, at most ``max_concurrency`` at once."""
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        return await arecover_pass(self._recovering(), args)
+
+    def drain_recoveries(self, reason: str = "shutdown") -> int:
+        """Ask every resumed run of this process to stop at its next step boundary (it closes
+        ``cancelled/interrupted`` and the next recovery resumes it); returns how many."""
+        return drain(self._recovery_controls, reason)
+
+    def publish_verdicts(self) -> int:
+        """Publish the lost-run verdicts owed to LangGraph now: one recovery pass
+        (:meth:`recover`: each lost thread reported with its thread id and resumed where it
+        has work). Returns how many verdicts it published."""
+        return len(self.recover().reported)
+
+    async def apublish_verdicts(self) -> int:
+        """:meth:`publish_verdicts` as an :meth:`arecover` pass."""
+        return len((await self.arecover()).reported)
 
 
 def guard(

@@ -20,12 +20,12 @@ import threading
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-from ._recovery import PassArgs
+from ._recovery_types import PassArgs
 from .callbacks import logger
 
 if TYPE_CHECKING:
     from ._recorder import Recorder
-    from ._recovery import RecoveryReport
+    from ._recovery_types import RecoveryReport
 
 #: How long stopping waits for drained resumed runs to reach their step boundary.
 STOP_SECONDS = 30.0
