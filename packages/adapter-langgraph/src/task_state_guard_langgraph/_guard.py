@@ -30,7 +30,8 @@ from ._recovery import arecover_pass, recover_pass
 from ._recovery_resume import drain
 from ._recovery_types import PassArgs, RecoveredHook, Recovery, RecoveryReport, RecoveryScope
 from ._retries import RetryOracle
-from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
+from ._runner import STOP_SECONDS, RecoveryRunner
+from ._runner import start as start_runner
 from ._runs import Runs, controlled
 from .callbacks import (
     logger,
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 
-class GuardedGraph(RunnerMixin, AdapterSurface):
+class GuardedGraph(AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -375,6 +376,37 @@ class GuardedGraph(RunnerMixin, AdapterSurface):
         """The graph's ``abulk_update_state``; the new checkpoints keep the lineage."""
         edited = await self._lineage.aedit_config(self._merged(config))
         return await self._graph.abulk_update_state(edited, supersteps)
+
+    # -- background recovery ----------------------------------------------------------------
+
+    def start_recovery(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryRunner:
+        """Run recovery in the background and return at once (the server answers while it
+        runs): a first pass now, then one every ``reconcile_interval_seconds`` when that is
+        above 0 (it replaces the plain periodic reconcile :func:`guard` started), and one as
+        soon as the verdict drain (every ``verdict_interval_seconds``, default 10 s; 0: off)
+        finds a lost-run verdict owed to LangGraph, whoever reconciled. On an event loop it is
+        a task of that loop (:meth:`arecover`); elsewhere a daemon thread (:meth:`recover`).
+        Arguments as for :meth:`recover`. Calling it again while a runner is alive returns that
+        runner. :meth:`close`/:meth:`aclose` stop it."""
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        return start_runner(self, self._rec.rt, self._runners, args)
+
+    def stop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery (see :meth:`RecoveryRunner.stop`)."""
+        for runner in self._runners:
+            runner.stop(timeout)
+
+    async def astop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery and wait (up to ``timeout``) for its drained runs."""
+        for runner in self._runners:
+            await runner.astop(timeout)
 
     # -- recovery ---------------------------------------------------------------------------
 
