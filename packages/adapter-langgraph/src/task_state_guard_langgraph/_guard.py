@@ -1,55 +1,43 @@
-"""``guard()``: a compiled LangGraph graph whose invocations are recorded in the ledger."""
+"""The guarded graph: a compiled LangGraph graph whose invocations are recorded in the ledger.
+
+:func:`~._install.guard` creates it. The class keeps the public surface; the work is done by
+the objects it holds: :class:`~._runs.Runs` (each run's start and end), :class:`~._edits.Lineage`
+(the lineage reads of continuing runs and state edits), the recovery pass (:mod:`._recovery`,
+over a :class:`~._recovery_types.RecoveryScope`) and its background runner (:mod:`._runner`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import os
 from collections.abc import AsyncGenerator, Generator, Sequence
-from typing import Any, Unpack, cast
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from task_state_guard import Ledger, Task
-from task_state_guard.integration import (
-    AdapterRuntime,
-    AdapterSurface,
-    LostHook,
-    SettingArgs,
-    resolve_settings,
-)
+from task_state_guard.integration import AdapterRuntime, AdapterSurface
 from task_state_guard.integration import codes as c
 
 from . import _batch
-from ._delivery import settle_recovered
+from ._delivery import settle_recovered_by
 from ._edits import Lineage
 from ._ids import INVOCATIONS, logical_task_id
-from ._lineage import METADATA_KEY
 from ._recorder import Recorder
 from ._recovery import arecover_pass, recover_pass
 from ._recovery_resume import drain
-from ._recovery_types import PassArgs, RecoveredHook, Recovery, RecoveryReport, RecoveryScope
+from ._recovery_types import PassArgs, RecoveredHook, RecoveryReport, RecoveryScope
 from ._retries import RetryOracle
 from ._runner import STOP_SECONDS, RecoveryRunner
 from ._runner import start as start_runner
 from ._runs import Runs, controlled
-from .callbacks import (
-    logger,
-)
 
 #: The framework label of this adapter's invocations (their lost verdicts are owed to it).
 FRAMEWORK = "langgraph"
 #: How long :meth:`GuardedGraph.aclose` lets cancelled callers close their own runs.
 CLOSE_GRACE = 1.0
 
-__all__ = [
-    "METADATA_KEY",
-    "GuardedGraph",
-    "Recovery",
-    "RecoveryReport",
-    "RecoveryRunner",
-    "guard",
-]
+__all__ = ["FRAMEWORK", "GuardedGraph"]
 
 
 class GuardedGraph(AdapterSurface):
@@ -139,20 +127,15 @@ class GuardedGraph(AdapterSurface):
         also the pending deliveries of the runs it recovers (the lost run, a dead recovery
         before it): its answer is theirs."""
         task = super().mark_delivered(framework_id)
-        self._settle_recovered(framework_id, (c.DELIVERED, c.TRANSPORT_ACKNOWLEDGED))
+        settle_recovered_by(self._rec.rt, framework_id, (c.DELIVERED, c.TRANSPORT_ACKNOWLEDGED))
         return task
 
     def mark_delivery_failed(self, framework_id: str) -> Task | None:
         """The core's ``mark_delivery_failed``; for a recovery run, the runs it recovers too
         (see :meth:`mark_delivered`)."""
         task = super().mark_delivery_failed(framework_id)
-        self._settle_recovered(framework_id, (c.DELIVERY_FAILED, c.TRANSPORT_FAILED))
+        settle_recovered_by(self._rec.rt, framework_id, (c.DELIVERY_FAILED, c.TRANSPORT_FAILED))
         return task
-
-    def _settle_recovered(self, framework_id: str, outcome: c.Outcome) -> None:
-        rt = self._rec.rt
-        own = self.logical_task_id(framework_id)
-        rt.policy.call("settle_recovered", lambda: settle_recovered(rt, own, outcome))
 
     @property
     def last_invocation_id(self) -> str | None:
@@ -216,14 +199,8 @@ class GuardedGraph(AdapterSurface):
         """``graph.invoke`` recorded as one invocation (see the package README)."""
         config = self._merged(config)
         previous = self._lineage.previous(input, config, kwargs)
-        run = self._runs.begin(config, invocation_id, previous)
-        try:
-            out = self._graph.invoke(input, run.config, **controlled(run, kwargs))
-        except BaseException as exc:
-            self._runs.end(run, exc)
-            raise
-        self._runs.end(run, None, out)
-        return out
+        return self._runs.invoke(self._graph.invoke, input, config, invocation_id, previous,
+                                 kwargs)
 
     async def ainvoke(
         self,
@@ -236,14 +213,8 @@ class GuardedGraph(AdapterSurface):
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
         config = self._merged(config)
         previous = await self._lineage.aprevious(input, config, kwargs)
-        run = await self._runs.abegin(config, invocation_id, previous)
-        try:
-            out = await self._graph.ainvoke(input, run.config, **controlled(run, kwargs))
-        except BaseException as exc:
-            await self._runs.aend(run, exc)
-            raise
-        await self._runs.aend(run, None, out)
-        return out
+        return await self._runs.ainvoke(self._graph.ainvoke, input, config, invocation_id,
+                                        previous, kwargs)
 
     def stream(
         self,
@@ -465,55 +436,3 @@ class GuardedGraph(AdapterSurface):
     async def apublish_verdicts(self) -> int:
         """:meth:`publish_verdicts` as an :meth:`arecover` pass."""
         return len((await self.arecover()).reported)
-
-
-def guard(
-    graph: Any,
-    db: str | os.PathLike[str] | None = None,
-    *,
-    ledger: Ledger | None = None,
-    owner: bool = True,
-    name: str | None = None,
-    record_nodes: bool = True,
-    on_lost: LostHook | None = None,
-    on_recovered: RecoveredHook | None = None,
-    **settings: Unpack[SettingArgs],
-) -> GuardedGraph:
-    """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
-
-    ``db`` is the ledger path (or pass an open ``ledger``, which you keep closing). Each
-    setting comes from the argument, then the ``TSG_<NAME>`` environment variable, then the
-    default shared by every adapter; a bad value raises ``ConfigurationError``. With
-    ``reconcile_on_boot`` (the default) the ledger is reconciled here, which closes the tasks
-    of a dead process ``timed_out/owner_lost`` at once. ``owner=True`` records this process as
-    owner of the tasks it starts. ``record_nodes=False`` records only invocations (no callback
-    handler, far less overhead). ``name`` overrides the graph name used as the invocation's
-    label. Ledger errors are logged once per kind and counted (:meth:`GuardedGraph.stats`);
-    ``strict=True`` raises them. ``on_lost`` is called with a
-    :class:`~task_state_guard.integration.LostTask` for each lost thread a recovery pass
-    reports; ``on_recovered`` with the :class:`Recovery` of each run it resumed, once that run
-    ended (its ``output`` is the result the run owes: deliver it and mark it).
-
-    ``reconcile_interval_seconds`` > 0 reconciles the ledger that often in a daemon thread of
-    this process; :meth:`GuardedGraph.start_recovery` then runs a whole recovery pass (reconcile,
-    report, resume) at that interval instead. A ledger that cannot be used is logged once at
-    ERROR (and shows in :meth:`GuardedGraph.stats`); with ``require_ledger`` (setting or
-    ``TSG_REQUIRE_LEDGER``) ``guard`` raises its error instead of running unrecorded.
-    """
-    if on_recovered is not None and not callable(on_recovered):
-        raise TypeError("on_recovered must be callable")
-    resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
-    runtime = AdapterRuntime(
-        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost,
-        adapter=GuardedGraph.adapter_name, framework=FRAMEWORK,
-    )
-    # Lost-run verdicts are published by recovery passes (they know the threads), never by a
-    # plain reconcile.
-    runtime.drain_after_reconcile = False
-    app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
-    app.on_recovered = on_recovered
-    # An unusable ledger is logged at ERROR once, here; with require_ledger, guard() raises.
-    runtime.boot("reconcile")
-    runtime.start_periodic_reconcile("periodic_reconcile")
-    return app
-

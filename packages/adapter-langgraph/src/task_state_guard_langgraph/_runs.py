@@ -12,6 +12,7 @@ import asyncio
 import copy
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from langgraph.errors import GraphDrained
@@ -154,6 +155,45 @@ class Runs:
             # Drained by this live process: its recovery passes leave it to the next start
             # (or to another process).
             self._drained_here.add(run.task_id)
+
+    def invoke(
+        self,
+        call: Callable[..., Any],
+        input: Any,
+        config: dict[str, Any] | None,
+        invocation_id: str | None,
+        previous: str | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """``call`` (the compiled graph's ``invoke``) as one recorded invocation, a child of
+        ledger task ``previous`` (the run it continues), if any."""
+        run = self.begin(config, invocation_id, previous)
+        try:
+            out = call(input, run.config, **controlled(run, kwargs))
+        except BaseException as exc:
+            self.end(run, exc)
+            raise
+        self.end(run, None, out)
+        return out
+
+    async def ainvoke(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        input: Any,
+        config: dict[str, Any] | None,
+        invocation_id: str | None,
+        previous: str | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """:meth:`invoke` for ``call``, the compiled graph's ``ainvoke``."""
+        run = await self.abegin(config, invocation_id, previous)
+        try:
+            out = await call(input, run.config, **controlled(run, kwargs))
+        except BaseException as exc:
+            await self.aend(run, exc)
+            raise
+        await self.aend(run, None, out)
+        return out
 
     # -- every open run ---------------------------------------------------------------------
 
