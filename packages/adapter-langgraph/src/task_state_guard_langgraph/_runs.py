@@ -116,7 +116,6 @@ class Runs:
         opened = self._rec.open(
             own,
             parent_id=parent,
-            delivery_required=True,
             name=self._name,
             claim_errors=not claim,
             framework_id=inv,
