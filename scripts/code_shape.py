@@ -38,7 +38,13 @@ reads any checkout without importing it. Every scan covers the five packages
   named as SQL (``rules.TASK_KIND_SQL``). An edit is one whose receiver or any argument is SQL
   text. Filling a template's named slots with ``str.format`` is composition and not counted;
 - ``core_root_modules``: the ``.py`` files directly in the core package, against
-  :data:`CORE_ROOT_ALLOWED` (``core_root_unexpected``, ``core_root_missing``).
+  :data:`CORE_ROOT_ALLOWED` (``core_root_unexpected``, ``core_root_missing``);
+- ``module_lines``: every module's length in lines, all of them (docstrings, comments and
+  blank lines count: a module outgrows a bound by being split by concern, never by cutting
+  its documentation), by path; ``longest_module_by_package``: each package's longest module;
+- ``adapter_classes``: for each adapter class of :data:`ADAPTER_CLASSES`, every definition
+  of a class of that name in its package (``path:line``) with its bases and keywords, as
+  written.
 
     .venv/bin/python scripts/code_shape.py [TREE]
 """
@@ -67,6 +73,8 @@ CORE_ROOT_ALLOWED = frozenset({
     "process", "heartbeat",
 })
 PROTOCOLS = ("Store", "StoreSession", "Database")
+#: The class an adapter's users hold, by package: its definitions and bases are reported.
+ADAPTER_CLASSES = {"langgraph": "GuardedGraph"}
 #: A namedtuple's public methods and attributes (underscored so they cannot clash with fields).
 NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
 #: Private attributes of a framework's objects an adapter uses: the name, and the package whose
@@ -547,6 +555,44 @@ def _core_root(tree: Path) -> dict[str, list[str]]:
             "missing": sorted(CORE_ROOT_ALLOWED - set(present))}
 
 
+# ----------------------------------------------------------------------------- sizes, classes
+
+
+def _line_count(path: Path) -> int:
+    """Every line of the file, as ``wc -l`` counts them (plus a last line without newline)."""
+    text = path.read_text()
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def _module_lines(modules: dict[str, Path], tree: Path) -> dict[str, Any]:
+    lines = {str(path.relative_to(tree)): _line_count(path) for path in modules.values()}
+    longest: dict[str, dict[str, Any]] = {}
+    for name, path in modules.items():
+        rel = str(path.relative_to(tree))
+        best = longest.get(_package_of(name))
+        if best is None or lines[rel] > best["lines"]:
+            longest[_package_of(name)] = {"path": rel, "lines": lines[rel]}
+    return {"lines": dict(sorted(lines.items())), "longest": longest}
+
+
+def _adapter_classes(modules: dict[str, Path], tree: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for package, cls in ADAPTER_CLASSES.items():
+        found = []
+        for name, path in modules.items():
+            if _package_of(name) != package:
+                continue
+            for node in _walk(_parse(path)):
+                if isinstance(node, ast.ClassDef) and node.name == cls:
+                    found.append({
+                        "at": f"{path.relative_to(tree)}:{node.lineno}",
+                        "bases": [ast.unparse(b) for b in node.bases],
+                        "keywords": [ast.unparse(k) for k in node.keywords],
+                    })
+        out[package] = {"class": cls, "definitions": sorted(found, key=lambda d: d["at"])}
+    return out
+
+
 def measure(tree: Path) -> dict[str, Any]:
     """The shape figures of the source tree at ``tree``."""
     tree = tree.resolve()
@@ -558,6 +604,7 @@ def measure(tree: Path) -> dict[str, Any]:
     edits = _sql_edits(modules, tree)
     ledger = _ledger(modules)
     root = _core_root(tree)
+    sizes = _module_lines(modules, tree)
     return {
         "packages": sorted({_package_of(m) for m in modules}),
         "store_protocol": proto["class"],
@@ -580,6 +627,9 @@ def measure(tree: Path) -> dict[str, Any]:
         "core_root_modules": root["modules"],
         "core_root_unexpected": root["unexpected"],
         "core_root_missing": root["missing"],
+        "module_lines": sizes["lines"],
+        "longest_module_by_package": sizes["longest"],
+        "adapter_classes": _adapter_classes(modules, tree),
     }
 
 

@@ -5,9 +5,11 @@ assert the invariants on this checkout: no import circle in any package, no SQL 
 ``replace``/``sub``/``%``, no private name used outside its module, the core's root holding
 only the domain and the facade, and bounds on the store protocol's surface (its sub-protocols
 included) and on the code of ``Ledger`` (docstrings and comments never count: a bound is a
-smell detector, never a reason to cut documentation). The last test shows the checker finds
-each of these in a small tree built for it, so none of the asserts passes by measuring
-nothing.
+smell detector, never a reason to cut documentation); no module of the LangGraph adapter over
+a bound counted in all its lines (a module outgrows it by being split by concern), and
+``GuardedGraph`` one class based on the core's ``AdapterSurface`` alone (no mixins: it
+delegates to the objects it holds). The last test shows the checker finds each of these in a
+small tree built for it, so none of the asserts passes by measuring nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ STORE_MEMBERS_BOUND = 12
 #: Statements of ``class Ledger`` (74 when set): the facade delegates, one call a method
 #: (82 since ``overview``: the status and the outcome history in one read, the web view's page).
 LEDGER_STATEMENTS_BOUND = 82
+#: Lines of any module of the LangGraph adapter, every line counted (docstrings, comments and
+#: blank lines too): a module that outgrows it is split by concern, its documentation kept.
+LANGGRAPH_MODULE_LINES_BOUND = 450
+LANGGRAPH_SRC = "packages/adapter-langgraph/src/"
 CORE_ROOT = ["__init__", "__main__", "durations", "heartbeat", "ledger", "model", "process",
              "reasons", "rules", "writes"]
 
@@ -83,6 +89,24 @@ def test_no_import_circle_in_any_package(shape: dict[str, Any]) -> None:
                if cycles}
     assert circles == {}
     assert shape["import_cycles"] == 0
+
+
+def test_every_langgraph_module_stays_within_its_line_bound(shape: dict[str, Any]) -> None:
+    lengths = {path: lines for path, lines in shape["module_lines"].items()
+               if path.startswith(LANGGRAPH_SRC)}
+    assert "packages/adapter-langgraph/src/task_state_guard_langgraph/_guard.py" in lengths
+    over = {path: lines for path, lines in lengths.items()
+            if lines > LANGGRAPH_MODULE_LINES_BOUND}
+    assert over == {}
+    longest = shape["longest_module_by_package"]["langgraph"]
+    assert longest["lines"] == max(lengths.values()) <= LANGGRAPH_MODULE_LINES_BOUND
+
+
+def test_guarded_graph_is_one_class_on_the_adapter_surface_alone(shape: dict[str, Any]) -> None:
+    found = shape["adapter_classes"]["langgraph"]
+    assert found["class"] == "GuardedGraph"
+    assert [(d["bases"], d["keywords"]) for d in found["definitions"]] == [
+        (["AdapterSurface"], [])], found["definitions"]
 
 
 #: Edits of SQL text kept on purpose, by file (none: every statement is composed as it runs;
@@ -148,6 +172,26 @@ _FAKE = {
     "adapter-celery/src/task_state_guard_celery/__init__.py": "",
     "adapter-dramatiq/src/task_state_guard_dramatiq/__init__.py": "",
     "adapter-langgraph/src/task_state_guard_langgraph/__init__.py": "",
+    "adapter-langgraph/src/task_state_guard_langgraph/_guard.py": '''
+        from task_state_guard.integration import AdapterSurface
+
+        from ._mixins import RecoveryMixin
+
+        class GuardedGraph(RecoveryMixin, AdapterSurface):
+            """A long docstring."""
+        ''',
+    "adapter-langgraph/src/task_state_guard_langgraph/_mixins.py": '''
+        class RecoveryMixin:
+            pass
+
+        def later() -> object:
+            class GuardedGraph(metaclass=type):  # a second definition, however nested
+                pass
+            return GuardedGraph
+        ''',
+    # 451 lines, most of them a docstring: every line counts.
+    "adapter-langgraph/src/task_state_guard_langgraph/_long.py":
+        '"""A module\n' + "documented at length.\n" * 449 + '"""\n',
 }
 
 
@@ -167,3 +211,14 @@ def test_the_checker_finds_what_it_looks_for(tmp_path: Path) -> None:
         "packages/backend-postgres/src/task_state_guard_postgres/driver.py:7: other._secret"]
     assert [site.split(":")[1] for site in shape["sql_text_edit_sites"]] == ["8", "12", "12"]
     assert shape["core_root_unexpected"] == ["cycle_a", "cycle_b", "extra"]
+    langgraph = "packages/adapter-langgraph/src/task_state_guard_langgraph/"
+    assert shape["module_lines"][langgraph + "_long.py"] == 451
+    assert shape["module_lines"][langgraph + "_guard.py"] == 7
+    assert shape["longest_module_by_package"]["langgraph"] == {
+        "path": langgraph + "_long.py", "lines": 451}
+    assert shape["longest_module_by_package"]["postgres"]["lines"] == 12
+    assert shape["adapter_classes"]["langgraph"]["definitions"] == [
+        {"at": langgraph + "_guard.py:6", "bases": ["RecoveryMixin", "AdapterSurface"],
+         "keywords": []},
+        {"at": langgraph + "_mixins.py:6", "bases": [], "keywords": ["metaclass=type"]},
+    ]

@@ -179,7 +179,7 @@ def test_open_tasks_are_beaten_and_forgotten_after_close_and_fork(db: str) -> No
         runtime = AdapterRuntime(settings, logger=logging.getLogger("t"), ledger=ledger)
         rec = Recorder(runtime)
         try:
-            assert rec.open(task, parent_id=None, delivery_required=True, name="inv")
+            assert rec.open(task, parent_id=None, name="inv")
             deadline = time.monotonic() + 10
             while ledger.get_task(task).heartbeat_at is None:  # the heartbeat thread beat it
                 assert time.monotonic() < deadline
@@ -190,7 +190,7 @@ def test_open_tasks_are_beaten_and_forgotten_after_close_and_fork(db: str) -> No
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0
             assert runtime.held(task) and runtime.stats()["heartbeating"] == 1
-            rec.close(task, "succeeded", "completed", internal=False)
+            rec.close_many(((task, "succeeded", "completed", False),))
             assert runtime.stats()["heartbeating"] == 0
             assert str(ledger.get_task(task).status) == "succeeded"
         finally:

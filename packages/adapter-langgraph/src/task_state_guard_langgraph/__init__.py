@@ -6,15 +6,12 @@ every node attempt as an internal child task in a TaskStateGuard ledger. See REA
 
 from task_state_guard.integration import LostTask
 
-from ._guard import (
-    METADATA_KEY,
-    GuardedGraph,
-    Recovery,
-    RecoveryReport,
-    RecoveryRunner,
-    guard,
-)
+from ._guard import GuardedGraph
 from ._ids import NAMESPACE, attempt_task_id, logical_task_id, recovery_invocation_id
+from ._install import guard
+from ._lineage import METADATA_KEY
+from ._recovery_types import Recovery, RecoveryReport
+from ._runner import RecoveryRunner
 from ._shutdown import drain_on_signals
 from .callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
 from .heartbeat import heartbeat

@@ -3,78 +3,69 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
+
+#: ``config``: one for all inputs, or one per input.
+Configs = dict[str, Any] | Sequence[dict[str, Any] | None] | None
 
 
-class _Invoker(Protocol):
-    def invoke(self, input: Any, config: Any = ..., **kwargs: Any) -> Any: ...
+def batch(
+    invoke: Callable[..., Any],
+    inputs: Sequence[Any],
+    config: Configs,
+    *,
+    invocation_ids: Sequence[str] | None,
+    return_exceptions: bool,
+    kwargs: dict[str, Any],
+) -> list[Any]:
+    """``invoke`` (a guarded graph's) for each input, in threads like ``Runnable.batch``
+    (``max_concurrency`` of the first config bounds them); outputs in input order."""
+    configs = _configs(config, len(inputs))
+    ids = _ids(invocation_ids, len(inputs))
+    if not inputs:
+        return []
+    limit = (configs[0] or {}).get("max_concurrency") or len(inputs)
 
-    async def ainvoke(self, input: Any, config: Any = ..., **kwargs: Any) -> Any: ...
+    def one(i: int) -> Any:
+        try:
+            return invoke(inputs[i], configs[i], invocation_id=ids[i], **kwargs)
+        except Exception as exc:
+            if return_exceptions:
+                return exc
+            raise
+
+    with ThreadPoolExecutor(max_workers=min(limit, len(inputs))) as pool:
+        return list(pool.map(one, range(len(inputs))))
 
 
-class BatchMixin:
-    """``batch``/``abatch`` on top of the class's own ``invoke``/``ainvoke``."""
+async def abatch(
+    ainvoke: Callable[..., Awaitable[Any]],
+    inputs: Sequence[Any],
+    config: Configs,
+    *,
+    invocation_ids: Sequence[str] | None,
+    return_exceptions: bool,
+    kwargs: dict[str, Any],
+) -> list[Any]:
+    """``ainvoke`` (a guarded graph's) for each input concurrently (see :func:`batch`)."""
+    configs = _configs(config, len(inputs))
+    ids = _ids(invocation_ids, len(inputs))
+    if not inputs:
+        return []
+    gate = asyncio.Semaphore((configs[0] or {}).get("max_concurrency") or len(inputs))
 
-    def batch(
-        self: _Invoker,
-        inputs: Sequence[Any],
-        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
-        *,
-        invocation_ids: Sequence[str] | None = None,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[Any]:
-        """:meth:`invoke` for each input (one recorded invocation each), in threads like
-        ``Runnable.batch`` (``max_concurrency`` of the first config bounds them); outputs in
-        input order. ``config``: one for all, or one per input; ``invocation_ids`` likewise
-        one per input."""
-        configs = _configs(config, len(inputs))
-        ids = _ids(invocation_ids, len(inputs))
-        if not inputs:
-            return []
-        limit = (configs[0] or {}).get("max_concurrency") or len(inputs)
-
-        def one(i: int) -> Any:
+    async def one(i: int) -> Any:
+        async with gate:
             try:
-                return self.invoke(inputs[i], configs[i], invocation_id=ids[i], **kwargs)
+                return await ainvoke(inputs[i], configs[i], invocation_id=ids[i], **kwargs)
             except Exception as exc:
                 if return_exceptions:
                     return exc
                 raise
 
-        with ThreadPoolExecutor(max_workers=min(limit, len(inputs))) as pool:
-            return list(pool.map(one, range(len(inputs))))
-
-    async def abatch(
-        self: _Invoker,
-        inputs: Sequence[Any],
-        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
-        *,
-        invocation_ids: Sequence[str] | None = None,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[Any]:
-        """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
-        configs = _configs(config, len(inputs))
-        ids = _ids(invocation_ids, len(inputs))
-        if not inputs:
-            return []
-        gate = asyncio.Semaphore((configs[0] or {}).get("max_concurrency") or len(inputs))
-
-        async def one(i: int) -> Any:
-            async with gate:
-                try:
-                    return await self.ainvoke(
-                        inputs[i], configs[i], invocation_id=ids[i], **kwargs
-                    )
-                except Exception as exc:
-                    if return_exceptions:
-                        return exc
-                    raise
-
-        return list(await asyncio.gather(*(one(i) for i in range(len(inputs)))))
+    return list(await asyncio.gather(*(one(i) for i in range(len(inputs)))))
 
 
 def _configs(config: Any, count: int) -> list[dict[str, Any] | None]:

@@ -52,4 +52,11 @@ def settle_recovered(rt: AdapterRuntime, task_id: str, outcome: c.Outcome) -> in
     return settled
 
 
-__all__ = ["settle_recovered"]
+def settle_recovered_by(rt: AdapterRuntime, invocation_id: str, outcome: c.Outcome) -> None:
+    """:func:`settle_recovered` for the run of ``invocation_id``, once its own delivery was
+    marked ``outcome``; a ledger error is counted under ``settle_recovered``."""
+    own = logical_task_id(invocation_id)
+    rt.policy.call("settle_recovered", lambda: settle_recovered(rt, own, outcome))
+
+
+__all__ = ["settle_recovered", "settle_recovered_by"]

@@ -9,9 +9,11 @@ recovery then reads back over them to the checkpoint they edited.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from langgraph.types import Command
+
+from ._ids import logical_task_id
 from ._invocation import thread_config
 from ._lineage import METADATA_KEY, acheckpoint_invocation, aget_tuple, checkpoint_invocation
 
@@ -19,16 +21,15 @@ if TYPE_CHECKING:
     from ._recorder import Recorder
 
 
-class EditsMixin:
-    """``update_state``/``bulk_update_state`` and their async twins on the guarded graph, and
-    the lineage reads continuing runs share with them."""
+class Lineage:
+    """The lineage reads of one guarded graph: the invocation a thread's checkpoint belongs
+    to, read for the runs that continue a thread (their ledger parent) and for the checkpoints
+    ``update_state``/``bulk_update_state`` and their async twins write (see the module
+    docstring)."""
 
-    _graph: Any
-    _rec: Recorder
-
-    if TYPE_CHECKING:  # provided by GuardedGraph
-
-        def _merged(self, config: dict[str, Any] | None) -> dict[str, Any] | None: ...
+    def __init__(self, graph: Any, recorder: Recorder) -> None:
+        self._graph = graph
+        self._rec = recorder
 
     def _saver(self) -> Any:
         saver = getattr(self._graph, "checkpointer", None)
@@ -41,7 +42,7 @@ class EditsMixin:
         return {**config, "metadata": {**(config.get("metadata") or {}),
                                        METADATA_KEY: invocation}}
 
-    def _thread_invocation(self, config: dict[str, Any] | None) -> str | None:
+    def thread_invocation(self, config: dict[str, Any] | None) -> str | None:
         """The invocation the checkpoint ``config`` points at (the thread's latest, or its
         ``checkpoint_id``) belongs to; ``None`` when unknown (errors counted as ``link``)."""
         saver, lookup = self._saver(), thread_config(config)
@@ -52,8 +53,8 @@ class EditsMixin:
         )
         return named
 
-    async def _athread_invocation(self, config: dict[str, Any] | None) -> str | None:
-        """:meth:`_thread_invocation` with the saver's async reads."""
+    async def athread_invocation(self, config: dict[str, Any] | None) -> str | None:
+        """:meth:`thread_invocation` with the saver's async reads."""
         saver, lookup = self._saver(), thread_config(config)
         if saver is None or lookup is None:
             return None
@@ -63,42 +64,38 @@ class EditsMixin:
             self._rec.rt.policy.error("link", exc)
             return None
 
-    def _edit_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        merged = self._merged(config) or {}
-        return self._naming(merged, self._thread_invocation(merged))
+    def edit_config(self, merged: dict[str, Any] | None) -> dict[str, Any]:
+        """The config of a state edit (``merged``: the caller's with the graph's defaults):
+        its checkpoint names the invocation whose state it edits."""
+        merged = merged or {}
+        return self._naming(merged, self.thread_invocation(merged))
 
-    async def _aedit_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        merged = self._merged(config) or {}
-        return self._naming(merged, await self._athread_invocation(merged))
+    async def aedit_config(self, merged: dict[str, Any] | None) -> dict[str, Any]:
+        """:meth:`edit_config` with the saver's async reads."""
+        merged = merged or {}
+        return self._naming(merged, await self.athread_invocation(merged))
 
-    def update_state(
-        self,
-        config: dict[str, Any],
-        values: Any,
-        as_node: str | None = None,
-        task_id: str | None = None,
-    ) -> Any:
-        """The graph's ``update_state``; the new checkpoint keeps the thread's lineage."""
-        return self._graph.update_state(self._edit_config(config), values, as_node, task_id)
+    @staticmethod
+    def continues(input: Any, kwargs: dict[str, Any]) -> bool:
+        """Whether a run continues its thread's lineage: input ``None`` or a ``Command``
+        (resume, goto), or ``durability="exit"`` (it writes no checkpoint before it ends, so
+        the ledger link is the only way recovery finds its thread)."""
+        return input is None or isinstance(input, Command) or kwargs.get("durability") == "exit"
 
-    async def aupdate_state(
-        self,
-        config: dict[str, Any],
-        values: Any,
-        as_node: str | None = None,
-        task_id: str | None = None,
-    ) -> Any:
-        """The graph's ``aupdate_state``; the new checkpoint keeps the thread's lineage."""
-        edited = await self._aedit_config(config)
-        return await self._graph.aupdate_state(edited, values, as_node, task_id)
+    def previous(
+        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
+    ) -> str | None:
+        """Ledger id of the invocation a continuing run follows (see :meth:`continues`)."""
+        if not self.continues(input, kwargs):
+            return None
+        named = self.thread_invocation(config)
+        return None if named is None else logical_task_id(named)
 
-    def bulk_update_state(self, config: dict[str, Any], supersteps: Sequence[Any]) -> Any:
-        """The graph's ``bulk_update_state``; the new checkpoints keep the thread's lineage."""
-        return self._graph.bulk_update_state(self._edit_config(config), supersteps)
-
-    async def abulk_update_state(
-        self, config: dict[str, Any], supersteps: Sequence[Any]
-    ) -> Any:
-        """The graph's ``abulk_update_state``; the new checkpoints keep the lineage."""
-        edited = await self._aedit_config(config)
-        return await self._graph.abulk_update_state(edited, supersteps)
+    async def aprevious(
+        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
+    ) -> str | None:
+        """:meth:`previous` with the saver's async reads."""
+        if not self.continues(input, kwargs):
+            return None
+        named = await self.athread_invocation(config)
+        return None if named is None else logical_task_id(named)

@@ -1,63 +1,46 @@
-"""``guard()``: a compiled LangGraph graph whose invocations are recorded in the ledger."""
+"""The guarded graph: a compiled LangGraph graph whose invocations are recorded in the ledger.
+
+:func:`~._install.guard` creates it. The class keeps the public surface; the work is done by
+the objects it holds: :class:`~._runs.Runs` (each run's start and end), :class:`~._edits.Lineage`
+(the lineage reads of continuing runs and state edits), the recovery pass (:mod:`._recovery`,
+over a :class:`~._recovery_types.RecoveryScope`) and its background runner (:mod:`._runner`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import os
-import threading
-import uuid
-from collections.abc import AsyncGenerator, Generator
-from typing import Any, Unpack, cast
+from collections.abc import AsyncGenerator, Generator, Sequence
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
-from langgraph.errors import GraphDrained
-from langgraph.runtime import RunControl
-from langgraph.types import Command
 from task_state_guard import Ledger, Task
-from task_state_guard.integration import (
-    AdapterRuntime,
-    AdapterSurface,
-    LostHook,
-    SettingArgs,
-    resolve_settings,
-)
+from task_state_guard.integration import AdapterRuntime, AdapterSurface
 from task_state_guard.integration import codes as c
 
-from ._batch import BatchMixin
-from ._delivery import settle_recovered
-from ._edits import EditsMixin
-from ._ids import INVOCATIONS, logical_task_id, stored_thread
-from ._invocation import Invocation, finish_unstarted, with_handler
-from ._lineage import METADATA_KEY
-from ._recorder import Lane, Recorder
-from ._recovery import RecoveredHook, Recovery, RecoveryMixin, RecoveryReport
+from . import _batch
+from ._delivery import settle_recovered_by
+from ._edits import Lineage
+from ._ids import INVOCATIONS, logical_task_id
+from ._recorder import Recorder
+from ._recovery import arecover_pass, recover_pass
+from ._recovery_resume import drain
+from ._recovery_types import PassArgs, RecoveredHook, RecoveryReport, RecoveryScope
 from ._retries import RetryOracle
-from ._runner import STOP_SECONDS, RecoveryRunner, RunnerMixin
-from .callbacks import (
-    AsyncGuardCallbackHandler,
-    GuardCallbackHandler,
-    invocation_handler,
-    logger,
-)
+from ._runner import STOP_SECONDS, RecoveryRunner
+from ._runner import start as start_runner
+from ._runs import Runs, controlled
 
 #: The framework label of this adapter's invocations (their lost verdicts are owed to it).
 FRAMEWORK = "langgraph"
 #: How long :meth:`GuardedGraph.aclose` lets cancelled callers close their own runs.
 CLOSE_GRACE = 1.0
 
-__all__ = [
-    "METADATA_KEY",
-    "GuardedGraph",
-    "Recovery",
-    "RecoveryReport",
-    "RecoveryRunner",
-    "guard",
-]
+__all__ = ["FRAMEWORK", "GuardedGraph"]
 
 
-class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSurface):
+class GuardedGraph(AdapterSurface):
     """A compiled graph whose invocations and node attempts are recorded in the ledger.
 
     Create it with :func:`guard`. ``invoke``/``ainvoke``/``stream``/``astream`` take the same
@@ -80,15 +63,13 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         record_nodes: bool = True,
     ) -> None:
         self._graph = graph
-        self._record_nodes = record_nodes
         self._rec = recorder
+        self._lineage = Lineage(graph, recorder)
         self.runtime: AdapterRuntime = recorder.rt
-        self._name = name if name is not None else getattr(graph, "name", None)
-        self._oracle = RetryOracle(graph)
-        self._local = threading.local()
+        label = name if name is not None else getattr(graph, "name", None)
+        self._runs = Runs(recorder, RetryOracle(graph), name=label, record_nodes=record_nodes)
         self._defaults: dict[str, Any] = {}
         # Shared with every with_config() copy: per process, not per view.
-        self._drained_here: set[str] = set()
         self._seen_cancelled: set[str] = set()
         self._recovery_controls: set[Any] = set()
         self._runners: list[RecoveryRunner] = []
@@ -104,7 +85,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         ``callbacks``, ``configurable``...) into the config of every call, like
         ``Runnable.with_config``; it shares this one's ledger, threads and counters."""
         bound = copy.copy(self)
-        bound._local = threading.local()
+        bound._runs = self._runs.view()
         merged = merge_configs(
             cast(RunnableConfig, self._defaults), cast(Any, {**(config or {}), **kwargs})
         )
@@ -146,31 +127,26 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         also the pending deliveries of the runs it recovers (the lost run, a dead recovery
         before it): its answer is theirs."""
         task = super().mark_delivered(framework_id)
-        self._settle_recovered(framework_id, (c.DELIVERED, c.TRANSPORT_ACKNOWLEDGED))
+        settle_recovered_by(self._rec.rt, framework_id, (c.DELIVERED, c.TRANSPORT_ACKNOWLEDGED))
         return task
 
     def mark_delivery_failed(self, framework_id: str) -> Task | None:
         """The core's ``mark_delivery_failed``; for a recovery run, the runs it recovers too
         (see :meth:`mark_delivered`)."""
         task = super().mark_delivery_failed(framework_id)
-        self._settle_recovered(framework_id, (c.DELIVERY_FAILED, c.TRANSPORT_FAILED))
+        settle_recovered_by(self._rec.rt, framework_id, (c.DELIVERY_FAILED, c.TRANSPORT_FAILED))
         return task
-
-    def _settle_recovered(self, framework_id: str, outcome: c.Outcome) -> None:
-        rt = self._rec.rt
-        own = self.logical_task_id(framework_id)
-        rt.policy.call("settle_recovered", lambda: settle_recovered(rt, own, outcome))
 
     @property
     def last_invocation_id(self) -> str | None:
         """Invocation id of the last invocation started by the calling thread."""
-        return getattr(self._local, "invocation_id", None)
+        return self._runs.last_invocation_id
 
     @property
     def last_outcome(self) -> str | None:
         """Outcome of the calling thread's last finished invocation: ``succeeded``,
         ``interrupted``, ``failed`` or ``cancelled``."""
-        return getattr(self._local, "outcome", None)
+        return self._runs.last_outcome
 
     def close(self, timeout: float = STOP_SECONDS) -> None:
         """Stop background recovery (its resumed runs are drained: the next start resumes
@@ -190,7 +166,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         before the writer threads stop: each run still open after :data:`CLOSE_GRACE` seconds
         is closed so here (its caller is gone with the server)."""
         await self.astop_recovery(timeout)
-        await self._close_open_runs(min(CLOSE_GRACE, timeout))
+        await self._runs.close_open(min(CLOSE_GRACE, timeout))
         await asyncio.to_thread(self._rec.shutdown)
 
     def request_drain(self, reason: str = "shutdown") -> int:
@@ -200,26 +176,7 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         ``on_recovered``). Safe from any thread and from a signal handler; returns how many
         runs were asked. Runs started afterwards are not affected. Under a server, call it
         when the shutdown signal arrives: :func:`drain_on_signals`."""
-        asked = 0
-        for run in self._rec.open_runs():
-            if run.control is not None and not run.drain_requested:
-                run.control.request_drain(reason)
-                asked += 1
-        return asked
-
-    async def _close_open_runs(self, grace: float) -> None:
-        """Let the cancelled callers close their runs (a few loop turns), then close the rest
-        in their lanes and wait for those writes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while self._rec.open_runs() and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        closes = []
-        for run in self._rec.open_runs():
-            lane = run.lane if run.lane is not None else self._rec.lane()
-            closes.append(asyncio.wrap_future(lane.submit(run.finish, asyncio.CancelledError())))
-        if closes:
-            await asyncio.gather(*closes, return_exceptions=True)
+        return self._runs.request_drain(reason)
 
     uninstall = close
 
@@ -228,119 +185,6 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- invocation lifecycle ---------------------------------------------------------------
-
-    def _begin(
-        self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
-    ) -> Invocation:
-        inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
-        self._local.invocation_id = inv
-        run = self._open_run(config, inv, parent, False, GuardCallbackHandler)
-        assert run is not None
-        return run
-
-    async def _abegin(
-        self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
-    ) -> Invocation:
-        """:meth:`_begin` for async runs: the ledger work runs in the invocation's lane on a
-        writer thread, and the invocation's running record is committed before this returns."""
-        inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
-        self._local.invocation_id = inv
-        lane = self._rec.lane()
-        future = lane.submit(
-            self._open_run, config, inv, parent, False, AsyncGuardCallbackHandler, lane
-        )
-        try:
-            run = await asyncio.shield(asyncio.wrap_future(future))
-        except asyncio.CancelledError:
-            # The caller gave up while the start was being written: close it once it is.
-            future.add_done_callback(finish_unstarted)
-            raise
-        assert run is not None
-        return run
-
-    def _open_run(
-        self,
-        config: dict[str, Any] | None,
-        inv: str,
-        parent: str | None,
-        claim: bool,
-        handler_cls: type[GuardCallbackHandler],
-        lane: Lane | None = None,
-        *,
-        recovery: bool = False,
-    ) -> Invocation | None:
-        """Start the invocation ``inv`` (a child of ledger task ``parent``, if the ledger has
-        it). ``claim``: None when it exists already (recovery lost the race)."""
-        own = logical_task_id(inv)
-        if parent == own or (parent is not None and self._rec.get(parent) is None):
-            parent = None
-        opened = self._rec.open(
-            own,
-            parent_id=parent,
-            delivery_required=True,
-            name=self._name,
-            claim_errors=not claim,
-            framework_id=inv,
-            thread_id=stored_thread(config),
-        )
-        if not opened and claim:
-            return None
-        lane = lane if lane is not None else self._rec.lane()
-        # Not opened: run unrecorded (ledger down, or invocation id reused); no handler.
-        task_id = own if opened else None
-        handler: GuardCallbackHandler | None = None
-        if opened and self._record_nodes:
-            handler = invocation_handler(handler_cls, self._rec, inv, own, self._oracle, lane)
-        cfg = with_handler(config, handler, inv)
-        return Invocation(inv, task_id, handler, cfg, self._rec, lane, recovery=recovery)
-
-    def _end(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
-        outcome = run.finish(exc, output)
-        self._finished(run, exc, outcome)
-        return outcome
-
-    async def _aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
-        """:meth:`_end` with the closing write in the invocation's lane (it completes even when
-        the caller is cancelled meanwhile)."""
-        lane = run.lane if run.lane is not None else self._rec.lane()
-        # Submitted before any await: the close is written however often the caller is
-        # cancelled while it waits (an anyio cancel scope cancels every await in it again).
-        future = lane.submit(run.finish, exc, output)
-        outcome = await asyncio.shield(asyncio.wrap_future(future))
-        self._finished(run, exc, outcome)
-        return outcome
-
-    def _finished(self, run: Invocation, exc: BaseException | None, outcome: str) -> None:
-        self._local.outcome = outcome
-        if isinstance(exc, GraphDrained) and run.task_id is not None:
-            # Drained by this live process: its recovery passes leave it to the next start
-            # (or to another process).
-            self._drained_here.add(run.task_id)
-
-    def _continues(self, input: Any, kwargs: dict[str, Any]) -> bool:
-        """Whether a run continues its thread's lineage: input ``None`` or a ``Command``
-        (resume, goto), or ``durability="exit"`` (it writes no checkpoint before it ends, so
-        the ledger link is the only way recovery finds its thread)."""
-        return input is None or isinstance(input, Command) or kwargs.get("durability") == "exit"
-
-    def _previous(
-        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
-    ) -> str | None:
-        """Ledger id of the invocation a continuing run follows (see :meth:`_continues`)."""
-        if not self._continues(input, kwargs):
-            return None
-        named = self._thread_invocation(config)
-        return None if named is None else logical_task_id(named)
-
-    async def _aprevious(
-        self, input: Any, config: dict[str, Any] | None, kwargs: dict[str, Any]
-    ) -> str | None:
-        if not self._continues(input, kwargs):
-            return None
-        named = await self._athread_invocation(config)
-        return None if named is None else logical_task_id(named)
 
     # -- the four entry points --------------------------------------------------------------
 
@@ -354,14 +198,9 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     ) -> Any:
         """``graph.invoke`` recorded as one invocation (see the package README)."""
         config = self._merged(config)
-        run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
-        try:
-            out = self._graph.invoke(input, run.config, **_controlled(run, kwargs))
-        except BaseException as exc:
-            self._end(run, exc)
-            raise
-        self._end(run, None, out)
-        return out
+        previous = self._lineage.previous(input, config, kwargs)
+        return self._runs.invoke(self._graph.invoke, input, config, invocation_id, previous,
+                                 kwargs)
 
     async def ainvoke(
         self,
@@ -373,15 +212,9 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     ) -> Any:
         """``graph.ainvoke`` recorded as one invocation; a cancelled run ends ``cancelled``."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config, kwargs)
-        run = await self._abegin(config, invocation_id, previous)
-        try:
-            out = await self._graph.ainvoke(input, run.config, **_controlled(run, kwargs))
-        except BaseException as exc:
-            await self._aend(run, exc)
-            raise
-        await self._aend(run, None, out)
-        return out
+        previous = await self._lineage.aprevious(input, config, kwargs)
+        return await self._runs.ainvoke(self._graph.ainvoke, input, config, invocation_id,
+                                        previous, kwargs)
 
     def stream(
         self,
@@ -397,13 +230,14 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
         ``cancelled/caller_cancelled``.
         """
         config = self._merged(config)
-        run = self._begin(config, invocation_id, self._previous(input, config, kwargs))
+        previous = self._lineage.previous(input, config, kwargs)
+        run = self._runs.begin(config, invocation_id, previous)
         try:
-            yield from self._graph.stream(input, run.config, **_controlled(run, kwargs))
+            yield from self._graph.stream(input, run.config, **controlled(run, kwargs))
         except BaseException as exc:
-            self._end(run, exc)
+            self._runs.end(run, exc)
             raise
-        self._end(run, None)
+        self._runs.end(run, None)
 
     async def astream(
         self,
@@ -415,15 +249,15 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config, kwargs)
-        run = await self._abegin(config, invocation_id, previous)
+        previous = await self._lineage.aprevious(input, config, kwargs)
+        run = await self._runs.abegin(config, invocation_id, previous)
         try:
-            async for chunk in self._graph.astream(input, run.config, **_controlled(run, kwargs)):
+            async for chunk in self._graph.astream(input, run.config, **controlled(run, kwargs)):
                 yield chunk
         except BaseException as exc:
-            await self._aend(run, exc)
+            await self._runs.aend(run, exc)
             raise
-        await self._aend(run, None)
+        await self._runs.aend(run, None)
 
     async def astream_events(
         self,
@@ -436,76 +270,169 @@ class GuardedGraph(BatchMixin, EditsMixin, RunnerMixin, RecoveryMixin, AdapterSu
     ) -> AsyncGenerator[Any, None]:
         """``graph.astream_events`` recorded as one invocation (see :meth:`stream`)."""
         config = self._merged(config)
-        previous = await self._aprevious(input, config, kwargs)
-        run = await self._abegin(config, invocation_id, previous)
+        previous = await self._lineage.aprevious(input, config, kwargs)
+        run = await self._runs.abegin(config, invocation_id, previous)
         try:
             async for event in self._graph.astream_events(
                 input, run.config, version=version, **kwargs
             ):
                 yield event
         except BaseException as exc:
-            await self._aend(run, exc)
+            await self._runs.aend(run, exc)
             raise
-        await self._aend(run, None)
+        await self._runs.aend(run, None)
+
+    def batch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`invoke` for each input (one recorded invocation each), in threads like
+        ``Runnable.batch`` (``max_concurrency`` of the first config bounds them); outputs in
+        input order. ``config``: one for all, or one per input; ``invocation_ids`` likewise
+        one per input."""
+        return _batch.batch(self.invoke, inputs, config, invocation_ids=invocation_ids,
+                            return_exceptions=return_exceptions, kwargs=kwargs)
+
+    async def abatch(
+        self,
+        inputs: Sequence[Any],
+        config: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        invocation_ids: Sequence[str] | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """:meth:`ainvoke` for each input concurrently (see :meth:`batch`)."""
+        return await _batch.abatch(self.ainvoke, inputs, config, invocation_ids=invocation_ids,
+                                   return_exceptions=return_exceptions, kwargs=kwargs)
 
 
-def guard(
-    graph: Any,
-    db: str | os.PathLike[str] | None = None,
-    *,
-    ledger: Ledger | None = None,
-    owner: bool = True,
-    name: str | None = None,
-    record_nodes: bool = True,
-    on_lost: LostHook | None = None,
-    on_recovered: RecoveredHook | None = None,
-    **settings: Unpack[SettingArgs],
-) -> GuardedGraph:
-    """Wrap a compiled LangGraph graph so its runs are recorded in a TaskStateGuard ledger.
+    # -- state edits ------------------------------------------------------------------------
 
-    ``db`` is the ledger path (or pass an open ``ledger``, which you keep closing). Each
-    setting comes from the argument, then the ``TSG_<NAME>`` environment variable, then the
-    default shared by every adapter; a bad value raises ``ConfigurationError``. With
-    ``reconcile_on_boot`` (the default) the ledger is reconciled here, which closes the tasks
-    of a dead process ``timed_out/owner_lost`` at once. ``owner=True`` records this process as
-    owner of the tasks it starts. ``record_nodes=False`` records only invocations (no callback
-    handler, far less overhead). ``name`` overrides the graph name used as the invocation's
-    label. Ledger errors are logged once per kind and counted (:meth:`GuardedGraph.stats`);
-    ``strict=True`` raises them. ``on_lost`` is called with a
-    :class:`~task_state_guard.integration.LostTask` for each lost thread a recovery pass
-    reports; ``on_recovered`` with the :class:`Recovery` of each run it resumed, once that run
-    ended (its ``output`` is the result the run owes: deliver it and mark it).
+    def update_state(
+        self,
+        config: dict[str, Any],
+        values: Any,
+        as_node: str | None = None,
+        task_id: str | None = None,
+    ) -> Any:
+        """The graph's ``update_state``; the new checkpoint keeps the thread's lineage."""
+        edited = self._lineage.edit_config(self._merged(config))
+        return self._graph.update_state(edited, values, as_node, task_id)
 
-    ``reconcile_interval_seconds`` > 0 reconciles the ledger that often in a daemon thread of
-    this process; :meth:`GuardedGraph.start_recovery` then runs a whole recovery pass (reconcile,
-    report, resume) at that interval instead. A ledger that cannot be used is logged once at
-    ERROR (and shows in :meth:`GuardedGraph.stats`); with ``require_ledger`` (setting or
-    ``TSG_REQUIRE_LEDGER``) ``guard`` raises its error instead of running unrecorded.
-    """
-    if on_recovered is not None and not callable(on_recovered):
-        raise TypeError("on_recovered must be callable")
-    resolved = resolve_settings(db_required=ledger is None, db=db, **settings)
-    runtime = AdapterRuntime(
-        resolved, logger=logger, subject="graph", ledger=ledger, on_lost=on_lost,
-        adapter=GuardedGraph.adapter_name, framework=FRAMEWORK,
-    )
-    # Lost-run verdicts are published by recovery passes (they know the threads), never by a
-    # plain reconcile.
-    runtime.drain_after_reconcile = False
-    app = GuardedGraph(graph, Recorder(runtime, owner=owner), name=name, record_nodes=record_nodes)
-    app.on_recovered = on_recovered
-    # An unusable ledger is logged at ERROR once, here; with require_ledger, guard() raises.
-    runtime.boot("reconcile")
-    runtime.start_periodic_reconcile("periodic_reconcile")
-    return app
+    async def aupdate_state(
+        self,
+        config: dict[str, Any],
+        values: Any,
+        as_node: str | None = None,
+        task_id: str | None = None,
+    ) -> Any:
+        """The graph's ``aupdate_state``; the new checkpoint keeps the thread's lineage."""
+        edited = await self._lineage.aedit_config(self._merged(config))
+        return await self._graph.aupdate_state(edited, values, as_node, task_id)
 
+    def bulk_update_state(self, config: dict[str, Any], supersteps: Sequence[Any]) -> Any:
+        """The graph's ``bulk_update_state``; the new checkpoints keep the thread's lineage."""
+        edited = self._lineage.edit_config(self._merged(config))
+        return self._graph.bulk_update_state(edited, supersteps)
 
-def _controlled(run: Invocation, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with the run's ``RunControl`` (the caller's, else one of its own), so that
-    :meth:`GuardedGraph.request_drain` can drain it."""
-    control = kwargs.get("control")
-    if control is None:
-        control = RunControl()
-        kwargs = {**kwargs, "control": control}
-    run.control = control
-    return kwargs
+    async def abulk_update_state(
+        self, config: dict[str, Any], supersteps: Sequence[Any]
+    ) -> Any:
+        """The graph's ``abulk_update_state``; the new checkpoints keep the lineage."""
+        edited = await self._lineage.aedit_config(self._merged(config))
+        return await self._graph.abulk_update_state(edited, supersteps)
+
+    # -- background recovery ----------------------------------------------------------------
+
+    def start_recovery(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryRunner:
+        """Run recovery in the background and return at once (the server answers while it
+        runs): a first pass now, then one every ``reconcile_interval_seconds`` when that is
+        above 0 (it replaces the plain periodic reconcile :func:`guard` started), and one as
+        soon as the verdict drain (every ``verdict_interval_seconds``, default 10 s; 0: off)
+        finds a lost-run verdict owed to LangGraph, whoever reconciled. On an event loop it is
+        a task of that loop (:meth:`arecover`); elsewhere a daemon thread (:meth:`recover`).
+        Arguments as for :meth:`recover`. Calling it again while a runner is alive returns that
+        runner. :meth:`close`/:meth:`aclose` stop it."""
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        return start_runner(self, self._rec.rt, self._runners, args)
+
+    def stop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery (see :meth:`RecoveryRunner.stop`)."""
+        for runner in self._runners:
+            runner.stop(timeout)
+
+    async def astop_recovery(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop background recovery and wait (up to ``timeout``) for its drained runs."""
+        for runner in self._runners:
+            await runner.astop(timeout)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _recovering(self) -> RecoveryScope:
+        return RecoveryScope(self._graph, self._rec, self._runs, self._seen_cancelled,
+                             self._recovery_controls, self)
+
+    def recover(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryReport:
+        """One recovery pass in the calling thread (see :mod:`._recovery` and the README).
+
+        Reconciles the ledger, then examines every checkpointer thread (or ``thread_ids``):
+        a thread whose last invocation was lost is reported (``on_lost``) and, when it still
+        has work, resumed; a drained one is resumed; one cancelled by its caller is reported
+        in ``.cancelled``. Each resumption is ``invoke(None, ...)`` as a new invocation
+        :func:`~task_state_guard_langgraph.recovery_invocation_id`, a child of the one it
+        recovers; at most ``max_concurrency`` (default 4) run at once, in threads. ``config``
+        and ``kwargs`` (e.g. ``durability``) go to every resumed run; its error is reported,
+        not raised, and its result handed to ``on_recovered``. Returns a
+        :class:`RecoveryReport`.
+        """
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        return recover_pass(self._recovering(), args)
+
+    async def arecover(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        thread_ids: list[str] | None = None,
+        max_concurrency: int | None = None,
+        **kwargs: Any,
+    ) -> RecoveryReport:
+        """:meth:`recover` for async checkpointers (``AsyncSqliteSaver``, ``AsyncPostgresSaver``):
+        the same pass, every ledger call on a worker thread (the event loop keeps serving),
+        each thread resumed with ``ainvoke(None, ...)``, at most ``max_concurrency`` at once."""
+        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
+        return await arecover_pass(self._recovering(), args)
+
+    def drain_recoveries(self, reason: str = "shutdown") -> int:
+        """Ask every resumed run of this process to stop at its next step boundary (it closes
+        ``cancelled/interrupted`` and the next recovery resumes it); returns how many."""
+        return drain(self._recovery_controls, reason)
+
+    def publish_verdicts(self) -> int:
+        """Publish the lost-run verdicts owed to LangGraph now: one recovery pass
+        (:meth:`recover`: each lost thread reported with its thread id and resumed where it
+        has work). Returns how many verdicts it published."""
+        return len(self.recover().reported)
+
+    async def apublish_verdicts(self) -> int:
+        """:meth:`publish_verdicts` as an :meth:`arecover` pass."""
+        return len((await self.arecover()).reported)

@@ -1,20 +1,11 @@
-"""The LangGraph side of the core's adapter runtime: graph and node events become ledger calls.
+"""The LangGraph side of the core's adapter runtime: graph events become ledger calls.
 
 A translation, no choreography of its own: an invocation starts with the runtime's
-``begin_task`` (created and started in one write, with its thread id), each node attempt
-begins with the core's shared child attempt (``integration.child_attempts.begin_child``)
-under the invocation, or under the node attempt that runs its subgraph, and the invocation
-ends with ``end_tasks``.
-
-Transitions share one ledger write per node boundary: the close of a node attempt that just
-ended (and its ``not_applicable`` delivery; the core's *end attempt*) is committed together
-with the start of the next attempt (the core's *begin attempt*; both one statement on
-PostgreSQL, ``Ledger.end_and_begin_attempt``), or with the invocation's close. A starting
-attempt is always committed before its node runs, so after a crash the ledger shows which
-attempt was running; an attempt that had ended but whose close was still waiting for the next
-boundary shows as running too (never as succeeded). Each commit on the caller's thread hands
-the GIL to the checkpointer's background writer; halving the commits per node removes most of
-that wait.
+``begin_task`` (created and started in one write, with its thread id) and ends with
+``end_tasks``: its leftover node attempts and its close, in one write (with its buffered node
+history, :mod:`._node_buffer`). Node attempts are history: buffered in the process and
+committed with the invocation's end, the next heartbeat or a ``heartbeat()`` call. Async runs
+write through per-invocation lanes on writer threads (:class:`Lane`).
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from typing import Any, TypeVar
 
 from task_state_guard import StateConflict
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
-from task_state_guard.integration.child_attempts import begin_child, end_tasks
+from task_state_guard.integration.child_attempts import end_tasks
 
 from ._node_buffer import HistoryFlusher
 
@@ -188,47 +179,30 @@ class Recorder:
         task_id: str,
         *,
         parent_id: str | None,
-        delivery_required: bool,
         name: object,
         claim_errors: bool = True,
-        closings: Sequence[Closing] = (),
         framework_id: str | None = None,
         thread_id: str | None = None,
     ) -> bool:
-        """Start ``task_id`` and hold it (heartbeats) until it is closed; True when this call
-        started it.
+        """Start the invocation ``task_id`` and hold it (heartbeats) until it is closed; True
+        when this call started it.
 
-        ``delivery_required``: an invocation (a job of its own, under ``parent_id`` when it
-        continues another run), created and started in one write; ``framework_id`` (the
-        invocation id) is stored only when it is a canonical UUID, ``thread_id`` (the
-        LangGraph thread) as given. Otherwise a node attempt,
-        begun under ``parent_id`` (the invocation, or the node attempt running its subgraph)
-        with the core's shared child attempt (``integration.child_attempts.begin_child``):
-        ``closings``, the attempts that ended since the last write (see :meth:`close_many`),
-        are committed in the same write, before the start.
+        An invocation is a job of its own (under ``parent_id`` when it continues another run),
+        created and started in one write (the runtime's ``begin_task``); ``framework_id``
+        (the invocation id) is stored only when it is a canonical UUID, ``thread_id`` (the
+        LangGraph thread) as given. Its node attempts are history (:mod:`._node_buffer`).
 
         A task that exists but is no longer ``queued`` cannot be started again: counted as
         ``open:StateConflict`` unless ``claim_errors`` is False (used by ``recover()``, where
         losing the claim to another process is normal). Any other ledger error is counted as
         ``open:<Class>``.
         """
-        if delivery_required:
-            if closings:
-                raise TypeError("closings ride with a node attempt's start only")
-        elif parent_id is None:
-            raise TypeError("a node attempt needs its parent's task id")
         label = name_label(name)
         try:
-            if delivery_required:
-                self.rt.begin_task(task_id, parent_id=parent_id, name=label,
-                                   framework_id=framework_id, thread_id=thread_id,
-                                   owner=self.owner)
-                self.rt.hold(task_id)
-            else:
-                assert parent_id is not None  # checked above
-                begin_child(
-                    self.rt, parent_id, task_id, name=label, ended=closings, owner=self.owner
-                )
+            self.rt.begin_task(task_id, parent_id=parent_id, name=label,
+                               framework_id=framework_id, thread_id=thread_id,
+                               owner=self.owner)
+            self.rt.hold(task_id)
         except StateConflict as exc:
             if claim_errors:
                 self.rt.policy.error("open", exc)
@@ -237,10 +211,6 @@ class Recorder:
             self.rt.policy.error("open", exc)
             return False
         return True
-
-    def close(self, task_id: str, status: str, code: str | None, *, internal: bool) -> None:
-        """Close one task (see :meth:`close_many`)."""
-        self.close_many(((task_id, status, code, internal),))
 
     def close_many(self, closings: Sequence[Closing]) -> None:
         """Close several tasks (innermost first) in one transaction; each is judged on its own

@@ -20,12 +20,14 @@ import threading
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-from ._recovery import PassArgs
+from ._recovery_types import PassArgs
 from .callbacks import logger
 
 if TYPE_CHECKING:
+    from task_state_guard.integration import AdapterRuntime
+
     from ._recorder import Recorder
-    from ._recovery import RecoveryReport
+    from ._recovery_types import RecoveryReport
 
 #: How long stopping waits for drained resumed runs to reach their step boundary.
 STOP_SECONDS = 30.0
@@ -200,51 +202,23 @@ class RecoveryRunner:
             await asyncio.to_thread(self._thread.join, timeout)
 
 
-class RunnerMixin:
-    """``start_recovery``/``stop_recovery`` of :class:`~task_state_guard_langgraph.GuardedGraph`."""
-
-    _rec: Recorder
-    _runners: list[RecoveryRunner]
-
-    def start_recovery(
-        self,
-        config: dict[str, Any] | None = None,
-        *,
-        thread_ids: list[str] | None = None,
-        max_concurrency: int | None = None,
-        **kwargs: Any,
-    ) -> RecoveryRunner:
-        """Run recovery in the background and return at once (the server answers while it
-        runs): a first pass now, then one every ``reconcile_interval_seconds`` when that is
-        above 0 (it replaces the plain periodic reconcile :func:`guard` started), and one as
-        soon as the verdict drain (every ``verdict_interval_seconds``, default 10 s; 0: off)
-        finds a lost-run verdict owed to LangGraph, whoever reconciled. On an event loop it is
-        a task of that loop (:meth:`arecover`); elsewhere a daemon thread (:meth:`recover`).
-        Arguments as for :meth:`recover`. Calling it again while a runner is alive returns that
-        runner. :meth:`close`/:meth:`aclose` stop it."""
-        alive = [r for r in self._runners if r.alive]
-        if alive:
-            return alive[0]
-        rt = self._rec.rt
-        interval = rt.settings.reconcile_interval_seconds
-        if interval > 0:
-            rt.stop_periodic_reconcile()
-        args = PassArgs(config, thread_ids, max_concurrency, kwargs)
-        woken = rt.settings.verdict_interval_seconds > 0
-        runner = RecoveryRunner(self, args, interval, woken)
-        self._runners[:] = [runner]
-        runner._start()
-        if woken:  # this runner's wake-up, not a previous runner's that ended on its own
-            rt.stop_verdict_drain()
-            rt.start_verdict_drain("verdict_drain", drain=runner.wake)
-        return runner
-
-    def stop_recovery(self, timeout: float = STOP_SECONDS) -> None:
-        """Stop background recovery (see :meth:`RecoveryRunner.stop`)."""
-        for runner in self._runners:
-            runner.stop(timeout)
-
-    async def astop_recovery(self, timeout: float = STOP_SECONDS) -> None:
-        """Stop background recovery and wait (up to ``timeout``) for its drained runs."""
-        for runner in self._runners:
-            await runner.astop(timeout)
+def start(
+    app: Any, rt: AdapterRuntime, runners: list[RecoveryRunner], args: PassArgs
+) -> RecoveryRunner:
+    """Start background recovery for the guarded graph ``app`` (its
+    :meth:`~task_state_guard_langgraph.GuardedGraph.start_recovery`), unless a runner of
+    ``runners`` is still alive: that one is returned. ``runners`` then holds the new one."""
+    alive = [r for r in runners if r.alive]
+    if alive:
+        return alive[0]
+    interval = rt.settings.reconcile_interval_seconds
+    if interval > 0:
+        rt.stop_periodic_reconcile()
+    woken = rt.settings.verdict_interval_seconds > 0
+    runner = RecoveryRunner(app, args, interval, woken)
+    runners[:] = [runner]
+    runner._start()
+    if woken:  # this runner's wake-up, not a previous runner's that ended on its own
+        rt.stop_verdict_drain()
+        rt.start_verdict_drain("verdict_drain", drain=runner.wake)
+    return runner

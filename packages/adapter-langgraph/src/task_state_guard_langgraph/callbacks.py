@@ -223,7 +223,7 @@ class GuardCallbackHandler(GraphCallbackHandler):
             self._runs[run_id] = run
             self._lock.release()
             try:
-                opened = self._rec.open(task, parent_id=None, delivery_required=True, name=name)
+                opened = self._rec.open(task, parent_id=None, name=name)
             finally:
                 self._lock.acquire()
             if not opened:
