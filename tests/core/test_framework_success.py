@@ -86,11 +86,20 @@ def test_a_job_whose_success_the_framework_holds_is_closed_succeeded_not_lost(
     _lost_fid, lost, lost_attempt = open_job(rt)
     store.succeeded.add(done_fid)
     clock.advance(GRACE + 1)
-    assert rt.reconcile(dry_run=True)["tasks_timed_out"] == 4  # a preview changes nothing
-    assert store.asked == [] and outcome(ledger, done) == ("running", None)
+    decided: list[str] = []
+    preview = rt.reconcile(dry_run=True, on_decision=lambda d: decided.append(d.task_id))
+    # The preview asks the result store and counts what the apply will do; it writes nothing.
+    assert (preview["tasks_timed_out"], preview["framework_succeeded"]) == (2, 1)
+    assert set(decided) == {lost, lost_attempt}
+    assert outcome(ledger, done) == ("running", None) and owed(ledger) == (0, 0)
+    store.asked.clear()
 
-    report = rt.reconcile()
+    applied: list[str] = []
+    report = rt.reconcile(on_decision=lambda d: applied.append(d.task_id))
     assert report["tasks_timed_out"] == 2  # the other job and its attempt only
+    assert report["framework_succeeded"] == 1
+    assert sorted(applied) == sorted(decided)
+    assert report["active_examined"] == preview["active_examined"]
     assert outcome(ledger, done) == outcome(ledger, done_attempt) == (
         "succeeded", "worker_completed")
     assert outcome(ledger, lost) == ("timed_out", "restart_stale")

@@ -50,7 +50,7 @@ from .ids import FRAMEWORKS, IdScheme
 from .lost_task import LostTask
 
 if TYPE_CHECKING:
-    from ..ops.reconcile import ReconcileDecision, ReconcilePolicy
+    from ..ops.reconcile import DecisionCallback, ReconcileDecision, ReconcilePolicy
     from ..ops.verdicts import Verdict
 
 #: The success check: True when the framework's result store holds a success for the job.
@@ -143,21 +143,60 @@ class FrameworkSuccesses:
         closed = self._policy.call(_WHERE, lambda: self._settle(scheme, policy))
         return closed or 0
 
+    def _succeeded(
+        self, scheme: IdScheme, found: list[ReconcileDecision]
+    ) -> list[tuple[str, list[str]]]:
+        """Among a dry run's decisions ``found``: each job of this framework whose success the
+        framework holds, with the tasks :meth:`settle` closes succeeded for it (its lost
+        attempts, then the job unless another of its attempts is still active)."""
+        settled = []
+        for job in self._candidates(scheme, found):
+            if self.ask(LostTask(job.framework_id, job.task_id, job.name, job.code)) is not True:
+                continue
+            ids = list(job.attempts)
+            if job.itself or not self._still_running(job):
+                ids.append(job.task_id)
+            settled.append((job.task_id, ids))
+        return settled
+
+    def preview(
+        self, policy: ReconcilePolicy, on_decision: DecisionCallback | None
+    ) -> dict[str, object]:
+        """A dry run of the applied reconcile of this runtime, counts as it would apply them:
+        the tasks :meth:`settle` would close succeeded first are neither counted as timed out
+        (nor examined as active) nor handed to ``on_decision``; ``framework_succeeded`` counts
+        their jobs. Writes nothing. A failing check leaves the core's dry run as it is."""
+        led = self._handle.ledger
+        found: list[ReconcileDecision] = []
+        report: dict[str, object] = dict(
+            led.reconcile(policy, dry_run=True, on_decision=found.append))
+        scheme = FRAMEWORKS.get(self.framework) if self.framework is not None else None
+        settled: list[tuple[str, list[str]]] = []
+        if self.check is not None and scheme is not None:
+            settled = self._policy.call(_WHERE, lambda: self._succeeded(scheme, found)) or []
+        gone = {task_id for _, ids in settled for task_id in ids}
+        dropped = sum(1 for d in found if d.kind == "task" and d.task_id in gone)
+        for key in ("tasks_timed_out", "active_examined"):
+            count = report.get(key)
+            if isinstance(count, int):
+                report[key] = count - dropped
+        report["framework_succeeded"] = sum(1 for job_id, ids in settled if job_id in ids)
+        if on_decision is not None:
+            for d in found:
+                if d.task_id not in gone:
+                    on_decision(d)
+        return report
+
     def _settle(self, scheme: IdScheme, policy: ReconcilePolicy) -> int:
         led = self._handle.ledger
         found: list[ReconcileDecision] = []
         led.reconcile(policy, dry_run=True, on_decision=found.append)
-        jobs = self._candidates(scheme, found)
         closed = 0
-        for job in jobs:
-            if self.ask(LostTask(job.framework_id, job.task_id, job.name, job.code)) is not True:
-                continue
-            closes = [(a, codes.SUCCEEDED, codes.WORKER_COMPLETED) for a in job.attempts]
-            if job.itself or not self._still_running(job):
-                closes.append((job.task_id, codes.SUCCEEDED, codes.WORKER_COMPLETED))
+        for job_id, ids in self._succeeded(scheme, found):
+            closes = [(task_id, codes.SUCCEEDED, codes.WORKER_COMPLETED) for task_id in ids]
             # Each close is judged on its own: one a concurrent pass made first is left as it is.
             ended = led.end_attempt(closes)
-            if job.task_id in ended.closed:
+            if job_id in ended.closed:
                 closed += 1
         if closed:
             self._count("reconcile", closed)
