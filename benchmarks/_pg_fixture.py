@@ -69,6 +69,9 @@ def build(url: str, size: int, *, lost_share: float = 0.15, vacuum: bool = False
         blocks = size // 20
         seq = int(first[0])
         started = time.perf_counter()
+        # PostgreSQL's insert trigger writes the created event alone (a SQLite build earlier in
+        # the same process may have set scale's flag for its own layout's trigger).
+        sqlite_flag, scale.INSERT_WRITES_STARTED = scale.INSERT_WRITES_STARTED, False
         for start in range(0, blocks, BATCH_BLOCKS):
             rows: list[tuple[object, ...]] = []
             events: list[tuple[object, ...]] = []
@@ -91,6 +94,7 @@ def build(url: str, size: int, *, lost_share: float = 0.15, vacuum: bool = False
                 done = min(blocks, start + BATCH_BLOCKS) * 20
                 print(f"loaded {done}/{blocks * 20} tasks in {time.perf_counter() - started:.0f} s",
                       file=sys.stderr, flush=True)
+        scale.INSERT_WRITES_STARTED = sqlite_flag
         conn.execute("SELECT setval(pg_get_serial_sequence('tsg_tasks', 'seq'), %s)", (seq,))
         # The closed rows' outcome totals, as the layout's migration seeds them (the insert
         # trigger counts none: rows inserted closed never pass through a close).
