@@ -170,7 +170,7 @@ class Sampler:
                     entry["waits"][wait] = entry["waits"].get(wait, 0) + 1
             self._stop.wait(SAMPLE_SECONDS)
 
-    def report(self, top: int = 4) -> dict[str, Any]:
+    def report(self, top: int = 6) -> dict[str, Any]:
         ranked = sorted(self._active.items(), key=lambda kv: -kv[1]["samples"])[:top]
         return {
             "server_cpu_seconds": round(sum(self._cpu.values()), 2),
