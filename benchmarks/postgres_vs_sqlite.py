@@ -38,6 +38,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import _pg_fixture  # noqa: E402
 import scale  # noqa: E402
 import transitions  # noqa: E402
 from task_state_guard import Ledger  # noqa: E402
@@ -151,53 +152,10 @@ def _dramatiq_summary(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def pg_build(url: str, size: int) -> tuple[float, Ledger]:
-    """Bulk-load ``size`` tasks into a PostgreSQL ledger with COPY; returns (now, holder):
-    the holder ledger is this process's live owner (keep it open while measuring)."""
-    import psycopg
-    from task_state_guard_postgres.url import parse
-
-    now = time.time()
-    holder = Ledger(url)
-    probe = holder.create_task(name="bench.owner")
-    holder.start_task(probe.id)  # takes this process's owner lock, as a worker does
-    target = parse(url)
-    schema = target.schema
-    with psycopg.connect(target.conninfo, autocommit=False) as conn:
-        live = conn.execute(
-            f'SELECT owner FROM "{schema}".tsg_tasks WHERE id = %s', (probe.id,)
-        ).fetchone()[0]
-        holder.close_task(probe.id, "cancelled", code="caller_cancelled")
-        dead = uuid.uuid4().hex  # a token nobody ever locked: its owner is provably gone
-        first = conn.execute(
-            f'SELECT coalesce(max(seq), 0) + 1 FROM "{schema}".tsg_tasks').fetchone()[0]
-        conn.commit()
-        blocks = size // 20
-        seq = first
-        batch = 5000
-        for start in range(0, blocks, batch):
-            rows: list[tuple[object, ...]] = []
-            events: list[tuple[object, ...]] = []
-            for block in range(start, min(blocks, start + batch)):
-                for stored in scale.block_rows(now, block, blocks, live, dead):
-                    rows.append((seq, *stored))
-                    events.extend((seq, *e) for e in scale.later_events(stored))
-                    seq += 1
-            with conn.cursor() as cur:
-                with cur.copy(f'COPY "{schema}".tsg_tasks(seq, {scale.INSERT_COLUMNS}) '
-                              "FROM STDIN") as copy:
-                    for row in rows:
-                        copy.write_row(row)
-                with cur.copy(f'COPY "{schema}".tsg_events(task_seq, step, kind, state, code, '
-                              "at) FROM STDIN") as copy:
-                    for ev in events:
-                        copy.write_row(ev)
-            conn.commit()
-        conn.execute(f"SELECT setval(pg_get_serial_sequence('\"{schema}\".tsg_tasks', 'seq'), "
-                     "%s)", (seq,))
-        conn.execute(f'ANALYZE "{schema}".tsg_tasks')
-        conn.execute(f'ANALYZE "{schema}".tsg_events')
-        conn.commit()
-    return now, holder
+    """Bulk-load ``size`` tasks into a PostgreSQL ledger with COPY (``_pg_fixture.build``);
+    returns (now, holder): the holder ledger is this process's live owner (keep it open while
+    measuring)."""
+    return _pg_fixture.build(url, size)
 
 
 def _measure_all(db: str, now: float) -> dict[str, Any]:

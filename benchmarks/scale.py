@@ -67,18 +67,24 @@ INSERT_COLUMNS = (
 
 
 def block_rows(
-    now: float, block: int, blocks: int, live: str, dead: str
+    now: float, block: int, blocks: int, live: str, dead: str, lost: int = 3
 ) -> list[tuple[object, ...]]:
-    """The 20 task rows of one block, in INSERT_COLUMNS order, as the API leaves them."""
+    """The 20 task rows of one block, in INSERT_COLUMNS order, as the API leaves them.
+
+    ``lost`` (0 to 3): how many of the block's 3 running tasks are lost (3: 2 with a stale
+    heartbeat, 1 with a dead owner; 2: one of each; 1: a stale one); the others run fresh
+    (live owner, heartbeat 10 s before ``now``)."""
     t0 = now - 30 * DAY + block * (29 * DAY / max(blocks, 1))
     name = NAMES[block % len(NAMES)]
     rows: list[tuple[object, ...]] = []
     # 2 stale running (live owner, heartbeat long ago), 1 running with a dead owner.
-    for _ in range(2):
+    for stale in (lost >= 1, lost >= 3):
         rows.append((str(uuid.uuid4()), None, name, "running", None, 1, "pending", None,
-                     t0, t0 + 1, t0 + 2, None, None, t0 + 1, live))
+                     t0, t0 + 1, t0 + 2, None, None, t0 + 1, live) if stale else
+                    (str(uuid.uuid4()), None, name, "running", None, 1, "pending", None,
+                     now - 30, now - 20, now - 10, None, None, now - 20, live))
     rows.append((str(uuid.uuid4()), None, name, "running", None, 1, "pending", None,
-                 now - 30, now - 20, now - 10, None, None, now - 20, dead))
+                 now - 30, now - 20, now - 10, None, None, now - 20, dead if lost >= 2 else live))
     rows.append((str(uuid.uuid4()), None, name, "queued", None, 1, "pending", None,
                  t0, None, None, None, None, t0, None))
     for index in range(8):
