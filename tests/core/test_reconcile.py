@@ -308,6 +308,26 @@ def test_parent_kept_by_fresh_running_child(ledger: Ledger, clock: Clock) -> Non
     assert ledger.get_task(child.id).terminal_code == "restart_stale"
 
 
+@pytest.mark.parametrize("between", [0, 2100])
+def test_a_child_the_pass_closed_never_keeps_its_parent_fresh(
+    ledger: Ledger, clock: Clock, between: int
+) -> None:
+    """The child is closed in the same batch as its parent (``between`` 0) or in an earlier
+    batch (a pass reads 2,000 open tasks a batch, newest first); dry run and apply agree."""
+    parent = ledger.create_task()
+    ledger.start_task(parent.id, owner=False)
+    with ledger.atomic():
+        for _ in range(between):
+            ledger.create_task()  # queued: examined, never timed out
+    child = ledger.create_task(parent_id=parent.id, delivery_required=False)
+    ledger.start_task(child.id, owner=False)
+    clock.advance(700)
+    report = preview_then_apply(ledger)
+    assert report["tasks_timed_out"] == 2 and report["fresh_active_retained"] == between
+    assert ledger.get_task(parent.id).terminal_code == "restart_stale"
+    assert ledger.get_task(child.id).terminal_code == "restart_stale"
+
+
 def test_parent_past_deadline_times_out_despite_queued_child(ledger: Ledger, clock: Clock) -> None:
     parent = ledger.create_task(timeout_seconds=60)
     ledger.start_task(parent.id, owner=False)

@@ -112,6 +112,10 @@ class _Pass:
         self.dry_run = dry_run
         self.active_cutoff = now - float(policy.active_grace_seconds)
         self.delivery_cutoff = now - float(policy.delivery_grace_seconds)
+        #: Children this pass closed that the backend may still show running: those of this
+        #: batch (its closes are written after it), and every earlier one in a dry run (which
+        #: writes nothing). Only a child can keep a parent fresh, so no root is kept here, and
+        #: an applied pass forgets each batch's once they are written: bounded memory.
         self.timed_out: set[int] = set()
         self.liveness: dict[str, Liveness] = {}
         self.decisions: list[ReconcileDecision] | None = [] if collect else None
@@ -208,6 +212,8 @@ class _Pass:
                 return
             cursor = rows[-1][0]
             done += len(rows)
+            if not self.dry_run:
+                self.timed_out.clear()  # written with the last batch: the backend shows them
             rows = [row for row in rows if self.well_formed(row)]
             verdicts = {row[0]: self.verdict(row) for row in rows if row[1] == "running"}
             children = self.active_children(
@@ -229,7 +235,8 @@ class _Pass:
                         counts["fresh_active_retained"] += 1
                         continue
                     counts["tasks_timed_out"] += 1
-                    self.timed_out.add(seq)
+                    if row[11] is not None:
+                        self.timed_out.add(seq)
                     timeouts.append((code, now, seq))
                     self.decide("task", row, "timed_out", code)
                     closed = now  # its delivery is judged in this same pass:
