@@ -1,11 +1,13 @@
 """A graph whose node runs a subgraph, for the SIGKILL tests (not a test module).
 
 ``prepare -> research -> finish``; ``research`` is a compiled subgraph, ``gather -> digest``,
-sharing the graph's checkpointer. ``digest`` writes ``MARKER`` and blocks until the process is
+sharing the graph's checkpointer (``nested``: ``gather -> deep``, ``deep`` a subgraph of its
+own running ``digest``). ``digest`` writes ``MARKER`` and blocks until the process is
 SIGKILLed when given one.
 
 As a script: ``lg_subgraph_graph.py DB CHECKPOINTS MARKER THREAD INVOCATION [MODE]`` runs one
-invocation (``invoke``; MODE ``async``: ``ainvoke`` on the async saver), killed in ``digest``.
+invocation (``invoke``; MODE ``async``: ``ainvoke`` on the async saver; ``nested``: the
+nested graph), killed in ``digest``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class Research(TypedDict, total=False):
     notes: Annotated[list[str], operator.add]
 
 
-def builder(marker: str | None, *, use_async: bool = False) -> StateGraph:
+def builder(marker: str | None, *, use_async: bool = False, nested: bool = False
+            ) -> StateGraph:
     """The outer graph; its ``research`` node is the subgraph (``digest`` blocks on
     ``marker``)."""
 
@@ -52,11 +55,19 @@ def builder(marker: str | None, *, use_async: bool = False) -> StateGraph:
             await asyncio.sleep(BLOCK_SECONDS)  # SIGKILLed here
         return {"notes": ["digest"]}
 
+    run_digest = adigest if use_async else digest
     sub = StateGraph(Research)
     sub.add_node("gather", gather)
-    sub.add_node("digest", adigest if use_async else digest)
     sub.add_edge(START, "gather")
-    sub.add_edge("gather", "digest")
+    if nested:
+        deep = StateGraph(Research)
+        deep.add_node("digest", run_digest)
+        deep.add_edge(START, "digest")
+        sub.add_node("deep", deep.compile(name="deep"))
+        sub.add_edge("gather", "deep")
+    else:
+        sub.add_node("digest", run_digest)
+        sub.add_edge("gather", "digest")
 
     graph = StateGraph(Outer)
     graph.add_node("prepare", lambda state: {"log": ["prepare"]})
@@ -85,8 +96,8 @@ def main(db: str, checkpoints: str, marker: str, thread: str, inv: str, mode: st
         asyncio.run(_run_async(db, checkpoints, marker, thread, inv))
     else:
         with saver_at(checkpoints) as saver:
-            app = guard(builder(marker).compile(checkpointer=saver, name="outer"), db=db,
-                        strict=True)
+            graph = builder(marker, nested=mode == "nested")
+            app = guard(graph.compile(checkpointer=saver, name="outer"), db=db, strict=True)
             app.invoke({"log": []}, {"configurable": {"thread_id": thread}},
                        invocation_id=inv, durability="sync")
     raise SystemExit("unreachable: the inner node blocks until SIGKILL")
