@@ -56,11 +56,13 @@ def child_env() -> dict[str, str]:
 
 
 def start_child(stores: Stores, thread_id: str, invocation_id: str, mode: str = "",
-                marker: Path | None = None) -> tuple[subprocess.Popen[str], Path]:
-    """Start ``lg_crash_graph.py`` in a process group of its own; returns it and its marker."""
+                marker: Path | None = None, *, script: str = "lg_crash_graph.py",
+                ) -> tuple[subprocess.Popen[str], Path]:
+    """Start ``script`` (``lg_crash_graph.py``; another script of this directory taking the
+    same arguments) in a process group of its own; returns it and its marker."""
     marker = marker or stores.work / f"marker-{uuid.uuid4().hex[:8]}"
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "lg_crash_graph.py"), stores.db, stores.checkpoints,
+        [sys.executable, str(HERE / script), stores.db, stores.checkpoints,
          str(marker), thread_id, invocation_id, *([mode] if mode else [])],
         cwd=str(HERE), env=child_env(), start_new_session=True, text=True,
         stdout=subprocess.PIPE,
