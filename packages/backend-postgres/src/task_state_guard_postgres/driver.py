@@ -281,6 +281,9 @@ def _as_text(value: Any, encoding: str) -> bytes | None:
         return str(int(value)).encode()
     if isinstance(value, float):
         return repr(float(value)).encode()  # float8's input reads repr's inf, -inf and nan too
+    if isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return ("{" + ",".join(str(int(v)) for v in value) + "}").encode()  # a bigint[]
     raise TypeError(f"no text form for a {type(value).__name__} parameter")
 
 

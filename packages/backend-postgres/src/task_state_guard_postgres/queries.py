@@ -44,10 +44,11 @@ from task_state_guard.store.queries import (
     listing,
     render,
     statements,
+    tree_walk,
 )
 
 from . import ddl
-from .driver import Conn
+from .driver import Conn, Prepared, prepared
 
 PASS_KIND = "tsg-pass"
 #: Rows a pass reads stay its own until it commits; rows a worker holds now are skipped.
@@ -68,6 +69,19 @@ def _among(column: str, name: str, kind: str) -> str:
 DIALECT = Dialect(_mark, _among, HOLD,
                   lambda column, marked: f"strpos({column}, {marked}) > 0")
 _SQL = statements(DIALECT)
+
+
+def _tree_walk(outbox: bool) -> Prepared:
+    """Prune's tree read as a server-side prepared statement: its one generic plan walks the
+    parent index from each root (a plan made for the bound roots' literal values merge-joined
+    the whole table, 14 times slower at 1M tasks)."""
+    def compose(mark: Callable[[str], str]) -> str:
+        among = Dialect(mark, lambda column, name, kind: f"{column} = ANY({mark(name)})")
+        return tree_walk(among, outbox=outbox)
+    return prepared({"seqs": "bigint[]"}, compose)
+
+
+_TREES = {outbox: _tree_walk(outbox) for outbox in (True, False)}
 _STATUS_GROUPS = render(
     f"SELECT {STATUS_KEY}, count(*), "
     + ", ".join(f"{agg}({column}) FILTER (WHERE {OPEN_WORK} AND {cond})"
@@ -253,7 +267,7 @@ class PostgresQueries:
     @staticmethod
     def trees(conn: Conn, roots: list[int],
               outbox: bool) -> list[tuple[Any, Any, Any, Any, Any, Any, Any]]:
-        return _rows(conn, _SQL["trees" if outbox else "trees_old"], {"seqs": roots})
+        return conn.fetch_named(_TREES[outbox], {"seqs": roots})
 
     @staticmethod
     def hold_for_delete(conn: Conn, seqs: list[int]) -> set[int] | None:

@@ -233,6 +233,24 @@ OWED_VERDICTS = (
 )
 
 
+def tree_walk(d: Dialect, *, outbox: bool) -> str:
+    """Prune's read of the trees under the roots bound as ``seqs``: each task's root, seq,
+    states, last change, event count and pending verdicts (0 in a layout without the outbox,
+    ``outbox`` False)."""
+    verdicts = OWED_VERDICTS if outbox else "0"
+    return (
+        "WITH RECURSIVE tree(root, seq, id) AS ("
+        f" SELECT seq, seq, id FROM tsg_tasks WHERE {d.among('seq', 'seqs', 'bigint')}"
+        " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
+        " JOIN tree ON c.parent_id = tree.id)"
+        " SELECT tree.root, t.seq, t.status, t.delivery_status,"
+        " CASE WHEN t.updated_at > t.delivery_updated_at THEN t.updated_at"
+        " ELSE t.delivery_updated_at END,"
+        " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq),"
+        f" {verdicts} FROM tree JOIN tsg_tasks t ON t.seq = tree.seq"
+    )
+
+
 def statements(d: Dialect) -> dict[str, str]:
     """The statements both backends run, written once and composed in dialect ``d`` (each
     backend renders them at import time; what stays in a backend is what really differs)."""
@@ -246,16 +264,6 @@ def statements(d: Dialect) -> dict[str, str]:
                     f"AND (lease_until IS NULL OR lease_until <= {v('now')})")
     of_tasks = ("task_seq IN (SELECT seq FROM tsg_tasks WHERE "
                 f"{d.among('id', 'ids', 'text')})")
-    trees = (
-        "WITH RECURSIVE tree(root, seq, id) AS ("
-        f" SELECT seq, seq, id FROM tsg_tasks WHERE {d.among('seq', 'seqs', 'bigint')}"
-        " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
-        " JOIN tree ON c.parent_id = tree.id)"
-        " SELECT tree.root, t.seq, t.status, t.delivery_status,"
-        " CASE WHEN t.updated_at > t.delivery_updated_at THEN t.updated_at"
-        " ELSE t.delivery_updated_at END,"
-        " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq),"
-    )
     claim = (
         f"UPDATE tsg_verdicts SET lease_until = {v('until')}, claim = {v('token')} "
         f"WHERE task_seq IN (SELECT task_seq FROM tsg_verdicts WHERE {pending_free}"
@@ -289,8 +297,8 @@ def statements(d: Dialect) -> dict[str, str]:
             f"AND (delivery_updated_at, seq) > ({v('updated')}, {v('seq')}) "
             f"ORDER BY delivery_updated_at, seq LIMIT {v('limit')}"
         ),
-        "trees": f"{trees} {OWED_VERDICTS} FROM tree JOIN tsg_tasks t ON t.seq = tree.seq",
-        "trees_old": f"{trees} 0 FROM tree JOIN tsg_tasks t ON t.seq = tree.seq",
+        "trees": tree_walk(d, outbox=True),
+        "trees_old": tree_walk(d, outbox=False),
         "any_claimable": f"SELECT 1 FROM tsg_verdicts WHERE {pending_free} LIMIT 1",
         "claim": claim + claim_end,
         "claim_only": f"{claim} AND {of_tasks}{claim_end}",
