@@ -1,6 +1,6 @@
-"""A run SIGKILLed inside a subgraph: recovery writes the attempts inside it from the
-subgraph's checkpoints, nested under the attempt of the node that runs it as the live run
-nests them. Real child processes (``lg_subgraph_graph.py``), on SQLite and on PostgreSQL
+"""A run SIGKILLed inside a subgraph, or after one: recovery writes the attempts inside it
+from the subgraph's checkpoints, nested under the attempt of the node that runs it as the live
+run nests them. Real child processes (``lg_subgraph_graph.py``), on SQLite and on PostgreSQL
 (ledger and checkpointer); recovery runs in this process."""
 
 from __future__ import annotations
@@ -52,9 +52,19 @@ RECOVERED_NESTED = (
         )),
     ),
 )
+#: A run killed in the node after the subgraph's: the subgraph's node and the attempts inside
+#: it finished (none of them committed by the live run), the node after it lost.
+RECOVERED_LATE = (
+    "outer", *LOST, (
+        ("prepare", *OK),
+        ("research", "succeeded", "worker_completed", (("gather", *OK), ("digest", *OK))),
+        ("finish_slow", *LOST, ()),
+        ("outer", "succeeded", "completed", (("finish_slow", *OK),)),
+    ),
+)
 
 
-def _kill_in_digest(stores: Stores, thread: str, inv: str, mode: str = "") -> None:
+def _kill_blocked(stores: Stores, thread: str, inv: str, mode: str = "") -> None:
     child, marker = start_child(stores, thread, inv, mode, script=SCRIPT)
     try:
         wait_marker(child, marker)
@@ -69,7 +79,7 @@ def _check_recovered(app: GuardedGraph, thread: str, inv: str, expected: Any = R
     state = app.get_state({"configurable": {"thread_id": thread}})
     assert not state.next
     assert state.values["log"] == ["prepare", "finish"]
-    if expected == RECOVERED:  # (a nested subgraph's output repeats its input's notes)
+    if expected != RECOVERED_NESTED:  # (a nested subgraph's output repeats its input's notes)
         assert state.values["notes"] == ["gather", "digest"]
     assert app.mark_delivered(recovery_invocation_id(inv))
     assert app.stats()["errors"] == {}
@@ -81,7 +91,7 @@ def test_a_node_lost_inside_a_subgraph_is_written_under_its_outer_node(
     stores: Stores, mode: str
 ) -> None:
     inv = f"sub-{mode}"
-    _kill_in_digest(stores, "t-sub", inv, "" if mode == "sync" else mode)
+    _kill_blocked(stores, "t-sub", inv, "" if mode == "sync" else mode)
     expected = [Recovery("t-sub", recovery_invocation_id(inv), inv, "succeeded", None)]
 
     if mode != "async":
@@ -177,3 +187,51 @@ def test_an_inner_attempt_a_heartbeat_committed_is_written_once(
         finally:
             app.close()
 
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_subgraph_node_finished_before_the_crash_gets_its_inner_attempts(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    inv = f"late-{mode}"
+    # No heartbeat tick before the kill: the finished attempts die in the buffer.
+    monkeypatch.setenv("TSG_HEARTBEAT_SECONDS", "300")
+    _kill_blocked(stores, "t-late", inv, "late" if mode == "sync" else "async-late")
+    monkeypatch.delenv("TSG_HEARTBEAT_SECONDS")
+    expected = [Recovery("t-late", recovery_invocation_id(inv), inv, "succeeded", None)]
+
+    if mode == "sync":
+        with saver_at(stores.checkpoints) as saver:
+            graph = builder(None, late=True).compile(checkpointer=saver, name="outer")
+            app = guard(graph, db=stores.db, strict=True)
+            try:
+                assert shape(tree(app.ledger, logical_task_id(inv))) == ("outer", *LOST, ())
+                assert app.recover(durability="sync") == expected
+                _check_recovered(app, "t-late", inv, RECOVERED_LATE)
+                assert app.recover() == []
+                assert shape(tree(app.ledger, logical_task_id(inv))) == RECOVERED_LATE
+            finally:
+                app.close()
+        return
+
+    async def main() -> None:
+        async with asaver_at(stores.checkpoints) as saver:
+            graph = builder(None, use_async=True, late=True).compile(
+                checkpointer=saver, name="outer")
+            app = guard(graph, db=stores.db, strict=True)
+            try:
+                assert shape(tree(app.ledger, logical_task_id(inv))) == ("outer", *LOST, ())
+                assert await app.arecover(durability="sync") == expected
+                assert shape(tree(app.ledger, logical_task_id(inv))) == RECOVERED_LATE
+                state = await app.aget_state({"configurable": {"thread_id": "t-late"}})
+                assert state.values == {"log": ["prepare", "finish"],
+                                        "notes": ["gather", "digest"]}
+                assert app.mark_delivered(recovery_invocation_id(inv))
+                assert await app.arecover() == []
+                assert shape(tree(app.ledger, logical_task_id(inv))) == RECOVERED_LATE
+                assert app.stats()["errors"] == {}
+                assert_healthy(app.ledger)
+            finally:
+                app.close()
+
+    asyncio.run(main())

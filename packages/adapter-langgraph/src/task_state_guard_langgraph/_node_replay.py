@@ -5,13 +5,13 @@ those not yet committed are gone with it. The thread's checkpoints still tell wh
 did: every checkpoint it wrote names it (``METADATA_KEY``), the tasks of each checkpoint but
 its last ran to the end (their writes made the next checkpoint), and the tasks of its last
 checkpoint were running when it died, unless their writes were saved (finished) or carry an
-error (failed). A node that was running a subgraph gets the attempts it made inside it, read
-the same way from the subgraph's own checkpoints (``_subgraph_replay``). A recovery pass that
-holds a lost run's verdict writes those attempts under the lost invocation, the inner ones
-under the attempt of the node running their subgraph, with the ids the live run gives them
-(each namespace's first attempt, or the newest one the run committed), so an attempt the run
-committed itself (a heartbeat's flush) is never written twice. A run that wrote no checkpoint
-(``durability="exit"``) leaves nothing to replay.
+error (failed). A node that runs a subgraph, running or finished, gets the attempts it made
+inside it, read the same way from the subgraph's own checkpoints (``_subgraph_replay``). A
+recovery pass that holds a lost run's verdict writes those attempts under the lost
+invocation, the inner ones under the attempt of the node running their subgraph, with the ids
+the live run gives them (each namespace's first attempt, or the newest one the run
+committed), so an attempt the run committed itself (a heartbeat's flush) is never written
+twice. A run that wrote no checkpoint (``durability="exit"``) leaves nothing to replay.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _config(thread_id: str) -> dict[str, Any]:
 
 def read(graph: Any, thread_id: str, head: Head) -> dict[str, list[LostNode]]:
     """The node attempts of the lost runs on the thread's lineage ``head``, by invocation id,
-    with those their running nodes made inside subgraphs (``_subgraph_replay``)."""
+    with those their nodes made inside subgraphs (``_subgraph_replay``)."""
     collect = _collect(head)
     if collect.wanted or collect.head is not None:
         history: Iterator[Any] = iter(graph.get_state_history(_config(thread_id)))

@@ -1,21 +1,24 @@
-"""Recovery's node history inside subgraphs: the attempts a lost run's running node made in
-the subgraph it runs, read from the subgraph's own checkpoints.
+"""Recovery's node history inside subgraphs: the attempts a lost run's node attempts made in
+the subgraphs they run, read from the subgraphs' own checkpoints.
 
 A node that is a compiled subgraph (one the graph declares: LangGraph's ``get_subgraphs``
 finds it) sharing the graph's checkpointer keeps the subgraph's checkpoints under a namespace
 of its own, the node's ``langgraph_checkpoint_ns`` (``outer:<task id>``; nested,
 ``outer:<task id>|inner:<task id>``), and every one of them names the invocation that wrote
 it (``METADATA_KEY``), as the graph's own do. A history snapshot's task that runs such a
-subgraph carries that namespace (``task.state``: a config naming it).
+subgraph carries that namespace (``task.state``: a config naming it), whether it was running
+when its run was lost or had finished: each such node attempt costs one read of its
+subgraph's checkpoints (at most ``MAX_SNAPSHOTS`` of them, ``MAX_DEPTH`` subgraphs deep);
+other node attempts cost none.
 
-For a node attempt that was running when its run was lost, the subgraph's checkpoints tell
-the attempts inside it by the rule of the top level (:func:`attempts_of`): the tasks of each
-checkpoint the run wrote there but its last ran to the end, those of its last were running
-(unless their writes were saved or carry an error); a run that resumed the subgraph ran the
-tasks of the checkpoint before its first one first; a run that wrote none there (it died in
-the first step it resumed) was running what the newest checkpoint not written by a later
-run had to run. A running inner node that runs a subgraph of its own is read the same way.
-Each inner attempt's namespace is the live run's (the outer node's, ``|``, its own
+The subgraph's checkpoints tell the attempts inside it by the rule of the top level
+(:func:`attempts_of`): the tasks of each checkpoint the run wrote there but its last ran to
+the end, those of its last were running (unless their writes were saved or carry an error; a
+subgraph that ran to its end has no task left there); a run that resumed the subgraph ran the
+tasks of the checkpoint before its first one first; a run that wrote none there while its node
+was running (it died in the first step it resumed) was running what the newest checkpoint not
+written by a later run had to run. An inner node that runs a subgraph of its own is read the
+same way. Each inner attempt's namespace is the live run's (the outer node's, ``|``, its own
 ``name:<task id>``), so it gets the id the live run gave it.
 
 A subgraph invoked inside a node function (not a node itself: ``get_subgraphs`` does not
@@ -116,9 +119,11 @@ class _Inner:
         outside = name is not None and name not in self.path
         return not outside and self.seen < MAX_SNAPSHOTS
 
-    def result(self, prefix: str) -> list[LostNode]:
+    def result(self, prefix: str, running: bool) -> list[LostNode]:
+        """The attempts inside the subgraph of the node ``prefix`` (``running``: when the
+        run was lost)."""
         if not self.mine:
-            base = self.base
+            base = self.base if running else None  # a finished node that wrote none ran none
             return [] if base is None else [n for n in attempts_of(base, True, prefix) if n.running]
         nodes: list[LostNode] = []
         if self.before is not None and (self.mine[-1].metadata or {}).get("source") == "loop":
@@ -129,25 +134,26 @@ class _Inner:
 
 
 def _reads(nodes: Iterable[LostNode], depth: int) -> bool:
-    return depth < MAX_DEPTH and any(n.running and n.sub is not None for n in nodes)
+    return depth < MAX_DEPTH and any(n.sub is not None for n in nodes)
 
 
 def nest(
     graph: Any, nodes: list[LostNode], invocation: str | None, path: Sequence[str], depth: int = 0
 ) -> list[LostNode]:
-    """``nodes`` (of the run ``invocation``) with the attempts each running one made inside
-    the subgraph it runs, read from the subgraph's checkpoints."""
+    """``nodes`` (of the run ``invocation``) with the attempts each one that runs a subgraph
+    (running or finished) made inside it, read from the subgraph's checkpoints."""
     if not _reads(nodes, depth):
         return nodes
     out = []
     for node in nodes:
-        if node.running and node.sub is not None:
+        if node.sub is not None:
             inner = _Inner(invocation, path)
             history: Iterator[Any] = iter(graph.get_state_history(node.sub, limit=MAX_SNAPSHOTS))
             for snapshot in history:
                 if not inner.add(snapshot):
                     break
-            found = nest(graph, inner.result(node.ns), invocation, path, depth + 1)
+            lost = inner.result(node.ns, node.running)
+            found = nest(graph, lost, invocation, path, depth + 1)
             node = replace(node, inner=tuple(found))
         out.append(node)
     return out
@@ -161,13 +167,14 @@ async def anest(
         return nodes
     out = []
     for node in nodes:
-        if node.running and node.sub is not None:
+        if node.sub is not None:
             inner = _Inner(invocation, path)
             history: AsyncIterator[Any] = graph.aget_state_history(node.sub, limit=MAX_SNAPSHOTS)
             async for snapshot in history:
                 if not inner.add(snapshot):
                     break
-            found = await anest(graph, inner.result(node.ns), invocation, path, depth + 1)
+            lost = inner.result(node.ns, node.running)
+            found = await anest(graph, lost, invocation, path, depth + 1)
             node = replace(node, inner=tuple(found))
         out.append(node)
     return out
