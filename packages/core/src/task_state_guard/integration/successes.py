@@ -175,11 +175,21 @@ class FrameworkSuccesses:
         if self.check is not None and scheme is not None:
             settled = self._policy.call(_WHERE, lambda: self._succeeded(scheme, found)) or []
         gone = {task_id for _, ids in settled for task_id in ids}
-        dropped = sum(1 for d in found if d.kind == "task" and d.task_id in gone)
-        for key in ("tasks_timed_out", "active_examined"):
+        # The apply's pass never sees them: each was examined active and timed out, then its
+        # delivery examined in the same pass (closed by a decision, or retained).
+        dropped = [d for d in found if d.task_id in gone]
+        timed_out = sum(1 for d in dropped if d.kind == "task")
+        less = {"active_examined": timed_out, "tasks_timed_out": timed_out,
+                "pending_delivery_examined": timed_out, "pending_delivery_retained": timed_out}
+        for d in dropped:
+            if d.kind == "delivery":
+                key = "deliveries_failed" if d.status == "failed" else "deliveries_not_applicable"
+                less[key] = less.get(key, 0) + 1
+                less["pending_delivery_retained"] -= 1
+        for key, n in less.items():
             count = report.get(key)
             if isinstance(count, int):
-                report[key] = count - dropped
+                report[key] = count - n
         report["framework_succeeded"] = sum(1 for job_id, ids in settled if job_id in ids)
         if on_decision is not None:
             for d in found:
