@@ -58,22 +58,21 @@ class Reconciler:
         report is counts only. Before an applied pass, the jobs it would close lost whose
         success the framework's result store holds (the adapter's success check) are closed
         ``succeeded/worker_completed`` instead (:meth:`FrameworkSuccesses.settle
-        <.successes.FrameworkSuccesses.settle>`): the report does not count them as timed out
-        and counts their jobs as ``framework_succeeded``, and a dry run previews exactly that
-        (:meth:`FrameworkSuccesses.preview <.successes.FrameworkSuccesses.preview>`).
-        """
+        <.successes.FrameworkSuccesses.settle>`): the report (the core's nine counts) does not
+        count them, and a dry run previews exactly that (:meth:`FrameworkSuccesses.preview
+        <.successes.FrameworkSuccesses.preview>`); they are counted in
+        ``framework_successes()``."""
         successes = self.successes if self.successes is not None and \
             self.successes.check is not None else None
         if dry_run and successes is not None:
             return successes.preview(self.reconcile_policy, on_decision)
-        settled = successes.settle(self.reconcile_policy) if successes is not None else 0
+        if successes is not None:
+            successes.settle(self.reconcile_policy)
         report = dict(
             self._handle.ledger.reconcile(
                 self.reconcile_policy, dry_run=dry_run, on_decision=on_decision
             )
         )
-        if successes is not None:
-            report["framework_succeeded"] = settled
         if not dry_run:
             proc = self._handle.state()
             with proc.lock:

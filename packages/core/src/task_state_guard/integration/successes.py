@@ -163,9 +163,9 @@ class FrameworkSuccesses:
         self, policy: ReconcilePolicy, on_decision: DecisionCallback | None
     ) -> dict[str, object]:
         """A dry run of the applied reconcile of this runtime, counts as it would apply them:
-        the tasks :meth:`settle` would close succeeded first are neither counted as timed out
-        (nor examined as active) nor handed to ``on_decision``; ``framework_succeeded`` counts
-        their jobs. Writes nothing. A failing check leaves the core's dry run as it is."""
+        the tasks :meth:`settle` would close succeeded first are left out of every count (the
+        apply's pass never sees them) and not handed to ``on_decision``. Writes nothing. A
+        failing check leaves the core's dry run as it is."""
         led = self._handle.ledger
         found: list[ReconcileDecision] = []
         report: dict[str, object] = dict(
@@ -190,7 +190,6 @@ class FrameworkSuccesses:
             count = report.get(key)
             if isinstance(count, int):
                 report[key] = count - n
-        report["framework_succeeded"] = sum(1 for job_id, ids in settled if job_id in ids)
         if on_decision is not None:
             for d in found:
                 if d.task_id not in gone:
