@@ -132,9 +132,7 @@ _CLOSED_IDS = f"SELECT id FROM {_CLOSED_SINCE}"
 _CLOSED_WRITES = (
     *(rules.event_insert_select(rules.EVENTS_BY_KIND[kind], _CLOSED_SINCE)
       for kind in ("closed", "delivery")),
-    *(f"INSERT INTO tsg_totals({rules.TOTALS_COLUMNS}) "
-      f"{rules.TOTAL_RULES[event].select(_CLOSED_SINCE, where=False)} "
-      "ON CONFLICT(event, kind, state, code) DO UPDATE SET total = total + excluded.total"
+    *(rules.TOTAL_RULES[event].upsert(_CLOSED_SINCE, where=False)
       for event in ("closed", "delivery")),
 )
 
