@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from task_state_guard import Ledger, LedgerBusy, StateConflict, TaskNotFound
 from task_state_guard.integration import AdapterRuntime, resolve_settings
-from task_state_guard.integration.child_attempts import begin_child, end_tasks
+from task_state_guard.integration.child_attempts import begin_child, end_tasks, end_with_history
 
 OK = ("succeeded", "worker_completed")
 
@@ -219,3 +219,83 @@ def test_end_tasks_releases_and_closes_a_job_with_its_leftovers_in_one_write(
     assert end_tasks(rt, other) == 0  # terminal records are never rewritten: counted
     assert state(spy, parent) == ("succeeded", "completed")
     assert rt.stats()["conflicts"] == {"attempt_close": 1, "logical_close": 1}
+
+
+def totals(spy: Spy) -> dict[str, Any]:
+    """The outcome totals of attempts and of internal deliveries."""
+    status = spy.status()
+    return {"closed": status["outcomes_total"]["attempt"],
+            "delivered": status["delivery_outcomes_total"]["internal"]}
+
+
+def test_history_is_recorded_closed_with_its_events_and_totals_in_one_write(
+    rt: AdapterRuntime, spy: Spy, db: str
+) -> None:
+    parent = job(rt, spy)
+    plan, inner, act = new_id(), new_id(), new_id()
+    before = totals(spy)
+    # Steps that started and ended since the last write: a parent before its children.
+    queue = [(plan, parent, "plan", None), (inner, plan, "sub", None), (act, parent, "act", 30.0)]
+    closings = [(inner, *OK, True), (plan, "failed", "retry_scheduled", True),
+                (act, "cancelled", "caller_cancelled", True),
+                (parent, "succeeded", "completed", False)]
+    assert end_with_history(rt, queue, closings) == 4
+    if "://" not in db:  # SQLite: one end attempt, no group
+        assert spy.calls == ["end_attempt"]
+    expected = {inner: (OK, plan), plan: (("failed", "retry_scheduled"), parent),
+                act: (("cancelled", "caller_cancelled"), parent)}
+    for task_id, (outcome, parent_id) in expected.items():
+        task = spy.get_task(task_id)
+        assert (str(task.status), task.terminal_code) == outcome
+        assert task.parent_id == parent_id and task.started_at is None
+        assert (str(task.delivery_status), task.delivery_code) == (
+            "not_applicable", "internal_task")
+        assert task.ended_at == task.delivery_updated_at
+        assert task.created_at is not None and task.created_at <= task.ended_at
+        events = spy.events_of(task_id)
+        assert [(e.kind, e.state, e.code) for e in events] == [
+            ("created", "queued", "created"), ("closed", *outcome),
+            ("delivery", "not_applicable", "internal_task")]
+        assert [e.at for e in events] == [task.created_at, task.ended_at, task.ended_at]
+    assert spy.get_task(spy.get_task(act).id).timeout_seconds == 30.0
+    assert state(spy, parent) == ("succeeded", "completed")
+    after = totals(spy)
+    assert after["closed"]["succeeded"]["worker_completed"] == (
+        before["closed"]["succeeded"]["worker_completed"] + 1)
+    assert after["closed"]["failed"]["retry_scheduled"] == (
+        before["closed"]["failed"]["retry_scheduled"] + 1)
+    assert after["closed"]["cancelled"]["caller_cancelled"] == (
+        before["closed"]["cancelled"]["caller_cancelled"] + 1)
+    assert after["delivered"]["not_applicable"]["internal_task"] == (
+        before["delivered"]["not_applicable"]["internal_task"] + 3)
+    assert spy.doctor()["healthy"]
+    assert rt.stats()["errors"] == {} and rt.stats()["conflicts"] == {}
+    # The same history again (a retried write): nothing is recorded twice.
+    counts = [len(spy.events_of(t)) for t in (plan, inner, act, parent)]
+    end_with_history(rt, queue, closings)
+    assert [len(spy.events_of(t)) for t in (plan, inner, act, parent)] == counts
+    assert totals(spy) == after
+    assert [t.id for t in spy.children_of(parent)] == [plan, act]
+    assert spy.doctor()["healthy"]
+
+
+def test_history_beside_steps_written_earlier_and_under_a_missing_parent(
+    rt: AdapterRuntime, spy: Spy
+) -> None:
+    parent = job(rt, spy)
+    running, done, orphan = new_id(), new_id(), new_id()
+    begin_child(rt, parent, running, name="plan")  # written running earlier (a flush)
+    queue = [(done, parent, "act", None), (orphan, new_id(), "lost", None)]
+    closings = [(done, *OK, True), (orphan, *OK, True), (running, *OK, True),
+                (parent, "succeeded", "completed", False)]
+    rt.release(running)
+    assert end_with_history(rt, queue, closings) == 3
+    for task_id in (done, running):
+        assert state(spy, task_id) == OK
+    assert spy.get_task(running).started_at is not None
+    assert spy.get_task(done).started_at is None
+    with pytest.raises(TaskNotFound):
+        spy.get_task(orphan)
+    assert state(spy, parent) == ("succeeded", "completed")
+    assert sum(rt.stats()["errors"].values()) >= 1  # the orphan: counted, never raised
+    assert spy.doctor()["healthy"]

@@ -94,6 +94,62 @@ def test_heartbeat_helper_commits_the_node_history(db: str, saver: Any, apps: li
     assert_healthy(app.ledger)
 
 
+def _events(ledger: Ledger, task_id: str) -> list[tuple[str, str]]:
+    return [(e.kind, e.state) for e in ledger.events_of(task_id)]
+
+
+def test_history_flushed_then_ended_is_written_once_with_its_events(
+    db: str, saver: Any, apps: list[Any]
+) -> None:
+    """A subgraph's nodes, a ``heartbeat()`` flush inside the graph (first run) or none
+    (second run) and the end: every node attempt once, each with its whole event chain, the
+    outcome totals counting each once."""
+    flush = [True]
+
+    def digest(state: State) -> dict[str, Any]:
+        if flush[0]:
+            assert heartbeat()  # plan and gather closed, research and digest running
+        return {"log": ["digest"]}
+
+    inner = StateGraph(State)
+    inner.add_node("gather", lambda state: {"log": ["gather"]})
+    inner.add_node("digest", digest)
+    inner.add_edge(START, "gather")
+    inner.add_edge("gather", "digest")
+    outer = StateGraph(State)
+    outer.add_node("plan", lambda state: {"log": ["plan"]})
+    outer.add_node("research", inner.compile())
+    outer.add_node("finish", lambda state: {"log": ["finish"]})
+    outer.add_edge(START, "plan")
+    outer.add_edge("plan", "research")
+    outer.add_edge("research", "finish")
+    app = guard(outer.compile(checkpointer=saver), db=db, strict=True, heartbeat_seconds=0)
+    apps.append(app)
+    before = app.ledger.status()["outcomes_total"]["attempt"]["succeeded"]["worker_completed"]
+    for run in ("flushed", "plain"):
+        app.invoke({"log": []}, {"configurable": {"thread_id": run}}, invocation_id=run)
+        root = logical_task_id(run)
+        assert shape(tree(app.ledger, root)) == ("LangGraph", "succeeded", "completed", (
+            ("plan", *OK), ("research", "succeeded", "worker_completed", (
+                ("gather", *OK), ("digest", *OK))), ("finish", *OK)))
+        closed = [("created", "queued"), ("closed", "succeeded"), ("delivery", "not_applicable")]
+        started = [closed[0], ("started", "running"), *closed[1:]]
+        # Flushed while running: started then closed; written once closed: no start.
+        expected = {"plan": closed, "research": started, "gather": closed, "digest": started,
+                    "finish": closed}
+        if run == "plain":  # all of it written at the end, closed
+            expected = dict.fromkeys(expected, closed)
+        nodes = tree(app.ledger, root)["children"]
+        found = {n["name"]: _events(app.ledger, n["id"]) for n in nodes}
+        found.update({n["name"]: _events(app.ledger, n["id"]) for n in nodes[1]["children"]})
+        assert found == expected
+        flush[0] = False
+    after = app.ledger.status()["outcomes_total"]["attempt"]["succeeded"]["worker_completed"]
+    assert after - before == 10
+    assert app.stats()["errors"] == {} and app.stats()["conflicts"] == {}
+    assert_healthy(app.ledger)
+
+
 def test_a_flushed_running_node_is_lost_once_after_sigkill(
     work: Path, db: str, apps: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from task_state_guard import LedgerError, StorageError
 from task_state_guard.integration import AdapterRuntime, Closing
 from task_state_guard.integration.attempts import AttemptSpec
+from task_state_guard.integration.child_attempts import end_with_history
 
 #: A node attempt to record: (attempt id, parent task id, name).
 Start = tuple[str, str, str | None]
@@ -43,39 +44,43 @@ def write_history(
     (innermost first) in one transaction; returns the ids of the attempts recorded running.
 
     An attempt that starts and closes in the same write is recorded from its close alone:
-    queued and closed at that moment (no start time: the ledger never claims one it does
-    not know). Queued attempts are written by nesting depth, one ``end attempt`` each (a
-    PostgreSQL statement sees no row inserted by the same statement); one still running is
-    started (owned by this process with ``owner``), in start order; then every close in one
-    more ``end attempt`` (``AdapterRuntime.close_tasks``). A start the ledger refuses is
-    skipped and counted under ``open``; the closes are judged and counted as ``close_tasks``
-    does. When the write itself fails nothing of it was committed and the error is raised."""
+    closed at that moment, never started (the ledger never claims a start time it does not
+    know), written as its final row with the others of its run (the core's
+    ``end_with_history``). One still running is started (owned by this process with
+    ``owner``), in start order. A start the ledger refuses is skipped and counted under
+    ``open``; the closes are judged and counted as ``close_tasks`` does. When the write itself
+    fails nothing of it was committed and the error is raised."""
     closing_ids = {closing[0] for closing in closings}
     rt.release(*closing_ids)
-    if not starts:
-        rt.close_tasks(closings, where=where)
+    if not starts or all(start[0] in closing_ids for start in starts):
+        # Every attempt closed (an invocation's end): one end attempt, no group.
+        end_with_history(rt, [(*start, None) for start in starts], closings, where=where)
         return set()
     written: set[str] = set()
+    rest = {closing[0]: closing for closing in closings}
     with rt.ledger.atomic():
         # In start order (the ledger lists a task's children so): runs of attempts that
-        # closed already are queued together, one still running is started on its own.
+        # closed already are recorded together, one still running is started on its own.
         done: list[Start] = []
         for start in starts:
             if start[0] in closing_ids:
                 done.append(start)
                 continue
-            _queue(rt, done, where)
+            _record(rt, done, rest, where)
             done = []
             if _start(rt, start, owner):
                 written.add(start[0])
-        _queue(rt, done, where)
-        rt.close_tasks(closings, where=where)
+        _record(rt, done, rest, where)
+        rt.close_tasks(list(rest.values()), where=where)
     return written
 
 
-def _queue(rt: AdapterRuntime, starts: Sequence[Start], where: str) -> None:
-    for level in _levels(starts):
-        rt.close_tasks((), where=where, queue=level)
+def _record(rt: AdapterRuntime, done: Sequence[Start], rest: dict[str, Closing],
+            where: str) -> None:
+    """Record the attempts of ``done`` closed (their closes taken from ``rest``)."""
+    if done:
+        end_with_history(rt, [(*start, None) for start in done],
+                         [rest.pop(start[0]) for start in done], where=where)
 
 
 def _start(rt: AdapterRuntime, start: Start, owner: bool) -> bool:
@@ -94,20 +99,6 @@ def _start(rt: AdapterRuntime, start: Start, owner: bool) -> bool:
         rt.policy.error("open", exc)
         return False
     return True
-
-
-def _levels(starts: Sequence[Start]) -> list[list[tuple[str, str, str | None, None]]]:
-    """``starts`` as queue entries by nesting depth: an attempt whose parent is among them
-    comes one level after its parent."""
-    depth: dict[str, int] = {}
-    levels: list[list[tuple[str, str, str | None, None]]] = []
-    for task_id, parent_id, name in starts:
-        level = depth.get(parent_id, -1) + 1
-        depth[task_id] = level
-        if level == len(levels):
-            levels.append([])
-        levels[level].append((task_id, parent_id, name, None))
-    return levels
 
 
 class NodeHistory:

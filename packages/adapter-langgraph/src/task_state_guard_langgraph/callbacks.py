@@ -26,15 +26,22 @@ from ._retries import RetryOracle, classify_error
 logger = logging.getLogger("task_state_guard_langgraph")
 
 
+_STEP_TAG = "graph:step:"
+
+
 def _is_node_run(tags: list[str] | None, metadata: dict[str, Any] | None) -> bool:
-    if not metadata or "langgraph_node" not in metadata or not tags:
+    if not tags or not metadata or "langgraph_node" not in metadata:
         return False
-    if "langsmith:hidden" in tags:
-        return False
-    return any(t.startswith("graph:step:") for t in tags)
+    step = False
+    for tag in tags:
+        if tag == "langsmith:hidden":
+            return False
+        if not step and tag.startswith(_STEP_TAG):
+            step = True
+    return step
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
     parent: uuid.UUID | None
     invocation: str
@@ -180,9 +187,9 @@ class GuardCallbackHandler(GraphCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        is_node = _is_node_run(tags, metadata)
         with self._lock:
             parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
-            is_node = _is_node_run(tags, metadata)
             if parent is None:
                 if is_node:
                     return  # a node of a graph whose root we never saw: not ours
@@ -194,25 +201,21 @@ class GuardCallbackHandler(GraphCallbackHandler):
                 self._runs[run_id] = _Run(parent_run_id, parent.invocation, parent.chain)
                 return
             assert metadata is not None
-            ns = str(metadata.get("langgraph_checkpoint_ns") or metadata["langgraph_node"])
-            key = (parent.invocation, ns)
+            node = metadata["langgraph_node"]
+            ns = str(metadata.get("langgraph_checkpoint_ns") or node)
+            invocation = parent.invocation
+            key = (invocation, ns)
             attempt = self._counts.get(key, 0) + 1
             self._counts[key] = attempt
-            ids = self._attempt_ids.get(parent.invocation)
+            ids = self._attempt_ids.get(invocation)
             if ids is None:
-                ids = self._attempt_ids[parent.invocation] = AttemptIds(parent.invocation)
+                ids = self._attempt_ids[invocation] = AttemptIds(invocation)
             task = ids(ns, attempt)
             parent_task = parent.chain[0]
-            run = _Run(
-                parent_run_id,
-                parent.invocation,
-                (task, *parent.chain),
-                task=task,
-                ns=ns,
-                attempt=attempt,
+            self._runs[run_id] = _Run(
+                parent_run_id, invocation, (task, *parent.chain), task, ns, attempt
             )
-            self._runs[run_id] = run
-        self._history.start(task, parent_task, name_label(metadata.get("langgraph_node")))
+        self._history.start(task, parent_task, name_label(node))
 
     def _start_root(self, run_id: uuid.UUID, parent_run_id: uuid.UUID | None, name: object) -> None:
         # Called with the lock held.

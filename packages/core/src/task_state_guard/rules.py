@@ -384,6 +384,8 @@ VERDICT_OWED = (
 DELIVERY_KIND_SQL = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
 #: The columns of ``tsg_totals``.
 TOTALS_COLUMNS = "event, kind, state, code, total"
+#: The key of a total: the columns of ``tsg_totals`` but the count.
+TOTALS_KEY = "event, kind, state, code"
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +419,12 @@ class TotalRule:
     def insert(self, source: str, *, where: bool = True) -> str:
         """Add :meth:`select`'s totals to ``tsg_totals``."""
         return f"INSERT INTO tsg_totals({TOTALS_COLUMNS}) {self.select(source, where=where)}"
+
+    def upsert(self, source: str, *, where: bool = True) -> str:
+        """:meth:`insert` into a ``tsg_totals`` keyed by :data:`TOTALS_KEY` (SQLite's): a key
+        counted already has the new count added to it."""
+        return (f"{self.insert(source, where=where)} ON CONFLICT({TOTALS_KEY}) "
+                "DO UPDATE SET total = total + excluded.total")
 
 
 #: The outcome totals' rules, by event.

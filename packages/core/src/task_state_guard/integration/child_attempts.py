@@ -12,6 +12,10 @@ running task, with an id of its own choosing. Such an adapter
   :func:`begin_child`, or for :func:`end_tasks`;
 * ends with :func:`end_tasks`: the steps still open and the job itself, closed in one write.
 
+An adapter that keeps its steps as history (recorded after they ran, not before) writes
+steps that started and ended since its last write with :func:`end_with_history`: recorded and
+closed in the write that closes the others.
+
 Both functions work on an :class:`~task_state_guard.integration.AdapterRuntime` through its
 public methods only, for any adapter.
 """
@@ -21,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..model import StateConflict
+from ..store.backends import is_url
 from .attempts import AttemptSpec
-from .closing import Closing
+from .closing import Closing, Queued
 from .runtime import AdapterRuntime
 
 
@@ -116,4 +121,46 @@ def end_tasks(
     return runtime.close_tasks(closings, where=where)
 
 
-__all__ = ["begin_child", "end_tasks"]
+def end_with_history(
+    runtime: AdapterRuntime,
+    queue: Sequence[Queued],
+    closings: Sequence[Closing],
+    *,
+    where: str = "close",
+) -> int:
+    """Record the attempts of ``queue`` (``(attempt_id, parent_id, name, timeout_seconds)``,
+    in order: a parent before its children) and close ``closings`` (innermost first) in one
+    write; an attempt of ``queue`` that ``closings`` closes is recorded closed, never started
+    (the ledger claims no start time it does not know). Returns how many tasks were closed;
+    refused steps and errors are handled as ``AdapterRuntime.close_tasks`` does.
+
+    SQLite runs an *end attempt*'s steps in order: one *end attempt*, which records each
+    attempt it queues and closes as its final row (one insert each, their events and totals
+    written together). A PostgreSQL *end attempt* is one statement, which sees no row it
+    inserts itself: one per nesting depth of ``queue``, then one for the closes, in one
+    transaction. Releases nothing: the caller releases the tasks it held first."""
+    if not queue:
+        return runtime.close_tasks(closings, where=where)
+    if not is_url(runtime.ledger.path):
+        return runtime.close_tasks(closings, where=where, queue=queue)
+    with runtime.ledger.atomic():
+        for level in _levels(queue):
+            runtime.close_tasks((), where=where, queue=level)
+        return runtime.close_tasks(closings, where=where)
+
+
+def _levels(queue: Sequence[Queued]) -> list[list[Queued]]:
+    """``queue`` by nesting depth: an attempt whose parent is among them comes one level after
+    its parent."""
+    depth: dict[str, int] = {}
+    levels: list[list[Queued]] = []
+    for entry in queue:
+        level = depth.get(entry[1], -1) + 1
+        depth[entry[0]] = level
+        if level == len(levels):
+            levels.append([])
+        levels[level].append(entry)
+    return levels
+
+
+__all__ = ["begin_child", "end_tasks", "end_with_history"]

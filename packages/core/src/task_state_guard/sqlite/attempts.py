@@ -12,6 +12,7 @@ import sqlite3
 from typing import Any
 
 from .. import reasons as r
+from .. import rules
 from ..model import StorageError
 from ..store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from ..store.transitions import close_guard
@@ -107,6 +108,32 @@ _CLOSE_MARKED = (
     "updated_at = :now, delivery_status = :mstate, delivery_code = :mcode, "
     "delivery_updated_at = :now, version = version + 2 "
     + close_guard(_mark, settle=True) + " AND delivery_required = 1"
+)
+
+
+# An attempt queued and closed by the same *end attempt* (a step's history, committed after
+# it ended) is inserted as its final row at once: the row a queued insert and a settling close
+# would leave (no start, its delivery ``not_applicable/internal_task``, two changes counted),
+# one statement instead of two. The insert's trigger writes its created event; its closed and
+# delivery events and their outcome totals, which the triggers of a close would write, are
+# written from the rows themselves, for every such row of the write at once (they are the
+# rows past ``:mark``, the largest ``seq`` before the inserts, that are closed).
+_INSERT_CLOSED = (
+    "INSERT OR IGNORE INTO tsg_tasks(id, parent_id, name, status, terminal_code, "
+    "delivery_required, delivery_status, delivery_code, timeout_seconds, created_at, ended_at, "
+    "delivery_updated_at, updated_at, version) "
+    f"VALUES (CASE WHEN {_PARENT_FITS} THEN :id END, :parent, :name, :status, :code, 0, "
+    "'not_applicable', 'internal_task', :timeout, :now, :now, :now, :now, 2)"
+)
+_LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM tsg_tasks"
+_CLOSED_SINCE = f"tsg_tasks WHERE seq > :mark AND status IN {rules.TERMINAL_SQL}"
+_CLOSED_IDS = f"SELECT id FROM {_CLOSED_SINCE}"
+# One statement each (a compound SELECT would be collected in a temporary table first).
+_CLOSED_WRITES = (
+    *(rules.event_insert_select(rules.EVENTS_BY_KIND[kind], _CLOSED_SINCE)
+      for kind in ("closed", "delivery")),
+    *(rules.TOTAL_RULES[event].upsert(_CLOSED_SINCE, where=False)
+      for event in ("closed", "delivery")),
 )
 
 
@@ -212,11 +239,19 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     closed: set[str] = set()
     marked: set[str] = set()
     try:
-        for attempt, parent, name, timeout in spec.queue:
-            if _insert_new(conn, _INSERT_QUEUED, {"now": now, "id": attempt, "parent": parent,
-                                                  "name": name, "timeout": timeout}, 1):
-                queued.add(attempt)
+        final = {c[0]: c for c in spec.closes if c[3] is None} if spec.queue else {}
+        if final and all(q[0] in final for q in spec.queue):
+            closed.update(_insert_closed(conn, spec.queue, final, now))
+            queued.update(closed)
+        else:
+            for attempt, parent, name, timeout in spec.queue:
+                if _insert_new(conn, _INSERT_QUEUED, {"now": now, "id": attempt,
+                                                      "parent": parent, "name": name,
+                                                      "timeout": timeout}, 1):
+                    queued.add(attempt)
         for task_id, status, code, mark in spec.closes:
+            if task_id in closed:
+                continue
             if mark is None:
                 done = _one(conn, _CLOSE, {"now": now, "id": task_id, "status": status,
                                            "code": code})
@@ -231,6 +266,34 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
     except sqlite3.Error as exc:
         raise connections.translate(exc) from None
     return Ended(frozenset(closed), frozenset(marked), frozenset(queued))
+
+
+def _insert_closed(
+    conn: sqlite3.Connection,
+    queue: tuple[tuple[str, str, str | None, float | None], ...],
+    final: dict[str, tuple[str, str, str | None, tuple[str, str | None] | None]],
+    now: float,
+) -> set[str]:
+    """Insert every attempt of ``queue`` (each closed by ``final``, its close) as its final
+    row, in order (a parent before its children), with its events and outcome totals; the ids
+    inserted (an id recorded already, or under a parent that is not, is left to the close)."""
+    mark = conn.execute(_LAST_SEQ).fetchone()[0]
+    before = conn.total_changes
+    inserted = conn.executemany(_INSERT_CLOSED, [
+        {"now": now, "id": attempt, "parent": parent, "name": name, "timeout": timeout,
+         "status": final[attempt][1], "code": final[attempt][2]}
+        for attempt, parent, name, timeout in queue
+    ]).rowcount
+    if conn.total_changes - before != 2 * inserted:  # a row without its created event
+        raise StorageError("the database rejected the write", reason=r.WRITE_REJECTED)
+    if not inserted:
+        return set()
+    params = {"mark": mark}
+    for statement in _CLOSED_WRITES:
+        conn.execute(statement, params)
+    if inserted == len(queue):
+        return {q[0] for q in queue}
+    return {row[0] for row in conn.execute(_CLOSED_IDS, params)}
 
 
 __all__ = ["sqlite_begin", "sqlite_boundary", "sqlite_end"]
