@@ -87,21 +87,23 @@ class Runs:
         inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
         self._local.invocation_id = inv
         lane = self._rec.lane()
-        if parent is not None:
-            parent = self.known_parent(inv, parent)  # a read: never waits for a writer
-        done, run, failed = self._rec.now(
-            lane, (), self.started, config, inv, parent, False, AsyncGuardCallbackHandler, lane
-        )
-        if done:
-            assert run is not None
-            if failed is None:
-                return run
-            run.abandon()  # its start was not written: the run goes on unrecorded
-            self._rec.rt.policy.error("open", failed)
-            return Invocation(inv, None, None, with_handler(config, None, inv), self._rec, lane)
-        future = lane.submit(
-            self.started, config, inv, parent, False, AsyncGuardCallbackHandler, lane
-        )
+        opener = self.open_run
+        if parent is None or self._rec.rt.handle.on_file():
+            if parent is not None:  # a read of a SQLite file: it never waits for a writer
+                parent = self.known_parent(inv, parent)
+            done, run, failed = self._rec.now(
+                lane, (), self.started, config, inv, parent, False, AsyncGuardCallbackHandler,
+                lane)
+            if done:
+                assert run is not None
+                if failed is None:
+                    return run
+                run.abandon()  # its start was not written: the run goes on unrecorded
+                self._rec.rt.policy.error("open", failed)
+                return Invocation(inv, None, None, with_handler(config, None, inv), self._rec,
+                                  lane)
+            opener = self.started
+        future = lane.submit(opener, config, inv, parent, False, AsyncGuardCallbackHandler, lane)
         try:
             run = await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:

@@ -95,7 +95,7 @@ class LedgerHandle:
         #: The statement connections a PostgreSQL ledger opened from here keeps per process
         #: when its URL sets none (None: one); the adapter sizes it to its worker's threads.
         self.connections: int | None = None
-        #: The last ledger :meth:`write_now` looked at, and whether it is a SQLite ledger.
+        #: The last ledger :meth:`on_file` looked at, and whether it is a SQLite ledger.
         self._kind: tuple[Ledger, bool] | None = None
 
     def state(self) -> ProcessState:
@@ -178,7 +178,7 @@ class LedgerHandle:
         wait), the ledger is read-only, or it is a PostgreSQL ledger (each of its writes is a
         round trip to the server)."""
         led = self.opened
-        if led is None or led.read_only or not self._sqlite(led):
+        if led is None or led.read_only or not self.on_file():
             yield False
             return
         with ExitStack() as stack:
@@ -191,7 +191,12 @@ class LedgerHandle:
                 began = True
             yield began
 
-    def _sqlite(self, led: Ledger) -> bool:
+    def on_file(self) -> bool:
+        """Whether this process has its ledger open and it is a SQLite file (its reads never
+        wait for a writer, nor for a server)."""
+        led = self.opened
+        if led is None:
+            return False
         known = self._kind
         if known is None or known[0] is not led:
             known = self._kind = (led, kind_of(led.path) == "sqlite")
