@@ -62,6 +62,18 @@ class Invocation:
         """Whether the run was closed (or its close is being written)."""
         return self._done
 
+    def commit_locks(self) -> tuple[threading.RLock, ...]:
+        """The locks :meth:`finish` takes around its write (the node history's commit)."""
+        return () if self.handler is None else (self.handler.history.commit_lock,)
+
+    def abandon(self) -> None:
+        """Forget a run whose start was not written after all (its transaction failed at the
+        commit): nothing held, not open, never closed."""
+        self._done = True
+        if self.task_id is not None:
+            self._rec.rt.release(self.task_id)
+            self._rec.closed(self)
+
     def finish(self, exc: BaseException | None, output: Any = None) -> str:
         """Close leftover attempts and the invocation; returns the outcome label."""
         with self._closing:

@@ -120,12 +120,19 @@ class NodeHistory:
         self._rt = rt
         self._owner = owner
         self._lock = threading.Lock()
-        self._flushing = threading.Lock()  # one commit at a time, in event order
+        # One commit at a time, in event order (reentrant: an event loop's end takes it first,
+        # without waiting, then commits: ``commit_lock``).
+        self._flushing = threading.RLock()
         self._starts: list[Start] = []
         self._ended: list[Closing] = []
         self._held: set[str] = set()
         self._flusher = flusher
         self._live = False  # registered with the flusher
+
+    @property
+    def commit_lock(self) -> threading.RLock:
+        """Held while the history is committed (:meth:`flush`, :meth:`finish`)."""
+        return self._flushing
 
     def start(self, task_id: str, parent_id: str, name: str | None) -> None:
         """A node attempt started (recorded at the next commit)."""

@@ -4,8 +4,11 @@ A translation, no choreography of its own: an invocation starts with the runtime
 ``begin_task`` (created and started in one write, with its thread id) and ends with
 ``end_tasks``: its leftover node attempts and its close, in one write (with its buffered node
 history, :mod:`._node_buffer`). Node attempts are history: buffered in the process and
-committed with the invocation's end, the next heartbeat or a ``heartbeat()`` call. Async runs
-write through per-invocation lanes on writer threads (:class:`Lane`).
+committed with the invocation's end, the next heartbeat or a ``heartbeat()`` call.
+
+Async runs write on the event loop itself when that needs no wait (:meth:`Recorder.now`: a
+SQLite ledger whose write lock is free, a transaction that waits for no one and takes ~0.1 ms),
+else through per-invocation lanes on writer threads (:class:`Lane`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,23 @@ class Lane:
         """Await ``fn(*args)`` run in this lane. A cancelled caller stops waiting; the call
         itself still completes."""
         return await asyncio.wrap_future(self.submit(fn, *args))
+
+    def reserve(self) -> bool:
+        """Claim the lane for a call made on the calling thread (:meth:`Recorder.now`): False
+        when a call of the lane is queued or running (the new one must come after it)."""
+        with self._lock:
+            if self._busy:
+                return False
+            self._busy = True
+            return True
+
+    def release(self) -> None:
+        """End :meth:`reserve`'s claim; calls submitted meanwhile run now, in order."""
+        with self._lock:
+            if not self._queue:
+                self._busy = False
+                return
+        self._rec.pool().submit(self._drain)
 
     def _drain(self) -> None:
         while True:
@@ -141,6 +161,49 @@ class Recorder:
         """Await ``fn(*args)`` on a writer thread, unordered with any other call (reads, and
         writes that need no order)."""
         return await asyncio.wrap_future(self.pool().submit(fn, *args))
+
+    def now(
+        self,
+        lane: Lane,
+        locks: Sequence[threading.RLock],
+        fn: Callable[..., T],
+        *args: Any,
+    ) -> tuple[bool, T | None, Exception | None]:
+        """``fn(*args)`` (the writes of one step of ``lane``'s invocation) on the calling
+        thread, an event loop's, in one write transaction begun at once
+        (``AdapterRuntime.write_now``), when nothing makes it wait: the lane has no call
+        queued or running (the invocation's writes keep their order), each of ``locks`` is
+        free, and so is the ledger's write lock (a SQLite ledger only).
+
+        Returns ``(False, None, None)`` when something would wait: nothing was done, the
+        caller submits the step to the lane instead. Else ``(True, result, failed)``:
+        ``failed`` is the error of the transaction's commit when that failed (nothing of it
+        was written; ``fn``'s own error is raised, its writes rolled back)."""
+        if not lane.reserve():
+            return False, None, None
+        taken: list[threading.RLock] = []
+        try:
+            for lock in locks:
+                if not lock.acquire(blocking=False):
+                    return False, None, None
+                taken.append(lock)
+            ran = False
+            result: T | None = None
+            try:
+                with self.rt.write_now() as began:
+                    if not began:
+                        return False, None, None
+                    result = fn(*args)
+                    ran = True
+            except Exception as exc:
+                if not ran:
+                    raise
+                return True, result, exc
+            return True, result, None
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+            lane.release()
 
     def shutdown(self) -> None:
         """Commit the buffered node history, finish queued writes, stop the writer threads,

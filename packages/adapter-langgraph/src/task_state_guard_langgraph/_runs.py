@@ -1,9 +1,10 @@
 """The recorded invocations of a guarded graph: each run's start and end in the ledger.
 
-A sync run writes on its caller's thread; an async run writes in its own lane on a writer
-thread (:class:`~._recorder.Lane`), so the event loop never waits for the ledger. A run starts
-with the invocation's running record committed and ends with its close (and its node history)
-in one write.
+A sync run writes on its caller's thread. An async run writes on the event loop itself when
+that needs no wait (a SQLite ledger whose write lock is free: :meth:`~._recorder.Recorder.now`),
+else in its own lane on a writer thread (:class:`~._recorder.Lane`), so the event loop never
+waits for the ledger. A run starts with the invocation's running record committed and ends with
+its close (and its node history) in one write.
 """
 
 from __future__ import annotations
@@ -80,14 +81,29 @@ class Runs:
     async def abegin(
         self, config: dict[str, Any] | None, invocation_id: str | None, parent: str | None
     ) -> Invocation:
-        """:meth:`begin` for async runs: the ledger work runs in the invocation's lane on a
-        writer thread, and the invocation's running record is committed before this returns."""
+        """:meth:`begin` for async runs; the invocation's running record is committed before
+        this returns. On the event loop itself when that needs no wait (:meth:`Recorder.now`),
+        else in the invocation's lane on a writer thread."""
         inv = str(invocation_id) if invocation_id is not None else str(uuid.uuid4())
         self._local.invocation_id = inv
         lane = self._rec.lane()
-        future = lane.submit(
-            self.open_run, config, inv, parent, False, AsyncGuardCallbackHandler, lane
-        )
+        opener = self.open_run
+        if parent is None or self._rec.rt.handle.on_file():
+            if parent is not None:  # a read of a SQLite file: it never waits for a writer
+                parent = self.known_parent(inv, parent)
+            done, run, failed = self._rec.now(
+                lane, (), self.started, config, inv, parent, False, AsyncGuardCallbackHandler,
+                lane)
+            if done:
+                assert run is not None
+                if failed is None:
+                    return run
+                run.abandon()  # its start was not written: the run goes on unrecorded
+                self._rec.rt.policy.error("open", failed)
+                return Invocation(inv, None, None, with_handler(config, None, inv), self._rec,
+                                  lane)
+            opener = self.started
+        future = lane.submit(opener, config, inv, parent, False, AsyncGuardCallbackHandler, lane)
         try:
             run = await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
@@ -96,6 +112,15 @@ class Runs:
             raise
         assert run is not None
         return run
+
+    def known_parent(self, inv: str, parent: str | None) -> str | None:
+        """``parent`` when the ledger has it (and it is not the invocation itself), else
+        None."""
+        if parent == logical_task_id(inv) or (
+            parent is not None and self._rec.get(parent) is None
+        ):
+            return None
+        return parent
 
     def open_run(
         self,
@@ -110,9 +135,22 @@ class Runs:
     ) -> Invocation | None:
         """Start the invocation ``inv`` (a child of ledger task ``parent``, if the ledger has
         it). ``claim``: None when it exists already (recovery lost the race)."""
+        return self.started(config, inv, self.known_parent(inv, parent), claim, handler_cls,
+                            lane, recovery=recovery)
+
+    def started(
+        self,
+        config: dict[str, Any] | None,
+        inv: str,
+        parent: str | None,
+        claim: bool,
+        handler_cls: type[GuardCallbackHandler],
+        lane: Lane | None = None,
+        *,
+        recovery: bool = False,
+    ) -> Invocation | None:
+        """:meth:`open_run` under ``parent``, known to the ledger (or None): one write."""
         own = logical_task_id(inv)
-        if parent == own or (parent is not None and self._rec.get(parent) is None):
-            parent = None
         opened = self._rec.open(
             own,
             parent_id=parent,
@@ -138,13 +176,26 @@ class Runs:
         return outcome
 
     async def aend(self, run: Invocation, exc: BaseException | None, output: Any = None) -> str:
-        """:meth:`end` with the closing write in the invocation's lane (it completes even when
-        the caller is cancelled meanwhile)."""
+        """:meth:`end` for async runs: the closing write on the event loop itself when that
+        needs no wait (:meth:`Recorder.now`), else in the invocation's lane (where it completes
+        even when the caller is cancelled meanwhile)."""
         lane = run.lane if run.lane is not None else self._rec.lane()
-        # Submitted before any await: the close is written however often the caller is
-        # cancelled while it waits (an anyio cancel scope cancels every await in it again).
-        future = lane.submit(run.finish, exc, output)
-        outcome = await asyncio.shield(asyncio.wrap_future(future))
+        if run.task_id is None:
+            outcome = run.finish(exc, output)  # nothing to write
+        else:
+            done, closed, failed = self._rec.now(lane, run.commit_locks(), run.finish, exc,
+                                                 output)
+            if done:
+                assert closed is not None
+                outcome = closed
+                if failed is not None:
+                    self._rec.rt.policy.error("close", failed)
+            else:
+                # Submitted before any await: the close is written however often the caller
+                # is cancelled while it waits (an anyio cancel scope cancels every await in it
+                # again).
+                future = lane.submit(run.finish, exc, output)
+                outcome = await asyncio.shield(asyncio.wrap_future(future))
         self.finished(run, exc, outcome)
         return outcome
 

@@ -156,6 +156,11 @@ class GuardCallbackHandler(GraphCallbackHandler):
             chain = run.chain if run is not None else ()
         return self._rec.beat(chain)
 
+    @property
+    def history(self) -> NodeHistory:
+        """The buffered node history of the invocation."""
+        return self._history
+
     def take_open(self, status: str, code: str | None) -> list[Closing]:
         """Forget every attempt still open (the run ended without telling us about them) and
         return their closes, innermost first so a parent never closes before its child."""
@@ -354,10 +359,10 @@ class AsyncGuardCallbackHandler(GuardCallbackHandler):
         )
         with self._lock:
             tracked = parent_run_id is not None and parent_run_id in self._runs
-        if not tracked and not _is_node_run(tags, metadata):
-            await self._lane.call(start)  # may write: a stand-alone root
+        if not tracked and self._owns_root and not _is_node_run(tags, metadata):
+            await self._lane.call(start)  # writes: a stand-alone handler's root
         else:
-            start()
+            start()  # writes nothing (the wrapper writes its invocation's start itself)
 
     async def on_chain_end(  # type: ignore[override]
         self, outputs: Any, *, run_id: uuid.UUID, **kwargs: Any

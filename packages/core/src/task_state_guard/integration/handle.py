@@ -14,12 +14,14 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from ..heartbeat import Heartbeater
 from ..ledger import Ledger
 from ..model import LedgerError
 from ..process import THIS
+from ..store.backends import kind_of
+from ..store.waiting import WouldWait, no_wait
 from . import codes
 from .errors import ErrorPolicy
 from .settings import Settings
@@ -93,6 +95,8 @@ class LedgerHandle:
         #: The statement connections a PostgreSQL ledger opened from here keeps per process
         #: when its URL sets none (None: one); the adapter sizes it to its worker's threads.
         self.connections: int | None = None
+        #: The last ledger :meth:`on_file` looked at, and whether it is a SQLite ledger.
+        self._kind: tuple[Ledger, bool] | None = None
 
     def state(self) -> ProcessState:
         """This process's state (a forked child gets a fresh one)."""
@@ -163,6 +167,40 @@ class LedgerHandle:
             return self.ledger
         except LedgerError:
             return None
+
+    @contextmanager
+    def write_now(self) -> Iterator[bool]:
+        """A write transaction of the calling thread (an event loop's), begun only if it can
+        begin at once (``store.waiting``): yields True with it open (the block's writes join
+        it; it commits at the end of the block, or rolls back on an error), or False with
+        nothing begun: another thread of this process is writing, another process holds the
+        SQLite ledger's write lock, this process has not opened its ledger yet (opening it can
+        wait), the ledger is read-only, or it is a PostgreSQL ledger (each of its writes is a
+        round trip to the server)."""
+        led = self.opened
+        if led is None or led.read_only or not self.on_file():
+            yield False
+            return
+        with ExitStack() as stack:
+            try:
+                with no_wait():
+                    stack.enter_context(led.atomic())
+            except WouldWait:
+                began = False
+            else:
+                began = True
+            yield began
+
+    def on_file(self) -> bool:
+        """Whether this process has its ledger open and it is a SQLite file (its reads never
+        wait for a writer, nor for a server)."""
+        led = self.opened
+        if led is None:
+            return False
+        known = self._kind
+        if known is None or known[0] is not led:
+            known = self._kind = (led, kind_of(led.path) == "sqlite")
+        return known[1]
 
     @contextmanager
     def background_pass(self, wait: float) -> Iterator[bool]:

@@ -10,7 +10,9 @@ part (module)               concern
 ``handle`` (``handle``)     the per-process ledger handle: opened lazily on first use in each
                             process; a forked child never touches its parent's handle,
                             heartbeat thread or counters (it starts afresh); ``check_ledger``
-                            opens it at worker start and says loudly when it cannot be used
+                            opens it at worker start and says loudly when it cannot be used;
+                            ``write_now`` begins a write transaction only if that needs no
+                            wait (for an event loop's writes)
 ``heartbeats``              ref-counted heartbeats: ``hold`` a running task while a job runs,
                             ``release`` it after; one daemon thread per process beats every
                             held task every ``heartbeat_seconds``
@@ -116,6 +118,7 @@ class AdapterRuntime:
         # per-process ledger handle
         self.check_ledger = handle.check_ledger
         self.ledger_or_none = handle.ledger_or_none
+        self.write_now = handle.write_now
         # heartbeats
         self.hold = heartbeats.hold
         self.release = heartbeats.release

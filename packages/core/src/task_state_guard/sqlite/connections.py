@@ -6,6 +6,7 @@ import hashlib
 import os
 import sqlite3
 import stat
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from enum import StrEnum
 
 from .. import reasons as r
 from ..model import LedgerBusy, LedgerError, StorageError
+from ..store.waiting import WouldWait
 
 _HEADER = b"SQLite format 3\x00"
 CACHE_KIB = 32768  # page cache per connection, used lazily
@@ -24,6 +26,10 @@ AUTOCHECKPOINT_PAGES = 4000
 # ... and a bulk run of many transactions checkpoints less often, so a page rewritten by
 # several of them is copied into the database once.
 BULK_AUTOCHECKPOINT_PAGES = 16000
+#: A :class:`NowWriter` has the WAL checkpointed after this many of its transactions (a
+#: three-node LangGraph request's two writes add ~20 pages: about the automatic checkpoint's
+#: interval of :data:`AUTOCHECKPOINT_PAGES`).
+NOW_CHECKPOINT_TRANSACTIONS = 400
 
 
 def translate(exc: BaseException) -> LedgerError:
@@ -65,6 +71,79 @@ def connect_writable(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
         return conn
     except sqlite3.Error as exc:
         raise translate(exc) from None
+
+
+class NowWriter:
+    """The connection of a process's write transactions begun without waiting
+    (``store.waiting``), used only under the process's writer lock.
+
+    ``BEGIN IMMEDIATE`` with no busy wait: the database's write lock held by another process
+    is :class:`WouldWait` at once, nothing begun. Its commits never checkpoint the WAL (that
+    copies pages into the database and syncs files, on a thread that must not wait): every
+    :data:`NOW_CHECKPOINT_TRANSACTIONS` of its transactions, a short-lived thread runs a
+    passive checkpoint on it under the writer lock (the process's other connections still
+    checkpoint at their own commits)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA busy_timeout=0")
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        except sqlite3.Error as exc:
+            raise translate(exc) from None
+        self.conn = conn
+        self._transactions = 0
+        self._checkpointing = False
+
+    def begin(self) -> None:
+        """``BEGIN IMMEDIATE`` now, or :class:`WouldWait` (nothing begun)."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                raise WouldWait() from None
+            raise translate(exc) from None
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A savepoint in the open transaction, rolled back to when the block raises."""
+        conn = self.conn
+        try:
+            conn.execute("SAVEPOINT tsg_nested")
+        except sqlite3.Error as exc:
+            raise translate(exc) from None
+        try:
+            yield
+        except BaseException:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK TO tsg_nested")
+                conn.execute("RELEASE tsg_nested")
+            raise
+        try:
+            conn.execute("RELEASE tsg_nested")
+        except sqlite3.Error as exc:
+            raise translate(exc) from None
+
+    def ended(self, lock: threading.RLock, busy_timeout_ms: int) -> None:
+        """A transaction ended (``lock``, the writer lock, still held by the caller): every
+        :data:`NOW_CHECKPOINT_TRANSACTIONS`, a checkpoint on a thread of its own."""
+        self._transactions += 1
+        if self._transactions < NOW_CHECKPOINT_TRANSACTIONS or self._checkpointing:
+            return
+        self._transactions = 0
+        self._checkpointing = True
+        threading.Thread(target=self._checkpoint, args=(lock, busy_timeout_ms / 1000.0),
+                         name="tsg-checkpoint", daemon=True).start()
+
+    def _checkpoint(self, lock: threading.RLock, timeout: float) -> None:
+        try:
+            if lock.acquire(timeout=timeout):
+                try:
+                    with suppress(sqlite3.Error):  # closed meanwhile: the next one
+                        self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                finally:
+                    lock.release()
+        finally:
+            self._checkpointing = False
 
 
 @contextmanager

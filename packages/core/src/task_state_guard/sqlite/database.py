@@ -21,6 +21,7 @@ from ..process import THIS
 from ..store import attempts
 from ..store.protocol import Layout, Opened, read_clock
 from ..store.transitions import Outcome, Step
+from ..store.waiting import REQUEST, WouldWait
 from . import attempts as sqlite_attempts
 from . import connections, creation, doctor, owners, schema, storage
 from . import transitions as sqlite_transitions
@@ -179,6 +180,9 @@ class SQLiteDatabase:
         # What a write of this process needs once the writer is open, read without a lookup:
         # (pid, writer connection, writer lock, real path, device, inode of the file).
         self._hot: tuple[int, sqlite3.Connection, threading.RLock, str, int, int] | None = None
+        # The connection of write transactions begun without waiting (``store.waiting``): no
+        # busy wait, no checkpoint at its commits (:class:`~.connections.NowWriter`).
+        self._now: connections.NowWriter | None = None
         self._closed = False
         self.schema_version: int | None = None
 
@@ -246,6 +250,7 @@ class SQLiteDatabase:
         _INHERITED.extend(self._open_conns)
         self._open_conns, self._shared, self._writer, self._pid = [], None, None, pid
         self._hot = None
+        self._now = None
         self._modes = {}
 
     def writer(self) -> sqlite3.Connection:
@@ -426,6 +431,7 @@ class SQLiteDatabase:
             self._modes = {}
             self._writer = None
             self._hot = None
+            self._now = None
         self._local = _Local()
 
     def _check_identity(self) -> None:
@@ -448,7 +454,9 @@ class SQLiteDatabase:
         """Begin this thread's IMMEDIATE transaction on the process's writer connection:
         the file's identity checked first (a replaced or removed file is refused), then the
         process's writer lock taken (bounded by the busy timeout); returns the connection and
-        the lock, held."""
+        the lock, held. Inside ``store.waiting.no_wait``: :meth:`_enter_now`."""
+        if REQUEST.on:
+            return self._enter_now()
         pid = THIS.pid
         local = self._local
         hot = self._hot
@@ -481,10 +489,39 @@ class SQLiteDatabase:
         local.writing = (pid, conn)
         return conn, lock
 
+    def _enter_now(self) -> tuple[sqlite3.Connection, threading.RLock]:
+        """:meth:`_enter` at once or not at all: :class:`WouldWait`, with nothing begun, when
+        another thread of this process holds the writer lock or another process the
+        database's write lock. The transaction runs on the process's connection for such
+        writes (no busy wait, no checkpoint at its commits: :class:`~.connections.NowWriter`)."""
+        self.conn()  # a thread's first use: every check of the file, and fork handling
+        lock = writer_lock(self.path)
+        if not lock.acquire(blocking=False):
+            raise WouldWait()
+        try:
+            now = self._now
+            if now is None:
+                with self._lock:
+                    now = self._now
+                    if now is None:
+                        conn = self._open()
+                        self._open_conns.append(conn)
+                        now = self._now = connections.NowWriter(conn)
+            self._check_identity()
+            now.begin()
+        except BaseException:
+            lock.release()
+            raise
+        self._local.writing = (THIS.pid, now.conn)
+        return now.conn, lock
+
     def _leave(self, lock: threading.RLock) -> None:
         """After :meth:`_enter`'s transaction ended (committed or rolled back): this thread
         no longer writes; the writer lock is released."""
-        self._local.writing = None
+        writing, self._local.writing = self._local.writing, None
+        now = self._now
+        if now is not None and writing is not None and writing[1] is now.conn:
+            now.ended(lock, self.busy_timeout_ms)
         lock.release()
 
     @contextmanager
@@ -516,9 +553,18 @@ class SQLiteDatabase:
 
     @contextmanager
     def group(self) -> Iterator[None]:
-        """Group this thread's writes into one transaction: all commit, or none."""
-        if self._local.atomic:
-            yield
+        """Group this thread's writes into one transaction: all commit, or none. Nested use
+        joins the open group; inside a transaction begun without waiting (:meth:`_enter_now`)
+        it is a savepoint, so that a nested block that fails undoes its own writes, as its own
+        transaction would have, and the enclosing block may go on."""
+        local = self._local
+        if local.atomic:
+            now, writing = self._now, local.writing
+            if now is None or writing is None or writing[1] is not now.conn:
+                yield
+                return
+            with now.savepoint():
+                yield
             return
         with self.write():
             self._local.atomic = True
