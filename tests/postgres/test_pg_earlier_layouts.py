@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from pg_helpers import schema_of, sql
-from task_state_guard import Ledger
+from task_state_guard import Ledger, StorageError
 from task_state_guard_postgres import SCHEMA_VERSION
 from task_state_guard_postgres.ddl import MIGRATIONS
 
@@ -80,3 +80,23 @@ def test_a_schema_an_earlier_build_wrote_migrates_whole(dump: Path, pg_url: str)
         assert ledger.doctor()["healthy"] is True
         assert ledger.status()["tasks"]["succeeded"] == 2
     assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(SCHEMA_VERSION,)]
+
+
+@pytest.mark.parametrize("edit", [
+    "DROP TRIGGER tsg_event_created ON tsg_tasks",
+    "ALTER TABLE tsg_tasks DISABLE TRIGGER tsg_event_changed",
+], ids=["trigger_dropped", "trigger_disabled"])
+def test_an_earlier_schema_whose_row_trigger_was_edited_is_refused_unmigrated(
+    edit: str, pg_url: str
+) -> None:
+    """The current layout has no trigger, so a row trigger dropped or disabled by hand (its
+    changes since then lack their events) is judged before the migration drops it: refused as
+    tampered, left at its version."""
+    dump = DUMPS[-1]
+    restore(dump, pg_url)
+    sql(pg_url, edit)
+    version = int(dump.name.split("-")[1][1:])
+    with pytest.raises(StorageError) as err:
+        Ledger(pg_url)
+    assert err.value.reason == "foreign_schema"
+    assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(version,)]

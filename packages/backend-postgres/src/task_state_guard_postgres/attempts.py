@@ -6,10 +6,11 @@ At READ COMMITTED each sub-statement's guard is judged on the row it changes, re
 against a row committed meanwhile when it waited for that row's lock. Every lookup of a task
 names its id (``id = ANY(...)`` beside each join) and no guard can be read as the open-work
 index's predicate, so the generic plan the server keeps for each statement (the driver asks
-for generic plans: no planning per call) never scans open work. Rows inserted already running
-get their ``started`` event from the statement itself (the row trigger writes the ``created``
-one); every update leaves its events, totals and verdicts to the row trigger. A step the
-statement refused is reported, and the ledger explains it one task at a time.
+for generic plans: no planning per call) never scans open work. The statement writes what every
+row it inserts or changes owes (:mod:`.writes`): a row inserted already running its
+``created`` and ``started`` events, a start its ``started`` event, a close its events, totals
+and verdict. A step the statement refused is reported, and the ledger explains it one task at a
+time.
 
 Each write has a statement per shape, the parts a call does not need left out, so the common
 call (a first delivery: no candidate placeholders; a close without a retry to queue or a
@@ -28,6 +29,7 @@ from task_state_guard import rules
 from task_state_guard.store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from task_state_guard.store.transitions import Mark
 
+from . import writes
 from .driver import Conn, prepared
 
 #: The type each bound value is cast to (arrays go as one text parameter each, :func:`array`).
@@ -76,7 +78,7 @@ def _logical(v: Mark, startable: str) -> str:
     SELECT {v('lid')}, {v('name')}, 'running', {v('ldr')}, 'pending', {now}, {now},
         {now}, {now}, {v('lowner')}, 1, {v('lfid')}, {v('lfw')}
     WHERE {v('open')} AND {startable}
-    ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
+    ON CONFLICT (id) DO NOTHING RETURNING seq, created_at, started_at),
 lgu AS (
     UPDATE tsg_tasks SET status = 'running', started_at = {now},
         deadline_at = {now} + timeout_seconds, owner = {v('lowner')},
@@ -84,7 +86,7 @@ lgu AS (
     WHERE {v('open')} AND {startable} AND id = {v('lid')} AND status = 'queued'
         AND {rules.clock_guard('start', now)}
         AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now})
-    RETURNING seq),
+    RETURNING seq, started_at),
 par AS (
     SELECT seq FROM lg
     UNION ALL SELECT seq FROM tsg_tasks WHERE id = {v('lid')} AND created_at <= {now}),"""
@@ -112,7 +114,7 @@ pick AS (
 ci AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT pick.id, {_attempt_values(v)} FROM pick WHERE pick.status IS NULL
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, created_at, started_at),
 cu AS (
     UPDATE tsg_tasks t SET status = 'running', started_at = {now},
         deadline_at = {now} + t.timeout_seconds, owner = {v('owner')},
@@ -120,7 +122,7 @@ cu AS (
         version = t.version + 1
     FROM pick WHERE pick.status = 'queued' AND t.id = pick.id AND t.status = 'queued'
         AND {rules.clock_guard('start', now, 't.')}
-    RETURNING t.id),"""
+    RETURNING t.id, t.seq, t.started_at),"""
 
 
 def _begin_parts(v: Mark, candidates: bool) -> tuple[str, str]:
@@ -129,12 +131,11 @@ def _begin_parts(v: Mark, candidates: bool) -> tuple[str, str]:
     logical task exists)."""
     fresh = " AND NOT EXISTS (SELECT 1 FROM pick)" if candidates else ""
     inserted = ("lg", "ci", "fr") if candidates else ("lg", "fr")
-    # The started event of every row inserted already running (the rule's own values).
-    started = rules.event_insert_select(
-        rules.EVENTS_BY_KIND["started"],
-        "(" + " UNION ALL ".join(f"SELECT seq, started_at FROM {cte}" for cte in inserted)
-        + ") AS s",
-    )
+    started = ("lgu", "cu") if candidates else ("lgu",)
+    # The created and started events of every row inserted already running, the started
+    # event of every queued row started.
+    owed = writes.events([*(("created", cte) for cte in inserted),
+                          *(("started", cte) for cte in inserted + started)])
     result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
     startable = _deadline_fits(v) if candidates else (
         f"{_deadline_fits(v)} AND NOT EXISTS (SELECT 1 FROM tsg_tasks WHERE id = {v('fresh')})")
@@ -143,8 +144,8 @@ fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT {v('fresh')}, {_attempt_values(v)}
     WHERE EXISTS (SELECT 1 FROM par) AND {_deadline_fits(v)}{fresh}
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
-ev AS ({started})"""
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, created_at, started_at),
+ev AS ({owed})"""
     return ctes, f"{result}SELECT id FROM fr"
 
 
@@ -169,8 +170,8 @@ lg AS (
         {v('lfw')}, {v('thread')}
     WHERE {parent} IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks p
         WHERE p.id = {parent} AND p.created_at <= {now})
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
-ev AS ({rules.event_insert_select(rules.EVENTS_BY_KIND["started"], "lg")})
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, created_at, started_at),
+ev AS ({writes.events([("created", "lg"), ("started", "lg")])})
 SELECT id FROM lg"""
 
 
@@ -187,7 +188,7 @@ def _queue(v: Mark) -> str:
     WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent
         AND p.id = ANY({v('qparents')}) AND p.created_at <= {now})
     ORDER BY u.ord
-    ON CONFLICT (id) DO NOTHING RETURNING id),
+    ON CONFLICT (id) DO NOTHING RETURNING id, seq, created_at),
 """
 
 
@@ -216,6 +217,11 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
     # the planner cannot match to the open-work index's predicate (a generic plan that
     # intersected that index with the ids would scan every open task's entry).
     head = f"SELECT id, {queued}, false FROM q UNION ALL " if queue else ""
+    # What the closes owe (their events, totals and verdicts) and the queued rows' created
+    # events.
+    owed = ",\n".join(writes.owed("c", ("closed", "delivery"), prefix="c"))
+    if queue:
+        owed += f",\nqe AS ({writes.events([('created', 'q')])})"
     now = v("now")
     ctes = f"""{_queue(v) if queue else ""}c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {now},
@@ -230,7 +236,8 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
     WHERE t.id = ANY({v('ids')}) AND t.id = v.id AND t.status IN {rules.ACTIVE_SQL}
         AND coalesce(t.delivery_status = 'pending', false)
         {guard}AND {rules.clock_guard('close_settled', now, 't.')}
-    RETURNING t.id, {marked} AS marked)"""
+    RETURNING t.id, {marked} AS marked, {writes.returning('t.')}),
+{owed}"""
     return ctes, f"{head}SELECT id, {closed}, marked FROM c"
 
 

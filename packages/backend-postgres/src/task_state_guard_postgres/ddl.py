@@ -1,10 +1,12 @@
 """The ledger's tables in a PostgreSQL schema, and their guarded, transactional migrations.
 
-The layout is the core's SQLite layout 5 (the same columns, states, checks, one event chain
-per task, the outcome totals and the verdict outbox, written by a trigger in the statement that
-changes a state), in a schema of its own, versioned on its own (:data:`SCHEMA_VERSION`). The
-totals are rows of increments (``total`` summed by readers), so
-concurrent closes never queue on one counter row; passes fold them (:data:`COMPACT_TOTALS`).
+The layout holds the core's data model (the same columns, states, checks, one event chain
+per task, the outcome totals and the verdict outbox), in a schema of its own, versioned on its
+own (:data:`SCHEMA_VERSION`). Up to version 8 a row trigger wrote a state change's event,
+total and verdict; from version 9 the statement that changes a state writes them itself
+(:mod:`.writes`), and the schema has no trigger or function. The totals are rows of increments
+(``total`` summed by readers), so concurrent closes never queue on one counter row; passes fold
+them (:data:`COMPACT_TOTALS`).
 ``tsg_migrations`` records each applied migration; a writable open applies the missing ones in
 one transaction under a transaction-level advisory lock (so hosts booting together migrate
 once), and any open refuses a schema newer than this release.
@@ -23,8 +25,9 @@ from .driver import Conn
 
 #: The layout version this release writes (4: the core's data model; 5: reconcile passes
 #: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox; 7: the
-#: totals' kind is the one a person calls the task; 8: the thread column).
-SCHEMA_VERSION = 8
+#: totals' kind is the one a person calls the task; 8: the thread column; 9: no row trigger,
+#: each statement writes its own events, totals and verdicts).
+SCHEMA_VERSION = 9
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -145,11 +148,9 @@ def _v4(s: str) -> list[str]:
     ]
 
 
-#: A transaction-local setting: while it is ``on``, the row trigger leaves a state change's
-#: event and totals to the statement that makes the change. Only a reconcile pass sets it,
-#: for each of its set-based statements, which write the events and totals of exactly the rows
-#: they change (``queries.PASS_WRITES``). A session that sets it on purpose skips events as
-#: one that drops the trigger would; doctor's event-chain check finds either.
+#: A transaction-local setting: while it is ``on``, the row trigger of layouts 5 to 8 leaves a
+#: state change's event and totals to the statement that makes the change (a reconcile pass's
+#: set-based statements set it). Layout 9 has no trigger, so nothing sets it any more.
 PASS_EVENTS = "tsg.pass_events"
 
 
@@ -196,7 +197,7 @@ def _v7(s: str) -> list[str]:
     a person calls the task (``model.TASK_KIND_SQL``: a child that owes its own delivery, such
     as a LangGraph resume or recovery run, is a ``task``); the totals counted before keep
     their kind."""
-    return [_current_event_function(f'"{s}"')]
+    return [_v7_event_function(f'"{s}"')]
 
 
 def _v8(s: str) -> list[str]:
@@ -206,18 +207,34 @@ def _v8(s: str) -> list[str]:
     return rules.add_thread_column("postgres", f'"{s}".tsg_tasks')
 
 
-def _current_event_function(q: str) -> str:
-    """This release's event function (the latest migration's ``CREATE OR REPLACE``)."""
+def _v7_event_function(q: str) -> str:
+    """Version 7's event function (the last ``CREATE OR REPLACE`` of the row trigger's)."""
     return _event_function(q, replace=True, totals=True, verdicts=True, kinds=True)
+
+
+def _v9(s: str) -> list[str]:
+    """Version 9: no row trigger. Every statement that changes a state writes the changed
+    rows' events, totals and verdicts itself (:mod:`.writes`: a data-modifying sub-statement
+    beside the change), as reconcile passes already did; the per-row trigger call (about a
+    sixth of a guarded job's server time) is gone. Nothing stored changes: the events, totals
+    and verdicts written so far stay as they are."""
+    q = f'"{s}"'
+    return [
+        f"DROP TRIGGER tsg_event_created ON {q}.tsg_tasks",
+        f"DROP TRIGGER tsg_event_changed ON {q}.tsg_tasks",
+        f"DROP FUNCTION {q}.tsg_write_event()",
+    ]
 
 
 #: Migration number -> its statements (a function of the schema name), applied in order.
 MIGRATIONS: dict[int, Callable[[str], list[str]]] = {
-    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
 #: The first version with the verdict outbox.
 OUTBOX_VERSION = 6
 #: The first version with the thread column.
 THREAD_VERSION = 8
+#: The first version without the row trigger.
+TRIGGERLESS_VERSION = 9
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
@@ -253,7 +270,7 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
 
 # The exact layout of this release, which any open (and doctor) checks a current schema
 # against: the columns (table, column, type, nullable), the indexes of the ledger's tables, the
-# triggers on them and the event function's body.
+# triggers on them (none) and the functions of the schema (none).
 _COLUMNS = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
     WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
         'tsg_verdicts')
@@ -297,18 +314,30 @@ _TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigg
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
     ORDER BY 1, 2"""
-_EXPECTED_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"),
-                      ("tsg_tasks", "tsg_event_created", "O")]
-_EVENT_FUNCTION = """SELECT p.prosrc FROM pg_catalog.pg_proc p
+_EXPECTED_TRIGGERS: list[tuple[str, str, str]] = []
+_FUNCTIONS = """SELECT p.proname FROM pg_catalog.pg_proc p
     JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-    WHERE n.nspname = %(schema)s AND p.proname = 'tsg_write_event'"""
+    WHERE n.nspname = %(schema)s"""
+
+
+#: The row trigger every earlier version (3 to 8) kept, enabled: what wrote its events.
+_ROW_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"), ("tsg_tasks", "tsg_event_created", "O")]
+
+
+def row_trigger_intact(conn: Conn, schema: str) -> bool:
+    """True when an earlier version's schema still has its row trigger, enabled, and no other
+    (checked before it is migrated past it: version 9 drops the trigger, after which a schema
+    whose trigger was dropped or disabled by hand, and whose changes since then lack their
+    events, could no longer be told apart)."""
+    return [tuple(row) for row in conn.run(_TRIGGERS, {"schema": schema}).fetchall()] == (
+        _ROW_TRIGGERS)
 
 
 def layout_ok(conn: Conn, schema: str) -> bool:
     """True when the schema's ledger tables are exactly this release's layout: their columns,
-    indexes (by name), enabled triggers (no others) and the event function's body. A schema
-    edited by hand (a trigger dropped or disabled, a column added or retyped, an index or a
-    trigger added, the function replaced) is not."""
+    indexes (by name), no trigger on them and no function in the schema. A schema edited by
+    hand (a column added or retyped, an index dropped or added, a trigger or a function added:
+    one that changed rows behind the statements' backs) is not."""
     args = {"schema": schema}
     if [tuple(row) for row in conn.run(_COLUMNS, args).fetchall()] != _EXPECTED_COLUMNS:
         return False
@@ -316,10 +345,7 @@ def layout_ok(conn: Conn, schema: str) -> bool:
         return False
     if [tuple(row) for row in conn.run(_TRIGGERS, args).fetchall()] != _EXPECTED_TRIGGERS:
         return False
-    body = _current_event_function(f'"{schema}"')
-    return [row[0] for row in conn.run(_EVENT_FUNCTION, args).fetchall()] == [
-        body.split("$fn$")[1]
-    ]
+    return conn.run(_FUNCTIONS, args).fetchall() == []
 
 
 def prepare(
@@ -372,6 +398,12 @@ def prepare(
                 "(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
             )
         pending = [n for n in sorted(MIGRATIONS) if version is None or n > version]
+        if (version is not None and version < TRIGGERLESS_VERSION
+                and not row_trigger_intact(conn, schema)):  # edited by hand before
+            if check:
+                raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
+            conn.execute("ROLLBACK")
+            return None
         at = now() if pending else 0.0
         for number in pending:
             for statement in MIGRATIONS[number](schema):
