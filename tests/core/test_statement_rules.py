@@ -105,7 +105,7 @@ def test_pass_writes_count_totals_by_the_rule() -> None:
         increments = rules.TOTAL_RULES[total].increments("u")
         assert f"{rules.TOTALS_INSERT}{increments}" in pg_queries.PASS_WRITES[name]
     # a guarded job's end counts both closes by the same rules
-    end = pg_attempts.END[False, True].text
+    end = pg_attempts.END[False, True, True].text
     for total in ("closed", "delivery"):
         assert rules.TOTAL_RULES[total].increments("c") in end
     assert rules.TOTALS_SELECT.count("UNION ALL") == 1
