@@ -87,15 +87,23 @@ _NOOP = ("CREATE FUNCTION tsg_noop() RETURNS trigger LANGUAGE plpgsql "
     "EXECUTE FUNCTION tsg_noop()",
     f"{_NOOP}; CREATE TRIGGER extra AFTER UPDATE ON tsg_tasks FOR EACH ROW "
     "EXECUTE FUNCTION tsg_noop(); ALTER TABLE tsg_tasks DISABLE TRIGGER extra",
-    _NOOP,
+    "DROP TRIGGER tsg_event_changed ON tsg_tasks",
+    "ALTER TABLE tsg_tasks DISABLE TRIGGER tsg_event_created",
+    # ungated, it would write a second event beside this release's own statements
+    "DROP TRIGGER tsg_event_created ON tsg_tasks; CREATE TRIGGER tsg_event_created "
+    "AFTER INSERT ON tsg_tasks FOR EACH ROW EXECUTE FUNCTION tsg_write_event()",
+    "CREATE OR REPLACE FUNCTION tsg_write_event() RETURNS trigger LANGUAGE plpgsql "
+    "AS $fn$ BEGIN RETURN NULL; END $fn$",
 ], ids=["column_added", "column_retyped", "index_added", "index_dropped", "trigger_added",
-        "disabled_trigger_added", "function_added"])
+        "disabled_trigger_added", "trigger_dropped", "trigger_disabled", "trigger_ungated",
+        "function_replaced"])
 def test_a_hand_edited_schema_is_refused_as_sqlite_refuses_an_edited_file(
     pg_url: str, tamper: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Any open refuses a current schema whose layout is not exactly this release's (a
-    trigger or function added by hand could change rows behind the statements' backs);
-    doctor reports it, and nothing is written."""
+    """Any open refuses a current schema whose layout is not exactly this release's (a row
+    trigger that no longer writes an earlier release's events would lose them silently, an
+    ungated one would write this release's twice, one added by hand could change rows behind
+    the statements' backs); doctor reports it, and nothing is written."""
     with Ledger(pg_url) as ledger:
         ledger.create_task(name="kept")
         assert ledger.doctor()["schema_ok"] is True
@@ -126,17 +134,18 @@ def test_an_edited_older_schema_is_refused_and_left_unmigrated(pg_url: str) -> N
     schema = schema_of(pg_url)
     sql(pg_url, "DELETE FROM tsg_migrations WHERE version >= 8")
     sql(pg_url, "ALTER TABLE tsg_tasks DROP COLUMN thread_id")
-    for statement in MIGRATIONS[3](schema)[-3:] + MIGRATIONS[7](schema):  # the trigger
-        sql(pg_url, statement)
+    sql(pg_url, "DROP TRIGGER tsg_event_created ON tsg_tasks")  # ungated as version 7 had it
+    sql(pg_url, MIGRATIONS[3](schema)[-2])
     sql(pg_url, "CREATE INDEX extra ON tsg_tasks(created_at)")
     with pytest.raises(StorageError) as err:
         Ledger(pg_url)
     assert err.value.reason == "foreign_schema"
     assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(7,)]
-    # the migration to 9 rolled back too: the row trigger is still there
-    assert sql(pg_url, "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+    # the migration to 9 rolled back too: the insert trigger is still ungated
+    assert sql(pg_url, "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
                        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
-                       "AND NOT t.tgisinternal", (schema,)) == [(2,)]
+                       "AND NOT t.tgisinternal AND pg_get_triggerdef(t.oid) LIKE %s ORDER BY 1",
+               (schema, "%WHEN%")) == [("tsg_event_changed",)]
     columns = sql(pg_url, "SELECT column_name FROM information_schema.columns "
                           "WHERE table_schema = %s AND column_name = 'thread_id'",
                   (schema_of(pg_url),))

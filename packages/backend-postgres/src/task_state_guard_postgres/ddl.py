@@ -2,9 +2,12 @@
 
 The layout holds the core's data model (the same columns, states, checks, one event chain
 per task, the outcome totals and the verdict outbox), in a schema of its own, versioned on its
-own (:data:`SCHEMA_VERSION`). Up to version 8 a row trigger wrote a state change's event,
-total and verdict; from version 9 the statement that changes a state writes them itself
-(:mod:`.writes`), and the schema has no trigger or function. The totals are rows of increments
+own (:data:`SCHEMA_VERSION`). Every statement of this release that changes a state writes
+the changed rows' events, totals and verdicts itself (:mod:`.writes`). The row trigger of the
+earlier layouts, which wrote them for each changed row, stays, gated per session: it steps
+aside for a session that sets :data:`PASS_EVENTS` (every connection of this release does, on
+connect) and keeps writing them for any other, such as a process of an earlier release still
+running during a rolling upgrade. The totals are rows of increments
 (``total`` summed by readers), so concurrent closes never queue on one counter row; passes fold
 them (:data:`COMPACT_TOTALS`).
 ``tsg_migrations`` records each applied migration; a writable open applies the missing ones in
@@ -21,12 +24,13 @@ from task_state_guard import reasons as r
 from task_state_guard import rules
 from task_state_guard.model import TASK_KIND_SQL, InvalidInput, StorageError
 
-from .driver import Conn
+from .driver import PASS_EVENTS, Conn
 
 #: The layout version this release writes (4: the core's data model; 5: reconcile passes
 #: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox; 7: the
-#: totals' kind is the one a person calls the task; 8: the thread column; 9: no row trigger,
-#: each statement writes its own events, totals and verdicts).
+#: totals' kind is the one a person calls the task; 8: the thread column; 9: the row trigger
+#: steps aside for this release's sessions, whose statements write their own events, totals
+#: and verdicts).
 SCHEMA_VERSION = 9
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
@@ -148,10 +152,9 @@ def _v4(s: str) -> list[str]:
     ]
 
 
-#: A transaction-local setting: while it is ``on``, the row trigger of layouts 5 to 8 leaves a
-#: state change's event and totals to the statement that makes the change (a reconcile pass's
-#: set-based statements set it). Layout 9 has no trigger, so nothing sets it any more.
-PASS_EVENTS = "tsg.pass_events"
+#: The row trigger's gate (versions 5 on for a change, 9 on for an insert): it fires only in a
+#: session that has not set :data:`PASS_EVENTS` to ``on``.
+_GATE = f"WHEN (current_setting('{PASS_EVENTS}', true) IS DISTINCT FROM 'on')"
 
 
 def _v5(s: str) -> list[str]:
@@ -164,9 +167,7 @@ def _v5(s: str) -> list[str]:
         f"ALTER TABLE {q}.tsg_tasks SET (fillfactor = 80)",
         f"DROP TRIGGER tsg_event_changed ON {q}.tsg_tasks",
         f"CREATE TRIGGER tsg_event_changed AFTER UPDATE OF status, delivery_status "
-        f"ON {q}.tsg_tasks FOR EACH ROW "
-        f"WHEN (current_setting('{PASS_EVENTS}', true) IS DISTINCT FROM 'on') "
-        f"EXECUTE FUNCTION {q}.tsg_write_event()",
+        f"ON {q}.tsg_tasks FOR EACH ROW {_GATE} EXECUTE FUNCTION {q}.tsg_write_event()",
     ]
 
 
@@ -213,16 +214,19 @@ def _v7_event_function(q: str) -> str:
 
 
 def _v9(s: str) -> list[str]:
-    """Version 9: no row trigger. Every statement that changes a state writes the changed
+    """Version 9: every statement of this release that changes a state writes the changed
     rows' events, totals and verdicts itself (:mod:`.writes`: a data-modifying sub-statement
-    beside the change), as reconcile passes already did; the per-row trigger call (about a
-    sixth of a guarded job's server time) is gone. Nothing stored changes: the events, totals
-    and verdicts written so far stay as they are."""
+    beside the change), as reconcile passes already did, and the row trigger steps aside for
+    it: the insert trigger gains the gate the change trigger has had since version 5, and this
+    release sets :data:`PASS_EVENTS` for its whole session on connect. The per-row trigger call
+    (about a sixth of a guarded job's server time) is gone for this release; a process of an
+    earlier release, which does not set it, still has its changes' rows written by the trigger,
+    so a fleet upgrades worker by worker. Nothing stored changes."""
     q = f'"{s}"'
     return [
         f"DROP TRIGGER tsg_event_created ON {q}.tsg_tasks",
-        f"DROP TRIGGER tsg_event_changed ON {q}.tsg_tasks",
-        f"DROP FUNCTION {q}.tsg_write_event()",
+        f"CREATE TRIGGER tsg_event_created AFTER INSERT ON {q}.tsg_tasks FOR EACH ROW "
+        f"{_GATE} EXECUTE FUNCTION {q}.tsg_write_event()",
     ]
 
 
@@ -233,8 +237,8 @@ MIGRATIONS: dict[int, Callable[[str], list[str]]] = {
 OUTBOX_VERSION = 6
 #: The first version with the thread column.
 THREAD_VERSION = 8
-#: The first version without the row trigger.
-TRIGGERLESS_VERSION = 9
+#: The first version whose row trigger steps aside for this release's sessions.
+GATED_VERSION = 9
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
@@ -270,7 +274,7 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
 
 # The exact layout of this release, which any open (and doctor) checks a current schema
 # against: the columns (table, column, type, nullable), the indexes of the ledger's tables, the
-# triggers on them (none) and the functions of the schema (none).
+# triggers on them (each gated) and the event function's body.
 _COLUMNS = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
     WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
         'tsg_verdicts')
@@ -314,38 +318,51 @@ _TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigg
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
     ORDER BY 1, 2"""
-_EXPECTED_TRIGGERS: list[tuple[str, str, str]] = []
-_FUNCTIONS = """SELECT p.proname FROM pg_catalog.pg_proc p
-    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-    WHERE n.nspname = %(schema)s"""
-
-
-#: The row trigger every earlier version (3 to 8) kept, enabled: what wrote its events.
+#: The row trigger, enabled (every version keeps it; a trigger dropped or disabled by hand
+#: would lose an earlier release's events silently).
 _ROW_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"), ("tsg_tasks", "tsg_event_created", "O")]
+# Whether a trigger is gated (as :data:`_GATE` reads back; an ungated one would write a second
+# event beside this release's statements).
+_GATED = f"""SELECT g.tgname FROM pg_catalog.pg_trigger g
+    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
+    AND pg_catalog.pg_get_triggerdef(g.oid) LIKE %(gate)s ORDER BY 1"""
+_GATE_PATTERN = (f"% WHEN ((current_setting('{PASS_EVENTS}'::text, true) IS DISTINCT FROM "
+                 "'on'::text)) EXECUTE FUNCTION %")
+_EVENT_FUNCTION = """SELECT p.prosrc FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = %(schema)s AND p.proname = 'tsg_write_event'"""
 
 
 def row_trigger_intact(conn: Conn, schema: str) -> bool:
     """True when an earlier version's schema still has its row trigger, enabled, and no other
-    (checked before it is migrated past it: version 9 drops the trigger, after which a schema
-    whose trigger was dropped or disabled by hand, and whose changes since then lack their
-    events, could no longer be told apart)."""
+    (checked before it is migrated: version 9 recreates the insert trigger, after which one
+    dropped or disabled by hand, whose inserts since then lack their events, could no longer
+    be told apart)."""
     return [tuple(row) for row in conn.run(_TRIGGERS, {"schema": schema}).fetchall()] == (
         _ROW_TRIGGERS)
 
 
 def layout_ok(conn: Conn, schema: str) -> bool:
     """True when the schema's ledger tables are exactly this release's layout: their columns,
-    indexes (by name), no trigger on them and no function in the schema. A schema edited by
-    hand (a column added or retyped, an index dropped or added, a trigger or a function added:
-    one that changed rows behind the statements' backs) is not."""
+    indexes (by name), enabled triggers (no others, each gated) and the event function's body.
+    A schema edited by hand (a trigger dropped, disabled or ungated, a column added or retyped,
+    an index or a trigger added, the function replaced) is not."""
     args = {"schema": schema}
     if [tuple(row) for row in conn.run(_COLUMNS, args).fetchall()] != _EXPECTED_COLUMNS:
         return False
     if [row[0] for row in conn.run(_INDEXES, args).fetchall()] != _EXPECTED_INDEXES:
         return False
-    if [tuple(row) for row in conn.run(_TRIGGERS, args).fetchall()] != _EXPECTED_TRIGGERS:
+    if [tuple(row) for row in conn.run(_TRIGGERS, args).fetchall()] != _ROW_TRIGGERS:
         return False
-    return conn.run(_FUNCTIONS, args).fetchall() == []
+    gated = conn.run(_GATED, {**args, "gate": _GATE_PATTERN}).fetchall()
+    if [row[0] for row in gated] != [name for _, name, _ in _ROW_TRIGGERS]:
+        return False
+    body = _v7_event_function(f'"{schema}"')
+    return [row[0] for row in conn.run(_EVENT_FUNCTION, args).fetchall()] == [
+        body.split("$fn$")[1]
+    ]
 
 
 def prepare(
@@ -398,7 +415,7 @@ def prepare(
                 "(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
             )
         pending = [n for n in sorted(MIGRATIONS) if version is None or n > version]
-        if (version is not None and version < TRIGGERLESS_VERSION
+        if (version is not None and version < GATED_VERSION
                 and not row_trigger_intact(conn, schema)):  # edited by hand before
             if check:
                 raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)

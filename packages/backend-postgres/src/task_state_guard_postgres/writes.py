@@ -1,4 +1,4 @@
-"""What a state change owes, written by the statement that makes it (layout 9: no row trigger).
+"""What a state change owes, written by the statement that makes it (layout 9).
 
 A statement that changes task states (a transition, *begin* or *end attempt*, a reconcile
 pass's closes) names the rows it changed in a sub-statement (``WITH w AS (UPDATE ...
@@ -9,7 +9,9 @@ row passes its rule's ``present`` condition before it counts, so a source may ho
 made other transitions (the delivery of a close that left it pending writes nothing). The
 statement's own guard keeps every source row to one that made the transition in this
 statement (the row was active, or its delivery pending, before), which is what the row
-trigger of earlier layouts compared ``OLD`` with ``NEW`` for.
+trigger compares ``OLD`` with ``NEW`` for. The trigger stays, and steps aside for this release's
+sessions (they set ``driver.PASS_EVENTS`` on connect), so that it writes these rows only for a
+process of an earlier release still running during a rolling upgrade.
 """
 
 from __future__ import annotations
