@@ -321,13 +321,12 @@ _TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigg
 #: The row trigger, enabled (every version keeps it; a trigger dropped or disabled by hand
 #: would lose an earlier release's events silently).
 _ROW_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"), ("tsg_tasks", "tsg_event_created", "O")]
-# Whether a trigger is gated (as :data:`_GATE` reads back; an ungated one would write a second
-# event beside this release's statements).
-_GATED = f"""SELECT g.tgname FROM pg_catalog.pg_trigger g
-    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
-    AND pg_catalog.pg_get_triggerdef(g.oid) LIKE %(gate)s ORDER BY 1"""
+# The triggers as :data:`_TRIGGERS` lists them, and whether each is gated (its definition as
+# the server reads :data:`_GATE` back; an ungated one would write a second event beside this
+# release's statements).
+_GATED_TRIGGERS = _TRIGGERS.replace(
+    "g.tgenabled FROM", "g.tgenabled, pg_catalog.pg_get_triggerdef(g.oid) LIKE %(gate)s FROM")
+_EXPECTED_TRIGGERS = [(*trigger, True) for trigger in _ROW_TRIGGERS]
 _GATE_PATTERN = (f"% WHEN ((current_setting('{PASS_EVENTS}'::text, true) IS DISTINCT FROM "
                  "'on'::text)) EXECUTE FUNCTION %")
 _EVENT_FUNCTION = """SELECT p.prosrc FROM pg_catalog.pg_proc p
@@ -354,10 +353,8 @@ def layout_ok(conn: Conn, schema: str) -> bool:
         return False
     if [row[0] for row in conn.run(_INDEXES, args).fetchall()] != _EXPECTED_INDEXES:
         return False
-    if [tuple(row) for row in conn.run(_TRIGGERS, args).fetchall()] != _ROW_TRIGGERS:
-        return False
-    gated = conn.run(_GATED, {**args, "gate": _GATE_PATTERN}).fetchall()
-    if [row[0] for row in gated] != [name for _, name, _ in _ROW_TRIGGERS]:
+    triggers = conn.run(_GATED_TRIGGERS, {**args, "gate": _GATE_PATTERN}).fetchall()
+    if [tuple(row) for row in triggers] != _EXPECTED_TRIGGERS:
         return False
     body = _v7_event_function(f'"{schema}"')
     return [row[0] for row in conn.run(_EVENT_FUNCTION, args).fetchall()] == [
