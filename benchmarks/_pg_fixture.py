@@ -69,14 +69,10 @@ def build(url: str, size: int, *, lost_share: float = 0.15, vacuum: bool = False
         blocks = size // 20
         seq = int(first[0])
         started = time.perf_counter()
-        # Up to layout 8 PostgreSQL's insert trigger writes the created event alone (a SQLite
-        # build earlier in the same process may have set scale's flag for its own layout's
-        # trigger); from layout 9 (no trigger) the loader writes it too.
+        # PostgreSQL's insert trigger writes the created event alone: this plain session does
+        # not set the trigger's gate (a SQLite build earlier in the same process may have set
+        # scale's flag for its own layout's trigger).
         sqlite_flag, scale.INSERT_WRITES_STARTED = scale.INSERT_WRITES_STARTED, False
-        triggered = conn.execute(
-            "SELECT count(*) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid "
-            "WHERE c.oid = 'tsg_tasks'::regclass AND NOT g.tgisinternal").fetchone()
-        created = triggered is not None and triggered[0] == 0
         for start in range(0, blocks, BATCH_BLOCKS):
             rows: list[tuple[object, ...]] = []
             events: list[tuple[object, ...]] = []
@@ -84,8 +80,6 @@ def build(url: str, size: int, *, lost_share: float = 0.15, vacuum: bool = False
                 lost = lost_in_block(block, lost_share)
                 for stored in scale.block_rows(now, block, blocks, live[0], dead, lost):
                     rows.append((seq, *stored))
-                    if created:
-                        events.append((seq, 1, "created", "queued", "created", stored[8]))
                     events.extend((seq, *e) for e in scale.later_events(stored))
                     seq += 1
             with conn.cursor() as cur:
