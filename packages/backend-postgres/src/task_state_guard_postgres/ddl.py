@@ -313,7 +313,10 @@ _EXPECTED_INDEXES = [
     "tsg_tasks_open", "tsg_tasks_parent", "tsg_tasks_pkey", "tsg_tasks_prunable",
     rules.THREAD_INDEX, "tsg_verdicts_pending", "tsg_verdicts_pkey",
 ]
-_TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigger g
+# The triggers on the ledger's tables: each one's table, name, enabled mark, and whether it is
+# gated (its definition as the server reads :data:`_GATE` back, ``gate``: :data:`_GATE_PATTERN`).
+_TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled,
+        pg_catalog.pg_get_triggerdef(g.oid) LIKE %(gate)s FROM pg_catalog.pg_trigger g
     JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
@@ -321,11 +324,7 @@ _TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigg
 #: The row trigger, enabled (every version keeps it; a trigger dropped or disabled by hand
 #: would lose an earlier release's events silently).
 _ROW_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"), ("tsg_tasks", "tsg_event_created", "O")]
-# The triggers as :data:`_TRIGGERS` lists them, and whether each is gated (its definition as
-# the server reads :data:`_GATE` back; an ungated one would write a second event beside this
-# release's statements).
-_GATED_TRIGGERS = _TRIGGERS.replace(
-    "g.tgenabled FROM", "g.tgenabled, pg_catalog.pg_get_triggerdef(g.oid) LIKE %(gate)s FROM")
+# Both gated (an ungated one would write a second event beside this release's statements).
 _EXPECTED_TRIGGERS = [(*trigger, True) for trigger in _ROW_TRIGGERS]
 _GATE_PATTERN = (f"% WHEN ((current_setting('{PASS_EVENTS}'::text, true) IS DISTINCT FROM "
                  "'on'::text)) EXECUTE FUNCTION %")
@@ -339,8 +338,8 @@ def row_trigger_intact(conn: Conn, schema: str) -> bool:
     (checked before it is migrated: version 9 recreates the insert trigger, after which one
     dropped or disabled by hand, whose inserts since then lack their events, could no longer
     be told apart)."""
-    return [tuple(row) for row in conn.run(_TRIGGERS, {"schema": schema}).fetchall()] == (
-        _ROW_TRIGGERS)
+    triggers = conn.run(_TRIGGERS, {"schema": schema, "gate": _GATE_PATTERN}).fetchall()
+    return [tuple(row[:3]) for row in triggers] == _ROW_TRIGGERS
 
 
 def layout_ok(conn: Conn, schema: str) -> bool:
@@ -353,7 +352,7 @@ def layout_ok(conn: Conn, schema: str) -> bool:
         return False
     if [row[0] for row in conn.run(_INDEXES, args).fetchall()] != _EXPECTED_INDEXES:
         return False
-    triggers = conn.run(_GATED_TRIGGERS, {**args, "gate": _GATE_PATTERN}).fetchall()
+    triggers = conn.run(_TRIGGERS, {**args, "gate": _GATE_PATTERN}).fetchall()
     if [tuple(row) for row in triggers] != _EXPECTED_TRIGGERS:
         return False
     body = _v7_event_function(f'"{schema}"')
