@@ -69,8 +69,9 @@ def build(url: str, size: int, *, lost_share: float = 0.15, vacuum: bool = False
         blocks = size // 20
         seq = int(first[0])
         started = time.perf_counter()
-        # PostgreSQL's insert trigger writes the created event alone (a SQLite build earlier in
-        # the same process may have set scale's flag for its own layout's trigger).
+        # PostgreSQL's insert trigger writes the created event alone: this plain session does
+        # not set the trigger's gate (a SQLite build earlier in the same process may have set
+        # scale's flag for its own layout's trigger).
         sqlite_flag, scale.INSERT_WRITES_STARTED = scale.INSERT_WRITES_STARTED, False
         for start in range(0, blocks, BATCH_BLOCKS):
             rows: list[tuple[object, ...]] = []

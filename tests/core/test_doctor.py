@@ -15,7 +15,6 @@ from core_helpers import (
     assert_json_line,
     contradicted_jobs,
     insert_event,
-    is_sqlite,
     raw_execute,
     run_cli,
 )
@@ -85,8 +84,8 @@ def test_healthy_doctor(db: str) -> None:
     assert report["ok"] is True and report["healthy"] is True
     assert report["task_count"] == 5
     assert report["event_count"] == 1 + 2 + 3 + 4 + 2
-    assert Ledger.SCHEMA_VERSION == 9  # each backend reports its own layout: PostgreSQL's is 8
-    assert report["schema_version"] == (9 if is_sqlite(db) else 8)
+    assert Ledger.SCHEMA_VERSION == 9  # each backend reports its own layout
+    assert report["schema_version"] == 9  # SQLite layout 9, PostgreSQL layout 9
     assert report["schema_ok"] is True and report["quick_check"] == "ok"
     assert all(type(report[k]) is int and report[k] == 0 for k in COUNT_KEYS)
     assert report["warnings"] == dict.fromkeys(WARNING_KEYS, 0)

@@ -19,6 +19,7 @@ import pytest
 import task_state_guard_postgres.attempts as pg_attempts
 import task_state_guard_postgres.queries as pg_queries
 import task_state_guard_postgres.transitions as pg_transitions
+import task_state_guard_postgres.writes as pg_writes
 from task_state_guard import model, rules
 from task_state_guard.integration import codes
 from task_state_guard.ops import doctor
@@ -51,7 +52,13 @@ def test_transition_statements_are_the_shared_ones(which: str) -> None:
             def numbered(n: str, names: tuple[str, ...] = prepared.names) -> str:
                 return f"${names.index(n) + 1}::{module.TYPES[n]}"
 
-            assert transitions.statement(numbered, name) == prepared.text, name
+            # the shared statement's change, as a sub-statement beside what its rows owe
+            assert module._writing(numbered, name) == prepared.text, name
+            change = transitions.guarded_statement(
+                numbered, "start" if name == "start_seq" else name)
+            assert change.removesuffix(" RETURNING seq") in prepared.text, name
+            for kind in module.OWES.get(name, ()):
+                assert rules.event_select(rules.EVENTS_BY_KIND[kind], "w") in prepared.text
     else:
         assert shared == module._STATEMENTS
     assert transitions.guarded(mark)["heartbeat"] == module._HEARTBEAT
@@ -95,9 +102,12 @@ def test_shared_queries_are_rendered_per_backend(which: str) -> None:
 
 def test_pass_writes_count_totals_by_the_rule() -> None:
     for name, total in (("time_out", "closed"), ("close_delivery", "delivery")):
-        values = ", ".join(rules.TOTAL_RULES[total].values(""))
-        assert f"INSERT INTO tsg_totals({rules.TOTALS_COLUMNS}) SELECT {values}, count(*)" in (
-            pg_queries.PASS_WRITES[name])
+        increments = rules.TOTAL_RULES[total].increments("u")
+        assert f"{rules.TOTALS_INSERT}{increments}" in pg_queries.PASS_WRITES[name]
+    # a guarded job's end counts both closes by the same rules
+    end = pg_attempts.END[False, True, True].text
+    for total in ("closed", "delivery"):
+        assert rules.TOTAL_RULES[total].increments("c") in end
     assert rules.TOTALS_SELECT.count("UNION ALL") == 1
     for total in rules.TOTAL_RULES.values():
         assert total.rule.present.sql() in rules.TOTALS_SELECT
@@ -115,7 +125,7 @@ _RULE_SPELLINGS = {
 #: kept as their layouts wrote them).
 _STATEMENT_MODULES: list[ModuleType] = [
     sqlite_transitions, sqlite_attempts, sqlite_queries, pg_transitions, pg_attempts,
-    pg_queries, transitions, queries,
+    pg_queries, pg_writes, transitions, queries,
 ]
 
 

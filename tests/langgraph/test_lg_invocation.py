@@ -289,7 +289,7 @@ def test_statements_per_invocation_on_postgresql(
     kinds = [s.split()[0].upper() for s in statements]
     assert kinds == ["WITH", "BEGIN", "WITH", "WITH", "COMMIT"], statements
     assert "INSERT INTO tsg_tasks" in statements[2] and "'queued'" in statements[2]
-    assert "UPDATE tsg_tasks" in statements[3] and "INSERT" not in statements[3]
+    assert "UPDATE tsg_tasks" in statements[3] and "INSERT INTO tsg_tasks" not in statements[3]
     ok = ("succeeded", "worker_completed", ())
     assert shape(tree(ledger, app.logical_task_id("st"))) == (
         "LangGraph", "succeeded", "completed",

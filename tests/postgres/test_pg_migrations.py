@@ -17,7 +17,7 @@ EVERY_MIGRATION = [(n,) for n in sorted(MIGRATIONS)]
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 8
+        assert ledger.schema_version == SCHEMA_VERSION == 9
         ledger.create_task()
     with Ledger(pg_url) as again:  # a second open migrates nothing
         assert again.schema_version == SCHEMA_VERSION
@@ -28,7 +28,7 @@ def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
 def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
     start = time.time() + 2.0
     procs = [workers.start("open", pg_url, start) for _ in range(4)]
-    assert [workers.finish(p)["schema_version"] for p in procs] == [8, 8, 8, 8]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [9, 9, 9, 9]
     assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
     with Ledger(pg_url) as ledger:
         assert ledger.doctor()["healthy"] is True
@@ -37,7 +37,7 @@ def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> N
 def test_a_newer_schema_is_refused(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (9, 0)")
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (10, 0)")
     for read_only in (False, True):
         with pytest.raises(StorageError) as err:
             Ledger(pg_url, read_only=read_only)
@@ -57,7 +57,7 @@ def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
     assert tables == []  # no table, no migrations row: all of it or nothing
     sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
     with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
-        assert ledger.schema_version == 8
+        assert ledger.schema_version == 9
 
 
 def test_a_foreign_schema_is_refused_and_doctor_says_so(
@@ -74,24 +74,36 @@ def test_a_foreign_schema_is_refused_and_doctor_says_so(
     assert '"schema_ok":false' in out and '"healthy":false' in out
 
 
+_NOOP = ("CREATE FUNCTION tsg_noop() RETURNS trigger LANGUAGE plpgsql "
+         "AS $fn$ BEGIN RETURN NULL; END $fn$")
+
+
 @pytest.mark.parametrize("tamper", [
-    "DROP TRIGGER tsg_event_changed ON tsg_tasks",
-    "ALTER TABLE tsg_tasks DISABLE TRIGGER tsg_event_created",
     "ALTER TABLE tsg_tasks ADD COLUMN note text",
     "ALTER TABLE tsg_events ALTER COLUMN code TYPE varchar(40)",
     "CREATE INDEX extra ON tsg_tasks(created_at)",
-    "CREATE TRIGGER extra AFTER INSERT ON tsg_events FOR EACH ROW "
-    "EXECUTE FUNCTION tsg_write_event()",
+    "DROP INDEX tsg_tasks_open",
+    f"{_NOOP}; CREATE TRIGGER extra AFTER INSERT ON tsg_events FOR EACH ROW "
+    "EXECUTE FUNCTION tsg_noop()",
+    f"{_NOOP}; CREATE TRIGGER extra AFTER UPDATE ON tsg_tasks FOR EACH ROW "
+    "EXECUTE FUNCTION tsg_noop(); ALTER TABLE tsg_tasks DISABLE TRIGGER extra",
+    "DROP TRIGGER tsg_event_changed ON tsg_tasks",
+    "ALTER TABLE tsg_tasks DISABLE TRIGGER tsg_event_created",
+    # ungated, it would write a second event beside this release's own statements
+    "DROP TRIGGER tsg_event_created ON tsg_tasks; CREATE TRIGGER tsg_event_created "
+    "AFTER INSERT ON tsg_tasks FOR EACH ROW EXECUTE FUNCTION tsg_write_event()",
     "CREATE OR REPLACE FUNCTION tsg_write_event() RETURNS trigger LANGUAGE plpgsql "
     "AS $fn$ BEGIN RETURN NULL; END $fn$",
-], ids=["trigger_dropped", "trigger_disabled", "column_added", "column_retyped",
-        "index_added", "trigger_added", "function_replaced"])
+], ids=["column_added", "column_retyped", "index_added", "index_dropped", "trigger_added",
+        "disabled_trigger_added", "trigger_dropped", "trigger_disabled", "trigger_ungated",
+        "function_replaced"])
 def test_a_hand_edited_schema_is_refused_as_sqlite_refuses_an_edited_file(
     pg_url: str, tamper: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Any open refuses a current schema whose layout is not exactly this release's (a
-    trigger that no longer writes the events would otherwise lose them silently); doctor
-    reports it, and nothing is written."""
+    """Any open refuses a current schema whose layout is not exactly this release's (a row
+    trigger that no longer writes an earlier release's events would lose them silently, an
+    ungated one would write this release's twice, one added by hand could change rows behind
+    the statements' backs); doctor reports it, and nothing is written."""
     with Ledger(pg_url) as ledger:
         ledger.create_task(name="kept")
         assert ledger.doctor()["schema_ok"] is True
@@ -118,14 +130,22 @@ def test_an_edited_older_schema_is_refused_and_left_unmigrated(pg_url: str) -> N
     whole transaction rolls back (the version and the rows stay as they were)."""
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    # Back to version 7 (without the thread column), then edited.
-    sql(pg_url, "DELETE FROM tsg_migrations WHERE version = 8")
+    # Back to version 7 (without the thread column, with the row trigger), then edited.
+    schema = schema_of(pg_url)
+    sql(pg_url, "DELETE FROM tsg_migrations WHERE version >= 8")
     sql(pg_url, "ALTER TABLE tsg_tasks DROP COLUMN thread_id")
-    sql(pg_url, "DROP TRIGGER tsg_event_created ON tsg_tasks")
+    sql(pg_url, "DROP TRIGGER tsg_event_created ON tsg_tasks")  # ungated as version 7 had it
+    sql(pg_url, MIGRATIONS[3](schema)[-2])
+    sql(pg_url, "CREATE INDEX extra ON tsg_tasks(created_at)")
     with pytest.raises(StorageError) as err:
         Ledger(pg_url)
     assert err.value.reason == "foreign_schema"
     assert sql(pg_url, "SELECT max(version) FROM tsg_migrations") == [(7,)]
+    # the migration to 9 rolled back too: the insert trigger is still ungated
+    assert sql(pg_url, "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                       "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                       "AND NOT t.tgisinternal AND pg_get_triggerdef(t.oid) LIKE %s ORDER BY 1",
+               (schema, "%WHEN%")) == [("tsg_event_changed",)]
     columns = sql(pg_url, "SELECT column_name FROM information_schema.columns "
                           "WHERE table_schema = %s AND column_name = 'thread_id'",
                   (schema_of(pg_url),))
@@ -158,7 +178,7 @@ def test_stale_ledger_schemas_are_dropped_and_fresh_ones_kept(pg_url: str) -> No
             drop_schema(url)
 
 
-def test_a_version_3_ledger_migrates_to_7_with_its_totals(pg_url: str) -> None:
+def test_a_version_3_ledger_migrates_with_its_totals(pg_url: str) -> None:
     schema = schema_of(pg_url)
     sql(pg_url, f'CREATE SCHEMA "{schema}"')
     sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
@@ -177,11 +197,11 @@ def test_a_version_3_ledger_migrates_to_7_with_its_totals(pg_url: str) -> None:
                     "VALUES (%s, %s, %s, 1, 'pending', 1.0, %s, 1.0, 2.0)",
             (tid, status, code, ended))
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == 8
+        assert ledger.schema_version == 9
         seeded = ledger.status()["outcomes_total"]["task"]  # the two closed tasks it held
         assert seeded["succeeded"]["worker_completed"] == 1 and seeded["failed"][""] == 1
         assert seeded["cancelled"].get("", 0) == 0
-        ledger.close_task(rows[2][0], "cancelled")  # counted by the new trigger
+        ledger.close_task(rows[2][0], "cancelled")  # counted by the close's own statement
         ledger.close_task(ledger.create_task().id, "cancelled")
         assert ledger.status()["outcomes_total"]["task"]["cancelled"][""] == 2
         assert ledger.doctor()["schema_ok"] is True
@@ -191,7 +211,7 @@ def test_a_version_3_ledger_migrates_to_7_with_its_totals(pg_url: str) -> None:
     assert sql(pg_url, "SELECT total FROM tsg_totals WHERE state = 'cancelled'") == [(2,)]
 
 
-def test_a_version_4_ledger_migrates_to_7_and_its_pass_writes_every_event(pg_url: str) -> None:
+def test_a_version_4_ledger_migrates_and_its_pass_writes_every_event(pg_url: str) -> None:
     schema = schema_of(pg_url)
     sql(pg_url, f'CREATE SCHEMA "{schema}"')
     sql(pg_url, f'CREATE TABLE "{schema}".tsg_migrations '
@@ -213,13 +233,13 @@ def test_a_version_4_ledger_migrates_to_7_and_its_pass_writes_every_event(pg_url
                        "AND pg_get_triggerdef(t.oid) LIKE %s",
                (schema, "%WHEN%")) == []
     with Ledger(pg_url, clock=lambda: 10_000.0) as ledger:
-        assert ledger.schema_version == 8
+        assert ledger.schema_version == 9
         assert ledger.doctor()["healthy"] is True
         report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60,
                                                   delivery_grace_seconds=0))
         assert report["tasks_timed_out"] == 1 and report["deliveries_failed"] == 1
         other = ledger.create_task()
-        ledger.close_task(other.id, "cancelled")  # the trigger writes this one's events
+        ledger.close_task(other.id, "cancelled")  # the close writes this one's events
         assert ledger.doctor()["healthy"] is True
         totals = ledger.status()
         assert totals["outcomes_total"]["task"]["timed_out"]["restart_stale"] == 1
@@ -236,11 +256,11 @@ def test_a_version_4_ledger_migrates_to_7_and_its_pass_writes_every_event(pg_url
                        "AND c.relname = 'tsg_tasks'", (schema,)) == [(["fillfactor=80"],)]
 
 
-def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url: str) -> None:
+def test_a_version_5_ledger_migrates_and_owes_verdicts_from_then_on(pg_url: str) -> None:
     """The previous release's layout gains the verdict outbox in one transaction; a job opened
     before it has no framework label (nothing is backfilled), one opened after owes its
-    framework a verdict when a reconcile pass (the set-based statement) or a plain close (the
-    row trigger) declares it lost."""
+    framework a verdict when a reconcile pass (the set-based statement) or a plain close (its
+    own statement) declares it lost."""
     import logging
 
     from task_state_guard.integration import AdapterRuntime, AttemptSpec, resolve_settings
@@ -261,7 +281,7 @@ def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url:
     sql(pg_url, "INSERT INTO tsg_events VALUES (1, 2, 'started', 'running', 'started', 1.0)")
     clock = [10_000.0]
     with Ledger(pg_url, clock=lambda: clock[0]) as ledger:
-        assert ledger.schema_version == 8
+        assert ledger.schema_version == 9
         assert ledger.doctor()["healthy"] is True
         settings = resolve_settings(db_required=False, heartbeat_seconds=0)
         rt = AdapterRuntime(settings, logger=logging.getLogger("test"), ledger=ledger,
@@ -273,7 +293,7 @@ def test_a_version_5_ledger_migrates_to_7_and_owes_verdicts_from_then_on(pg_url:
             jobs.append((logical, rt.claim_attempt(AttemptSpec(logical, "job"))))
         (closed, closed_attempt), (passed, _) = jobs
         rt.close_tasks([(closed_attempt, "timed_out", "owner_lost", True),
-                        (closed, "timed_out", "owner_lost", False)])  # the row trigger
+                        (closed, "timed_out", "owner_lost", False)])  # the end's statement
         clock[0] += 1000
         report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60))  # the pass
         assert report["tasks_timed_out"] == 3  # the old task, the other job and its attempt

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from pg_helpers import sql
-from task_state_guard import Ledger, ReconcilePolicy
+from task_state_guard import Ledger, ReconcilePolicy, rules
 from task_state_guard.ops import status as core_status
 from task_state_guard_postgres.driver import Conn
 from task_state_guard_postgres.queries import PostgresQueries
@@ -55,24 +55,33 @@ def _mixed_ledger(url: str, clock: Clock) -> None:
 
 
 class _PerRow(PostgresQueries):
-    """The PostgreSQL queries with a pass's closes sent one statement per row (the row
-    trigger writes their events, totals and verdicts), as SQLite sends them."""
+    """The PostgreSQL queries with a pass's closes sent one statement per row, as SQLite
+    sends them: each row's change, then its event, total and verdict by the rules
+    (``rules.expected_events``, ``rules.TOTAL_RULES``), written one at a time."""
 
     @staticmethod
     def close_lost(conn: Conn, timeouts: list[tuple[str, float, int]],
                    deliveries: list[tuple[str, str, float, int]]) -> None:
-        if timeouts:
-            conn.run_many(
-                "UPDATE tsg_tasks SET status = 'timed_out', terminal_code = %(code)s, "
-                "ended_at = %(at)s, updated_at = %(at)s, version = version + 1 "
-                "WHERE seq = %(seq)s",
-                [{"code": code, "at": at, "seq": seq} for code, at, seq in timeouts])
-        if deliveries:
-            conn.run_many(
-                "UPDATE tsg_tasks SET delivery_status = %(state)s, delivery_code = %(code)s, "
-                "delivery_updated_at = %(at)s, version = version + 1 WHERE seq = %(seq)s",
-                [{"state": state, "code": code, "at": at, "seq": seq}
-                 for state, code, at, seq in deliveries])
+        changes = [
+            ("UPDATE tsg_tasks SET status = 'timed_out', terminal_code = %(code)s, "
+             "ended_at = %(at)s, updated_at = %(at)s, version = version + 1 WHERE seq = %(seq)s",
+             {"code": code, "at": at, "seq": seq}, "closed") for code, at, seq in timeouts
+        ] + [
+            ("UPDATE tsg_tasks SET delivery_status = %(state)s, delivery_code = %(code)s, "
+             "delivery_updated_at = %(at)s, version = version + 1 WHERE seq = %(seq)s",
+             {"state": state, "code": code, "at": at, "seq": seq}, "delivery")
+            for state, code, at, seq in deliveries
+        ]
+        for change, params, kind in changes:
+            conn.run(change, params)
+            rule = rules.EVENTS_BY_KIND[kind]
+            source = f"(SELECT * FROM tsg_tasks WHERE seq = {int(params['seq'])}) AS r"
+            conn.run(rules.event_insert_select(rule, source))
+            conn.run(rules.TOTAL_RULES[kind].insert(source))
+            if kind == "closed":
+                conn.run("INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
+                         f"SELECT seq, framework, 'pending', ended_at FROM {source} "
+                         f"WHERE {rules.close_owes_verdict()}")
 
 
 @pytest.mark.parametrize("grace", [0.0, 30.0, 10_000.0])
@@ -167,8 +176,7 @@ def test_reconcile_batches_write_what_one_statement_per_row_writes(
         assert _rows_and_events(pg_url) == _rows_and_events(twin)
         for url in (pg_url, twin):
             with Ledger(url, clock=Clock(T0 + 9000)) as ledger:
-                # the pass's setting ends with it: a later close on the same connection
-                # gets its event from the trigger again
+                # a later close writes its own event
                 late = ledger.create_task()
                 ledger.close_task(late.id, "cancelled")
                 assert ledger.doctor()["healthy"] is True

@@ -6,10 +6,11 @@ At READ COMMITTED each sub-statement's guard is judged on the row it changes, re
 against a row committed meanwhile when it waited for that row's lock. Every lookup of a task
 names its id (``id = ANY(...)`` beside each join) and no guard can be read as the open-work
 index's predicate, so the generic plan the server keeps for each statement (the driver asks
-for generic plans: no planning per call) never scans open work. Rows inserted already running
-get their ``started`` event from the statement itself (the row trigger writes the ``created``
-one); every update leaves its events, totals and verdicts to the row trigger. A step the
-statement refused is reported, and the ledger explains it one task at a time.
+for generic plans: no planning per call) never scans open work. The statement writes what every
+row it inserts or changes owes (:mod:`.writes`): a row inserted already running its
+``created`` and ``started`` events, a start its ``started`` event, a close its events, totals
+and verdict. A step the statement refused is reported, and the ledger explains it one task at a
+time.
 
 Each write has a statement per shape, the parts a call does not need left out, so the common
 call (a first delivery: no candidate placeholders; a close without a retry to queue or a
@@ -28,6 +29,7 @@ from task_state_guard import rules
 from task_state_guard.store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
 from task_state_guard.store.transitions import Mark
 
+from . import writes
 from .driver import Conn, prepared
 
 #: The type each bound value is cast to (arrays go as one text parameter each, :func:`array`).
@@ -38,6 +40,7 @@ TYPES = {
     "thread": "text",
     "cids": "text[]", "cmake": "boolean[]", "qids": "text[]", "qparents": "text[]",
     "qnames": "text[]", "qtimeouts": "float8[]", "ids": "text[]", "states": "text[]",
+    "id1": "text", "id2": "text",
     "codes": "text[]", "mstates": "text[]", "mcodes": "text[]",
 }
 _RUNNING_COLUMNS = (
@@ -76,7 +79,7 @@ def _logical(v: Mark, startable: str) -> str:
     SELECT {v('lid')}, {v('name')}, 'running', {v('ldr')}, 'pending', {now}, {now},
         {now}, {now}, {v('lowner')}, 1, {v('lfid')}, {v('lfw')}
     WHERE {v('open')} AND {startable}
-    ON CONFLICT (id) DO NOTHING RETURNING seq, started_at),
+    ON CONFLICT (id) DO NOTHING RETURNING seq, created_at, started_at),
 lgu AS (
     UPDATE tsg_tasks SET status = 'running', started_at = {now},
         deadline_at = {now} + timeout_seconds, owner = {v('lowner')},
@@ -84,7 +87,7 @@ lgu AS (
     WHERE {v('open')} AND {startable} AND id = {v('lid')} AND status = 'queued'
         AND {rules.clock_guard('start', now)}
         AND (timeout_seconds IS NULL OR timeout_seconds <= {v('fmax')} - {now})
-    RETURNING seq),
+    RETURNING seq, started_at),
 par AS (
     SELECT seq FROM lg
     UNION ALL SELECT seq FROM tsg_tasks WHERE id = {v('lid')} AND created_at <= {now}),"""
@@ -112,7 +115,7 @@ pick AS (
 ci AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT pick.id, {_attempt_values(v)} FROM pick WHERE pick.status IS NULL
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, created_at, started_at),
 cu AS (
     UPDATE tsg_tasks t SET status = 'running', started_at = {now},
         deadline_at = {now} + t.timeout_seconds, owner = {v('owner')},
@@ -120,7 +123,7 @@ cu AS (
         version = t.version + 1
     FROM pick WHERE pick.status = 'queued' AND t.id = pick.id AND t.status = 'queued'
         AND {rules.clock_guard('start', now, 't.')}
-    RETURNING t.id),"""
+    RETURNING t.id, t.seq, t.started_at),"""
 
 
 def _begin_parts(v: Mark, candidates: bool) -> tuple[str, str]:
@@ -129,12 +132,11 @@ def _begin_parts(v: Mark, candidates: bool) -> tuple[str, str]:
     logical task exists)."""
     fresh = " AND NOT EXISTS (SELECT 1 FROM pick)" if candidates else ""
     inserted = ("lg", "ci", "fr") if candidates else ("lg", "fr")
-    # The started event of every row inserted already running (the rule's own values).
-    started = rules.event_insert_select(
-        rules.EVENTS_BY_KIND["started"],
-        "(" + " UNION ALL ".join(f"SELECT seq, started_at FROM {cte}" for cte in inserted)
-        + ") AS s",
-    )
+    started = ("lgu", "cu") if candidates else ("lgu",)
+    # The created and started events of every row inserted already running, the started
+    # event of every queued row started.
+    owed = writes.events([*(("created", cte) for cte in inserted),
+                          *(("started", cte) for cte in inserted + started)])
     result = "SELECT id FROM ci UNION ALL SELECT id FROM cu UNION ALL " if candidates else ""
     startable = _deadline_fits(v) if candidates else (
         f"{_deadline_fits(v)} AND NOT EXISTS (SELECT 1 FROM tsg_tasks WHERE id = {v('fresh')})")
@@ -143,8 +145,8 @@ fr AS (
     INSERT INTO tsg_tasks({_RUNNING_COLUMNS})
     SELECT {v('fresh')}, {_attempt_values(v)}
     WHERE EXISTS (SELECT 1 FROM par) AND {_deadline_fits(v)}{fresh}
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
-ev AS ({started})"""
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, created_at, started_at),
+ev AS ({owed})"""
     return ctes, f"{result}SELECT id FROM fr"
 
 
@@ -169,8 +171,8 @@ lg AS (
         {v('lfw')}, {v('thread')}
     WHERE {parent} IS NULL OR EXISTS (SELECT 1 FROM tsg_tasks p
         WHERE p.id = {parent} AND p.created_at <= {now})
-    ON CONFLICT (id) DO NOTHING RETURNING seq, id, started_at),
-ev AS ({rules.event_insert_select(rules.EVENTS_BY_KIND["started"], "lg")})
+    ON CONFLICT (id) DO NOTHING RETURNING seq, id, created_at, started_at),
+ev AS ({writes.events([("created", "lg"), ("started", "lg")])})
 SELECT id FROM lg"""
 
 
@@ -187,16 +189,23 @@ def _queue(v: Mark) -> str:
     WHERE EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = u.parent
         AND p.id = ANY({v('qparents')}) AND p.created_at <= {now})
     ORDER BY u.ord
-    ON CONFLICT (id) DO NOTHING RETURNING id),
+    ON CONFLICT (id) DO NOTHING RETURNING id, seq, created_at),
 """
 
 
+#: Most closes an *end attempt* names one by one (``id1``, ``id2``) rather than as an array.
+FEW = 2
+
+
 def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
-               closed: str = "true") -> tuple[str, str]:
+               closed: str = "true", few: bool = False) -> tuple[str, str]:
     """*End attempt*'s sub-statements and its result (id, what, marked: ``what`` is
     ``queued`` for a retry queued, ``closed`` for a close); without ``queue`` the retry's
     insert is left out, without ``marks`` every close leaves a delivering task's delivery
-    pending."""
+    pending; with ``few`` (at most :data:`FEW` closes, the common call) the closed ids are
+    also bound one by one, so that the generic plan finds them through the id index however
+    small the table was when the statement was prepared (an array parameter is planned as ten
+    elements, and a table of a few thousand rows was scanned whole for them)."""
     if marks:
         delivery = "WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END"
         code = "WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END"
@@ -216,6 +225,12 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
     # the planner cannot match to the open-work index's predicate (a generic plan that
     # intersected that index with the ids would scan every open task's entry).
     head = f"SELECT id, {queued}, false FROM q UNION ALL " if queue else ""
+    among = f"ARRAY[{v('id1')}, {v('id2')}]" if few else v("ids")
+    # What the closes owe (their events, totals and verdicts) and the queued rows' created
+    # events.
+    owed = ",\n".join(writes.owed("c", ("closed", "delivery"), prefix="c"))
+    if queue:
+        owed += f",\nqe AS ({writes.events([('created', 'q')])})"
     now = v("now")
     ctes = f"""{_queue(v) if queue else ""}c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {now},
@@ -227,24 +242,25 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
         delivery_updated_at = CASE WHEN {settles} THEN {now} ELSE t.delivery_updated_at END,
         version = t.version + CASE WHEN {settles} THEN 2 ELSE 1 END
     FROM unnest({v('ids')}, {v('states')}, {v('codes')}{values}
-    WHERE t.id = ANY({v('ids')}) AND t.id = v.id AND t.status IN {rules.ACTIVE_SQL}
+    WHERE t.id = ANY({among}) AND t.id = v.id AND t.status IN {rules.ACTIVE_SQL}
         AND coalesce(t.delivery_status = 'pending', false)
         {guard}AND {rules.clock_guard('close_settled', now, 't.')}
-    RETURNING t.id, {marked} AS marked)"""
+    RETURNING t.id, {marked} AS marked, {writes.returning('t.')}),
+{owed}"""
     return ctes, f"{head}SELECT id, {closed}, marked FROM c"
 
 
-def _end_sql(v: Mark, queue: bool, marks: bool) -> str:
+def _end_sql(v: Mark, queue: bool, marks: bool, few: bool) -> str:
     """*End attempt*'s statement."""
-    ctes, result = _end_parts(v, queue, marks)
+    ctes, result = _end_parts(v, queue, marks, few=few)
     return f"WITH\n{ctes}\n{result}"
 
 
-def _boundary_sql(v: Mark, queue: bool, marks: bool, candidates: bool) -> str:
+def _boundary_sql(v: Mark, queue: bool, marks: bool, candidates: bool, few: bool) -> str:
     """A :class:`~task_state_guard.store.attempts.Boundary`'s statement: the end's sub-statements
     and the begin's (under a logical task that exists, so never opening one) side by side;
     rows ``(id, what, marked)`` with ``what`` 0 queued, 1 closed, 2 begun."""
-    end_ctes, ended = _end_parts(v, queue, marks, queued="0", closed="1")
+    end_ctes, ended = _end_parts(v, queue, marks, queued="0", closed="1", few=few)
     begin_ctes, begin_result = _begin_parts(v, candidates)
     return f"""WITH
 {end_ctes},
@@ -259,17 +275,18 @@ BEGIN = {
     candidates: prepared(TYPES, partial(_begin_sql, candidates=candidates))
     for candidates in (False, True)
 }
-#: *End attempt*, by (a retry to queue, a delivery to mark).
+_FLAGS = (False, True)
+#: *End attempt*, by (a retry to queue, a delivery to mark, at most :data:`FEW` closes).
 END = {
-    (queue, marks): prepared(TYPES, partial(_end_sql, queue=queue, marks=marks))
-    for queue in (False, True) for marks in (False, True)
+    (queue, marks, few): prepared(TYPES, partial(_end_sql, queue=queue, marks=marks, few=few))
+    for queue in _FLAGS for marks in _FLAGS for few in _FLAGS
 }
 #: A boundary (*end attempt*, then *begin attempt*), by (a retry to queue, a delivery to mark,
-#: candidate placeholders).
+#: candidate placeholders, at most :data:`FEW` closes).
 BOUNDARY = {
-    (queue, marks, candidates): prepared(
-        TYPES, partial(_boundary_sql, queue=queue, marks=marks, candidates=candidates))
-    for queue in (False, True) for marks in (False, True) for candidates in (False, True)
+    (queue, marks, candidates, few): prepared(
+        TYPES, partial(_boundary_sql, queue=queue, marks=marks, candidates=candidates, few=few))
+    for queue in _FLAGS for marks in _FLAGS for candidates in _FLAGS for few in _FLAGS
 }
 _OPEN_ONLY = prepared(TYPES, _open_only)
 
@@ -320,13 +337,14 @@ def begin(conn: Conn, spec: Begin, now: float) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
-def _end_params(spec: End) -> tuple[dict[str, Any], bool, bool]:
+def _end_params(spec: End) -> tuple[dict[str, Any], bool, bool, bool]:
     closes = spec.closes
     if len({c[0] for c in closes}) != len(closes):  # a task closed twice: the first close
         first = {c[0]: c for c in reversed(closes)}  # wins, the repeat is explained after
         closes = tuple(first[tid] for tid in dict.fromkeys(c[0] for c in closes))
+    ids = [c[0] for c in closes]
     params: dict[str, Any] = {
-        "ids": array([c[0] for c in closes]),
+        "ids": array(ids),
         "states": array([c[1] for c in closes]), "codes": array([c[2] for c in closes]),
     }
     queue = spec.queue
@@ -339,14 +357,17 @@ def _end_params(spec: End) -> tuple[dict[str, Any], bool, bool]:
     if marks:
         params["mstates"] = array([None if c[3] is None else c[3][0] for c in closes])
         params["mcodes"] = array([None if c[3] is None else c[3][1] for c in closes])
-    return params, bool(queue), marks
+    few = len(ids) <= FEW
+    if few:
+        params["id1"], params["id2"] = (*ids, None, None)[:FEW]
+    return params, bool(queue), marks, few
 
 
 def end(conn: Conn, spec: End, now: float) -> Ended:
     """Run *end attempt* as one statement."""
-    params, queue, marks = _end_params(spec)
+    params, queue, marks, few = _end_params(spec)
     params["now"] = now
-    rows = conn.fetch_named(END[queue, marks], params)
+    rows = conn.fetch_named(END[queue, marks, few], params)
     closed = frozenset(str(r[0]) for r in rows if r[1])
     marked = frozenset(str(r[0]) for r in rows if r[1] and r[2])
     queued = frozenset(str(r[0]) for r in rows if not r[1])
@@ -357,9 +378,9 @@ def boundary(conn: Conn, spec: Boundary, now: float) -> tuple[Ended, str | None]
     """Run a boundary (*end attempt*, then *begin attempt* under a logical task that exists)
     as one statement: what the end wrote, and the attempt begun (None when the begin was
     refused; the caller explains)."""
-    params, queue, marks = _end_params(spec.end)
+    params, queue, marks, few = _end_params(spec.end)
     params.update(_begin_params(spec.begin, now))
-    rows = conn.fetch_named(BOUNDARY[queue, marks, bool(spec.begin.candidates)], params)
+    rows = conn.fetch_named(BOUNDARY[queue, marks, bool(spec.begin.candidates), few], params)
     closed = frozenset(str(r[0]) for r in rows if r[1] == 1)
     marked = frozenset(str(r[0]) for r in rows if r[1] == 1 and r[2])
     queued = frozenset(str(r[0]) for r in rows if r[1] == 0)

@@ -1,10 +1,15 @@
 """The ledger's tables in a PostgreSQL schema, and their guarded, transactional migrations.
 
-The layout is the core's SQLite layout 5 (the same columns, states, checks, one event chain
-per task, the outcome totals and the verdict outbox, written by a trigger in the statement that
-changes a state), in a schema of its own, versioned on its own (:data:`SCHEMA_VERSION`). The
-totals are rows of increments (``total`` summed by readers), so
-concurrent closes never queue on one counter row; passes fold them (:data:`COMPACT_TOTALS`).
+The layout holds the core's data model (the same columns, states, checks, one event chain
+per task, the outcome totals and the verdict outbox), in a schema of its own, versioned on its
+own (:data:`SCHEMA_VERSION`). Every statement of this release that changes a state writes
+the changed rows' events, totals and verdicts itself (:mod:`.writes`). The row trigger of the
+earlier layouts, which wrote them for each changed row, stays, gated per session: it steps
+aside for a session that sets :data:`PASS_EVENTS` (every connection of this release does, on
+connect) and keeps writing them for any other, such as a process of an earlier release still
+running during a rolling upgrade. The totals are rows of increments
+(``total`` summed by readers), so concurrent closes never queue on one counter row; passes fold
+them (:data:`COMPACT_TOTALS`).
 ``tsg_migrations`` records each applied migration; a writable open applies the missing ones in
 one transaction under a transaction-level advisory lock (so hosts booting together migrate
 once), and any open refuses a schema newer than this release.
@@ -19,12 +24,14 @@ from task_state_guard import reasons as r
 from task_state_guard import rules
 from task_state_guard.model import TASK_KIND_SQL, InvalidInput, StorageError
 
-from .driver import Conn
+from .driver import PASS_EVENTS, Conn
 
 #: The layout version this release writes (4: the core's data model; 5: reconcile passes
 #: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox; 7: the
-#: totals' kind is the one a person calls the task; 8: the thread column).
-SCHEMA_VERSION = 8
+#: totals' kind is the one a person calls the task; 8: the thread column; 9: the row trigger
+#: steps aside for this release's sessions, whose statements write their own events, totals
+#: and verdicts).
+SCHEMA_VERSION = 9
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -145,12 +152,9 @@ def _v4(s: str) -> list[str]:
     ]
 
 
-#: A transaction-local setting: while it is ``on``, the row trigger leaves a state change's
-#: event and totals to the statement that makes the change. Only a reconcile pass sets it,
-#: for each of its set-based statements, which write the events and totals of exactly the rows
-#: they change (``queries.PASS_WRITES``). A session that sets it on purpose skips events as
-#: one that drops the trigger would; doctor's event-chain check finds either.
-PASS_EVENTS = "tsg.pass_events"
+#: The row trigger's gate (versions 5 on for a change, 9 on for an insert): it fires only in a
+#: session that has not set :data:`PASS_EVENTS` to ``on``.
+_GATE = f"WHEN (current_setting('{PASS_EVENTS}', true) IS DISTINCT FROM 'on')"
 
 
 def _v5(s: str) -> list[str]:
@@ -163,9 +167,7 @@ def _v5(s: str) -> list[str]:
         f"ALTER TABLE {q}.tsg_tasks SET (fillfactor = 80)",
         f"DROP TRIGGER tsg_event_changed ON {q}.tsg_tasks",
         f"CREATE TRIGGER tsg_event_changed AFTER UPDATE OF status, delivery_status "
-        f"ON {q}.tsg_tasks FOR EACH ROW "
-        f"WHEN (current_setting('{PASS_EVENTS}', true) IS DISTINCT FROM 'on') "
-        f"EXECUTE FUNCTION {q}.tsg_write_event()",
+        f"ON {q}.tsg_tasks FOR EACH ROW {_GATE} EXECUTE FUNCTION {q}.tsg_write_event()",
     ]
 
 
@@ -196,7 +198,7 @@ def _v7(s: str) -> list[str]:
     a person calls the task (``model.TASK_KIND_SQL``: a child that owes its own delivery, such
     as a LangGraph resume or recovery run, is a ``task``); the totals counted before keep
     their kind."""
-    return [_current_event_function(f'"{s}"')]
+    return [_v7_event_function(f'"{s}"')]
 
 
 def _v8(s: str) -> list[str]:
@@ -206,18 +208,37 @@ def _v8(s: str) -> list[str]:
     return rules.add_thread_column("postgres", f'"{s}".tsg_tasks')
 
 
-def _current_event_function(q: str) -> str:
-    """This release's event function (the latest migration's ``CREATE OR REPLACE``)."""
+def _v7_event_function(q: str) -> str:
+    """Version 7's event function (the last ``CREATE OR REPLACE`` of the row trigger's)."""
     return _event_function(q, replace=True, totals=True, verdicts=True, kinds=True)
+
+
+def _v9(s: str) -> list[str]:
+    """Version 9: every statement of this release that changes a state writes the changed
+    rows' events, totals and verdicts itself (:mod:`.writes`: a data-modifying sub-statement
+    beside the change), as reconcile passes already did, and the row trigger steps aside for
+    it: the insert trigger gains the gate the change trigger has had since version 5, and this
+    release sets :data:`PASS_EVENTS` for its whole session on connect. The per-row trigger call
+    (about a sixth of a guarded job's server time) is gone for this release; a process of an
+    earlier release, which does not set it, still has its changes' rows written by the trigger,
+    so a fleet upgrades worker by worker. Nothing stored changes."""
+    q = f'"{s}"'
+    return [
+        f"DROP TRIGGER tsg_event_created ON {q}.tsg_tasks",
+        f"CREATE TRIGGER tsg_event_created AFTER INSERT ON {q}.tsg_tasks FOR EACH ROW "
+        f"{_GATE} EXECUTE FUNCTION {q}.tsg_write_event()",
+    ]
 
 
 #: Migration number -> its statements (a function of the schema name), applied in order.
 MIGRATIONS: dict[int, Callable[[str], list[str]]] = {
-    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
 #: The first version with the verdict outbox.
 OUTBOX_VERSION = 6
 #: The first version with the thread column.
 THREAD_VERSION = 8
+#: The first version whose row trigger steps aside for this release's sessions.
+GATED_VERSION = 9
 
 #: Folds the totals' increments into one row per (event, kind, state, code); rows committed
 #: meanwhile are not touched (run by reconcile and prune passes, under their pass lock).
@@ -253,7 +274,7 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
 
 # The exact layout of this release, which any open (and doctor) checks a current schema
 # against: the columns (table, column, type, nullable), the indexes of the ledger's tables, the
-# triggers on them and the event function's body.
+# triggers on them (each gated) and the event function's body.
 _COLUMNS = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
     WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
         'tsg_verdicts')
@@ -292,31 +313,49 @@ _EXPECTED_INDEXES = [
     "tsg_tasks_open", "tsg_tasks_parent", "tsg_tasks_pkey", "tsg_tasks_prunable",
     rules.THREAD_INDEX, "tsg_verdicts_pending", "tsg_verdicts_pkey",
 ]
-_TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled FROM pg_catalog.pg_trigger g
+# The triggers on the ledger's tables: each one's table, name, enabled mark, and whether it is
+# gated (its definition as the server reads :data:`_GATE` back, ``gate``: :data:`_GATE_PATTERN`).
+_TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled,
+        pg_catalog.pg_get_triggerdef(g.oid) LIKE %(gate)s FROM pg_catalog.pg_trigger g
     JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema)s AND c.relname IN {_LEDGER_TABLES} AND NOT g.tgisinternal
     ORDER BY 1, 2"""
-_EXPECTED_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"),
-                      ("tsg_tasks", "tsg_event_created", "O")]
+#: The row trigger, enabled (every version keeps it; a trigger dropped or disabled by hand
+#: would lose an earlier release's events silently).
+_ROW_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"), ("tsg_tasks", "tsg_event_created", "O")]
+# Both gated (an ungated one would write a second event beside this release's statements).
+_EXPECTED_TRIGGERS = [(*trigger, True) for trigger in _ROW_TRIGGERS]
+_GATE_PATTERN = (f"% WHEN ((current_setting('{PASS_EVENTS}'::text, true) IS DISTINCT FROM "
+                 "'on'::text)) EXECUTE FUNCTION %")
 _EVENT_FUNCTION = """SELECT p.prosrc FROM pg_catalog.pg_proc p
     JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
     WHERE n.nspname = %(schema)s AND p.proname = 'tsg_write_event'"""
 
 
+def row_trigger_intact(conn: Conn, schema: str) -> bool:
+    """True when an earlier version's schema still has its row trigger, enabled, and no other
+    (checked before it is migrated: version 9 recreates the insert trigger, after which one
+    dropped or disabled by hand, whose inserts since then lack their events, could no longer
+    be told apart)."""
+    triggers = conn.run(_TRIGGERS, {"schema": schema, "gate": _GATE_PATTERN}).fetchall()
+    return [tuple(row[:3]) for row in triggers] == _ROW_TRIGGERS
+
+
 def layout_ok(conn: Conn, schema: str) -> bool:
     """True when the schema's ledger tables are exactly this release's layout: their columns,
-    indexes (by name), enabled triggers (no others) and the event function's body. A schema
-    edited by hand (a trigger dropped or disabled, a column added or retyped, an index or a
-    trigger added, the function replaced) is not."""
+    indexes (by name), enabled triggers (no others, each gated) and the event function's body.
+    A schema edited by hand (a trigger dropped, disabled or ungated, a column added or retyped,
+    an index or a trigger added, the function replaced) is not."""
     args = {"schema": schema}
     if [tuple(row) for row in conn.run(_COLUMNS, args).fetchall()] != _EXPECTED_COLUMNS:
         return False
     if [row[0] for row in conn.run(_INDEXES, args).fetchall()] != _EXPECTED_INDEXES:
         return False
-    if [tuple(row) for row in conn.run(_TRIGGERS, args).fetchall()] != _EXPECTED_TRIGGERS:
+    triggers = conn.run(_TRIGGERS, {**args, "gate": _GATE_PATTERN}).fetchall()
+    if [tuple(row) for row in triggers] != _EXPECTED_TRIGGERS:
         return False
-    body = _current_event_function(f'"{schema}"')
+    body = _v7_event_function(f'"{schema}"')
     return [row[0] for row in conn.run(_EVENT_FUNCTION, args).fetchall()] == [
         body.split("$fn$")[1]
     ]
@@ -372,6 +411,12 @@ def prepare(
                 "(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
             )
         pending = [n for n in sorted(MIGRATIONS) if version is None or n > version]
+        if (version is not None and version < GATED_VERSION
+                and not row_trigger_intact(conn, schema)):  # edited by hand before
+            if check:
+                raise StorageError(FOREIGN_SCHEMA, reason=r.FOREIGN_SCHEMA)
+            conn.execute("ROLLBACK")
+            return None
         at = now() if pending else 0.0
         for number in pending:
             for statement in MIGRATIONS[number](schema):

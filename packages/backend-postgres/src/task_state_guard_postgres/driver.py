@@ -300,6 +300,11 @@ def _is_write(text: str) -> bool:
     return head in ("INSERT", "UPDATE", "DELETE")
 
 
+#: The session setting that gates the ledger's row trigger (``ddl``): set to ``on`` by every
+#: connection of this release, whose statements write their own events, totals and verdicts.
+PASS_EVENTS = "tsg.pass_events"
+
+
 def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     """Open a connection to the ledger's schema: lock waits bounded by ``busy_timeout_ms``,
     the server's TCP keepalive bounds set, read-only transactions when ``read_only``."""
@@ -331,6 +336,10 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
         # The ledger's statements find their rows by index; compiling a large read (prune's
         # tree walk over thousands of roots) cost 0.18 s a call, more than it ran.
         "jit": "off",
+        # For the whole session: the ledger's row trigger steps aside, since every statement of
+        # this release that changes a state writes its own events, totals and verdicts (an
+        # earlier release's process, which does not set it, keeps the trigger's).
+        PASS_EVENTS: "on",
         **SERVER_KEEPALIVE,
     }
     try:
@@ -344,4 +353,4 @@ def connect(target: Target, *, busy_timeout_ms: int, read_only: bool) -> Conn:
     return conn
 
 
-__all__ = ["Conn", "Prepared", "connect", "prepared", "translate_error"]
+__all__ = ["PASS_EVENTS", "Conn", "Prepared", "connect", "prepared", "translate_error"]

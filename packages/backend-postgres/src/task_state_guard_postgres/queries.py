@@ -6,8 +6,8 @@ reads until it commits (without blocking foreign-key checks) and skips a row a w
 transaction holds at that moment (that work is being changed right now; the next pass judges
 it): a pass never waits for a worker, so a worker's transaction and a pass can never deadlock.
 A pass's closes go as one set-based statement per distinct set of values, which writes the
-rows' events, totals and verdicts itself (the rules), instead of a statement and a trigger call
-per row. The statements both backends run come from ``store.queries.statements`` in psycopg's
+rows' events, totals and verdicts itself (:mod:`.writes`, as every statement that changes a
+state does). The statements both backends run come from ``store.queries.statements`` in psycopg's
 named placeholders and run as written (``Conn.run``); a list of values goes as one array
 parameter (``= ANY(...)``).
 """
@@ -20,7 +20,6 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from task_state_guard import rules
-from task_state_guard.model import LOST_CODES
 from task_state_guard.store.queries import (
     AT_RISK,
     COUNT_OPEN,
@@ -47,7 +46,7 @@ from task_state_guard.store.queries import (
     tree_walk,
 )
 
-from . import ddl
+from . import writes
 from .driver import Conn, Prepared, prepared
 
 PASS_KIND = "tsg-pass"
@@ -92,38 +91,24 @@ _ROOT_CLOSES = render(
     f"{ROOT_CLOSES} GROUP BY 1, 2, 3", _mark, "start", "width", "end")
 _OPEN_BATCH = render(OPEN_BATCH, _mark, "before", "limit")
 # Reconcile's per-row statements (last parameter: the row's seq) as one statement per batch
-# and set of values, writing what the event trigger writes for the same rows (the trigger
-# steps aside while ``ddl.PASS_EVENTS`` is on): the rows' events and outcome totals by the
-# rules. The guards (still active / still pending) hold for every row a pass sends, since it
-# holds them; they keep events exact regardless.
+# and set of values, each writing what its rows owe (their events, outcome totals and
+# verdicts, :mod:`.writes`). The guards (still active / still pending) hold for every row a
+# pass sends, since it holds them; they keep events exact regardless.
 _SEQS = _among("seq", "seqs", "bigint")
-_CLOSED = rules.EVENTS_BY_KIND["closed"]
-_DELIVERED = rules.EVENTS_BY_KIND["delivery"]
 PASS_WRITES = {
     "time_out": (
         "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = %(code)s, "
         f"ended_at = %(at)s, updated_at = %(at)s, version = version + 1 WHERE {_SEQS} "
-        f"AND status IN {rules.ACTIVE_SQL} "
-        "RETURNING seq, status, terminal_code, ended_at, parent_id, delivery_required, "
-        "framework), "
-        f"e AS ({rules.event_insert_select(_CLOSED, 'u')}), "
-        # the verdict each lost logical task owes its framework (as the row trigger writes it)
-        "v AS (INSERT INTO tsg_verdicts(task_seq, framework, state, recorded_at) "
-        "SELECT seq, framework, 'pending', ended_at FROM u WHERE framework IS NOT NULL "
-        f"AND terminal_code IN {rules.sql_set(LOST_CODES)} ON CONFLICT (task_seq) DO NOTHING) "
-        + rules.TOTAL_RULES["closed"].insert("u", where=False)
+        f"AND status IN {rules.ACTIVE_SQL} RETURNING {writes.returning()}), "
+        + ", ".join(writes.owed("u", ("closed",), prefix="u")) + " SELECT count(*) FROM u"
     ),
     "close_delivery": (
         "WITH u AS (UPDATE tsg_tasks SET delivery_status = %(state)s, delivery_code = %(code)s, "
         f"delivery_updated_at = %(at)s, version = version + 1 WHERE {_SEQS} "
-        "AND delivery_status = 'pending' "
-        "RETURNING seq, delivery_status, delivery_code, delivery_updated_at, delivery_required), "
-        f"c AS (SELECT * FROM u WHERE {_DELIVERED.present.sql()}), "
-        f"e AS ({rules.event_insert_select(_DELIVERED, 'c')}) "
-        + rules.TOTAL_RULES["delivery"].insert("c", where=False)
+        f"AND delivery_status = 'pending' RETURNING {writes.returning()}), "
+        + ", ".join(writes.owed("u", ("delivery",), prefix="u")) + " SELECT count(*) FROM u"
     ),
 }
-_PASS_EVENTS = f"SELECT set_config('{ddl.PASS_EVENTS}', %(on)s, true)"
 _EVENTS = (
     "SELECT e.step, e.kind, e.state, e.code, e.at FROM tsg_tasks t "
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
@@ -195,13 +180,11 @@ class PostgresQueries:
             closes.setdefault((code, at), []).append(seq)
         for state, dcode, at, seq in deliveries:
             settles.setdefault((state, dcode, at), []).append(seq)
-        conn.run(_PASS_EVENTS, {"on": "on"})
         for (code, at), seqs in closes.items():
             conn.run(PASS_WRITES["time_out"], {"code": code, "at": at, "seqs": seqs})
         for (state, dcode, at), seqs in settles.items():
             conn.run(PASS_WRITES["close_delivery"],
                      {"state": state, "code": dcode, "at": at, "seqs": seqs})
-        conn.run(_PASS_EVENTS, {"on": "off"})  # a failure above aborts the transaction
 
     @staticmethod
     def count_open(conn: Conn) -> int:

@@ -8,7 +8,8 @@ committed meanwhile); its clock was read before any lock wait, so a refusal prov
 :func:`run_locked` runs inside the caller's transaction: it first holds the task's row, then
 reads the clock, then runs the statement, so concurrent writers of one task queue on its row
 lock as SQLite's queue on the database lock; on a refusal it reads the row that explains it.
-The row trigger writes every event, total and verdict.
+Each changing statement writes its rows' events, totals and verdicts itself
+(:mod:`.writes`: the step's statement as a sub-statement, what its rows owe beside it).
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from task_state_guard.store.transitions import (
     TASK_COLUMNS,
     Heartbeats,
     Look,
+    Mark,
     Outcome,
     Step,
     bind,
     guarded,
+    guarded_statement,
     statement,
 )
 
+from . import writes
 from .driver import Conn, prepared
 
 #: The type each bound value is cast to (so a ``NULL`` needs nothing more).
@@ -49,9 +53,32 @@ _LOCK = f"SELECT 1 FROM tsg_tasks WHERE id = {mark('id')} FOR NO KEY UPDATE"
 _SELECT_BY_ID = prepared(
     TYPES, lambda v: f"SELECT {TASK_COLUMNS} FROM tsg_tasks WHERE id = {v('id')}"
 )
+#: The events each changing statement's rows owe (by the statement names of ``STATEMENTS``;
+#: a heartbeat owes none).
+OWES = {
+    "create": ("created",), "start": ("started",), "start_seq": ("started",),
+    "close": ("closed",), "close_settled": ("closed", "delivery"), "deliver": ("delivery",),
+}
+_CREATE_ANSWER = " RETURNING seq"
+
+
+def _writing(v: Mark, name: str) -> str:
+    """The shared statement ``name`` as a sub-statement, with what its rows owe beside it
+    (:data:`OWES`), answering what the shared statement answers."""
+    if name not in OWES:
+        return statement(v, name)
+    change = guarded_statement(v, "start" if name == "start_seq" else name)
+    if name == "create":
+        assert change.endswith(_CREATE_ANSWER)
+        change = change[: -len(_CREATE_ANSWER)]
+    answer = "seq" if name in ("create", "start_seq") else TASK_COLUMNS
+    owed = ",\n".join(writes.owed("w", OWES[name]))
+    return f"WITH w AS ({change} RETURNING *),\n{owed}\nSELECT {answer} FROM w"
+
+
 #: The shared statements, each composed on its own with the server's parameters.
 _STATEMENTS = {
-    name: prepared(TYPES, partial(statement, name=name)) for name in STATEMENTS
+    name: prepared(TYPES, partial(_writing, name=name)) for name in STATEMENTS
 }
 _HEARTBEAT = guarded(mark)["heartbeat"]
 

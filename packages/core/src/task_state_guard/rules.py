@@ -364,11 +364,17 @@ def event_insert(rule: EventRule, events: str = "tsg_events", row: str = "NEW.",
     return f"INSERT INTO {events}({EVENT_COLUMNS}) VALUES ({values})"
 
 
+def event_select(rule: EventRule, source: str) -> str:
+    """The rows of ``rule``'s event (:data:`EVENT_COLUMNS`) of every row of ``source`` (rows
+    that made the transition, with the task table's column names)."""
+    values = ", ".join(["seq", str(rule.step), f"'{rule.kind}'", *rule.values("")])
+    return f"SELECT {values} FROM {source}"
+
+
 def event_insert_select(rule: EventRule, source: str, events: str = "tsg_events") -> str:
     """The statement that writes ``rule``'s event of every row of ``source`` (rows that made
     the transition, with the task table's column names)."""
-    values = ", ".join(["seq", str(rule.step), f"'{rule.kind}'", *rule.values("")])
-    return f"INSERT INTO {events}({EVENT_COLUMNS}) SELECT {values} FROM {source}"
+    return f"INSERT INTO {events}({EVENT_COLUMNS}) {event_select(rule, source)}"
 
 
 #: The condition under which a close owes its framework a verdict (the verdict outbox): a
@@ -379,6 +385,14 @@ VERDICT_OWED = (
 )
 
 
+def close_owes_verdict(row: str = "") -> str:
+    """:data:`VERDICT_OWED` on a row a statement has just closed (its guard held the row
+    active before), as that statement's own verdict insert reads it (``row``: the row's
+    prefix)."""
+    return (f"{row}framework IS NOT NULL AND {row}status = 'timed_out' "
+            f"AND {row}terminal_code IN {sql_set(LOST_CODES)}")
+
+
 #: The obligation a delivery close is counted under in the outcome totals (``{row}``: ``""``
 #: or ``"NEW."``); a close is counted under ``model.TASK_KIND_SQL``.
 DELIVERY_KIND_SQL = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'internal' END"
@@ -386,6 +400,9 @@ DELIVERY_KIND_SQL = "CASE {row}delivery_required WHEN 1 THEN 'owed' ELSE 'intern
 TOTALS_COLUMNS = "event, kind, state, code, total"
 #: The key of a total: the columns of ``tsg_totals`` but the count.
 TOTALS_KEY = "event, kind, state, code"
+#: The head of a statement that adds rows to ``tsg_totals`` (a ``SELECT`` of
+#: :data:`TOTALS_COLUMNS` follows).
+TOTALS_INSERT = f"INSERT INTO tsg_totals({TOTALS_COLUMNS}) "
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +435,13 @@ class TotalRule:
 
     def insert(self, source: str, *, where: bool = True) -> str:
         """Add :meth:`select`'s totals to ``tsg_totals``."""
-        return f"INSERT INTO tsg_totals({TOTALS_COLUMNS}) {self.select(source, where=where)}"
+        return f"{TOTALS_INSERT}{self.select(source, where=where)}"
+
+    def increments(self, source: str) -> str:
+        """An increment of one per row of ``source`` that made the transition (no grouping:
+        a statement that changed a row or two adds a row of ``tsg_totals`` each)."""
+        return (f"SELECT {', '.join(self.values(''))}, 1 FROM {source} "
+                f"WHERE {self.rule.present.sql(true='true')}")
 
     def upsert(self, source: str, *, where: bool = True) -> str:
         """:meth:`insert` into a ``tsg_totals`` keyed by :data:`TOTALS_KEY` (SQLite's): a key
@@ -483,6 +506,7 @@ __all__ = [
     "TASK_ORDER",
     "TERMINAL_ORDER",
     "TERMINAL_SQL",
+    "TOTALS_INSERT",
     "TOTAL_RULES",
     "UNSUCCESSFUL_SQL",
     "VERDICT_OWED",
@@ -492,11 +516,13 @@ __all__ = [
     "TotalRule",
     "clock_guard",
     "close_contradicted",
+    "close_owes_verdict",
     "contradicts_close",
     "contradicts_its_close",
     "event_chain_sql",
     "event_insert",
     "event_insert_select",
+    "event_select",
     "expected_events",
     "sql_list",
     "sql_set",
