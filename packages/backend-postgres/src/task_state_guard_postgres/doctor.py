@@ -61,6 +61,18 @@ def _schema_ok(conn: Any, schema: str) -> int | None:
     return version
 
 
+#: The plan for the event chains on their own connection: one pass merging the two primary
+#: keys' orders (tasks by ``seq``, events by ``(task_seq, step)``) and grouping as it goes.
+#: Left to itself the planner hashes every event in parallel and sorts the joined rows
+#: (gigabytes of temporary files at millions of tasks): 75 s and three processes' CPU against
+#: 49 s of one process on 8.4M tasks and 30M events.
+_ORDERED_PLAN = (
+    "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_hashagg', 'off', true), "
+    "set_config('enable_sort', 'off', true), "
+    "set_config('max_parallel_workers_per_gather', '0', true)"
+)
+
+
 class _Beside:
     """Counting queries run on a second connection that reads the same snapshot, each in a
     thread of its own, while the check goes on (``core.Beside``). A query whose connection
@@ -100,6 +112,7 @@ class _Beside:
             return  # the waiter runs it on the check's own connection
         state["conn"] = conn
         try:
+            conn.execute(_ORDERED_PLAN)
             state["count"] = conn.execute(sql).fetchone()[0]
         except LedgerError as exc:
             state["error"] = exc
