@@ -206,6 +206,27 @@ def test_pass_closes_group_rows_by_values(pg_url: str) -> None:
     assert closed == [(3,)]
 
 
+def test_a_pass_counts_its_closes_in_a_few_totals_rows(pg_url: str) -> None:
+    """A batch of lost tasks adds one totals row per (kind, state, code), not one per task:
+    the totals a pass leaves stay small however many tasks it closes."""
+    clock = Clock()
+    with Ledger(pg_url, clock=clock) as ledger:
+        for _ in range(30):
+            task = ledger.create_task()
+            ledger.start_task(task.id, owner=False)
+        before = sql(pg_url, "SELECT count(*) FROM tsg_totals")[0][0]
+        clock.now += 5000
+        report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60,
+                                                  delivery_grace_seconds=0))
+        added = sql(pg_url, "SELECT count(*) FROM tsg_totals")[0][0] - before
+        status = ledger.status()
+        assert ledger.doctor()["healthy"] is True
+    assert report["tasks_timed_out"] == 30 and report["deliveries_failed"] == 30
+    assert added <= 2  # one closed row, one delivery row (each batch's compaction may fold)
+    assert status["outcomes_total"]["task"]["timed_out"]["restart_stale"] == 30
+    assert status["delivery_outcomes_total"]["owed"]["failed"]["delivery_grace_expired"] == 30
+
+
 def test_doctor_streams_value_checks_and_counts_bad_values(pg_url: str) -> None:
     with Ledger(pg_url, clock=Clock()) as ledger:
         for index in range(12):

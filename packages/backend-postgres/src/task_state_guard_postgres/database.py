@@ -19,6 +19,7 @@ double-closes, loses an update, or waits for (so deadlocks with) a worker.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -43,6 +44,9 @@ from . import pool as _pool
 from . import transitions as _transitions
 from .queries import PASS_KIND, PostgresQueries
 from .url import CLIENT_DEFAULTS, SERVER_KEEPALIVE, Target, parse
+
+#: What ``pg_export_snapshot()`` returns (hex numbers joined by dashes).
+_SNAPSHOT_ID = re.compile(r"[0-9A-F]{1,16}(-[0-9A-F]{1,16}){1,2}")
 
 
 class AdvisoryLocks:
@@ -252,6 +256,31 @@ class PostgresDatabase:
                 yield conn
             finally:
                 self._rollback(conn)
+
+    def export_snapshot(self, conn: driver.Conn) -> str:
+        """The snapshot of ``conn``'s read transaction (:meth:`read`), for :meth:`read_beside`;
+        valid while that transaction is open."""
+        row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+        snapshot = "" if row is None else str(row[0])
+        if not _SNAPSHOT_ID.fullmatch(snapshot):  # inlined below: never anything but an id
+            raise StorageError("the server returned an unexpected snapshot id",
+                               reason=r.DATABASE_UNUSABLE)
+        return snapshot
+
+    @contextmanager
+    def read_beside(self, snapshot: str) -> Iterator[driver.Conn]:
+        """A read transaction on a connection of its own (opened here, closed after) that
+        sees exactly ``snapshot`` (:meth:`export_snapshot`): a second reader of the same
+        consistent view, for a long check run beside the others."""
+        if not _SNAPSHOT_ID.fullmatch(snapshot):
+            raise InvalidInput("snapshot must be an id from export_snapshot")
+        conn = self._open()
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            yield conn
+        finally:
+            conn.close()  # the transaction ends with its session
 
     def _passing(self) -> bool:
         """Whether this thread's write transactions are a pass (inside :meth:`bulk`)."""

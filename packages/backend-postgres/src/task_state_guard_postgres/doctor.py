@@ -10,7 +10,9 @@ against this release's exact layout (``ddl.layout_ok``), as any open does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from task_state_guard.model import LedgerError
@@ -59,8 +61,80 @@ def _schema_ok(conn: Any, schema: str) -> int | None:
     return version
 
 
+#: The plan for the event chains on their own connection: one pass merging the two primary
+#: keys' orders (tasks by ``seq``, events by ``(task_seq, step)``) and grouping as it goes.
+#: Left to itself the planner hashes every event in parallel and sorts the joined rows
+#: (gigabytes of temporary files at millions of tasks): 75 s and three processes' CPU against
+#: 49 s of one process on 8.4M tasks and 30M events.
+_ORDERED_PLAN = (
+    "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_hashagg', 'off', true), "
+    "set_config('enable_sort', 'off', true), "
+    "set_config('max_parallel_workers_per_gather', '0', true)"
+)
+
+
+class _Beside:
+    """Counting queries run on a second connection that reads the same snapshot, each in a
+    thread of its own, while the check goes on (``core.Beside``). A query whose connection
+    could not be opened runs on the check's own connection when it is waited for; one still
+    running when the check ends early is cancelled."""
+
+    def __init__(self, db: Any, conn: Any) -> None:
+        self._db = db
+        self._conn = conn
+        self._snapshot: str | None = None
+        self._running: list[tuple[threading.Thread, dict[str, Any]]] = []
+
+    def __call__(self, sql: str) -> Callable[[], int]:
+        if self._snapshot is None:
+            self._snapshot = self._db.export_snapshot(self._conn)
+        state: dict[str, Any] = {}
+        thread = threading.Thread(target=self._count, args=(sql, state),
+                                  name="tsg-doctor-beside", daemon=True)
+        thread.start()
+        self._running.append((thread, state))
+
+        def wait() -> int:
+            thread.join()
+            if "count" in state:
+                return int(state["count"])
+            if "error" in state:
+                raise state["error"]
+            return int(self._conn.execute(sql).fetchone()[0])  # no second connection
+
+        return wait
+
+    def _count(self, sql: str, state: dict[str, Any]) -> None:
+        try:
+            context = self._db.read_beside(self._snapshot)
+            conn = context.__enter__()
+        except LedgerError:
+            return  # the waiter runs it on the check's own connection
+        state["conn"] = conn
+        try:
+            conn.execute(_ORDERED_PLAN)
+            state["count"] = conn.execute(sql).fetchone()[0]
+        except LedgerError as exc:
+            state["error"] = exc
+        finally:
+            context.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """Cancel what still runs and wait for it (a cancel that came before its query was
+        sent is sent again)."""
+        for thread, state in self._running:
+            while thread.is_alive():
+                conn = state.get("conn")
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.raw.cancel()
+                thread.join(0.05)
+
+
 def run_doctor(db: Database, schema: str) -> dict[str, Any]:
-    """Check the ledger in ``schema`` and return counts only (the core's report keys)."""
+    """Check the ledger in ``schema`` and return counts only (the core's report keys). The
+    event chains are counted on a second connection reading the same snapshot, beside the
+    other checks (a long join at millions of tasks)."""
     findings = core.new_findings()
     findings["integrity_errors"] = 0  # no quick_check: the checks that could not read count
     findings["unexpected_schema_objects"] = 0  # the layout check compares every object
@@ -70,11 +144,14 @@ def run_doctor(db: Database, schema: str) -> dict[str, Any]:
     with db.read() as conn:
         version = _schema_ok(conn, schema)
         if version is not None:
+            beside = _Beside(db, conn)
             try:
-                core.check(conn, PROBES, findings, counts, lambda read: read())
+                core.check(conn, PROBES, findings, counts, lambda read: read(), beside=beside)
             except LedgerError:  # the checks not reached stay None ("not run")
                 findings["integrity_errors"] = 1  # a check could not read the ledger
                 read_ok = False
+            finally:
+                beside.close()
     return core.report(version=version, schema_ok=version is not None, read_ok=read_ok,
                        counts=counts, findings=findings)
 

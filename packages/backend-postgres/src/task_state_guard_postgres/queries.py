@@ -91,22 +91,25 @@ _ROOT_CLOSES = render(
     f"{ROOT_CLOSES} GROUP BY 1, 2, 3", _mark, "start", "width", "end")
 _OPEN_BATCH = render(OPEN_BATCH, _mark, "before", "limit")
 # Reconcile's per-row statements (last parameter: the row's seq) as one statement per batch
-# and set of values, each writing what its rows owe (their events, outcome totals and
-# verdicts, :mod:`.writes`). The guards (still active / still pending) hold for every row a
-# pass sends, since it holds them; they keep events exact regardless.
+# and set of values, each writing what its rows owe (their events, their outcome totals
+# grouped into a few rows, their verdicts: :mod:`.writes`). The guards (still active / still
+# pending) hold for every row a pass sends, since it holds them; they keep events exact
+# regardless.
 _SEQS = _among("seq", "seqs", "bigint")
 PASS_WRITES = {
     "time_out": (
         "WITH u AS (UPDATE tsg_tasks SET status = 'timed_out', terminal_code = %(code)s, "
         f"ended_at = %(at)s, updated_at = %(at)s, version = version + 1 WHERE {_SEQS} "
         f"AND status IN {rules.ACTIVE_SQL} RETURNING {writes.returning()}), "
-        + ", ".join(writes.owed("u", ("closed",), prefix="u")) + " SELECT count(*) FROM u"
+        + ", ".join(writes.owed("u", ("closed",), prefix="u", grouped=True))
+        + " SELECT count(*) FROM u"
     ),
     "close_delivery": (
         "WITH u AS (UPDATE tsg_tasks SET delivery_status = %(state)s, delivery_code = %(code)s, "
         f"delivery_updated_at = %(at)s, version = version + 1 WHERE {_SEQS} "
         f"AND delivery_status = 'pending' RETURNING {writes.returning()}), "
-        + ", ".join(writes.owed("u", ("delivery",), prefix="u")) + " SELECT count(*) FROM u"
+        + ", ".join(writes.owed("u", ("delivery",), prefix="u", grouped=True))
+        + " SELECT count(*) FROM u"
     ),
 }
 _EVENTS = (

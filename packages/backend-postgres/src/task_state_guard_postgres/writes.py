@@ -47,10 +47,13 @@ def events(parts: Iterable[tuple[str, str]]) -> str:
     return f"INSERT INTO tsg_events({rules.EVENT_COLUMNS}) " + " UNION ALL ".join(selects)
 
 
-def totals(parts: Iterable[tuple[str, str]]) -> str:
+def totals(parts: Iterable[tuple[str, str]], *, grouped: bool = False) -> str:
     """One insert of the outcome totals of ``(event, source)`` pairs: an increment of one per
-    row of ``source`` that made the transition (readers sum them; passes fold them)."""
-    selects = [rules.TOTAL_RULES[event].increments(source) for event, source in parts]
+    row of ``source`` that made the transition (readers sum them; passes fold them), or with
+    ``grouped`` one row per (event, kind, state, code) counting them (a pass's batch of
+    thousands of rows adds a few rows, not one each)."""
+    selects = [rules.TOTAL_RULES[event].select(source) if grouped
+               else rules.TOTAL_RULES[event].increments(source) for event, source in parts]
     return rules.TOTALS_INSERT + " UNION ALL ".join(selects)
 
 
@@ -61,15 +64,17 @@ def verdicts(source: str) -> str:
             f"WHERE {rules.close_owes_verdict()} ON CONFLICT (task_seq) DO NOTHING")
 
 
-def owed(source: str, kinds: Iterable[str], prefix: str = "w") -> list[str]:
+def owed(source: str, kinds: Iterable[str], prefix: str = "w", *,
+         grouped: bool = False) -> list[str]:
     """The sub-statements (``name AS (...)``, named from ``prefix``) that write what the
     rows of ``source`` owe for the transitions ``kinds`` (event kinds): their events, and for
-    a close or a delivery their totals, and for a close its verdict."""
+    a close or a delivery their totals (``grouped``: see :func:`totals`), and for a close its
+    verdict."""
     kinds = tuple(kinds)
     parts = [f"{prefix}e AS ({events((kind, source) for kind in kinds)})"]
     counted = [(kind, source) for kind in kinds if kind in rules.TOTAL_RULES]
     if counted:
-        parts.append(f"{prefix}t AS ({totals(counted)})")
+        parts.append(f"{prefix}t AS ({totals(counted, grouped=grouped)})")
     if "closed" in kinds:
         parts.append(f"{prefix}v AS ({verdicts(source)})")
     return parts
