@@ -44,6 +44,13 @@ other CPythons prove the interpreter-dependent part (the conformance suite) on S
 the PostgreSQL half depends on the driver, not on the interpreter. Measured wall times of each
 leg are printed on its ``matrix:`` line.
 
+How they run: the whole suite streams here while a second process (``legs-beside``, internal)
+runs the other legs one after another, its output in ./.venv/tsg-matrix-beside.log (a failed
+leg's pytest summary is printed at the end): the legs mostly wait on brokers and grace windows,
+so two streams fill the two cores. Tests marked ``service_wide`` (a PostgreSQL restart, a
+broker-wide RabbitMQ setting) would break whatever runs beside them: each leg runs them last,
+alone.
+
 Before its tests each environment's site-packages and the workspace's sources are compiled to
 bytecode, so the many processes the suites start never compile their imports again.
 
@@ -53,6 +60,7 @@ leg fails. ``test`` with pytest arguments runs only the whole-suite leg with tho
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -135,6 +143,13 @@ _COMPILE = (
     "    compileall.compile_dir(d, quiet=2, workers=0)\n"
 )
 LEG_PYTEST = ["-q", "-p", "no:cacheprovider"]
+#: The marker of tests that change a service every test shares (a PostgreSQL restart, a
+#: broker-wide RabbitMQ setting): each leg runs them alone, after the legs that run side by side.
+ALONE = "service_wide"
+NO_TESTS_COLLECTED = 5  # pytest's exit status when every test was deselected
+#: The internal command that runs the other legs in a process beside the whole suite.
+SIDE_COMMAND = "legs-beside"
+SIDE_LOG = os.path.join(ROOT, ".venv", "tsg-matrix-beside.log")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
 _PROBE = (
     "import json, os, platform, sys; print(json.dumps([platform.python_implementation(), "
@@ -151,15 +166,27 @@ def compile_bytecode(python: str) -> None:
 
 
 class Leg:
-    """One row of the matrix: what ran, its pytest closing line and its exit status."""
+    """One row of the matrix: what ran (an interpreter and its pytest arguments), the closing
+    line of each pytest run, pytest's short summary of a failed run, and the exit status."""
 
-    def __init__(self, label: str) -> None:
-        self.label, self.status, self.closing, self.seconds = label, 1, "", 0.0
+    def __init__(self, label: str, python: str = "", args: list[str] | None = None) -> None:
+        self.label, self.python, self.args = label, python, list(args or [])
+        self.status, self.closing, self.seconds = 1, "", 0.0
+        self.failures: list[str] = []
 
     def line(self) -> str:
         verdict = "ok" if self.status == 0 else "FAILED"
         counts = self.closing or "no pytest summary"
         return f"matrix: {self.label}: {counts} [{verdict}, {self.seconds:.0f} s wall]"
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Leg:
+        leg = cls(str(data["label"]))
+        vars(leg).update(data)
+        return leg
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -170,24 +197,45 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _pytest(leg: Leg, python: str, args: list[str]) -> None:
-    """Run pytest, streaming its output, and keep its closing (counts) line."""
+def _pytest(leg: Leg, args: list[str], alone: bool = False) -> None:
+    """Run pytest on the leg's interpreter (``leg.args``: what the leg runs, set once its
+    environment is ready), streaming its output; add its closing (counts) line, its short
+    failure summary and its exit status to the leg. ``alone``: the leg's ``service_wide``
+    tests, of which a leg may have none."""
     started = time.monotonic()
-    cmd = [python, "-m", "pytest", *args]
+    cmd = [leg.python, "-m", "pytest", *args]
     print("+ " + " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", env=_env())
     assert proc.stdout is not None
+    closing, summary, in_summary = "", list[str](), False
     for line in proc.stdout:
         sys.stdout.write(line)
         text = line.strip().strip("=").strip()
+        in_summary = in_summary or "short test summary info" in line
+        if in_summary and len(summary) < 200:
+            summary.append(line.rstrip())
         if _COUNT.search(text) and " in " in text:
-            leg.closing = text
+            closing = text
     sys.stdout.flush()
-    leg.status = proc.wait()
-    if leg.status == 0 and not leg.closing:
-        leg.status = 1  # a leg whose result cannot be read has not proved anything
-    leg.seconds = time.monotonic() - started
+    status = proc.wait()
+    leg.seconds += time.monotonic() - started
+    if alone and status == NO_TESTS_COLLECTED:
+        return  # none of this leg's tests changes a shared service
+    if status == 0 and not closing:
+        status = 1  # a run whose result cannot be read has not proved anything
+    leg.status = status if not alone else leg.status or status
+    leg.closing = f"{leg.closing}; alone: {closing}" if alone else closing
+    leg.failures += summary
+
+
+def _beside(args: list[str]) -> list[str]:
+    """The arguments of a leg's run beside the others: its ``service_wide`` tests left out."""
+    return [*args, "-m", f"not {ALONE}"]
+
+
+def _alone(args: list[str]) -> list[str]:
+    return [*args, "-m", ALONE]
 
 
 def _probe(exe: str) -> tuple[str, tuple[int, int, int], str, bool, bool] | None:
@@ -306,17 +354,17 @@ def _lock_version(name: str) -> str:
 
 
 def python_leg(version: str, exe: str) -> Leg:
-    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/sqlite + tests/contract on the "
-              "SQLite backend, uv.lock versions")
     env_dir = os.path.join(ROOT, f".venv-py{version}")
+    leg = Leg(f"CPython {version} ({exe}) tests/core + tests/sqlite + tests/contract on the "
+              "SQLite backend, uv.lock versions", os.path.join(env_dir, "bin", "python"))
     if run([uv(), "sync", "--quiet", "--all-packages", "--frozen", "--python", exe],
            env=_env(UV_PROJECT_ENVIRONMENT=env_dir)) != 0:
         leg.closing = "uv sync failed"
         return leg
-    compile_bytecode(os.path.join(env_dir, "bin", "python"))
+    compile_bytecode(leg.python)
     # The PostgreSQL half of the conformance suite runs once, in the whole-suite leg.
-    _pytest(leg, os.path.join(env_dir, "bin", "python"),
-            [*LEG_PYTEST, "--backend", "sqlite", *SUITE_CORE])
+    leg.args = [*LEG_PYTEST, "--backend", "sqlite", *SUITE_CORE]
+    _pytest(leg, _beside(leg.args))
     return leg
 
 
@@ -335,10 +383,10 @@ def _venv_version(env_dir: str) -> str | None:
 def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
     """The adapter's suite against the lowest framework versions its pyproject declares."""
     on_backend = adapter in ADAPTERS  # tests/postgres is PostgreSQL's own suite
-    leg = Leg(f"{adapter} lowest declared versions on CPython {version}, tests/{adapter}"
-              + (f" on the {LOWEST_LEG_BACKEND} ledger" if on_backend else ""))
     env_dir = os.path.join(ROOT, f".venv-lowest-{adapter}")
     python = os.path.join(env_dir, "bin", "python")
+    leg = Leg(f"{adapter} lowest declared versions on CPython {version}, tests/{adapter}"
+              + (f" on the {LOWEST_LEG_BACKEND} ledger" if on_backend else ""), python)
     if _venv_version(env_dir) != version or not os.path.exists(python):
         shutil.rmtree(env_dir, ignore_errors=True)
         if run([uv(), "venv", "--quiet", "--python", exe, env_dir], env=_env()) != 0:
@@ -366,10 +414,12 @@ def lowest_leg(adapter: str, version: str, exe: str) -> Leg:
              for name, bound in declared_lower_bounds(adapter).items()
              if name not in installed or _release(installed[name]) != _release(bound)]
     backend = ["--backend", LOWEST_LEG_BACKEND] if on_backend else []
-    _pytest(leg, python, [*LEG_PYTEST, *backend, f"tests/{adapter}"])
+    leg.args = [*LEG_PYTEST, *backend, f"tests/{adapter}"]
+    _pytest(leg, _beside(leg.args))
     if wrong:
         leg.status = 1
         leg.closing += "; " + "; ".join(wrong)
+        leg.args = []  # its versions are wrong: nothing more runs in it
     return leg
 
 
@@ -380,18 +430,18 @@ def case_backend(name: str) -> str:
     return next((b for b in ("postgresql", "sqlite") if b in params), "")
 
 
-def newest_lines(junit: str, python: str) -> list[str]:
-    """Per-adapter pass counts of the whole-suite run (uv.lock's, i.e. the newest, versions),
-    with the rows that passed on each ledger backend; an adapter's suite that passed no row on
-    one of the backends fails its line (both must be proven here)."""
+def newest_lines(junits: list[str], python: str) -> list[str]:
+    """Per-adapter pass counts of the whole-suite run (uv.lock's, i.e. the newest, versions;
+    its JUnit files), with the rows that passed on each ledger backend; an adapter's suite that
+    passed no row on one of the backends fails its line (both must be proven here)."""
     import xml.etree.ElementTree as ET
 
     counts = {a: {"passed": 0, "failed": 0, "skipped": 0, "sqlite": 0, "postgresql": 0}
               for a in (*ADAPTERS, *BACKENDS)}
-    try:
-        cases = list(ET.parse(junit).getroot().iter("testcase"))
-    except (OSError, ET.ParseError):
-        cases = []
+    cases = []
+    for junit in junits:
+        with contextlib.suppress(OSError, ET.ParseError):
+            cases += list(ET.parse(junit).getroot().iter("testcase"))
     for case in cases:
         parts = case.get("classname", "").split(".")
         adapter = parts[1] if len(parts) > 1 and parts[0] == "tests" else ""
@@ -435,11 +485,19 @@ def test(extra: list[str]) -> int:
                    *(f"packages/adapter-{a}/src" for a in ("celery", "dramatiq", "langgraph")),
                    *(f"packages/backend-{b}/src" for b in BACKENDS)])
     compile_bytecode(venv_python)
+    own = ".".join(map(str, sys.version_info[:3]))
+    whole = Leg(f"CPython {own} ({os.path.realpath(sys.executable)}) whole suite, uv.lock "
+                "versions", venv_python)
+    junits = [os.path.join(ROOT, ".venv", f"tsg-matrix-junit{part}.xml")
+              for part in ("", "-alone")]
+    for junit in junits:
+        if os.path.exists(junit):
+            os.unlink(junit)  # never count a previous run's results
     legs: list[Leg] = []
     notes: list[str] = []
-    own = ".".join(map(str, sys.version_info[:3]))
     if extra:
         notes.append("matrix: pytest arguments given: only the whole-suite leg runs")
+        _pytest(whole, ["-q", f"--junitxml={junits[0]}", *extra])
     else:
         pythons = find_pythons()
         present = {".".join(v.split(".")[:2]) for v, _ in pythons}
@@ -448,40 +506,86 @@ def test(extra: list[str]) -> int:
                   for minor in KNOWN_PYTHONS if minor not in present]
         for line in notes:
             print(line, flush=True)
-        for version, exe in pythons:
-            legs.append(python_leg(version, exe))
-            print(legs[-1].line(), flush=True)
         # The lowest framework versions run on the newest interpreter, the newest (uv.lock's)
         # on this one: each adapter is proven at both ends of both ranges.
-        newest_version, newest_exe = max(
-            [*pythons, (own, os.path.realpath(sys.executable))],
-            key=lambda item: tuple(int(p) for p in item[0].split(".")),
-        )
-        for adapter in (*ADAPTERS, *BACKENDS):
-            legs.append(lowest_leg(adapter, newest_version, newest_exe))
-            print(legs[-1].line(), flush=True)
-    whole = Leg(f"CPython {own} ({os.path.realpath(sys.executable)}) whole suite, uv.lock "
-                "versions")
-    junit = os.path.join(ROOT, ".venv", "tsg-matrix-junit.xml")
-    if os.path.exists(junit):
-        os.unlink(junit)  # never count a previous run's results
-    _pytest(whole, venv_python, ["-q", f"--junitxml={junit}", *extra])
+        newest = max([*pythons, (own, os.path.realpath(sys.executable))],
+                     key=lambda item: tuple(int(p) for p in item[0].split(".")))
+        legs = matrix(whole, junits, pythons, newest)
     print("", flush=True)
     for line in notes:
         print(line)
     for leg in legs:
         print(leg.line())
-    newest = newest_lines(junit, venv_python) if not extra else []
-    for line in newest:
+    by_adapter = newest_lines(junits, venv_python) if not extra else []
+    for line in by_adapter:
         print(line)
     print(whole.line())
     failed = [leg for leg in [*legs, whole] if leg.status != 0]
-    failed_newest = [line for line in newest if line.endswith("[FAILED]")]
+    failed_by_adapter = [line for line in by_adapter if line.endswith("[FAILED]")]
+    for leg in failed:
+        if leg.failures and leg is not whole:  # the whole suite's summary is printed above
+            print(f"\nmatrix: what failed in: {leg.label} (its whole output: {SIDE_LOG})")
+            print("\n".join(leg.failures))
     minutes = (time.monotonic() - started) / 60
-    print(f"matrix: {len(legs) + 1 + len(newest)} lines, {len(failed) + len(failed_newest)} "
-          f"failed; ruff and mypy {'ok' if checks == 0 else 'FAILED'}; {minutes:.1f} min in all",
+    print(f"matrix: {len(legs) + 1 + len(by_adapter)} lines, "
+          f"{len(failed) + len(failed_by_adapter)} failed; ruff and mypy "
+          f"{'ok' if checks == 0 else 'FAILED'}; {minutes:.1f} min in all", flush=True)
+    return 1 if checks or failed or failed_by_adapter else 0
+
+
+def matrix(whole: Leg, junits: list[str], pythons: list[tuple[str, str]],
+           newest: tuple[str, str]) -> list[Leg]:
+    """Run the whole suite here while another process runs the other legs one after another
+    (their output goes to ``SIDE_LOG``); then, with nothing beside them, each leg's
+    ``service_wide`` tests. Returns the other legs."""
+    plan = json.dumps({"pythons": pythons, "newest": newest})
+    results = SIDE_LOG + ".json"
+    if os.path.exists(results):
+        os.unlink(results)
+    print(f"matrix: the other legs run beside the whole suite; their output: {SIDE_LOG}",
           flush=True)
-    return 1 if checks or failed or failed_newest else 0
+    with open(SIDE_LOG, "w", encoding="utf-8") as log:
+        beside = subprocess.Popen([sys.executable, os.path.abspath(__file__), SIDE_COMMAND,
+                                   plan, results], cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT)
+        try:
+            _pytest(whole, _beside(["-q", f"--junitxml={junits[0]}"]))
+            if beside.poll() is None:
+                print("matrix: waiting for the legs beside the whole suite", flush=True)
+            beside.wait()
+        finally:
+            if beside.poll() is None:
+                beside.kill()
+    try:
+        with open(results, encoding="utf-8") as handle:
+            legs = [Leg.from_json(item) for item in json.load(handle)]
+    except (OSError, ValueError, KeyError):
+        legs = [Leg(f"the legs beside the whole suite (exit status {beside.returncode}; "
+                    f"see {SIDE_LOG})")]
+    for leg in legs:
+        print(leg.line(), flush=True)
+    _pytest(whole, _alone(["-q", f"--junitxml={junits[1]}"]), alone=True)
+    for leg in legs:
+        if leg.args:
+            _pytest(leg, _alone(leg.args), alone=True)
+    return legs
+
+
+def legs_beside(plan: str, results: str) -> int:
+    """The other legs, one after another (run by ``matrix`` in a process of its own); their
+    results are written to ``results`` as JSON."""
+    spec = json.loads(plan)
+    version, exe = spec["newest"]
+    legs = []
+    for python_version, python_exe in spec["pythons"]:
+        legs.append(python_leg(python_version, python_exe))
+        print(legs[-1].line(), flush=True)
+    for adapter in (*ADAPTERS, *BACKENDS):
+        legs.append(lowest_leg(adapter, version, exe))
+        print(legs[-1].line(), flush=True)
+    with open(results, "w", encoding="utf-8") as handle:
+        json.dump([leg.to_json() for leg in legs], handle)
+    return 0
 
 
 def add_sbin_to_path() -> None:
@@ -586,6 +690,8 @@ def ensure_browser() -> None:
 def main() -> int:
     command = sys.argv[1] if len(sys.argv) > 1 else "help"
     extra = sys.argv[2:]
+    if command == SIDE_COMMAND:  # internal: test's matrix runs it, after set-up
+        return legs_beside(*extra)
     if command not in ("demo", "test", "setup"):
         print(__doc__)
         return 2

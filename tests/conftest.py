@@ -60,6 +60,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "no_ledger(reason): a conformance test whose private directory holds no ledger",
     )
+    config.addinivalue_line(
+        "markers",
+        "service_wide: changes a service every test shares (restarts PostgreSQL, lowers a "
+        "broker-wide RabbitMQ setting); scripts/dev.py test runs these alone, after the legs "
+        "that run side by side",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -288,6 +288,7 @@ def _rabbit_setting(key: str, value: int | None = None) -> int:
     return int(found.group(1))
 
 
+@pytest.mark.service_wide  # the broker-wide timeout would cut other tests' consumers too
 def test_consumer_timeout_runs_the_message_twice_rabbitmq(rabbit_env: BrokerEnv) -> None:
     """The real RabbitMQ consumer timeout: the broker closes the channel of a consumer that
     holds an unacked message too long and redelivers the message while it is still running.

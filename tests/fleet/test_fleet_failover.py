@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
+import pytest
 from celery_harness import wait_for
 from task_state_guard import Ledger, LedgerError, ReconcilePolicy
 from task_state_guard_postgres.ddl import lock_key
@@ -33,6 +34,9 @@ from task_state_guard_postgres.owners import INCARNATION_SQL, OWNER_KIND
 
 ADMIN = os.environ.get("TSG_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 PG_CTL = shlex.split(os.environ.get("TSG_TEST_PG_CTL", "pg_ctlcluster 15 main"))
+# Every session on the server ends: nothing else may run beside these (scripts/dev.py test).
+pytestmark = pytest.mark.service_wide
+
 POLICY = ReconcilePolicy(active_grace_seconds=600, delivery_grace_seconds=600)
 
 OWNER = textwrap.dedent(

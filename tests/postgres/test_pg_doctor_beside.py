@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -86,7 +87,9 @@ def test_a_check_that_fails_early_cancels_the_chains_beside(
     probes = pg_doctor.PROBES
     dialect = core.Dialect(probes.dialect.fin, false="false", true="true",
                            is_same="IS NOT DISTINCT FROM", as_int="({})::int")
-    object.__setattr__(dialect, "event_chains", "SELECT count(*) FROM pg_sleep(60)")
+    # tagged, so that only this test's query is looked for (another suite may run beside)
+    tag = f"tsgt-sleep-{uuid.uuid4().hex}"
+    object.__setattr__(dialect, "event_chains", f"SELECT count(*) FROM pg_sleep(60) /* {tag} */")
 
     def broken(conn: Any) -> int:
         raise StorageError("the read failed", reason="database_unusable")
@@ -102,5 +105,5 @@ def test_a_check_that_fails_early_cancels_the_chains_beside(
     assert report["integrity_error_count"] == 1 and report["healthy"] is False
     assert not [t for t in threading.enumerate() if t.name == "tsg-doctor-beside"]
     sleeping = sql(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE "
-                           "position('pg_sleep(60)' IN query) > 0 AND pid <> pg_backend_pid()")
+                           "position(%s IN query) > 0 AND pid <> pg_backend_pid()", (tag,))
     assert sleeping == [(0,)]

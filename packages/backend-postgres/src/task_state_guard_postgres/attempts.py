@@ -374,6 +374,41 @@ def end(conn: Conn, spec: End, now: float) -> Ended:
     return Ended(closed, marked, queued)
 
 
+def in_steps(spec: End) -> bool:
+    """Whether one *end attempt* statement cannot write ``spec``: a statement sees no row it
+    inserts itself, so an attempt queued under another of the same queue, or a close of an
+    attempt the queue records, needs :func:`end_in_steps`."""
+    queued = {q[0] for q in spec.queue}
+    return bool(queued) and (any(q[1] in queued for q in spec.queue)
+                             or any(c[0] in queued for c in spec.closes))
+
+
+def end_in_steps(conn: Conn, spec: End, now: float) -> Ended:
+    """*End attempt* as one statement per nesting depth of ``spec.queue`` (a parent's depth
+    before its children's), then one for the closes: run it in one transaction."""
+    queued: set[str] = set()
+    for level in _levels(spec.queue):
+        queued |= end(conn, End((), tuple(level)), now).queued
+    ended = end(conn, End(spec.closes, ()), now) if spec.closes else Ended(
+        frozenset(), frozenset(), frozenset())
+    return ended._replace(queued=frozenset(queued))
+
+
+def _levels(queue: Iterable[tuple[str, str, str | None, float | None]]
+            ) -> list[list[tuple[str, str, str | None, float | None]]]:
+    """``queue`` by nesting depth: an attempt whose parent is among them comes one level after
+    its parent."""
+    depth: dict[str, int] = {}
+    levels: list[list[tuple[str, str, str | None, float | None]]] = []
+    for entry in queue:
+        level = depth.get(entry[1], -1) + 1
+        depth[entry[0]] = level
+        if level == len(levels):
+            levels.append([])
+        levels[level].append(entry)
+    return levels
+
+
 def boundary(conn: Conn, spec: Boundary, now: float) -> tuple[Ended, str | None]:
     """Run a boundary (*end attempt*, then *begin attempt* under a logical task that exists)
     as one statement: what the end wrote, and the attempt begun (None when the begin was
@@ -388,4 +423,5 @@ def boundary(conn: Conn, spec: Boundary, now: float) -> tuple[Ended, str | None]
     return Ended(closed, marked, queued), begun[0] if begun else None
 
 
-__all__ = ["BEGIN", "BOUNDARY", "END", "array", "begin", "boundary", "end"]
+__all__ = ["BEGIN", "BOUNDARY", "END", "array", "begin", "boundary", "end", "end_in_steps",
+           "in_steps"]

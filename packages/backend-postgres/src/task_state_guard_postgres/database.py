@@ -354,7 +354,12 @@ class PostgresDatabase:
             return begun
 
     def _end_attempt(self, spec: End) -> Ended:
-        """*End attempt* as one statement (its own transaction outside a group)."""
+        """*End attempt* as one statement (its own transaction outside a group); a queue of
+        nested attempts, or closes of attempts it queues, as one transaction of a statement
+        per nesting depth and one for the closes."""
+        if _attempts.in_steps(spec):
+            with self.write() as conn:
+                return _attempts.end_in_steps(conn, spec, self.now())
         with self._write_lease() as conn:
             ended = _attempts.end(conn, spec, self.now())
             self._after_autocommit(conn)
@@ -363,14 +368,18 @@ class PostgresDatabase:
     def _boundary(self, spec: Boundary) -> tuple[Ended, str | None]:
         """A boundary (*end attempt*, then *begin attempt*) as one statement (its own
         transaction outside a group). When the begin names a task the end writes (an attempt
-        the end queues, the logical task it closes), the two statements run in one
-        transaction instead: one statement's parts would not see each other's rows."""
+        the end queues, the logical task it closes), or when the end takes steps of its own,
+        the statements run in one transaction instead: one statement's parts would not see
+        each other's rows."""
         written = {c[0] for c in spec.end.closes} | {q[0] for q in spec.end.queue}
         begin = spec.begin
-        if written & {begin.logical_id, begin.attempt_id, *(c[0] for c in begin.candidates)}:
+        steps = _attempts.in_steps(spec.end)
+        if steps or written & {begin.logical_id, begin.attempt_id,
+                               *(c[0] for c in begin.candidates)}:
             with self.write() as conn:
                 now = self.now()
-                return _attempts.end(conn, spec.end, now), _attempts.begin(conn, begin, now)
+                end = _attempts.end_in_steps if steps else _attempts.end
+                return end(conn, spec.end, now), _attempts.begin(conn, begin, now)
         with self._write_lease() as conn:
             crossed = _attempts.boundary(conn, spec, self.now())
             self._after_autocommit(conn)

@@ -105,19 +105,17 @@ class _Beside:
         return wait
 
     def _count(self, sql: str, state: dict[str, Any]) -> None:
-        try:
-            context = self._db.read_beside(self._snapshot)
-            conn = context.__enter__()
-        except LedgerError:
-            return  # the waiter runs it on the check's own connection
-        state["conn"] = conn
-        try:
-            conn.execute(_ORDERED_PLAN)
-            state["count"] = conn.execute(sql).fetchone()[0]
-        except LedgerError as exc:
-            state["error"] = exc
-        finally:
-            context.__exit__(None, None, None)
+        with contextlib.ExitStack() as stack:
+            try:
+                conn = stack.enter_context(self._db.read_beside(self._snapshot))
+            except LedgerError:
+                return  # the waiter runs it on the check's own connection
+            state["conn"] = conn
+            try:
+                conn.execute(_ORDERED_PLAN)
+                state["count"] = conn.execute(sql).fetchone()[0]
+            except LedgerError as exc:
+                state["error"] = exc
 
     def close(self) -> None:
         """Cancel what still runs and wait for it (a cancel that came before its query was

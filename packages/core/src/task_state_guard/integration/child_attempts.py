@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..model import StateConflict
-from ..store.backends import is_url
 from .attempts import AttemptSpec
 from .closing import Closing, Queued
 from .runtime import AdapterRuntime
@@ -134,33 +133,10 @@ def end_with_history(
     (the ledger claims no start time it does not know). Returns how many tasks were closed;
     refused steps and errors are handled as ``AdapterRuntime.close_tasks`` does.
 
-    SQLite runs an *end attempt*'s steps in order: one *end attempt*, which records each
-    attempt it queues and closes as its final row (one insert each, their events and totals
-    written together). A PostgreSQL *end attempt* is one statement, which sees no row it
-    inserts itself: one per nesting depth of ``queue``, then one for the closes, in one
-    transaction. Releases nothing: the caller releases the tasks it held first."""
-    if not queue:
-        return runtime.close_tasks(closings, where=where)
-    if not is_url(runtime.ledger.path):
-        return runtime.close_tasks(closings, where=where, queue=queue)
-    with runtime.ledger.atomic():
-        for level in _levels(queue):
-            runtime.close_tasks((), where=where, queue=level)
-        return runtime.close_tasks(closings, where=where)
-
-
-def _levels(queue: Sequence[Queued]) -> list[list[Queued]]:
-    """``queue`` by nesting depth: an attempt whose parent is among them comes one level after
-    its parent."""
-    depth: dict[str, int] = {}
-    levels: list[list[Queued]] = []
-    for entry in queue:
-        level = depth.get(entry[1], -1) + 1
-        depth[entry[0]] = level
-        if level == len(levels):
-            levels.append([])
-        levels[level].append(entry)
-    return levels
+    Both backends write it as one *end attempt* (PostgreSQL, whose statements see no row they
+    insert themselves, as one transaction of a statement per nesting depth of ``queue`` and
+    one for the closes). Releases nothing: the caller releases the tasks it held first."""
+    return runtime.close_tasks(closings, where=where, queue=queue)
 
 
 __all__ = ["begin_child", "end_tasks", "end_with_history"]
