@@ -85,7 +85,7 @@ class _Beside:
         self._snapshot: str | None = None
         self._running: list[tuple[threading.Thread, dict[str, Any]]] = []
 
-    def __call__(self, sql: str) -> Callable[[], int]:
+    def __call__(self, sql: str) -> Callable[[], tuple[Any, ...]]:
         if self._snapshot is None:
             self._snapshot = self._db.export_snapshot(self._conn)
         state: dict[str, Any] = {}
@@ -94,13 +94,13 @@ class _Beside:
         thread.start()
         self._running.append((thread, state))
 
-        def wait() -> int:
+        def wait() -> tuple[Any, ...]:
             thread.join()
-            if "count" in state:
-                return int(state["count"])
+            if "row" in state:
+                return tuple(state["row"])
             if "error" in state:
                 raise state["error"]
-            return int(self._conn.execute(sql).fetchone()[0])  # no second connection
+            return tuple(self._conn.execute(sql).fetchone())  # no second connection
 
         return wait
 
@@ -113,7 +113,7 @@ class _Beside:
             state["conn"] = conn
             try:
                 conn.execute(_ORDERED_PLAN)
-                state["count"] = conn.execute(sql).fetchone()[0]
+                state["row"] = conn.execute(sql).fetchone()
             except LedgerError as exc:
                 state["error"] = exc
 

@@ -472,9 +472,11 @@ def expected_events(row: Mapping[str, Any]) -> list[tuple[str, Any, Any, Any]]:
 def event_chain_sql(*, is_same: str, as_int: str, false: str, true: str, extra: str = "") -> str:
     """Count the tasks whose event chain is not exactly :func:`expected_events`, or whose
     ``version`` counts fewer changes than the chain holds (a 0.1.0 ledger may have counted
-    more). ``is_same``: the dialect's null-safe equality (``IS``, ``IS NOT DISTINCT FROM``);
-    ``as_int``: a boolean as an integer (``{}``); ``false``/``true``: its literals; ``extra``:
-    more ``OR`` conditions on ``version``."""
+    more), and the events that belong to a task: one row of two counts (every other event is
+    an orphan, so doctor needs no second pass over the events to find those). ``is_same``:
+    the dialect's null-safe equality (``IS``, ``IS NOT DISTINCT FROM``); ``as_int``: a
+    boolean as an integer (``{}``); ``false``/``true``: its literals; ``extra``: more ``OR``
+    conditions on ``version``."""
     expected = " + ".join(as_int.format(rule.present.sql("t.", true=true))
                           for rule in EVENT_RULES)
     cases = []
@@ -484,15 +486,16 @@ def event_chain_sql(*, is_same: str, as_int: str, false: str, true: str, extra: 
             f"WHEN {rule.step} THEN e.kind = '{rule.kind}' AND e.state = {state} "
             f"AND {rule.present.sql('t.', true=true)} AND e.code {is_same} {code} "
             f"AND e.at = {at}")
-    return f"""SELECT count(*) FROM (
+    mismatch = f"actual != expected OR matching != expected OR version < expected - 1{extra}"
+    return f"""SELECT coalesce(sum(CASE WHEN {mismatch} THEN 1 ELSE 0 END), 0),
+    coalesce(sum(actual), 0) FROM (
     SELECT {expected} AS expected,
         t.version AS version,
         count(e.task_seq) AS actual,
         coalesce(sum({as_int.format("CASE e.step " + " ".join(cases) + f" ELSE {false} END")}),
                  0) AS matching
     FROM tsg_tasks t LEFT JOIN tsg_events e ON e.task_seq = t.seq
-    GROUP BY t.seq) AS chains
-    WHERE actual != expected OR matching != expected OR version < expected - 1{extra}"""
+    GROUP BY t.seq) AS chains"""
 
 
 __all__ = [
