@@ -70,7 +70,8 @@ def earlier_layout(version: int, source_url: str) -> tuple[str, dict[str, Any]]:
     base, schema = _bench.split_url(url)
     _, source = _bench.split_url(source_url)
     assert schema and source
-    text = gzip.decompress(open(dump_of(version), "rb").read()).decode()
+    with open(dump_of(version), "rb") as handle:
+        text = gzip.decompress(handle.read()).decode()
     started = time.perf_counter()
     copied: dict[str, int] = {}
     with psycopg.connect(base) as conn:  # one transaction, committed on leaving
