@@ -419,19 +419,29 @@ class SQLiteDatabase:
         return self._modes.get(id(self.conn()))
 
     def close(self) -> None:
-        """Close every connection this process opened; no use afterwards."""
-        with self._lock:
-            self._closed = True
-            if THIS.pid == self._pid:
-                for conn in self._open_conns:
-                    with suppress(sqlite3.Error):
-                        conn.close()
-            self._open_conns = []
-            self._shared = None
-            self._modes = {}
-            self._writer = None
-            self._hot = None
-            self._now = None
+        """Close every connection this process opened; no use afterwards. A write or
+        checkpoint that this process runs on the file (another thread's, such as the
+        :class:`~.connections.NowWriter`'s checkpoint thread) ends first: closing a connection
+        while a statement runs on it can crash the interpreter. The wait is bounded by the busy
+        timeout."""
+        lock = writer_lock(self.path)
+        held = lock.acquire(timeout=self.busy_timeout_ms / 1000.0)
+        try:
+            with self._lock:
+                self._closed = True
+                if THIS.pid == self._pid:
+                    for conn in self._open_conns:
+                        with suppress(sqlite3.Error):
+                            conn.close()
+                self._open_conns = []
+                self._shared = None
+                self._modes = {}
+                self._writer = None
+                self._hot = None
+                self._now = None
+        finally:
+            if held:
+                lock.release()
         self._local = _Local()
 
     def _check_identity(self) -> None:
