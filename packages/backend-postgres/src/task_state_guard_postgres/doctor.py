@@ -27,13 +27,19 @@ def _fin(column: str) -> str:
     return f"({column} >= 0 AND {column} < 'Infinity'::float8)"
 
 
-_MISSING_PARENTS = (
-    "SELECT count(*) FROM tsg_tasks c WHERE c.parent_id IS NOT NULL "
-    "AND NOT EXISTS (SELECT 1 FROM tsg_tasks p WHERE p.id = c.parent_id)"
+#: Every child joined to its parent once: how many parents are missing (the foreign key
+#: can be bypassed, by ``session_replication_role`` or a disabled trigger) and how many
+#: children do not come after their parent.
+_PARENT_LINKS = (
+    "SELECT count(*) FILTER (WHERE p.seq IS NULL), "
+    f"count(*) FILTER (WHERE NOT ({core.PARENT_ORDER_OK})) "
+    "FROM tsg_tasks c LEFT JOIN tsg_tasks p ON p.id = c.parent_id WHERE c.parent_id IS NOT NULL"
 )
 
-def _missing_parents(conn: Any) -> int:
-    return int(conn.execute(_MISSING_PARENTS).fetchone()[0])
+
+def _parent_links(conn: Any) -> tuple[int, int]:
+    missing, misordered = conn.execute(_PARENT_LINKS).fetchone()
+    return int(missing), int(misordered)
 
 
 def _rows(conn: Any, sql: str) -> Iterable[tuple[Any, ...]]:
@@ -49,7 +55,7 @@ def _parent(conn: Any, task_id: str) -> Any:
 PROBES = core.Probes(
     core.Dialect(_fin, false="false", true="true", is_same="IS NOT DISTINCT FROM",
                  as_int="({})::int"),
-    _missing_parents, _rows, _parent,
+    _parent_links, _rows, _parent,
 )
 
 

@@ -159,13 +159,14 @@ class Dialect:
 
 @dataclass(frozen=True, slots=True)
 class Probes:
-    """What a backend supplies to :func:`check`: its :class:`Dialect`, how it counts children
-    whose parent is missing (``foreign_keys(conn)``), how it streams the rows of one query
-    without parameters (``rows(conn, sql)``), and how it reads one task's parent id
+    """What a backend supplies to :func:`check`: its :class:`Dialect`; how it counts broken
+    parent links (``parent_links(conn)``: the children whose parent is missing and those not
+    created after their parent, see :data:`PARENT_ORDER_COUNT`); how it streams the rows of
+    one query without parameters (``rows(conn, sql)``); and how it reads one task's parent id
     (``parent(conn, task_id)``: None for a root or an unknown id)."""
 
     dialect: Dialect
-    foreign_keys: Callable[[Any], int]
+    parent_links: Callable[[Any], tuple[int, int]]
     rows: Callable[[Any, str], Iterable[tuple[Any, ...]]]
     parent: Callable[[Any, str], Any]
 
@@ -174,10 +175,14 @@ _CONTRADICTED_CLOSES = (
     f"SELECT count(*) FROM tsg_tasks AS j WHERE {rules.close_contradicted('j.')}"
 )
 
+#: A child must come after its parent: a later ``seq`` and a creation no earlier.
+PARENT_ORDER_OK = "p.seq < c.seq AND p.created_at <= c.created_at"
 _PARENT_ORDER = (
-    "SELECT c.id FROM tsg_tasks c JOIN tsg_tasks p ON p.id = c.parent_id "
-    "WHERE NOT (p.seq < c.seq AND p.created_at <= c.created_at)"
+    f"SELECT c.id FROM tsg_tasks c JOIN tsg_tasks p ON p.id = c.parent_id "
+    f"WHERE NOT ({PARENT_ORDER_OK})"
 )
+#: How many children break the parent order (a parent that is missing breaks no order).
+PARENT_ORDER_COUNT = f"SELECT count(*) FROM ({_PARENT_ORDER}) AS misordered"
 
 
 def _shape_ok(shape: tuple[Any, ...]) -> tuple[bool, bool]:
@@ -206,13 +211,22 @@ def _count(conn: Any, sql: str) -> int:
     return int(conn.execute(sql).fetchone()[0])
 
 
-def _check_shapes(conn: Any, findings: dict[str, int], shapes_sql: str) -> bool:
+def _check_shapes(conn: Any, findings: dict[str, int],
+                  shapes_sql: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Judge every shape; return the state counts (tasks, deliveries), which the shapes hold."""
+    tasks = dict.fromkeys(_TASK_ORDER, 0)
+    deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
     for *shape, times_ok, count in conn.execute(shapes_sql):
         states_ok, codes_ok = _shape_ok(tuple(shape))
         findings["invalid_states"] += 0 if states_ok else count
         findings["invalid_codes"] += 0 if codes_ok else count
         findings["invalid_timestamps"] += 0 if times_ok else count
-    return True  # every shape was read
+        status, delivery = shape[0], shape[2]
+        if status in tasks:
+            tasks[status] += count
+        if delivery in deliveries:
+            deliveries[delivery] += count
+    return tasks, deliveries
 
 
 def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> bool:
@@ -245,12 +259,15 @@ def _check_values(rows: Iterable[tuple[Any, ...]], findings: dict[str, int]) -> 
     return True  # every row was read
 
 
-def _cycles(conn: Any, parent: Callable[[Any, str], Any]) -> tuple[int, int]:
-    """Count parent-order violations and the distinct cycles reachable from them.
+def _cycles(conn: Any, parent: Callable[[Any, str], Any], misordered: int) -> int:
+    """Count the distinct cycles reachable from the ``misordered`` children (read only when
+    there are some).
 
     The API only links a child to an existing, older parent, so a cycle always contains an
     order violation: walking up from the violators alone finds every cycle.
     """
+    if not misordered:
+        return 0
     suspects = conn.execute(_PARENT_ORDER).fetchall()
     cycles: set[frozenset[str]] = set()
     for (start,) in suspects:
@@ -263,21 +280,7 @@ def _cycles(conn: Any, parent: Callable[[Any, str], Any]) -> tuple[int, int]:
             node = parent(conn, node)
         if node is not None and node in seen:
             cycles.add(frozenset(path[path.index(node) :]))
-    return len(suspects), len(cycles)
-
-
-_STATUS_COUNTS = "SELECT status, delivery_status, count(*) FROM tsg_tasks GROUP BY 1, 2"
-
-
-def _state_counts(conn: Any) -> tuple[dict[str, int], dict[str, int]]:
-    tasks = dict.fromkeys(_TASK_ORDER, 0)
-    deliveries = dict.fromkeys(_DELIVERY_ORDER, 0)
-    for status, delivery, count in conn.execute(_STATUS_COUNTS):
-        if status in tasks:
-            tasks[status] += count
-        if delivery in deliveries:
-            deliveries[delivery] += count
-    return tasks, deliveries
+    return len(cycles)
 
 
 #: Starts one query on another reader of the same snapshot and returns how to wait for its
@@ -333,36 +336,36 @@ def check(conn: Any, probes: Probes, findings: dict[str, int | None], counts: di
 
     counts["task_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_tasks"))
     counts["event_count"] = part(lambda: _count(conn, "SELECT count(*) FROM tsg_events"))
-    states = part(lambda: _state_counts(conn))
-    if states is not None:
-        counts["task_status_counts"], counts["delivery_status_counts"] = states
-    count_of("foreign_key_violations", lambda: probes.foreign_keys(conn))
+    links = part(lambda: probes.parent_links(conn))
+    if links is not None:
+        findings["foreign_key_violations"], findings["parent_order_violations"] = links
+        count_of("parent_cycles", lambda: _cycles(conn, probes.parent, links[1]))
     shapes = dict.fromkeys(("invalid_states", "invalid_codes", "invalid_timestamps"), 0)
-    if part(lambda: _check_shapes(conn, shapes, dialect.shapes)):
+    states = part(lambda: _check_shapes(conn, shapes, dialect.shapes))
+    if states is not None:  # the shapes hold the state counts too
+        counts["task_status_counts"], counts["delivery_status_counts"] = states
         findings.update(shapes)
     values = {"invalid_ids": 0, "invalid_values": 0}
     if part(lambda: _check_values(probes.rows(conn, _VALUES), values)):
         findings.update(values)
+    counts["warnings"] = {
+        WARNING_KEYS["contradicted_closes"]: part(lambda: _count(conn, _CONTRADICTED_CLOSES)),
+    }
+    if outbox:
+        outbox_values = part(lambda: _count(conn, dialect.outbox_values))
+        known = findings["invalid_values"]
+        findings["invalid_values"] = None if known is None or outbox_values is None else (
+            known + outbox_values)
+        count_of("verdict_mismatches", lambda: _count(conn, dialect.outbox))
+    else:  # an older layout has no outbox: nothing there can disagree
+        findings["verdict_mismatches"] = 0
+    # the chains last: every other check has read while they ran beside
     chained = part(chains)  # (tasks whose chain is wrong, events that belong to a task)
     if chained is not None:
         findings["event_chain_mismatches"] = int(chained[0])
         events = counts["event_count"]
         # every event the chains did not join to a task is an orphan (the same snapshot)
         findings["orphan_events"] = None if events is None else events - int(chained[1])
-    counts["warnings"] = {
-        WARNING_KEYS["contradicted_closes"]: part(lambda: _count(conn, _CONTRADICTED_CLOSES)),
-    }
-    cycles = part(lambda: _cycles(conn, probes.parent))
-    if cycles is not None:
-        findings["parent_order_violations"], findings["parent_cycles"] = cycles
-    if not outbox:  # an older layout has no outbox: nothing there can disagree
-        findings["verdict_mismatches"] = 0
-        return
-    outbox_values = part(lambda: _count(conn, dialect.outbox_values))
-    known = findings["invalid_values"]
-    findings["invalid_values"] = None if known is None or outbox_values is None else (
-        known + outbox_values)
-    count_of("verdict_mismatches", lambda: _count(conn, dialect.outbox))
 
 
 def not_run(counts: dict[str, Any], findings: dict[str, int | None], *,

@@ -27,8 +27,9 @@ def _fin(column: str) -> str:
             f"AND {column} BETWEEN 0 AND {doctor.FLOAT_MAX_SQL})")
 
 
-def _foreign_keys(conn: sqlite3.Connection) -> int:
-    return len(conn.execute("PRAGMA foreign_key_check").fetchall())
+def _parent_links(conn: sqlite3.Connection) -> tuple[int, int]:
+    missing = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+    return missing, int(conn.execute(doctor.PARENT_ORDER_COUNT).fetchone()[0])
 
 
 def _rows(conn: sqlite3.Connection, sql: str) -> Iterable[tuple[Any, ...]]:
@@ -43,7 +44,7 @@ def _parent(conn: sqlite3.Connection, task_id: str) -> Any:
 PROBES = doctor.Probes(
     doctor.Dialect(_fin, false="0", true="1", is_same="IS", as_int="({})",
                    chain_extra=" OR typeof(version) != 'integer'"),
-    _foreign_keys, _rows, _parent,
+    _parent_links, _rows, _parent,
 )
 
 
