@@ -188,6 +188,25 @@ def _shape(query: str) -> str:
     return re.sub(r"\b\d+(\.\d+)?\b", "N", query)[:400]
 
 
+#: The server settings a 10M-task ledger's times depend on, recorded with every report.
+SERVER_SETTINGS = (
+    "server_version", "shared_buffers", "effective_cache_size", "work_mem",
+    "maintenance_work_mem", "max_wal_size", "checkpoint_timeout", "random_page_cost",
+    "effective_io_concurrency", "max_parallel_workers_per_gather", "synchronous_commit",
+    "wal_compression",
+)
+
+
+def server_settings(url: str) -> dict[str, str]:
+    """The server's :data:`SERVER_SETTINGS` as it shows them (``SHOW``: units included)."""
+    import psycopg
+
+    base, _schema = _bench.split_url(url)
+    with psycopg.connect(base, autocommit=True) as conn:
+        return {name: str(conn.execute(f"SHOW {name}").fetchone()[0])
+                for name in SERVER_SETTINGS}
+
+
 def sizes(url: str) -> dict[str, Any]:
     """PostgreSQL's sizes of the ledger's tables (heap, indexes, TOAST) and of each index, the
     live and dead rows, and the bytes per task."""
@@ -446,6 +465,7 @@ def run(args: argparse.Namespace, scratch: str) -> dict[str, Any]:
         "benchmark": "pg_scale", "targets": TARGETS, **_bench.stamp(),
         "options": {k: v for k, v in vars(args).items() if k != "pg"},
         "fixture": {"tasks": size, "lost_tasks": lost}, "measured": {},
+        "server_settings": server_settings(url),
     }
     m = report["measured"]
     grace = str(args.active_grace_seconds)
