@@ -238,16 +238,18 @@ def tree_walk(d: Dialect, *, outbox: bool) -> str:
     states, last change, event count and pending verdicts (0 in a layout without the outbox,
     ``outbox`` False)."""
     verdicts = OWED_VERDICTS if outbox else "0"
+    changed = ("CASE WHEN {row}updated_at > {row}delivery_updated_at THEN {row}updated_at "
+               "ELSE {row}delivery_updated_at END")
+    # Each task's columns are taken as the walk reaches it (one read of each row).
     return (
-        "WITH RECURSIVE tree(root, seq, id) AS ("
-        f" SELECT seq, seq, id FROM tsg_tasks WHERE {d.among('seq', 'seqs', 'bigint')}"
-        " UNION ALL SELECT tree.root, c.seq, c.id FROM tsg_tasks c"
-        " JOIN tree ON c.parent_id = tree.id)"
-        " SELECT tree.root, t.seq, t.status, t.delivery_status,"
-        " CASE WHEN t.updated_at > t.delivery_updated_at THEN t.updated_at"
-        " ELSE t.delivery_updated_at END,"
+        "WITH RECURSIVE tree(root, seq, id, status, delivery_status, changed) AS ("
+        f" SELECT seq, seq, id, status, delivery_status, {changed.format(row='')}"
+        f" FROM tsg_tasks WHERE {d.among('seq', 'seqs', 'bigint')}"
+        " UNION ALL SELECT tree.root, c.seq, c.id, c.status, c.delivery_status,"
+        f" {changed.format(row='c.')} FROM tsg_tasks c JOIN tree ON c.parent_id = tree.id)"
+        " SELECT t.root, t.seq, t.status, t.delivery_status, t.changed,"
         " (SELECT count(*) FROM tsg_events e WHERE e.task_seq = t.seq),"
-        f" {verdicts} FROM tree JOIN tsg_tasks t ON t.seq = tree.seq"
+        f" {verdicts} FROM tree t"
     )
 
 
