@@ -207,7 +207,9 @@ class PostgresDatabase:
             if getattr(self._local, "bulk", False):
                 conn.run("SELECT pg_advisory_xact_lock(%(key)s)",
                          {"key": ddl.lock_key(PASS_KIND, self.schema)})
-                conn.execute(ddl.COMPACT_TOTALS)
+                if self._local.fold:  # once a pass: its later batches add no increments
+                    conn.execute(ddl.COMPACT_TOTALS)
+                    self._local.fold = False
             yield
             if conn.failed:
                 # A statement failed inside and the caller went on: PostgreSQL would turn this
@@ -289,10 +291,12 @@ class PostgresDatabase:
     @contextmanager
     def bulk(self) -> Iterator[None]:
         """Mark this thread's next write transactions as one pass (reconcile, prune): each
-        takes the schema's pass lock first."""
+        takes the schema's pass lock first, and the first folds the outcome totals' increments
+        (:data:`ddl.COMPACT_TOTALS`)."""
         if self._read_only:
             raise StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)
         self._local.bulk = True
+        self._local.fold = True
         try:
             yield
         finally:

@@ -281,10 +281,20 @@ def _as_text(value: Any, encoding: str) -> bytes | None:
         return str(int(value)).encode()
     if isinstance(value, float):
         return repr(float(value)).encode()  # float8's input reads repr's inf, -inf and nan too
-    if isinstance(value, (list, tuple)) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return ("{" + ",".join(str(int(v)) for v in value) + "}").encode()  # a bigint[]
+    if isinstance(value, (list, tuple)):
+        return int_array(value).encode()
     raise TypeError(f"no text form for a {type(value).__name__} parameter")
+
+
+def int_array(values: list[int] | tuple[int, ...]) -> str:
+    """A list of integers in PostgreSQL's text form of an array (``{1,2,3}``), for a
+    ``bigint[]`` parameter. Built in one join: psycopg's own form of a list checks every
+    element for quoting (~0.5 us an integer; a prune or reconcile of 1M tasks binds millions)."""
+    if all(type(v) is int for v in values):
+        return "{" + ",".join(map(str, values)) + "}"
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise TypeError("an integer array holds integers only")
+    return "{" + ",".join(str(int(v)) for v in values) + "}"
 
 
 def _check(results: list[pq.abc.PGresult], encoding: str) -> pq.abc.PGresult:

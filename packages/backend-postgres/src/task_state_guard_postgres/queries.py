@@ -47,7 +47,7 @@ from task_state_guard.store.queries import (
 )
 
 from . import writes
-from .driver import Conn, Prepared, prepared
+from .driver import Conn, Prepared, int_array, prepared
 
 PASS_KIND = "tsg-pass"
 #: Rows a pass reads stay its own until it commits; rows a worker holds now are skipped.
@@ -184,10 +184,10 @@ class PostgresQueries:
         for state, dcode, at, seq in deliveries:
             settles.setdefault((state, dcode, at), []).append(seq)
         for (code, at), seqs in closes.items():
-            conn.run(PASS_WRITES["time_out"], {"code": code, "at": at, "seqs": seqs})
+            conn.run(PASS_WRITES["time_out"], {"code": code, "at": at, "seqs": int_array(seqs)})
         for (state, dcode, at), seqs in settles.items():
             conn.run(PASS_WRITES["close_delivery"],
-                     {"state": state, "code": dcode, "at": at, "seqs": seqs})
+                     {"state": state, "code": dcode, "at": at, "seqs": int_array(seqs)})
 
     @staticmethod
     def count_open(conn: Conn) -> int:
@@ -260,13 +260,15 @@ class PostgresQueries:
         held: set[int] = set()
         for start in range(0, len(seqs), _HOLD_CHUNK):
             part = seqs[start : start + _HOLD_CHUNK]
-            held.update(row[0] for row in conn.run(_HOLD_ROWS, {"seqs": part}).fetchall())
+            held.update(row[0] for row in conn.run(_HOLD_ROWS,
+                                                   {"seqs": int_array(part)}).fetchall())
         return held
 
     @staticmethod
     def delete_tasks(conn: Conn, seqs: list[int]) -> None:
+        values = {"seqs": int_array(seqs)}
         for statement in _DELETES:
-            conn.run(statement, {"seqs": seqs})
+            conn.run(statement, values)
 
     @staticmethod
     def any_claimable(conn: Conn, framework: str, now: float) -> bool:
