@@ -80,10 +80,11 @@ def test_a_child_added_after_the_hold_finds_its_parent_gone(
         adder = threading.Thread(target=add_child)
 
         def start_adder_and_wait_until_it_waits() -> None:
+            pass_pid = ledger._db.conn().raw.info.backend_pid  # this thread's pass transaction
             adder.start()
             deadline = time.monotonic() + 10
-            while not sql(pg_url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                  "AND query LIKE '%%tsg_tasks%%'"):
+            while not sql(pg_url, "SELECT 1 FROM pg_stat_activity "
+                                  "WHERE %s = ANY(pg_blocking_pids(pid))", (pass_pid,)):
                 assert time.monotonic() < deadline, "the child's insert never waited"
                 time.sleep(0.02)
 
