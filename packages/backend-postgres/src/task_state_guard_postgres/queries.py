@@ -2,7 +2,7 @@
 
 The server groups: status reads one row per group with the at-risk figures as filtered
 aggregates (``queries.AT_RISK``), the history one row per bucket. A pass holds the open rows it
-reads until it commits (without blocking foreign-key checks) and skips a row a worker's
+reads until it commits (without blocking a new child's parent check) and skips a row a worker's
 transaction holds at that moment (that work is being changed right now; the next pass judges
 it): a pass never waits for a worker, so a worker's transaction and a pass can never deadlock.
 A pass's closes go as one set-based statement per distinct set of values, which writes the
@@ -52,7 +52,7 @@ from .driver import Conn, Prepared, int_array, prepared
 PASS_KIND = "tsg-pass"
 #: Rows a pass reads stay its own until it commits; rows a worker holds now are skipped.
 HOLD = " FOR NO KEY UPDATE SKIP LOCKED"
-#: Prune's rows: held against new children (a child's foreign-key check waits for it).
+#: Prune's rows: held against new children (a child's parent check waits for it).
 DELETE_HOLD = " FOR UPDATE SKIP LOCKED"
 _HOLD_CHUNK = 1000  # rows held per statement
 
@@ -117,8 +117,8 @@ _EVENTS = (
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
 )
 _HOLD_ROWS = f"SELECT seq FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
-# One statement per table: a task's foreign-key check runs at the end of the statement, when
-# its deleted children are gone too.
+# One statement per table. No child of a deleted task can remain: the rows were held and their
+# trees read again under the hold, and a new child's parent check waits for the hold.
 _DELETES = (
     f"DELETE FROM tsg_events WHERE {_among('task_seq', 'seqs', 'bigint')}",
     # their published verdicts go with them (a pending one kept its tree)
