@@ -1,6 +1,6 @@
 """A large PostgreSQL ledger of an earlier layout migrated to this release's, timed.
 
-For each earlier layout asked for (``--from 3 8``: the oldest PostgreSQL layout and the
+For each earlier layout asked for (``--from 3 9``: the oldest PostgreSQL layout and the
 previous one):
 
 1. N tasks (default 1,000,000) are built once in this release's layout with
@@ -20,7 +20,7 @@ previous one):
 
 Prints one JSON object; the scratch schemas are dropped at the end.
 
-    .venv/bin/python benchmarks/pg_migration.py [--size 1000000] [--from 3 8] [--pg URL]
+    .venv/bin/python benchmarks/pg_migration.py [--size 1000000] [--from 3 9] [--pg URL]
         [--out FILE]
 """
 
@@ -98,7 +98,7 @@ def earlier_layout(version: int, source_url: str) -> tuple[str, dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1_000_000)
-    parser.add_argument("--from", dest="versions", type=int, nargs="+", default=[3, 8],
+    parser.add_argument("--from", dest="versions", type=int, nargs="+", default=[3, 9],
                         help="the earlier layouts to migrate from (their dumps must exist)")
     parser.add_argument("--pg", default=_bench.PG_BASE, help="PostgreSQL database URL (no schema)")
     parser.add_argument("--out", help="also write the JSON to this file")

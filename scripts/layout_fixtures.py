@@ -49,7 +49,7 @@ LAYOUTS = {
 REFUSED = {"v3-snapshot": "6737902"}
 #: PostgreSQL layout version -> the last commit whose PostgreSQL package wrote it.
 PG_LAYOUTS = {3: "b9d969a", 4: "18f73ab", 5: "f7312c2", 6: "ae51dda", 7: "41abc7d",
-              8: "dfdebe7"}
+              8: "dfdebe7", 9: "4cb6b2f"}
 PG_SCHEMA = "tsg_layout_fixture"
 
 _WRITE = r"""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import psycopg
 import pytest
 from pg_helpers import Workers, schema_of, sql
-from task_state_guard import InvalidInput, Ledger, ReconcilePolicy, StorageError
+from task_state_guard import InvalidInput, Ledger, ReconcilePolicy, StorageError, TaskNotFound
 from task_state_guard.cli.commands import main as tsg
 from task_state_guard_postgres import SCHEMA_VERSION, drop_schema, drop_stale_schemas
 from task_state_guard_postgres.ddl import MIGRATIONS
@@ -17,7 +18,7 @@ EVERY_MIGRATION = [(n,) for n in sorted(MIGRATIONS)]
 
 def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == SCHEMA_VERSION == 9
+        assert ledger.schema_version == SCHEMA_VERSION == 10
         ledger.create_task()
     with Ledger(pg_url) as again:  # a second open migrates nothing
         assert again.schema_version == SCHEMA_VERSION
@@ -28,7 +29,7 @@ def test_first_open_creates_the_current_schema_once(pg_url: str) -> None:
 def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> None:
     start = time.time() + 2.0
     procs = [workers.start("open", pg_url, start) for _ in range(4)]
-    assert [workers.finish(p)["schema_version"] for p in procs] == [9, 9, 9, 9]
+    assert [workers.finish(p)["schema_version"] for p in procs] == [SCHEMA_VERSION] * 4
     assert sql(pg_url, "SELECT version FROM tsg_migrations ORDER BY 1") == EVERY_MIGRATION
     with Ledger(pg_url) as ledger:
         assert ledger.doctor()["healthy"] is True
@@ -37,7 +38,8 @@ def test_hosts_opening_together_migrate_once(pg_url: str, workers: Workers) -> N
 def test_a_newer_schema_is_refused(pg_url: str) -> None:
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (10, 0)")
+    sql(pg_url, "INSERT INTO tsg_migrations(version, applied_at) VALUES (%s, 0)",
+        (SCHEMA_VERSION + 1,))
     for read_only in (False, True):
         with pytest.raises(StorageError) as err:
             Ledger(pg_url, read_only=read_only)
@@ -57,7 +59,7 @@ def test_a_failed_migration_leaves_nothing(pg_url: str) -> None:
     assert tables == []  # no table, no migrations row: all of it or nothing
     sql(pg_url, f'DROP FUNCTION "{schema}".tsg_write_event()')
     with Ledger(pg_url) as ledger:  # and the next open migrates cleanly
-        assert ledger.schema_version == 9
+        assert ledger.schema_version == SCHEMA_VERSION
 
 
 def test_a_foreign_schema_is_refused_and_doctor_says_so(
@@ -94,9 +96,15 @@ _NOOP = ("CREATE FUNCTION tsg_noop() RETURNS trigger LANGUAGE plpgsql "
     "AFTER INSERT ON tsg_tasks FOR EACH ROW EXECUTE FUNCTION tsg_write_event()",
     "CREATE OR REPLACE FUNCTION tsg_write_event() RETURNS trigger LANGUAGE plpgsql "
     "AS $fn$ BEGIN RETURN NULL; END $fn$",
+    # without the parent check, a child could be committed under a parent a prune deletes
+    "DROP TRIGGER tsg_parent_exists ON tsg_tasks",
+    "ALTER TABLE tsg_tasks DISABLE TRIGGER tsg_parent_exists",
+    "CREATE OR REPLACE FUNCTION tsg_parent_exists() RETURNS trigger LANGUAGE plpgsql "
+    "AS $fn$ BEGIN RETURN NULL; END $fn$",
 ], ids=["column_added", "column_retyped", "index_added", "index_dropped", "trigger_added",
         "disabled_trigger_added", "trigger_dropped", "trigger_disabled", "trigger_ungated",
-        "function_replaced"])
+        "function_replaced", "parent_check_dropped", "parent_check_disabled",
+        "parent_check_replaced"])
 def test_a_hand_edited_schema_is_refused_as_sqlite_refuses_an_edited_file(
     pg_url: str, tamper: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -130,9 +138,13 @@ def test_an_edited_older_schema_is_refused_and_left_unmigrated(pg_url: str) -> N
     whole transaction rolls back (the version and the rows stay as they were)."""
     with Ledger(pg_url) as ledger:
         ledger.create_task()
-    # Back to version 7 (without the thread column, with the row trigger), then edited.
+    # Back to version 7 (without the thread column, with the row trigger and the foreign
+    # key), then edited.
     schema = schema_of(pg_url)
     sql(pg_url, "DELETE FROM tsg_migrations WHERE version >= 8")
+    sql(pg_url, "DROP TRIGGER tsg_parent_exists ON tsg_tasks")
+    sql(pg_url, "DROP FUNCTION tsg_parent_exists()")
+    sql(pg_url, "ALTER TABLE tsg_tasks ADD FOREIGN KEY (parent_id) REFERENCES tsg_tasks(id)")
     sql(pg_url, "ALTER TABLE tsg_tasks DROP COLUMN thread_id")
     sql(pg_url, "DROP TRIGGER tsg_event_created ON tsg_tasks")  # ungated as version 7 had it
     sql(pg_url, MIGRATIONS[3](schema)[-2])
@@ -150,6 +162,39 @@ def test_an_edited_older_schema_is_refused_and_left_unmigrated(pg_url: str) -> N
                           "WHERE table_schema = %s AND column_name = 'thread_id'",
                   (schema_of(pg_url),))
     assert columns == []  # the migration to 8 rolled back with the check
+    assert foreign_keys(pg_url) == 1  # and the one to 10
+
+
+def foreign_keys(url: str) -> int:
+    """The foreign keys on the URL's task table."""
+    rows = sql(url, "SELECT count(*) FROM pg_constraint WHERE contype = 'f' "
+                    "AND conrelid = 'tsg_tasks'::regclass")
+    return int(rows[0][0])
+
+
+def test_a_new_task_s_parent_is_checked_by_the_trigger_for_every_session(pg_url: str) -> None:
+    """Layout 10 has no foreign key: a row naming a parent that does not exist is refused
+    with the key's error for any session (an earlier release's, whose statements do not check
+    the parent themselves, or a hand-written insert), and nothing is written."""
+    with Ledger(pg_url) as ledger:
+        parent = ledger.create_task(name="parent")
+        ledger.create_task(name="child", parent_id=parent.id)
+    assert foreign_keys(pg_url) == 0
+    insert = ("INSERT INTO tsg_tasks(id, parent_id, status, delivery_required, delivery_status, "
+              "created_at, delivery_updated_at, updated_at) "
+              "VALUES (%s, %s, 'queued', 0, 'pending', 1.0, 1.0, 1.0)")
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        sql(pg_url, insert, ("orphan", "no-such-task"))
+    sql(pg_url, insert, ("second-child", parent.id))  # a parent that exists: accepted
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        sql(pg_url, "UPDATE tsg_tasks SET parent_id = 'no-such-task' WHERE id = 'second-child'")
+    assert sql(pg_url, "SELECT count(*) FROM tsg_tasks WHERE id = 'orphan'") == [(0,)]
+    assert sql(pg_url, "SELECT parent_id FROM tsg_tasks WHERE id = 'second-child'") == [
+        (parent.id,)]
+    with Ledger(pg_url) as ledger:
+        assert ledger.doctor()["foreign_key_violation_count"] == 0
+        with pytest.raises(TaskNotFound):
+            ledger.create_task(name="child", parent_id="00000000-0000-4000-8000-00000000dead")
 
 
 def test_a_read_only_open_of_a_missing_ledger_creates_nothing(pg_url: str) -> None:
@@ -197,7 +242,7 @@ def test_a_version_3_ledger_migrates_with_its_totals(pg_url: str) -> None:
                     "VALUES (%s, %s, %s, 1, 'pending', 1.0, %s, 1.0, 2.0)",
             (tid, status, code, ended))
     with Ledger(pg_url) as ledger:
-        assert ledger.schema_version == 9
+        assert ledger.schema_version == SCHEMA_VERSION
         seeded = ledger.status()["outcomes_total"]["task"]  # the two closed tasks it held
         assert seeded["succeeded"]["worker_completed"] == 1 and seeded["failed"][""] == 1
         assert seeded["cancelled"].get("", 0) == 0
@@ -233,7 +278,7 @@ def test_a_version_4_ledger_migrates_and_its_pass_writes_every_event(pg_url: str
                        "AND pg_get_triggerdef(t.oid) LIKE %s",
                (schema, "%WHEN%")) == []
     with Ledger(pg_url, clock=lambda: 10_000.0) as ledger:
-        assert ledger.schema_version == 9
+        assert ledger.schema_version == SCHEMA_VERSION
         assert ledger.doctor()["healthy"] is True
         report = ledger.reconcile(ReconcilePolicy(active_grace_seconds=60,
                                                   delivery_grace_seconds=0))
@@ -281,7 +326,7 @@ def test_a_version_5_ledger_migrates_and_owes_verdicts_from_then_on(pg_url: str)
     sql(pg_url, "INSERT INTO tsg_events VALUES (1, 2, 'started', 'running', 'started', 1.0)")
     clock = [10_000.0]
     with Ledger(pg_url, clock=lambda: clock[0]) as ledger:
-        assert ledger.schema_version == 9
+        assert ledger.schema_version == SCHEMA_VERSION
         assert ledger.doctor()["healthy"] is True
         settings = resolve_settings(db_required=False, heartbeat_seconds=0)
         rt = AdapterRuntime(settings, logger=logging.getLogger("test"), ledger=ledger,

@@ -1,7 +1,7 @@
 """Prune on PostgreSQL while other writers go on: it holds the rows of the trees it deletes and
-judges them again. A child committed under a tree between the pass's first reading and its
-hold keeps that tree; a child added after the hold waits for the pass and then finds its
-parent gone (``TaskNotFound``, never an orphan)."""
+looks for children it did not see. A child committed under a tree between the pass's first
+reading and its hold keeps that tree; a child added after the hold waits for the pass and then
+finds its parent gone (``TaskNotFound``, never an orphan)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ aside for a session that sets :data:`PASS_EVENTS` (every connection of this rele
 connect) and keeps writing them for any other, such as a process of an earlier release still
 running during a rolling upgrade. The totals are rows of increments
 (``total`` summed by readers), so concurrent closes never queue on one counter row; passes fold
-them (:data:`COMPACT_TOTALS`).
+them (:data:`COMPACT_TOTALS`). A new task's parent must exist: a row trigger checks it for every
+session, as a foreign key would, without the key's check of every deleted row.
 ``tsg_migrations`` records each applied migration; a writable open applies the missing ones in
 one transaction under a transaction-level advisory lock (so hosts booting together migrate
 once), and any open refuses a schema newer than this release.
@@ -30,8 +31,8 @@ from .driver import PASS_EVENTS, Conn
 #: write their events set-based, see :data:`PASS_EVENTS`; 6: the verdict outbox; 7: the
 #: totals' kind is the one a person calls the task; 8: the thread column; 9: the row trigger
 #: steps aside for this release's sessions, whose statements write their own events, totals
-#: and verdicts).
-SCHEMA_VERSION = 9
+#: and verdicts; 10: a new task's parent is checked by a trigger instead of a foreign key).
+SCHEMA_VERSION = 10
 APPLICATION = "task-state-guard"
 NEWER_SCHEMA = "the ledger's schema is newer than this release"
 FOREIGN_SCHEMA = "the database holds a foreign or tampered schema"
@@ -230,9 +231,48 @@ def _v9(s: str) -> list[str]:
     ]
 
 
+def _parent_function(q: str) -> str:
+    """Version 10's parent check: the new row's parent exists, held against a prune (``FOR KEY
+    SHARE``, as a foreign key's check holds it) until the inserting transaction ends; a parent
+    deleted meanwhile raises ``foreign_key_violation``, as the key did."""
+    return f"""CREATE FUNCTION {q}.tsg_parent_exists() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM 1 FROM {q}.tsg_tasks WHERE id = NEW.parent_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE foreign_key_violation USING MESSAGE = 'the task''s parent does not exist';
+    END IF;
+    RETURN NULL;
+END
+$fn$"""
+
+
+def _v10(s: str) -> list[str]:
+    """Version 10: the task table's foreign key (a task's parent) is replaced by a row trigger
+    that makes the same check of a new row's parent. The key also checked every *deleted* row
+    for children through the server's own per-row query (about 10 µs a row: a third of a
+    prune at 10M tasks); a prune needs no such check, because it holds the rows it deletes and
+    reads their trees again under the hold, and a new child's check waits for that hold (its
+    parent then deleted, it is refused). Nothing stored changes."""
+    q = f'"{s}"'
+    return [
+        # The key's name is the server's choice (``tsg_tasks_parent_id_fkey`` on every
+        # release so far): drop whichever foreign key the table has.
+        f"""DO $do$ DECLARE key text; BEGIN
+    FOR key IN SELECT conname FROM pg_catalog.pg_constraint
+        WHERE conrelid = '{q}.tsg_tasks'::regclass AND contype = 'f' LOOP
+        EXECUTE format('ALTER TABLE {q}.tsg_tasks DROP CONSTRAINT %I', key);
+    END LOOP;
+END $do$""",
+        _parent_function(q),
+        f"CREATE TRIGGER tsg_parent_exists AFTER INSERT OR UPDATE OF parent_id "
+        f"ON {q}.tsg_tasks FOR EACH ROW WHEN (NEW.parent_id IS NOT NULL) "
+        f"EXECUTE FUNCTION {q}.tsg_parent_exists()",
+    ]
+
+
 #: Migration number -> its statements (a function of the schema name), applied in order.
 MIGRATIONS: dict[int, Callable[[str], list[str]]] = {
-    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
+    3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10}
 #: The first version with the verdict outbox.
 OUTBOX_VERSION = 6
 #: The first version with the thread column.
@@ -274,7 +314,7 @@ def _has_ledger_tables(conn: Conn, schema: str) -> bool:
 
 # The exact layout of this release, which any open (and doctor) checks a current schema
 # against: the columns (table, column, type, nullable), the indexes of the ledger's tables, the
-# triggers on them (each gated) and the event function's body.
+# triggers on them and the bodies of its functions.
 _COLUMNS = """SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns
     WHERE table_schema = %(schema)s AND table_name IN ('tsg_tasks', 'tsg_events', 'tsg_totals',
         'tsg_verdicts')
@@ -324,13 +364,16 @@ _TRIGGERS = f"""SELECT c.relname, g.tgname, g.tgenabled,
 #: The row trigger, enabled (every version keeps it; a trigger dropped or disabled by hand
 #: would lose an earlier release's events silently).
 _ROW_TRIGGERS = [("tsg_tasks", "tsg_event_changed", "O"), ("tsg_tasks", "tsg_event_created", "O")]
-# Both gated (an ungated one would write a second event beside this release's statements).
-_EXPECTED_TRIGGERS = [(*trigger, True) for trigger in _ROW_TRIGGERS]
+# Both gated (an ungated one would write a second event beside this release's statements); the
+# parent check fires for every session.
+_EXPECTED_TRIGGERS = [*((*trigger, True) for trigger in _ROW_TRIGGERS),
+                      ("tsg_tasks", "tsg_parent_exists", "O", False)]
 _GATE_PATTERN = (f"% WHEN ((current_setting('{PASS_EVENTS}'::text, true) IS DISTINCT FROM "
                  "'on'::text)) EXECUTE FUNCTION %")
-_EVENT_FUNCTION = """SELECT p.prosrc FROM pg_catalog.pg_proc p
+_FUNCTIONS = """SELECT p.prosrc FROM pg_catalog.pg_proc p
     JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-    WHERE n.nspname = %(schema)s AND p.proname = 'tsg_write_event'"""
+    WHERE n.nspname = %(schema)s
+        AND p.proname IN ('tsg_parent_exists', 'tsg_write_event') ORDER BY p.proname"""
 
 
 def row_trigger_intact(conn: Conn, schema: str) -> bool:
@@ -344,7 +387,8 @@ def row_trigger_intact(conn: Conn, schema: str) -> bool:
 
 def layout_ok(conn: Conn, schema: str) -> bool:
     """True when the schema's ledger tables are exactly this release's layout: their columns,
-    indexes (by name), enabled triggers (no others, each gated) and the event function's body.
+    indexes (by name), enabled triggers (no others; the event triggers gated) and the bodies of
+    the event function and the parent check.
     A schema edited by hand (a trigger dropped, disabled or ungated, a column added or retyped,
     an index or a trigger added, the function replaced) is not."""
     args = {"schema": schema}
@@ -355,9 +399,10 @@ def layout_ok(conn: Conn, schema: str) -> bool:
     triggers = conn.run(_TRIGGERS, {**args, "gate": _GATE_PATTERN}).fetchall()
     if [tuple(row) for row in triggers] != _EXPECTED_TRIGGERS:
         return False
-    body = _v7_event_function(f'"{schema}"')
-    return [row[0] for row in conn.run(_EVENT_FUNCTION, args).fetchall()] == [
-        body.split("$fn$")[1]
+    q = f'"{schema}"'
+    bodies = [_parent_function(q), _v7_event_function(q)]  # by name: tsg_parent_exists first
+    return [row[0] for row in conn.run(_FUNCTIONS, args).fetchall()] == [
+        body.split("$fn$")[1] for body in bodies
     ]
 
 

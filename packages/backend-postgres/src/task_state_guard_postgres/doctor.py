@@ -27,8 +27,8 @@ def _fin(column: str) -> str:
     return f"({column} >= 0 AND {column} < 'Infinity'::float8)"
 
 
-#: Every child joined to its parent once: how many parents are missing (the foreign key
-#: can be bypassed, by ``session_replication_role`` or a disabled trigger) and how many
+#: Every child joined to its parent once: how many parents are missing (the parent check
+#: can be bypassed, by ``session_replication_role``) and how many
 #: children do not come after their parent.
 _PARENT_LINKS = (
     "SELECT count(*) FILTER (WHERE p.seq IS NULL), "

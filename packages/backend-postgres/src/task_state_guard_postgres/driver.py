@@ -83,8 +83,8 @@ def translate_error(exc: BaseException) -> LedgerError:
             "another connection held the ledger past the busy timeout", reason=r.DATABASE_BUSY
         )
     if isinstance(exc, pg_errors.ForeignKeyViolation):
-        # Every foreign key points at a task row: the task a write named (a new child's
-        # parent) was deleted meanwhile by a prune that held it.
+        # Raised by the parent check (and by the foreign key of layouts before 10): a new
+        # child's parent, which the write named, was deleted meanwhile by a prune that held it.
         return TaskNotFound("task not found")
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         return StorageError("the ledger was opened read-only", reason=r.READ_ONLY_LEDGER)

@@ -2,7 +2,7 @@
 
 The server groups: status reads one row per group with the at-risk figures as filtered
 aggregates (``queries.AT_RISK``), the history one row per bucket. A pass holds the open rows it
-reads until it commits (without blocking foreign-key checks) and skips a row a worker's
+reads until it commits (without blocking a new child's parent check) and skips a row a worker's
 transaction holds at that moment (that work is being changed right now; the next pass judges
 it): a pass never waits for a worker, so a worker's transaction and a pass can never deadlock.
 A pass's closes go as one set-based statement per distinct set of values, which writes the
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any
 
 from task_state_guard import rules
@@ -52,7 +53,7 @@ from .driver import Conn, Prepared, int_array, prepared
 PASS_KIND = "tsg-pass"
 #: Rows a pass reads stay its own until it commits; rows a worker holds now are skipped.
 HOLD = " FOR NO KEY UPDATE SKIP LOCKED"
-#: Prune's rows: held against new children (a child's foreign-key check waits for it).
+#: Prune's rows: held against new children (a child's parent check waits for it).
 DELETE_HOLD = " FOR UPDATE SKIP LOCKED"
 _HOLD_CHUNK = 1000  # rows held per statement
 
@@ -70,17 +71,21 @@ DIALECT = Dialect(_mark, _among, HOLD,
 _SQL = statements(DIALECT)
 
 
-def _tree_walk(outbox: bool) -> Prepared:
-    """Prune's tree read as a server-side prepared statement: its one generic plan walks the
-    parent index from each root (a plan made for the bound roots' literal values merge-joined
-    the whole table, 14 times slower at 1M tasks)."""
+def _by_parent_index(read: Callable[[Dialect], str]) -> Prepared:
+    """A read of tasks under bound seqs (prune's) as a server-side prepared statement: its one
+    generic plan follows the parent index from each task (a plan made for the bound values
+    merge-joined the whole table, 14 times slower at 1M tasks)."""
     def compose(mark: Callable[[str], str]) -> str:
-        among = Dialect(mark, lambda column, name, kind: f"{column} = ANY({mark(name)})")
-        return tree_walk(among, outbox=outbox)
+        return read(Dialect(mark, lambda column, name, kind: f"{column} = ANY({mark(name)})"))
     return prepared({"seqs": "bigint[]"}, compose)
 
 
-_TREES = {outbox: _tree_walk(outbox) for outbox in (True, False)}
+_TREES = {outbox: _by_parent_index(partial(tree_walk, outbox=outbox))
+          for outbox in (True, False)}
+#: Prune's check after its hold: every child of the held rows (bound as ``seqs``).
+_CHILDREN_OF = _by_parent_index(lambda d: (
+    "SELECT p.seq, c.seq FROM tsg_tasks p JOIN tsg_tasks c ON c.parent_id = p.id "
+    f"WHERE {d.among('p.seq', 'seqs', 'bigint')}"))
 _STATUS_GROUPS = render(
     f"SELECT {STATUS_KEY}, count(*), "
     + ", ".join(f"{agg}({column}) FILTER (WHERE {OPEN_WORK} AND {cond})"
@@ -117,8 +122,8 @@ _EVENTS = (
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
 )
 _HOLD_ROWS = f"SELECT seq FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
-# One statement per table: a task's foreign-key check runs at the end of the statement, when
-# its deleted children are gone too.
+# One statement per table. No child of a deleted task can remain: the rows were held and their
+# trees read again under the hold, and a new child's parent check waits for the hold.
 _DELETES = (
     f"DELETE FROM tsg_events WHERE {_among('task_seq', 'seqs', 'bigint')}",
     # their published verdicts go with them (a pending one kept its tree)
@@ -256,13 +261,16 @@ class PostgresQueries:
         return conn.fetch_named(_TREES[outbox], {"seqs": roots})
 
     @staticmethod
-    def hold_for_delete(conn: Conn, seqs: list[int]) -> set[int] | None:
+    def hold_for_delete(conn: Conn,
+                        seqs: list[int]) -> tuple[set[int], list[tuple[Any, Any]]] | None:
         held: set[int] = set()
         for start in range(0, len(seqs), _HOLD_CHUNK):
             part = seqs[start : start + _HOLD_CHUNK]
             held.update(row[0] for row in conn.run(_HOLD_ROWS,
                                                    {"seqs": int_array(part)}).fetchall())
-        return held
+        # A statement of its own: its snapshot, taken once every row is held, sees a child
+        # committed before the hold, which the hold's own snapshot may predate.
+        return held, conn.fetch_named(_CHILDREN_OF, {"seqs": sorted(held)}) if held else []
 
     @staticmethod
     def delete_tasks(conn: Conn, seqs: list[int]) -> None:

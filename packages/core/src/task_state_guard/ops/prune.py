@@ -43,22 +43,24 @@ def _closed_trees(
 
 def _hold(
     db: Database, conn: Any, roots: list[int], trees: dict[int, tuple[list[int], int]],
-    cutoff: float, outbox: bool,
 ) -> tuple[dict[int, tuple[list[int], int]], int]:
     """Where other writers run beside a pass (the backend holds rows, not the database): hold
-    the rows of the closed trees, then judge them again. A child committed under one of them
-    before the hold shows in the second reading (its tree stays); a child added after it waits
-    for this transaction and then finds its parent gone; a tree with a row held elsewhere stays
-    for the next pass. Return the trees that may go and how many more stay."""
+    the rows of the closed trees, then look for children the first reading did not see. A
+    child committed under one of them before the hold shows in that second reading (its tree
+    stays); a child added after it waits for this transaction and then finds its parent gone;
+    a tree with a row held elsewhere stays for the next pass. What the first reading judged
+    cannot have changed meanwhile: a closed task's states are final, and a verdict is owed only
+    by a close. Return the trees that may go and how many more stay."""
     wanted = [seq for members, _ in trees.values() for seq in members]
-    held = db.queries.hold_for_delete(conn, wanted)
-    if held is None:  # the write transaction holds the whole database
+    holding = db.queries.hold_for_delete(conn, wanted)
+    if holding is None:  # the write transaction holds the whole database
         return trees, 0
-    whole = [r for r in roots if r in trees and set(trees[r][0]) <= held]
-    if not whole:
-        return {}, len(trees)
-    again, _ = _closed_trees(db, conn, whole, cutoff, outbox)
-    final = {r: tree for r, tree in again.items() if set(tree[0]) <= held}
+    held, children = holding
+    whole = {r: trees[r] for r in roots if r in trees and set(trees[r][0]) <= held}
+    root_of = {seq: root for root, (members, _) in whole.items() for seq in members}
+    grown = {root_of[parent] for parent, child in children
+             if parent in root_of and child not in root_of}
+    final = {r: tree for r, tree in whole.items() if r not in grown}
     return final, len(trees) - len(final)
 
 
@@ -101,7 +103,7 @@ def prune(
                 seqs = [r[0] for r in roots]
                 trees, kept = _closed_trees(db, conn, seqs, cutoff, outbox)
                 if not dry_run and trees:
-                    trees, also_kept = _hold(db, conn, seqs, trees, cutoff, outbox)
+                    trees, also_kept = _hold(db, conn, seqs, trees)
                     kept += also_kept
                 doomed = sorted((seq for members, _ in trees.values() for seq in members),
                                 reverse=True)

@@ -285,7 +285,8 @@ class SQLiteQueries:
         return conn.execute(sql, params).fetchall()
 
     @staticmethod
-    def hold_for_delete(conn: sqlite3.Connection, seqs: list[int]) -> set[int] | None:
+    def hold_for_delete(conn: sqlite3.Connection,
+                        seqs: list[int]) -> tuple[set[int], list[tuple[Any, Any]]] | None:
         return None  # a write transaction already holds the whole database
 
     @staticmethod

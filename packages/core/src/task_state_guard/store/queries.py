@@ -541,10 +541,12 @@ class Queries(Protocol):
         the last column is 0)."""
         ...
 
-    def hold_for_delete(self, conn: Any, seqs: list[int]) -> set[int] | None:
+    def hold_for_delete(self, conn: Any,
+                        seqs: list[int]) -> tuple[set[int], list[tuple[Any, Any]]] | None:
         """Hold the rows ``seqs`` against other writers until the transaction ends (new
-        children's foreign-key checks wait too), skipping rows held elsewhere: the rows held;
-        None where the write transaction already holds the whole database."""
+        children's parent checks wait too), skipping rows held elsewhere: the rows held, and
+        every child of them read after the hold as ``(parent's seq, child's seq)``; None where
+        the write transaction already holds the whole database."""
         ...
 
     def delete_tasks(self, conn: Any, seqs: list[int]) -> None:
