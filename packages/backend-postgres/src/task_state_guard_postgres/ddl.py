@@ -251,7 +251,7 @@ def _v10(s: str) -> list[str]:
     that makes the same check of a new row's parent. The key also checked every *deleted* row
     for children through the server's own per-row query (about 10 µs a row: a third of a
     prune at 10M tasks); a prune needs no such check, because it holds the rows it deletes and
-    reads their trees again under the hold, and a new child's check waits for that hold (its
+    reads their children again after the hold, and a new child's check waits for that hold (its
     parent then deleted, it is refused). Nothing stored changes."""
     q = f'"{s}"'
     return [

@@ -5,6 +5,7 @@ aggregates (``queries.AT_RISK``), the history one row per bucket. A pass holds t
 reads until it commits (without blocking a new child's parent check) and skips a row a worker's
 transaction holds at that moment (that work is being changed right now; the next pass judges
 it): a pass never waits for a worker, so a worker's transaction and a pass can never deadlock.
+A worker that changes a row the pass holds waits for the rest of the pass (benchmarks/LOG.md).
 A pass's closes go as one set-based statement per distinct set of values, which writes the
 rows' events, totals and verdicts itself (:mod:`.writes`, as every statement that changes a
 state does). The statements both backends run come from ``store.queries.statements`` in psycopg's
@@ -122,8 +123,8 @@ _EVENTS = (
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
 )
 _HOLD_ROWS = f"SELECT seq FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
-# One statement per table. No child of a deleted task can remain: the rows were held and their
-# trees read again under the hold, and a new child's parent check waits for the hold.
+# One statement per table. No child of a deleted task can remain: the rows were held, their
+# children read again after the hold, and a new child's parent check waits for the hold.
 _DELETES = (
     f"DELETE FROM tsg_events WHERE {_among('task_seq', 'seqs', 'bigint')}",
     # their published verdicts go with them (a pending one kept its tree)
