@@ -181,7 +181,7 @@ def test_schema_version_constant(ledger: Ledger) -> None:
     else:
         from task_state_guard_postgres import SCHEMA_VERSION as pg_version
 
-        assert ledger.SCHEMA_VERSION == pg_version == 9
+        assert ledger.SCHEMA_VERSION == pg_version == 10
     assert ledger.doctor()["schema_version"] == ledger.SCHEMA_VERSION
     assert ledger.storage_info()["schema_version"] == ledger.SCHEMA_VERSION
 
