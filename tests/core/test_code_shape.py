@@ -28,8 +28,10 @@ CHECKER = ROOT / "scripts" / "code_shape.py"
 #: The members of the store protocol and every member of its sub-protocols (``queries``,
 #: ``owners``, ``health``) a backend provides: today's count, a ceiling that only comes down
 #: (44 since owners gained ``supervise``: a process lending its liveness to the children it
-#: forks is a capability each backend implements in its own way, lock files or sessions).
-STORE_CALLABLES_BOUND = 44
+#: forks is a capability each backend implements in its own way, lock files or sessions; 45
+#: since queries gained ``hold_open``: where writers run beside a pass, it holds only the rows
+#: it changes, so a worker never waits for a pass over rows it keeps).
+STORE_CALLABLES_BOUND = 45
 STORE_MEMBERS_BOUND = 12
 #: Statements of ``class Ledger`` (74 when set): the facade delegates, one call a method
 #: (82 since ``overview``: the status and the outcome history in one read, the web view's page).

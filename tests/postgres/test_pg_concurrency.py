@@ -104,3 +104,45 @@ def test_a_pass_never_deadlocks_with_a_workers_transaction(pg_url: str) -> None:
     assert report["tasks_timed_out"] == 0 and report["applied"] is True
     with Ledger(pg_url) as ledger:
         assert ledger.get_task(child.id).heartbeat_at is not None
+
+
+def test_a_worker_never_waits_for_a_pass_over_a_row_it_keeps(pg_url: str) -> None:
+    """A pass holds only the rows it closes: a worker's heartbeat of a fresh task the pass has
+    already read and kept goes through while the pass is still running (the pass holding the
+    rows it read would make it wait for the pass's commit)."""
+    with Ledger(pg_url) as setup:
+        stale = []
+        for _ in range(2100):  # two batches: the second is read after the first's progress
+            task = setup.create_task(timeout_seconds=0, delivery_required=False)
+            setup.start_task(task.id, owner=False)
+            stale.append(task.id)
+        fresh = setup.create_task()
+        setup.start_task(fresh.id, owner=False)  # the newest: in the pass's first batch
+    beat = threading.Event()
+    seen: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    def heartbeat() -> None:
+        try:
+            with Ledger(pg_url) as ledger:
+                ledger.heartbeat(fresh.id)
+            beat.set()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def progress(done: int, total: int) -> None:
+        seen.append((done, total))
+        if len(seen) == 2:  # the first batch is read, judged and written, not committed
+            thread = threading.Thread(target=heartbeat)
+            thread.start()
+            seen.append((int(beat.wait(20)), -1))
+
+    with Ledger(pg_url) as ledger:
+        report = ledger.reconcile(ReconcilePolicy(3600, 3600), progress=progress)
+    assert errors == []
+    assert seen[2] == (1, -1), seen  # the heartbeat finished before the pass went on
+    assert report["tasks_timed_out"] == 2100 and report["fresh_active_retained"] == 1
+    with Ledger(pg_url) as ledger:
+        assert ledger.get_task(fresh.id).status == "running"
+        assert all(ledger.get_task(t).terminal_code == "deadline_exceeded" for t in stale[:5])
+        assert ledger.doctor()["healthy"] is True

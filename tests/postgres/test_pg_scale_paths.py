@@ -168,7 +168,7 @@ def test_reconcile_batches_write_what_one_statement_per_row_writes(
             with Ledger(url, clock=clock) as ledger:
                 db: Any = ledger._db
                 if url == twin:  # the generic path: one statement per row
-                    monkeypatch.setattr(db, "queries", _PerRow(db.read, db._passing))
+                    monkeypatch.setattr(db, "queries", _PerRow(db.read))
                 reports.append(ledger.reconcile(ReconcilePolicy(
                     active_grace_seconds=60, delivery_grace_seconds=0)))
         assert reports[0] == reports[1]

@@ -124,7 +124,7 @@ class PostgresDatabase:
         self._closed = False
         self.schema_version: int | None = None
         #: The statements other than transitions (a read of one task opens its own read).
-        self.queries = PostgresQueries(self.read, self._passing)
+        self.queries = PostgresQueries(self.read)
 
     def __repr__(self) -> str:
         return f"PostgresDatabase({self._target.shown!r})"
@@ -283,10 +283,6 @@ class PostgresDatabase:
             yield conn
         finally:
             conn.close()  # the transaction ends with its session
-
-    def _passing(self) -> bool:
-        """Whether this thread's write transactions are a pass (inside :meth:`bulk`)."""
-        return bool(getattr(self._local, "bulk", False))
 
     @contextmanager
     def bulk(self) -> Iterator[None]:

@@ -2,10 +2,11 @@
 
 The server groups: status reads one row per group with the at-risk figures as filtered
 aggregates (``queries.AT_RISK``), the history one row per bucket. A pass holds the open rows it
-reads until it commits (without blocking a new child's parent check) and skips a row a worker's
-transaction holds at that moment (that work is being changed right now; the next pass judges
-it): a pass never waits for a worker, so a worker's transaction and a pass can never deadlock.
-A worker that changes a row the pass holds waits for the rest of the pass (benchmarks/LOG.md).
+reads unlocked, and holds only the rows it is about to change, read again as they are now
+(``hold_open``) until it commits (without blocking a new child's parent check): it skips a
+row a worker's transaction holds at that moment (that work is being changed right now; the
+next pass judges it), so a pass never waits for a worker and the two can never deadlock, and
+a worker waits for a pass only to change a row the pass is closing (benchmarks/LOG.md).
 A pass's closes go as one set-based statement per distinct set of values, which writes the
 rows' events, totals and verdicts itself (:mod:`.writes`, as every statement that changes a
 state does). The statements both backends run come from ``store.queries.statements`` in psycopg's
@@ -27,6 +28,7 @@ from task_state_guard.store.queries import (
     COUNT_OPEN,
     LEAST,
     OPEN_BATCH,
+    OPEN_COLUMNS,
     OPEN_RUNNING_OWNERS,
     OPEN_WORK,
     ROOT_CLOSES,
@@ -52,7 +54,7 @@ from . import writes
 from .driver import Conn, Prepared, int_array, prepared
 
 PASS_KIND = "tsg-pass"
-#: Rows a pass reads stay its own until it commits; rows a worker holds now are skipped.
+#: Rows a pass changes stay its own until it commits; rows a worker holds now are skipped.
 HOLD = " FOR NO KEY UPDATE SKIP LOCKED"
 #: Prune's rows: held against new children (a child's parent check waits for it).
 DELETE_HOLD = " FOR UPDATE SKIP LOCKED"
@@ -122,6 +124,9 @@ _EVENTS = (
     "SELECT e.step, e.kind, e.state, e.code, e.at FROM tsg_tasks t "
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
 )
+# A pass's rows to change, read again as they are now (a locking read in read committed
+# returns a row's newest version, and re-checks the condition on it) and held.
+_HOLD_OPEN = f"SELECT {OPEN_COLUMNS} FROM tsg_tasks WHERE {_SEQS} AND {OPEN_WORK}{HOLD}"
 _HOLD_ROWS = f"SELECT seq FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
 # One statement per table. No child of a deleted task can remain: the rows were held, their
 # children read again after the hold, and a new child's parent check waits for the hold.
@@ -140,13 +145,10 @@ def _rows(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[An
 class PostgresQueries:
     """The PostgreSQL backend's :class:`~task_state_guard.store.queries.Queries`; ``read``
     opens the database object's read transaction (a read of one task runs in one of its own);
-    ``passing`` tells whether this thread's write transaction is a pass (``Database.bulk``),
-    whose open rows a reconcile batch holds until it commits."""
+    """
 
-    def __init__(self, read: Callable[[], AbstractContextManager[Conn]],
-                 passing: Callable[[], bool]) -> None:
+    def __init__(self, read: Callable[[], AbstractContextManager[Conn]]) -> None:
         self._read = read
-        self._passing = passing
 
     @staticmethod
     def status_groups(conn: Conn, now: float, stale_before: float, bound: int,
@@ -175,10 +177,17 @@ class PostgresQueries:
         params = {"start": start, "width": width, "end": end}
         return [tuple(row) for row in conn.run(_ROOT_CLOSES, params).fetchall()]
 
-    def open_batch(self, conn: Conn, before_seq: int, limit: int) -> list[tuple[Any, ...]]:
-        sql = _OPEN_BATCH + HOLD if self._passing() else _OPEN_BATCH
-        params = {"before": before_seq, "limit": limit}
-        return [tuple(row) for row in conn.run(sql, params).fetchall()]
+    @staticmethod
+    def open_batch(conn: Conn, before_seq: int, limit: int) -> list[tuple[Any, ...]]:
+        return _rows(conn, _OPEN_BATCH, {"before": before_seq, "limit": limit})
+
+    @staticmethod
+    def hold_open(conn: Conn, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        if not rows:
+            return []
+        held = _rows(conn, _HOLD_OPEN, {"seqs": int_array([row[0] for row in rows])})
+        held.sort(key=lambda row: row[0], reverse=True)  # a locking read may reorder
+        return held
 
     @staticmethod
     def close_lost(conn: Conn, timeouts: list[tuple[str, float, int]],

@@ -1,12 +1,15 @@
 """Restart reconciliation: one atomic pass over active tasks and pending deliveries.
 
 Dry-run and apply share every decision; dry-run runs in a query-only read transaction and only
-counts. A task the pass times out that owes nobody a delivery (an attempt, an internal task)
-has its delivery closed ``not_applicable`` in the same pass, as the adapters' own closes do:
-the delivery grace is for deliveries somebody may still confirm, or records a dead process
-left terminal with their delivery open. Candidates are read through partial indexes in bounded
-batches, so memory stays flat whatever the ledger size. A row that fails validation is skipped
-(doctor reports it) so one corrupt row never blocks the others.
+counts. Applying, a pass reads each batch without holding it, then holds only the rows it is
+about to change, judged again as they are now: where writers run beside a pass, a worker waits
+for it only to change a row the pass is closing. A task the pass times out that owes nobody a
+delivery (an attempt, an internal task) has its delivery closed ``not_applicable`` in the same
+pass, as the adapters' own closes do: the delivery grace is for deliveries somebody may still
+confirm, or records a dead process left terminal with their delivery open. Candidates are read
+through partial indexes in bounded batches, so memory stays flat whatever the ledger size. A
+row that fails validation is skipped (doctor reports it) so one corrupt row never blocks the
+others.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ BATCH = 2000
 
 #: Parents per read of their children.
 _CHILDREN_CHUNK = 500
+#: A row of a batch, the timed_out code its task gets (``None``: none) and the
+#: ``(state, code)`` its delivery closes with (``None``: none).
+_Outcome = tuple[tuple[Any, ...], "str | None", "tuple[str, str] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,11 +203,94 @@ class _Pass:
             return closed is None and not (status == "running" and started is None)
         return status in TERMINAL_STATES and closed is not None
 
+    def judge(self, rows: list[tuple[Any, ...]]) -> list[_Outcome]:
+        """What the pass does with each row of a batch (newest first): ``(row, code, delivery)``
+        with the timed_out code of an active task it closes (``None``: kept fresh, and then
+        its delivery is not judged) and the ``(state, code)`` its delivery closes with
+        (``None``: retained)."""
+        now = self.now
+        rows = [row for row in rows if self.well_formed(row)]
+        verdicts = {row[0]: self.verdict(row) for row in rows if row[1] == "running"}
+        children = self.active_children(
+            [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
+        )
+        outcomes: list[_Outcome] = []
+        for row in rows:
+            seq, status, required, closed = row[0], row[1], row[8], row[10]
+            code: str | None = None
+            owed_later = True  # a delivery somebody may still confirm gets its grace
+            if status in ACTIVE_STATES:
+                code = verdicts.get(seq)
+                if code in ("owner_lost", "restart_stale") and self.fresh_through_children(
+                    children.get(row[7], [])
+                ):
+                    code = None  # parent freshness outranks owner liveness and staleness
+                if code is None:
+                    outcomes.append((row, None, None))
+                    continue
+                if row[11] is not None:
+                    self.timed_out.add(seq)
+                closed = now  # its delivery is judged in this same pass:
+                owed_later = bool(required)  # owing nobody, it closes with the task
+            if owed_later and closed > self.delivery_cutoff:
+                outcomes.append((row, code, None))
+            elif required:
+                outcomes.append((row, code, ("failed", "delivery_grace_expired")))
+            else:
+                outcomes.append((row, code, ("not_applicable", "internal_task")))
+        return outcomes
+
+    def held(self, outcomes: list[_Outcome]) -> list[_Outcome]:
+        """Applying: the batch's outcomes once the rows it changes are held, each judged again
+        as it is now (a worker may have written it since it was read); a row no longer open,
+        or held by a worker right now, drops out (the next pass judges it)."""
+        changing = [row for row, code, delivery in outcomes
+                    if code is not None or delivery is not None]
+        if not changing:
+            return outcomes
+        now_rows = self.db.queries.hold_open(self.conn, changing)
+        if now_rows is changing:  # the backend's write transaction kept every writer out
+            return outcomes
+        self.timed_out.difference_update(row[0] for row in changing)  # judged again below
+        again = {outcome[0][0]: outcome for outcome in self.judge(now_rows)}
+        kept = []
+        for outcome in outcomes:
+            row, code, delivery = outcome
+            if code is None and delivery is None:
+                kept.append(outcome)
+            elif row[0] in again:
+                kept.append(again[row[0]])
+        return kept
+
+    def count(self, outcomes: list[_Outcome]) -> tuple[
+            list[tuple[str, float, int]], list[tuple[str, str, float, int]]]:
+        """Count a batch's outcomes, keep their decisions, and return its writes."""
+        counts, now = self.counts, self.now
+        timeouts: list[tuple[str, float, int]] = []
+        deliveries: list[tuple[str, str, float, int]] = []
+        for row, code, delivery in outcomes:
+            if row[1] in ACTIVE_STATES:
+                counts["active_examined"] += 1
+                if code is None:
+                    counts["fresh_active_retained"] += 1
+                    continue
+                counts["tasks_timed_out"] += 1
+                timeouts.append((code, now, row[0]))
+                self.decide("task", row, "timed_out", code)
+            counts["pending_delivery_examined"] += 1
+            if delivery is None:
+                counts["pending_delivery_retained"] += 1
+                continue
+            state, dcode = delivery
+            counts["deliveries_failed" if state == "failed" else "deliveries_not_applicable"] += 1
+            deliveries.append((state, dcode, now, row[0]))
+            self.decide("delivery", row, state, dcode)
+        return timeouts, deliveries
+
     def scan(self) -> None:
         """Decide every open task, newest first, in bounded batches."""
         cursor = 1 << 62
-        conn, counts, now, progress = self.conn, self.counts, self.now, self.progress
-        # Applying (a pass: ``bulk``), the backend holds the rows it locks until the commit.
+        conn, progress = self.conn, self.progress
         done = total = 0
         if progress is not None:  # one count over the open-work index, only when asked
             total = self.db.queries.count_open(conn)
@@ -214,44 +303,10 @@ class _Pass:
             done += len(rows)
             if not self.dry_run:
                 self.timed_out.clear()  # written with the last batch: the backend shows them
-            rows = [row for row in rows if self.well_formed(row)]
-            verdicts = {row[0]: self.verdict(row) for row in rows if row[1] == "running"}
-            children = self.active_children(
-                [row[7] for row in rows if verdicts.get(row[0]) in ("owner_lost", "restart_stale")]
-            )
-            timeouts: list[tuple[str, float, int]] = []
-            deliveries: list[tuple[str, str, float, int]] = []
-            for row in rows:
-                seq, status, required, closed = row[0], row[1], row[8], row[10]
-                owed_later = True  # a delivery somebody may still confirm gets its grace
-                if status in ACTIVE_STATES:
-                    counts["active_examined"] += 1
-                    code = verdicts.get(seq)
-                    if code in ("owner_lost", "restart_stale") and self.fresh_through_children(
-                        children.get(row[7], [])
-                    ):
-                        code = None  # parent freshness outranks owner liveness and staleness
-                    if code is None:
-                        counts["fresh_active_retained"] += 1
-                        continue
-                    counts["tasks_timed_out"] += 1
-                    if row[11] is not None:
-                        self.timed_out.add(seq)
-                    timeouts.append((code, now, seq))
-                    self.decide("task", row, "timed_out", code)
-                    closed = now  # its delivery is judged in this same pass:
-                    owed_later = bool(required)  # owing nobody, it closes with the task
-                counts["pending_delivery_examined"] += 1
-                if owed_later and closed > self.delivery_cutoff:
-                    counts["pending_delivery_retained"] += 1
-                elif required:
-                    counts["deliveries_failed"] += 1
-                    deliveries.append(("failed", "delivery_grace_expired", now, seq))
-                    self.decide("delivery", row, "failed", "delivery_grace_expired")
-                else:
-                    counts["deliveries_not_applicable"] += 1
-                    deliveries.append(("not_applicable", "internal_task", now, seq))
-                    self.decide("delivery", row, "not_applicable", "internal_task")
+            outcomes = self.judge(rows)
+            if not self.dry_run:
+                outcomes = self.held(outcomes)
+            timeouts, deliveries = self.count(outcomes)
             if not self.dry_run and (timeouts or deliveries):
                 self.db.queries.close_lost(conn, timeouts, deliveries)
             if progress is not None:

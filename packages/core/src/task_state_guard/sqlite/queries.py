@@ -207,6 +207,11 @@ class SQLiteQueries:
         return conn.execute(_OPEN_BATCH, {"before": before_seq, "limit": limit}).fetchall()
 
     @staticmethod
+    def hold_open(conn: sqlite3.Connection,
+                  rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return rows  # a write transaction keeps every other writer out: the rows read stand
+
+    @staticmethod
     def close_lost(conn: sqlite3.Connection, timeouts: list[tuple[str, float, int]],
                    deliveries: list[tuple[str, str, float, int]]) -> None:
         if timeouts:

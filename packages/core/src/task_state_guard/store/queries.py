@@ -51,9 +51,12 @@ ROOT_CLOSES = f"FROM tsg_tasks WHERE {ROOT_CLOSED_IN}"
 #: Open work, newest first, in batches (``{before}``: the last seq seen; ``{limit}``): what a
 #: reconcile pass reads (children before their parents, so a parent sees this pass's
 #: decisions about its children).
+OPEN_COLUMNS = (
+    "seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
+    "delivery_required, delivery_status, ended_at, parent_id, name, framework_id"
+)
 OPEN_BATCH = (
-    "SELECT seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
-    "delivery_required, delivery_status, ended_at, parent_id, name, framework_id FROM tsg_tasks "
+    f"SELECT {OPEN_COLUMNS} FROM tsg_tasks "
     f"WHERE {OPEN_WORK} AND seq < {{before}} ORDER BY seq DESC LIMIT {{limit}}"
 )
 
@@ -466,9 +469,16 @@ class Queries(Protocol):
         ...
 
     def open_batch(self, conn: Any, before_seq: int, limit: int) -> list[tuple[Any, ...]]:
-        """:data:`OPEN_BATCH`. Inside a pass that writes (``Database.bulk``), where the backend
-        locks rows, the rows are kept from other writers until the pass commits, skipping rows
-        a writer holds now; a dry run's read holds nothing."""
+        """:data:`OPEN_BATCH`, read without holding a row (a pass holds only what it changes:
+        :meth:`hold_open`)."""
+        ...
+
+    def hold_open(self, conn: Any, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The rows of a batch a pass that writes (inside ``Database.bulk``) is about to
+        change, as they are now (:data:`OPEN_COLUMNS`), kept from other writers until the pass
+        commits: those still open, skipping any a writer holds at this moment (the next pass
+        judges it). A backend whose write transaction keeps every other writer out returns
+        ``rows`` as they are."""
         ...
 
     def close_lost(self, conn: Any, timeouts: list[tuple[str, float, int]],
@@ -598,6 +608,7 @@ __all__ = [
     "MAX_GROUPS",
     "MAX_OWNERS",
     "OPEN_BATCH",
+    "OPEN_COLUMNS",
     "OPEN_RUNNING_OWNERS",
     "OPEN_WORK",
     "OWED_VERDICTS",
