@@ -107,8 +107,9 @@ def test_random_child_kills_never_lose_a_success(scenario: Scenario) -> None:
             raise AssertionError((result.state, repr(result.result), worker.log()[-3000:])) from exc
         if result.state == states.SUCCESS:
             succeeded += 1
-            assert parent == ("succeeded", "worker_completed"), (parent, attempts)
-            assert ("succeeded", "worker_completed") in attempts, attempts
+            seen = (result.id, parent, attempts, worker.log()[-4000:])  # the log says why
+            assert parent == ("succeeded", "worker_completed"), seen
+            assert ("succeeded", "worker_completed") in attempts, seen
             assert result.id not in calls
         else:
             failed += 1

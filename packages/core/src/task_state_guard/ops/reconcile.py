@@ -241,15 +241,16 @@ class _Pass:
         return outcomes
 
     def held(self, outcomes: list[_Outcome]) -> list[_Outcome]:
-        """Applying: the batch's outcomes once the rows it changes are held, each judged again
-        as it is now (a worker may have written it since it was read); a row no longer open,
-        or held by a worker right now, drops out (the next pass judges it)."""
+        """Applying: the batch's outcomes once the rows it changes are held. A worker may have
+        written one since the batch was read: when any row held differs from its read, or is
+        gone (no longer open, or held by a worker right now: the next pass judges it), the rows
+        held are judged again as they are now."""
         changing = [row for row, code, delivery in outcomes
                     if code is not None or delivery is not None]
         if not changing:
             return outcomes
         now_rows = self.db.queries.hold_open(self.conn, changing)
-        if now_rows is changing:  # the backend's write transaction kept every writer out
+        if now_rows == changing:  # as read: every decision stands
             return outcomes
         self.timed_out.difference_update(row[0] for row in changing)  # judged again below
         again = {outcome[0][0]: outcome for outcome in self.judge(now_rows)}
