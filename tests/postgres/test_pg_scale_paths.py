@@ -249,3 +249,44 @@ def test_doctor_streams_value_checks_and_counts_bad_values(pg_url: str) -> None:
     assert report["invalid_id_count"] == 1
     assert report["invalid_value_count"] == 2
     assert report["healthy"] is False
+
+
+def test_a_pass_s_hold_gives_the_rows_as_they_are_now(pg_url: str) -> None:
+    """``hold_open`` (what a pass holds before it changes rows): a row as read comes back as
+    read, a row a worker wrote since comes back as written, a row settled since or held by a
+    worker's transaction right now does not come back."""
+    import threading
+
+    with Ledger(pg_url) as ledger:
+        tasks = [ledger.create_task() for _ in range(4)]
+        for task in tasks:
+            ledger.start_task(task.id, owner=False)
+        db: Any = ledger._db
+        with db.read() as conn:
+            rows = db.queries.open_batch(conn, 1 << 62, 10)
+        by_id = {row[7]: row for row in rows}
+        same, beaten, closed, busy = (by_id[t.id] for t in tasks)
+        ledger.heartbeat(tasks[1].id)
+        ledger.close_task(tasks[2].id, "succeeded")
+        ledger.set_delivery(tasks[2].id, "delivered")  # no longer open work
+        holding, release = threading.Event(), threading.Event()
+
+        def worker() -> None:
+            with Ledger(pg_url) as other, other.atomic():
+                other.heartbeat(tasks[3].id)  # holds the row until its transaction ends
+                holding.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        try:
+            assert holding.wait(10)
+            with db.write() as conn:
+                held = db.queries.hold_open(conn, [busy, closed, beaten, same])
+        finally:
+            release.set()
+            thread.join(10)
+    assert [row[7] for row in held] == [tasks[1].id, tasks[0].id]  # newest first
+    assert held[1] is same  # unchanged: the row as read
+    assert held[0][4] is not None and beaten[4] is None  # the heartbeat shows
+    assert held[0][:4] == beaten[:4] and held[0][14] == beaten[14]

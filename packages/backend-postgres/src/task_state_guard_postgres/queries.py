@@ -124,9 +124,12 @@ _EVENTS = (
     "SELECT e.step, e.kind, e.state, e.code, e.at FROM tsg_tasks t "
     "LEFT JOIN tsg_events e ON e.task_seq = t.seq WHERE t.id = %(id)s ORDER BY e.step"
 )
-# A pass's rows to change, read again as they are now (a locking read in read committed
-# returns a row's newest version, and re-checks the condition on it) and held.
-_HOLD_OPEN = f"SELECT {OPEN_COLUMNS} FROM tsg_tasks WHERE {_SEQS} AND {OPEN_WORK}{HOLD}"
+# A pass's rows to change, held (a locking read in read committed returns a row's newest
+# version, and re-checks the condition on it), with what tells whether a worker wrote one
+# since the pass read it: every write but a heartbeat counts in ``version``.
+_HOLD_OPEN = (f"SELECT seq, version, heartbeat_at FROM tsg_tasks WHERE {_SEQS} "
+              f"AND {OPEN_WORK}{HOLD}")
+_OPEN_ROWS = f"SELECT {OPEN_COLUMNS} FROM tsg_tasks WHERE {_SEQS}"
 _HOLD_ROWS = f"SELECT seq FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
 # One statement per table. No child of a deleted task can remain: the rows were held, their
 # children read again after the hold, and a new child's parent check waits for the hold.
@@ -185,9 +188,16 @@ class PostgresQueries:
     def hold_open(conn: Conn, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         if not rows:
             return []
-        held = _rows(conn, _HOLD_OPEN, {"seqs": int_array([row[0] for row in rows])})
-        held.sort(key=lambda row: row[0], reverse=True)  # a locking read may reorder
-        return held
+        read = {row[0]: row for row in rows}
+        held = conn.run(_HOLD_OPEN, {"seqs": int_array(list(read))}).fetchall()
+        # (version, heartbeat) as read: the row as read (the common case, no second decode)
+        now = {seq: read[seq] for seq, version, beat in held
+               if read[seq][14] == version and read[seq][4] == beat}
+        if len(now) < len(held):  # written since: read again (this pass holds them now)
+            changed = [seq for seq, _version, _beat in held if seq not in now]
+            now.update((row[0], row) for row in _rows(conn, _OPEN_ROWS,
+                                                      {"seqs": int_array(changed)}))
+        return [now[seq] for seq in sorted(now, reverse=True)]
 
     @staticmethod
     def close_lost(conn: Conn, timeouts: list[tuple[str, float, int]],

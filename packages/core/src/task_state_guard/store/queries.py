@@ -53,7 +53,7 @@ ROOT_CLOSES = f"FROM tsg_tasks WHERE {ROOT_CLOSED_IN}"
 #: decisions about its children).
 OPEN_COLUMNS = (
     "seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
-    "delivery_required, delivery_status, ended_at, parent_id, name, framework_id"
+    "delivery_required, delivery_status, ended_at, parent_id, name, framework_id, version"
 )
 OPEN_BATCH = (
     f"SELECT {OPEN_COLUMNS} FROM tsg_tasks "
