@@ -98,3 +98,22 @@ def test_a_child_added_after_the_hold_finds_its_parent_gone(
     assert (report["trees_deleted"], report["tasks_deleted"], report["trees_retained"]) == (1, 1, 0)
     assert len(outcome) == 1 and isinstance(outcome[0], TaskNotFound)
     assert sql(pg_url, "SELECT count(*) FROM tsg_tasks") == [(0,)]
+
+
+def test_the_children_check_finds_children_of_any_id(pg_url: str) -> None:
+    """The check after the hold binds the held rows' ids as an array: an id with quotes, a
+    backslash, a comma and braces (written by hand) still finds its child."""
+    odd = 'odd"id\\with,{braces} and "quotes"'
+    with Ledger(pg_url) as ledger:
+        root = _closed_root(ledger)
+        child = ledger.create_task(parent_id=root, name="tree.child")
+        ledger.close_task(child.id, "succeeded")
+        ledger.set_delivery(child.id, "delivered")
+        sql(pg_url, "UPDATE tsg_tasks SET id = %s WHERE id = %s", (odd, root))
+        sql(pg_url, "UPDATE tsg_tasks SET parent_id = %s WHERE id = %s", (odd, child.id))
+        seqs = [row[0] for row in sql(pg_url, "SELECT seq FROM tsg_tasks ORDER BY seq")]
+        db: Any = ledger._db
+        with db.write() as conn:
+            held, children = db.queries.hold_for_delete(conn, [seqs[0]])
+    assert held == {seqs[0]}
+    assert children == [(seqs[0], seqs[1])]

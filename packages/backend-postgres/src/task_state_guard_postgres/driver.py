@@ -286,6 +286,13 @@ def _as_text(value: Any, encoding: str) -> bytes | None:
     raise TypeError(f"no text form for a {type(value).__name__} parameter")
 
 
+def text_array(values: list[str]) -> str:
+    """A list of strings in PostgreSQL's text form of an array, for a ``text[]`` parameter:
+    every element double-quoted, its backslashes and double quotes escaped."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for v in values) + "}"
+
+
 def int_array(values: list[int] | tuple[int, ...]) -> str:
     """A list of integers in PostgreSQL's text form of an array (``{1,2,3}``), for a
     ``bigint[]`` parameter. Built in one join: psycopg's own form of a list checks every

@@ -51,7 +51,7 @@ from task_state_guard.store.queries import (
 )
 
 from . import writes
-from .driver import Conn, Prepared, int_array, prepared
+from .driver import Conn, Prepared, int_array, prepared, text_array
 
 PASS_KIND = "tsg-pass"
 #: Rows a pass changes stay its own until it commits; rows a worker holds now are skipped.
@@ -85,10 +85,10 @@ def _by_parent_index(read: Callable[[Dialect], str]) -> Prepared:
 
 _TREES = {outbox: _by_parent_index(partial(tree_walk, outbox=outbox))
           for outbox in (True, False)}
-#: Prune's check after its hold: every child of the held rows (bound as ``seqs``).
-_CHILDREN_OF = _by_parent_index(lambda d: (
-    "SELECT p.seq, c.seq FROM tsg_tasks p JOIN tsg_tasks c ON c.parent_id = p.id "
-    f"WHERE {d.among('p.seq', 'seqs', 'bigint')}"))
+#: Prune's check after its hold: every child of the held rows, by their ids (bound as an
+#: array's text form: one probe of the parent index each, no read of the held rows again).
+_CHILDREN_OF = prepared({"ids": "text[]"}, lambda mark: (
+    f"SELECT parent_id, seq FROM tsg_tasks WHERE parent_id = ANY({mark('ids')})"))
 _STATUS_GROUPS = render(
     f"SELECT {STATUS_KEY}, count(*), "
     + ", ".join(f"{agg}({column}) FILTER (WHERE {OPEN_WORK} AND {cond})"
@@ -130,7 +130,7 @@ _EVENTS = (
 _HOLD_OPEN = (f"SELECT seq, version, heartbeat_at FROM tsg_tasks WHERE {_SEQS} "
               f"AND {OPEN_WORK}{HOLD}")
 _OPEN_ROWS = f"SELECT {OPEN_COLUMNS} FROM tsg_tasks WHERE {_SEQS}"
-_HOLD_ROWS = f"SELECT seq FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
+_HOLD_ROWS = f"SELECT seq, id FROM tsg_tasks WHERE {_SEQS} ORDER BY seq{DELETE_HOLD}"
 # One statement per table. No child of a deleted task can remain: the rows were held, their
 # children read again after the hold, and a new child's parent check waits for the hold.
 _DELETES = (
@@ -283,14 +283,17 @@ class PostgresQueries:
     @staticmethod
     def hold_for_delete(conn: Conn,
                         seqs: list[int]) -> tuple[set[int], list[tuple[Any, Any]]] | None:
-        held: set[int] = set()
+        seq_of: dict[str, int] = {}
         for start in range(0, len(seqs), _HOLD_CHUNK):
             part = seqs[start : start + _HOLD_CHUNK]
-            held.update(row[0] for row in conn.run(_HOLD_ROWS,
-                                                   {"seqs": int_array(part)}).fetchall())
+            seq_of.update((task_id, seq) for seq, task_id in conn.run(
+                _HOLD_ROWS, {"seqs": int_array(part)}).fetchall())
+        if not seq_of:
+            return set(), []
         # A statement of its own: its snapshot, taken once every row is held, sees a child
         # committed before the hold, which the hold's own snapshot may predate.
-        return held, conn.fetch_named(_CHILDREN_OF, {"seqs": sorted(held)}) if held else []
+        children = conn.fetch_named(_CHILDREN_OF, {"ids": text_array(sorted(seq_of))})
+        return set(seq_of.values()), [(seq_of[parent], child) for parent, child in children]
 
     @staticmethod
     def delete_tasks(conn: Conn, seqs: list[int]) -> None:
