@@ -1,9 +1,9 @@
 """PostgreSQL's answers to the aggregates' reads and passes' writes (``queries``), in its SQL.
 
 The server groups: status reads one row per group with the at-risk figures as filtered
-aggregates (``queries.AT_RISK``), the history one row per bucket. A pass holds the open rows it
-reads unlocked, and holds only the rows it is about to change, read again as they are now
-(``hold_open``) until it commits (without blocking a new child's parent check): it skips a
+aggregates (``queries.AT_RISK``), the history one row per bucket. A pass reads open work
+without holding it, and holds only the rows it is about to change, checked again as they are
+now (``hold_open``), until it commits (without blocking a new child's parent check): it skips a
 row a worker's transaction holds at that moment (that work is being changed right now; the
 next pass judges it), so a pass never waits for a worker and the two can never deadlock, and
 a worker waits for a pass only to change a row the pass is closing (benchmarks/LOG.md).
@@ -147,8 +147,8 @@ def _rows(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[An
 
 class PostgresQueries:
     """The PostgreSQL backend's :class:`~task_state_guard.store.queries.Queries`; ``read``
-    opens the database object's read transaction (a read of one task runs in one of its own);
-    """
+    opens the database object's read transaction (a read of one task runs in one of its
+    own)."""
 
     def __init__(self, read: Callable[[], AbstractContextManager[Conn]]) -> None:
         self._read = read

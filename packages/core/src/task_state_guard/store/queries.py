@@ -48,13 +48,14 @@ ROOT_CLOSED_IN = (
 )
 #: The root closes in a time window, for the history.
 ROOT_CLOSES = f"FROM tsg_tasks WHERE {ROOT_CLOSED_IN}"
-#: Open work, newest first, in batches (``{before}``: the last seq seen; ``{limit}``): what a
-#: reconcile pass reads (children before their parents, so a parent sees this pass's
-#: decisions about its children).
+#: The columns of an open row a reconcile pass judges (``version`` tells a row written since).
 OPEN_COLUMNS = (
     "seq, status, created_at, started_at, heartbeat_at, deadline_at, owner, id, "
     "delivery_required, delivery_status, ended_at, parent_id, name, framework_id, version"
 )
+#: Open work, newest first, in batches (``{before}``: the last seq seen; ``{limit}``): what a
+#: reconcile pass reads (children before their parents, so a parent sees this pass's
+#: decisions about its children).
 OPEN_BATCH = (
     f"SELECT {OPEN_COLUMNS} FROM tsg_tasks "
     f"WHERE {OPEN_WORK} AND seq < {{before}} ORDER BY seq DESC LIMIT {{limit}}"
