@@ -29,8 +29,6 @@ class Api:
 
     def __init__(self, ledgers: Ledgers, log: Path, gather_seconds: float, *,
                  db: str | None = None, started: bool = True, **extra: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
         env = base_env(
             TSG_DB=db or ledgers.db,
             CHECKPOINTS=str(ledgers.data / "lg" / "checkpoints.sqlite"),
@@ -39,13 +37,30 @@ class Api:
             PYTHONPATH=str(PROJECT),
             **extra,
         )
-        self.service = Service(
-            ["uvicorn", "service:app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--timeout-graceful-shutdown", "5"],
-            env=env, cwd=PROJECT, log=log, entrypoint=db is None,
-        )
-        if started:
-            self.service.wait_log("Application startup complete", timeout=120)
+        for _attempt in range(3):
+            self.port = free_port()
+            self.base = f"http://127.0.0.1:{self.port}"
+            self.service = Service(
+                ["uvicorn", "service:app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--timeout-graceful-shutdown", "5"],
+                env=env, cwd=PROJECT, log=log, entrypoint=db is None,
+            )
+            if not started or self._listening():
+                return
+        raise AssertionError(f"no free port in three tries:\n{self.service.log()}")
+
+    def _listening(self) -> bool:
+        """Wait until uvicorn listens: it logs "Application startup complete" before it
+        binds, so only "Uvicorn running on" says the port is ours. Another process can take
+        the port between free_port() and the bind; then False, and the caller tries again."""
+        try:
+            self.service.wait_log("Uvicorn running on", timeout=120)
+            return True
+        except AssertionError:
+            if "address already in use" not in self.service.log().lower():
+                raise
+            self.service.proc.wait(30)
+            return False
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None,
              timeout: float = 60) -> tuple[int, Any]:
