@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import uuid
 from typing import Any
 
 from task_state_guard.integration.ids import LANGGRAPH, langgraph_recovery_id
@@ -47,25 +46,37 @@ def logical_task_id(invocation_id: str) -> str:
     return _INVOCATIONS.logical_task_id(invocation_id)
 
 
+#: Characters of the invocation's ledger id a node attempt's id starts with (its first 48
+#: bits: ``xxxxxxxx-xxxx``).
+_SHARED = 13
+
+
 def attempt_task_id(invocation_id: str, checkpoint_ns: str, attempt: int) -> str:
     """Ledger id of one node attempt.
 
     ``checkpoint_ns`` is LangGraph's ``langgraph_checkpoint_ns`` (node name and task id, with
     the subgraph path), ``attempt`` counts the starts of that namespace within the invocation.
+    The id is ``uuid5(NAMESPACE, "attempt|<invocation_id>|<checkpoint_ns>|<attempt>")`` with
+    its first 13 characters replaced by those of :func:`logical_task_id` ``(invocation_id)``:
+    an invocation's node attempts sort next to it in the ledger's id index, so recording them
+    writes one index page where random ids would write one each. ``InvalidInput`` for an
+    empty invocation id, as :func:`logical_task_id`.
     """
-    return str(uuid.uuid5(NAMESPACE, f"attempt|{invocation_id}|{checkpoint_ns}|{attempt}"))
+    return AttemptIds(invocation_id)(checkpoint_ns, attempt)
 
 
 class AttemptIds:
     """:func:`attempt_task_id` for one invocation, with the invocation's part of the uuid5
-    hash computed once (a node attempt then hashes only its own namespace and number)."""
+    hash and the shared prefix computed once (a node attempt then hashes only its own
+    namespace and number)."""
 
-    __slots__ = ("_base",)
+    __slots__ = ("_base", "_prefix")
 
     def __init__(self, invocation_id: str) -> None:
         self._base = hashlib.sha1(
             NAMESPACE.bytes + f"attempt|{invocation_id}|".encode(), usedforsecurity=False
         )
+        self._prefix = logical_task_id(invocation_id)[:_SHARED]
 
     def __call__(self, checkpoint_ns: str, attempt: int) -> str:
         h = self._base.copy()
@@ -74,7 +85,7 @@ class AttemptIds:
         d[6] = (d[6] & 0x0F) | 0x50  # version 5
         d[8] = (d[8] & 0x3F) | 0x80  # RFC 4122 variant
         x = d.hex()
-        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+        return f"{self._prefix}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def recovery_invocation_id(lost_invocation_id: str) -> str:
