@@ -147,8 +147,9 @@ def test_the_drain_publishes_what_an_operator_reconcile_recorded(db: str) -> Non
         lost = calls[1][1]
         assert (lost.framework_id, lost.task_id, lost.name, lost.code) == (
             FID, logical, "app.job", "restart_stale")
-        assert _owed(db) == {"pending": 0, "published": 1}
-        assert runtime.stats()["verdicts_published"] == 1
+        # marked published once its hooks returned: the drain's thread may not have committed yet
+        _wait(lambda: _owed(db) == {"pending": 0, "published": 1}, "the verdict marked published")
+        _wait(lambda: runtime.stats()["verdicts_published"] == 1, "the published count")
         time.sleep(0.5)  # more ticks: nothing is published again
         assert len(calls) == 2 and runtime.stats()["errors"] == {}
         assert _owed(db) == {"pending": 0, "published": 1}
