@@ -9,10 +9,13 @@ ledger's states are asserted."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 
 import pytest
-from task_state_guard import Ledger, TaskNotFound
+from core_helpers import Clock
+from task_state_guard import InvalidInput, Ledger, TaskNotFound
 from task_state_guard.integration import AdapterRuntime, AttemptSpec, codes, resolve_settings
 from task_state_guard.integration.replacement import (
     begin_with_stages,
@@ -108,17 +111,97 @@ def test_a_failed_replacement_ends_open_replaced_jobs_and_skips_their_queued_wor
     rt.close_logical(ended, codes.SUCCEEDED, codes.WORKER_COMPLETED)
     assert job_open(rt, replaced) and not job_open(rt, ended) and not job_open(rt, new_id())
 
-    closings = replaced_endings(rt, [replaced, ended, new_id()],
-                                (codes.FAILED, codes.WORKER_FAILED))
-    assert closings == [
+    endings = replaced_endings(rt, [replaced, ended, new_id()],
+                               (codes.FAILED, codes.WORKER_FAILED))
+    assert endings.closings == [
         (queued, codes.CANCELLED, codes.SKIPPED, True),
         (replaced, codes.FAILED, codes.WORKER_FAILED, False),
     ]
-    assert rt.close_tasks([(running, codes.FAILED, codes.WORKER_FAILED, True), *closings]) == 3
+    assert endings.if_queued == {queued}
+    assert rt.close_tasks([(running, codes.FAILED, codes.WORKER_FAILED, True),
+                           *endings.closings], if_queued=endings.if_queued) == 3
     assert state(ledger, queued) == (codes.CANCELLED, codes.SKIPPED)
     assert state(ledger, replaced) == (codes.FAILED, codes.WORKER_FAILED)
     assert state(ledger, ended) == (codes.SUCCEEDED, codes.WORKER_COMPLETED)
     assert not job_open(rt, replaced)
+
+
+def test_a_stage_started_after_the_read_is_not_skipped_and_closes_with_how_it_ran(
+    ledger: Ledger, rt: AdapterRuntime
+) -> None:
+    replaced = job(rt)
+    stage, still_queued = new_id(), new_id()
+    rt.queue_attempt(stage, replaced, name="app.stage")
+    rt.queue_attempt(still_queued, replaced, name="app.stage")
+    endings = replaced_endings(rt, [replaced], (codes.FAILED, codes.WORKER_FAILED))
+    assert endings.if_queued == {stage, still_queued}
+
+    # The stage's delivery starts between the read and the write.
+    started = rt.claim_attempt(AttemptSpec(replaced, "app.stage", candidates=[(stage, False)]))
+    assert started == stage
+    assert rt.close_tasks(endings.closings, if_queued=endings.if_queued) == 2
+
+    assert state(ledger, stage) == (codes.RUNNING, None)
+    assert state(ledger, still_queued) == (codes.CANCELLED, codes.SKIPPED)
+    assert state(ledger, replaced) == (codes.FAILED, codes.WORKER_FAILED)
+    assert rt.stats()["conflicts"] == {}
+    # Its delivery then records how it ran.
+    assert rt.close_attempt(stage, codes.SUCCEEDED, codes.WORKER_COMPLETED)
+    assert state(ledger, stage) == (codes.SUCCEEDED, codes.WORKER_COMPLETED)
+    assert ledger.get_task(stage).delivery_status == "not_applicable"
+
+
+def test_a_stage_started_by_a_transaction_the_write_waits_for_is_not_skipped(
+    db: str, clock: Clock, ledger: Ledger, rt: AdapterRuntime
+) -> None:
+    """The start commits while the write waits for the row (PostgreSQL re-checks the row it
+    waited for; SQLite's write waits for the lock): the queued-only close leaves it running."""
+    replaced = job(rt)
+    stage = new_id()
+    rt.queue_attempt(stage, replaced, name="app.stage")
+    endings = replaced_endings(rt, [replaced], (codes.FAILED, codes.WORKER_FAILED))
+    holding, done = threading.Event(), threading.Event()
+
+    def start_and_hold() -> None:
+        with Ledger(db, clock=clock) as other, other.atomic():
+            other.start_task(stage)
+            holding.set()
+            time.sleep(0.5)  # the close below runs meanwhile and waits
+        done.set()
+
+    starter = threading.Thread(target=start_and_hold)
+    starter.start()
+    assert holding.wait(10)
+    closed = rt.close_tasks(endings.closings, if_queued=endings.if_queued)
+    starter.join(10)
+    assert done.is_set()
+    assert closed == 1
+    assert state(ledger, stage) == (codes.RUNNING, None)
+    assert state(ledger, replaced) == (codes.FAILED, codes.WORKER_FAILED)
+
+
+def test_a_queued_only_close_that_is_not_queued_changes_nothing_else(
+    ledger: Ledger, rt: AdapterRuntime
+) -> None:
+    """Through the ledger: a task named in ``if_queued`` is closed only from queued; a closed
+    one keeps its state, and neither is reported closed."""
+    parent = job(rt)
+    queued, running, closed = new_id(), new_id(), new_id()
+    for task in (queued, running, closed):
+        rt.queue_attempt(task, parent, name="app.stage")
+    ledger.start_task(running)
+    ledger.close_task(closed, codes.FAILED, code=codes.WORKER_FAILED)
+    ended = ledger.end_attempt(
+        [(t, codes.CANCELLED, codes.SKIPPED) for t in (queued, running, closed)],
+        if_queued=[queued, running, closed],
+    )
+    assert ended.closed == {queued}
+    assert state(ledger, running) == (codes.RUNNING, None)
+    assert state(ledger, closed) == (codes.FAILED, codes.WORKER_FAILED)
+    assert ledger.get_task(queued).delivery_status == "not_applicable"
+    with pytest.raises(InvalidInput):
+        ledger.end_attempt([(running, codes.CANCELLED, codes.SKIPPED)], if_queued=["nope"])
+    assert state(ledger, running) == (codes.RUNNING, None)
 
 
 def test_a_quiet_end_settles_a_replaced_job_only_when_nothing_of_it_is_active(

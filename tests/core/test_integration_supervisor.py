@@ -7,9 +7,12 @@ ledger's states are asserted."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 
 import pytest
+from core_helpers import Clock
 from task_state_guard import Ledger
 from task_state_guard.integration import AdapterRuntime, AttemptSpec, codes, resolve_settings
 from task_state_guard.integration.supervisor import attempt_ran_as, end_if_open, first_open
@@ -93,3 +96,31 @@ def test_only_an_attempt_in_the_given_states_is_ended(ledger: Ledger, rt: Adapte
     assert ledger.get_task(running).status == codes.RUNNING
     cancelled = ledger.get_task(queued)
     assert (cancelled.status, cancelled.terminal_code) == (codes.CANCELLED, codes.REVOKED)
+
+
+def test_a_queued_attempt_that_starts_while_it_is_cancelled_is_left_running(
+    db: str, clock: Clock, ledger: Ledger, rt: AdapterRuntime
+) -> None:
+    """The read sees the attempt queued; its start commits while the close waits for the row
+    (a transaction of another process): the queued-only close leaves it running."""
+    logical = job(rt)
+    queued = new_id()
+    rt.queue_attempt(queued, logical, name="app.job")
+    holding = threading.Event()
+
+    def start_and_hold() -> None:
+        with Ledger(db, clock=clock) as other, other.atomic():
+            other.start_task(queued)
+            holding.set()
+            time.sleep(0.5)  # the read and the close below run meanwhile
+
+    starter = threading.Thread(target=start_and_hold)
+    starter.start()
+    assert holding.wait(10)
+    ended = end_if_open(rt, queued, (codes.CANCELLED, codes.REVOKED), where="test",
+                        states=(codes.QUEUED,))
+    starter.join(10)
+    assert not ended
+    assert ledger.get_task(queued).status == codes.RUNNING
+    assert rt.stats()["conflicts"] == {}
+    assert rt.stats()["errors"] == {}

@@ -85,9 +85,16 @@ def test_transition_guards_follow_the_rules(which: str) -> None:
 def test_sqlite_attempts_reuse_the_one_task_statements() -> None:
     guarded = transitions.guarded(sqlite_transitions.mark)
     assert guarded["start"] == sqlite_attempts._START
-    assert guarded["close_settled"] == sqlite_attempts._CLOSE
+    assert guarded["close_settled"] == sqlite_attempts._CLOSE[False]
     assert transitions.close_guard(sqlite_transitions.mark, settle=True) in (
-        sqlite_attempts._CLOSE_MARKED)
+        sqlite_attempts._CLOSE_MARKED[False])
+    # The queued-only closes differ from them by their source state alone.
+    active = f"status IN {rules.ACTIVE_SQL}"
+    for ordinary, queued in ((sqlite_attempts._CLOSE[False], sqlite_attempts._CLOSE[True]),
+                             (sqlite_attempts._CLOSE_MARKED[False],
+                              sqlite_attempts._CLOSE_MARKED[True])):
+        assert active in ordinary
+        assert queued == ordinary.replace(active, "status = 'queued'")
 
 
 @pytest.mark.parametrize("which", sorted(BACKENDS))

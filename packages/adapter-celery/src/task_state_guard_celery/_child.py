@@ -143,19 +143,22 @@ class ChildReceivers:
             return
         att.closed = True
         also = self.links.stage_closings(att.stages, status, code)
+        skipped: frozenset[str] = frozenset()
         try:
             with self.rt.guarded(hook):
                 if parent_close and status != c.SUCCEEDED and att.stages:
                     # Celery fails the rest of the chain and the chord's body with this task:
                     # the replaced tasks waiting on it end with it.
-                    also += self.links.end_replaced(att.stages, status, code)
+                    endings = self.links.end_replaced(att.stages, status, code)
+                    also += endings.closings
+                    skipped = endings.if_queued
                 att.released = True  # end_attempt releases the attempt and its logical task
                 if att.stages:
                     self.rt.release(*att.stages.values())
                 self.rt.end_attempt(
                     att.attempt_id, (status, code), logical_id=att.parent_id,
                     settled=(status, code) if parent_close else None, retry=retry,
-                    also=also, where=hook,
+                    also=also, if_queued=skipped, where=hook,
                 )
         finally:
             self._release(att)

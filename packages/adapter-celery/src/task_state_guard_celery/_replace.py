@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from task_state_guard.integration import AdapterRuntime, Closing, name_label
-from task_state_guard.integration.replacement import job_open, replaced_endings
+from task_state_guard.integration.replacement import Endings, job_open, replaced_endings
 from task_state_guard.integration.supervisor import first_open
 
 from ._ids import logical_task_id, replace_attempt_id, stage_attempt_id, stage_fallback_id
@@ -160,7 +160,7 @@ class ReplaceLinks:
         """Closes of a delivery's stage attempts, with the delivery's own outcome."""
         return [(stage, status, code, True) for stage in stages.values()]
 
-    def end_replaced(self, replaced: Iterable[str], status: str, code: str) -> list[Closing]:
+    def end_replaced(self, replaced: Iterable[str], status: str, code: str) -> Endings:
         """Closes that end replaced tasks whose replacement ended without success (see
         :func:`~task_state_guard.integration.replacement.replaced_endings`). Reads the ledger:
         call it outside of a transaction."""
@@ -198,9 +198,12 @@ class ReplaceLinks:
             return
         stages = self.delivery_stages(ctx, celery_id, attempt)
         closings = self.stage_closings(stages, status, code)
+        skipped: frozenset[str] = frozenset()
         if settle:
-            closings += self.end_replaced(replaced, status, code)
-        self.rt.close_tasks(closings, where=where)
+            endings = self.end_replaced(replaced, status, code)
+            closings += endings.closings
+            skipped = endings.if_queued
+        self.rt.close_tasks(closings, where=where, if_queued=skipped)
 
 
 __all__ = ["ReplaceLinks", "downstream_ids"]

@@ -198,14 +198,16 @@ FEW = 2
 
 
 def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
-               closed: str = "true", few: bool = False) -> tuple[str, str]:
+               closed: str = "true", few: bool = False,
+               if_queued: bool = False) -> tuple[str, str]:
     """*End attempt*'s sub-statements and its result (id, what, marked: ``what`` is
     ``queued`` for a retry queued, ``closed`` for a close); without ``queue`` the retry's
     insert is left out, without ``marks`` every close leaves a delivering task's delivery
     pending; with ``few`` (at most :data:`FEW` closes, the common call) the closed ids are
     also bound one by one, so that the generic plan finds them through the id index however
     small the table was when the statement was prepared (an array parameter is planned as ten
-    elements, and a table of a few thousand rows was scanned whole for them)."""
+    elements, and a table of a few thousand rows was scanned whole for them); with
+    ``if_queued`` it closes only tasks still queued."""
     if marks:
         delivery = "WHEN v.mstate IS NOT NULL THEN v.mstate ELSE t.delivery_status END"
         code = "WHEN v.mstate IS NOT NULL THEN v.mcode ELSE t.delivery_code END"
@@ -232,6 +234,7 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
     if queue:
         owed += f",\nqe AS ({writes.events([('created', 'q')])})"
     now = v("now")
+    source = "= 'queued'" if if_queued else f"IN {rules.ACTIVE_SQL}"
     ctes = f"""{_queue(v) if queue else ""}c AS (
     UPDATE tsg_tasks t SET status = v.status, terminal_code = v.code, ended_at = {now},
         updated_at = {now},
@@ -242,7 +245,7 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
         delivery_updated_at = CASE WHEN {settles} THEN {now} ELSE t.delivery_updated_at END,
         version = t.version + CASE WHEN {settles} THEN 2 ELSE 1 END
     FROM unnest({v('ids')}, {v('states')}, {v('codes')}{values}
-    WHERE t.id = ANY({among}) AND t.id = v.id AND t.status IN {rules.ACTIVE_SQL}
+    WHERE t.id = ANY({among}) AND t.id = v.id AND t.status {source}
         AND coalesce(t.delivery_status = 'pending', false)
         {guard}AND {rules.clock_guard('close_settled', now, 't.')}
     RETURNING t.id, {marked} AS marked, {writes.returning('t.')}),
@@ -250,9 +253,9 @@ def _end_parts(v: Mark, queue: bool, marks: bool, queued: str = "false",
     return ctes, f"{head}SELECT id, {closed}, marked FROM c"
 
 
-def _end_sql(v: Mark, queue: bool, marks: bool, few: bool) -> str:
+def _end_sql(v: Mark, queue: bool, marks: bool, few: bool, if_queued: bool = False) -> str:
     """*End attempt*'s statement."""
-    ctes, result = _end_parts(v, queue, marks, few=few)
+    ctes, result = _end_parts(v, queue, marks, few=few, if_queued=if_queued)
     return f"WITH\n{ctes}\n{result}"
 
 
@@ -280,6 +283,13 @@ _FLAGS = (False, True)
 END = {
     (queue, marks, few): prepared(TYPES, partial(_end_sql, queue=queue, marks=marks, few=few))
     for queue in _FLAGS for marks in _FLAGS for few in _FLAGS
+}
+#: The closes of tasks still queued (:attr:`End.if_queued
+#: <task_state_guard.store.attempts.End.if_queued>`), by (a delivery to mark).
+END_IF_QUEUED = {
+    marks: prepared(TYPES, partial(_end_sql, queue=False, marks=marks, few=False,
+                                   if_queued=True))
+    for marks in _FLAGS
 }
 #: A boundary (*end attempt*, then *begin attempt*), by (a retry to queue, a delivery to mark,
 #: candidate placeholders, at most :data:`FEW` closes).
@@ -364,10 +374,15 @@ def _end_params(spec: End) -> tuple[dict[str, Any], bool, bool, bool]:
 
 
 def end(conn: Conn, spec: End, now: float) -> Ended:
-    """Run *end attempt* as one statement."""
+    """Run *end attempt* as one statement (``spec.if_queued`` aside: see
+    :func:`end_in_steps`)."""
     params, queue, marks, few = _end_params(spec)
     params["now"] = now
     rows = conn.fetch_named(END[queue, marks, few], params)
+    return _ended(rows)
+
+
+def _ended(rows: list[tuple[Any, ...]]) -> Ended:
     closed = frozenset(str(r[0]) for r in rows if r[1])
     marked = frozenset(str(r[0]) for r in rows if r[1] and r[2])
     queued = frozenset(str(r[0]) for r in rows if not r[1])
@@ -377,7 +392,10 @@ def end(conn: Conn, spec: End, now: float) -> Ended:
 def in_steps(spec: End) -> bool:
     """Whether one *end attempt* statement cannot write ``spec``: a statement sees no row it
     inserts itself, so an attempt queued under another of the same queue, or a close of an
-    attempt the queue records, needs :func:`end_in_steps`."""
+    attempt the queue records, needs :func:`end_in_steps`; so do closes of tasks still queued
+    (``spec.if_queued``), a statement of their own."""
+    if spec.if_queued:
+        return True
     queued = {q[0] for q in spec.queue}
     return bool(queued) and (any(q[1] in queued for q in spec.queue)
                              or any(c[0] in queued for c in spec.closes))
@@ -385,13 +403,28 @@ def in_steps(spec: End) -> bool:
 
 def end_in_steps(conn: Conn, spec: End, now: float) -> Ended:
     """*End attempt* as one statement per nesting depth of ``spec.queue`` (a parent's depth
-    before its children's), then one for the closes: run it in one transaction."""
+    before its children's), then one for the closes of tasks still queued
+    (``spec.if_queued``, a task another transaction started meanwhile is re-checked and left
+    as it is) and one for the other closes: run it in one transaction."""
     queued: set[str] = set()
     for level in _levels(spec.queue):
         queued |= end(conn, End((), tuple(level)), now).queued
-    ended = end(conn, End(spec.closes, ()), now) if spec.closes else Ended(
-        frozenset(), frozenset(), frozenset())
-    return ended._replace(queued=frozenset(queued))
+    only = spec.if_queued
+    first = tuple(c for c in spec.closes if c[0] in only)
+    rest = tuple(c for c in spec.closes if c[0] not in only)
+    closed: set[str] = set()
+    marked: set[str] = set()
+    if first:
+        params, _, marks, _ = _end_params(End(first, ()))
+        params["now"] = now
+        done = _ended(conn.fetch_named(END_IF_QUEUED[marks], params))
+        closed |= done.closed
+        marked |= done.marked
+    if rest:
+        done = end(conn, End(rest, ()), now)
+        closed |= done.closed
+        marked |= done.marked
+    return Ended(frozenset(closed), frozenset(marked), frozenset(queued))
 
 
 def _levels(queue: Iterable[tuple[str, str, str | None, float | None]]

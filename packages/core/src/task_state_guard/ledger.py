@@ -235,6 +235,7 @@ class Ledger:
         self, closes: Iterable[tuple[str | uuid.UUID, str, str | None]], *,
         marks: Mapping[str, tuple[str, str | None]] | None = None,
         queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]] = (),
+        if_queued: Iterable[str | uuid.UUID] = (),
     ) -> attempts.Ended:
         """A guarded job's second write (SQLite: one transaction; PostgreSQL: one statement).
 
@@ -246,10 +247,13 @@ class Ledger:
         Each step is judged on its own and a refused one changes nothing; the returned
         :class:`~task_state_guard.store.attempts.Ended` lists what was written
         (:meth:`close_task_settled`, :meth:`set_delivery` and :meth:`create_task` explain the
-        others). ``InvalidInput`` (nothing written) for a malformed id, a status that is not
-        terminal, a name or timeout that is not valid.
+        others). The closes of the tasks named in ``if_queued`` are written first and apply
+        only while the task is still queued: work that was never started is closed (e.g.
+        ``cancelled/skipped``) without ever closing one that started meanwhile, which is left
+        running and not listed as closed. ``InvalidInput`` (nothing written) for a malformed
+        id, a status that is not terminal, a name or timeout that is not valid.
         """
-        return writes.end_attempt(self._db, closes, marks, queue)
+        return writes.end_attempt(self._db, closes, marks, queue, if_queued)
 
     # ----------------------------------------------------------------- reads
     def get_task(self, task_id: str | uuid.UUID) -> Task:

@@ -451,10 +451,11 @@ def end_attempt(
     closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
     marks: Mapping[str, tuple[str, str | None]] | None,
     queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]],
+    if_queued: Iterable[str | uuid.UUID] = (),
 ) -> attempts.Ended:
     """``Ledger.end_attempt``: the steps the ledger would refuse anyway are left out (the
     caller's one-task transitions explain them); the others go to the store as one write."""
-    spec = _end_spec(closes, marks, queue)
+    spec = _end_spec(closes, marks, queue, if_queued)
     if not spec.closes and not spec.queue:
         return attempts.Ended(frozenset(), frozenset(), frozenset())
     _writable(db)
@@ -465,8 +466,11 @@ def _end_spec(
     closes: Iterable[tuple[str | uuid.UUID, str, str | None]],
     marks: Mapping[str, tuple[str, str | None]] | None,
     queue: Iterable[tuple[str | uuid.UUID, str | uuid.UUID, str | None, float | None]],
+    if_queued: Iterable[str | uuid.UUID] = (),
 ) -> attempts.End:
-    """The validated :class:`~task_state_guard.store.attempts.End` of an ``end_attempt``."""
+    """The validated :class:`~task_state_guard.store.attempts.End` of an ``end_attempt``: the
+    closes of ``if_queued`` first (each backend writes them so), the others after, each in the
+    given order."""
     marked = {} if marks is None else {canonical_id(k): v for k, v in marks.items()}
     rows: list[tuple[str, str, str | None, tuple[str, str | None] | None]] = []
     for task_id, status, code in closes:
@@ -491,7 +495,11 @@ def _end_spec(
             None if timeout is None else check_seconds(
                 timeout, "timeout_seconds", allow_zero=True, maximum=None),
         ))
-    return attempts.End(tuple(rows), tuple(queued))
+    only = frozenset(canonical_id(task_id) for task_id in if_queued)
+    if only:
+        rows = [row for row in rows if row[0] in only] + [
+            row for row in rows if row[0] not in only]
+    return attempts.End(tuple(rows), tuple(queued), only & {row[0] for row in rows})
 
 
 __all__ = [

@@ -8,7 +8,7 @@ of terminal records are counted as conflicts here; other errors go through the e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import suppress
 
 from ..ledger import Ledger
@@ -43,13 +43,15 @@ class Closes:
         settled: codes.Outcome | None,
         retry: tuple[str, str | None, float | None] | None = None,
         also: Sequence[Closing] = (),
+        if_queued: Collection[str] = (),
         where: str = "close",
     ) -> int:
         """A delivery of a job ended: one write (``Ledger.end_attempt``) that closes the
         attempt with ``outcome`` (its delivery ``not_applicable/internal_task``), the tasks of
         ``also`` (after it), and, when the framework has ``settled`` the job, the logical task
         with that outcome and the delivery mark its job made, if any; a scheduled ``retry``
-        (``(attempt_id, name, timeout_seconds)``) is queued first. A job that ends without
+        (``(attempt_id, name, timeout_seconds)``) is queued first; the tasks of ``also`` named
+        in ``if_queued`` are closed only while still queued. A job that ends without
         settling drops its delivery mark (counted). Releases the attempt and the logical task
         (held by ``begin_attempt``). Conflicts and errors as :meth:`close_tasks`; returns
         how many tasks this call closed.
@@ -59,7 +61,7 @@ class Closes:
         if settled is not None:
             closings.append((logical_id, settled[0], settled[1], False))
         queue = () if retry is None else ((retry[0], logical_id, retry[1], retry[2]),)
-        closed = self.close_tasks(closings, where=where, queue=queue)
+        closed = self.close_tasks(closings, where=where, queue=queue, if_queued=if_queued)
         if settled is None:
             self.drop_deferred_mark(logical_id)
         return closed
@@ -94,11 +96,20 @@ class Closes:
         return begun
 
     def close_tasks(
-        self, closings: Sequence[Closing], *, where: str = "close", queue: Sequence[Queued] = ()
+        self,
+        closings: Sequence[Closing],
+        *,
+        where: str = "close",
+        queue: Sequence[Queued] = (),
+        if_queued: Collection[str] = (),
     ) -> int:
         """Close several tasks in one write (``Ledger.end_attempt``), in the given order
         (innermost first), after recording the queued attempts of ``queue`` (``(attempt_id,
         parent_id, name, timeout_seconds)``: a scheduled retry, idempotent).
+
+        The tasks named in ``if_queued`` (work that never started: a skipped stage) are closed
+        first, and only while still queued: one that started meanwhile is left running for its
+        own delivery to close, one closed meanwhile as it was (neither is a conflict).
 
         A task that owes no delivery (every attempt, and a logical task without a delivery
         obligation) has its delivery closed ``not_applicable/internal_task`` in the same
@@ -118,11 +129,12 @@ class Closes:
             marks = {c[0]: proc.deferred.pop(c[0]) for c in closings if c[0] in proc.deferred}
         try:
             ended = self._handle.ledger.end_attempt(
-                [(c[0], c[1], c[2]) for c in closings], marks=marks, queue=queue
+                [(c[0], c[1], c[2]) for c in closings], marks=marks, queue=queue,
+                if_queued=if_queued,
             )
             closed = len(ended.closed)
             # What the write refused is explained (or done) one task at a time.
-            closed += self._explain(ended, closings, queue, marks, errors)
+            closed += self._explain(ended, closings, queue, marks, errors, if_queued)
         except Exception as exc:
             errors.append(exc)
         for error in errors:
@@ -149,9 +161,11 @@ class Closes:
         queue: Sequence[Queued],
         marks: dict[str, codes.Outcome],
         errors: list[BaseException],
+        if_queued: Collection[str] = (),
     ) -> int:
         """What an *end attempt* refused, explained (or done) one task at a time: how many
-        more tasks were closed so (ledger errors are added to ``errors``)."""
+        more tasks were closed so (ledger errors are added to ``errors``). A close of
+        ``if_queued`` it refused needs none: that task was no longer queued."""
         led = self._handle.ledger
         closed = 0
         for attempt, parent, name, timeout in queue:
@@ -162,7 +176,7 @@ class Closes:
                 except LedgerError as exc:
                     errors.append(exc)
         for task_id, status, code, internal in closings:
-            if task_id in ended.closed:
+            if task_id in ended.closed or task_id in if_queued:
                 continue
             try:
                 closed += self._close_one(led, task_id, status, code, internal)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import codes
 from .attempts import AttemptSpec
+from .closing import Closing
 
 if TYPE_CHECKING:
-    from . import AdapterRuntime, Closing
+    from . import AdapterRuntime
 
 
 def job_open(rt: AdapterRuntime, job_id: str) -> bool:
@@ -75,24 +76,36 @@ def begin_with_stages(
     return attempt, claimed
 
 
+class Endings(NamedTuple):
+    """The closes that end replaced jobs (:func:`replaced_endings`), for one write: pass
+    ``closings`` and ``if_queued`` to
+    :meth:`~task_state_guard.integration.AdapterRuntime.close_tasks` (or ``end_attempt``)."""
+
+    closings: list[Closing]
+    #: The stage attempts skipped: closed only while still queued.
+    if_queued: frozenset[str]
+
+
 def replaced_endings(
     rt: AdapterRuntime, job_ids: Iterable[str], outcome: codes.Outcome
-) -> list[Closing]:
-    """The closes that end replaced jobs whose replacement ended without success, for one
-    write (:meth:`~task_state_guard.integration.AdapterRuntime.close_tasks`): for each job
-    still open, its attempts still queued ``cancelled/skipped``, then the job with ``outcome``.
-    Reads the ledger: call it outside of a transaction."""
+) -> Endings:
+    """The closes that end replaced jobs whose replacement ended without success: for each job
+    still open, its attempts queued ``cancelled/skipped``, then the job with ``outcome``.
+
+    A stage is skipped only if it is still queued when the write runs (``if_queued``): one
+    whose delivery started after this read keeps running, and its delivery closes it with how
+    it ran. Reads the ledger: call it outside of a transaction."""
     closings: list[Closing] = []
+    skipped: set[str] = set()
     for job in job_ids:
         if not job_open(rt, job):
             continue
-        closings += [
-            (child.id, codes.CANCELLED, codes.SKIPPED, True)
-            for child in rt.ledger.children_of(job)
-            if child.status == codes.QUEUED
-        ]
+        for child in rt.ledger.children_of(job):
+            if child.status == codes.QUEUED:
+                closings.append((child.id, codes.CANCELLED, codes.SKIPPED, True))
+                skipped.add(child.id)
         closings.append((job, outcome[0], outcome[1], False))
-    return closings
+    return Endings(closings, frozenset(skipped))
 
 
 def settle_if_idle(
@@ -107,4 +120,4 @@ def settle_if_idle(
     return rt.close_logical(job_id, outcome[0], outcome[1], where=where)
 
 
-__all__ = ["begin_with_stages", "job_open", "replaced_endings", "settle_if_idle"]
+__all__ = ["Endings", "begin_with_stages", "job_open", "replaced_endings", "settle_if_idle"]

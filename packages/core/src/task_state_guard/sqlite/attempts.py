@@ -15,7 +15,7 @@ from .. import reasons as r
 from .. import rules
 from ..model import StorageError
 from ..store.attempts import FLOAT_MAX, Begin, Boundary, End, Ended
-from ..store.transitions import close_guard
+from ..store.transitions import close_guard, close_settled_statement
 from . import connections
 from .transitions import GUARDED
 from .transitions import mark as _mark
@@ -102,13 +102,18 @@ _START_SAME = (
 # when it owes none (:data:`_CLOSE`, the one-task close that settles); the job's own mark
 # (:mstate, :mcode) when it owes one and made one (:data:`_CLOSE_MARKED`: a task that owes none
 # is not closed with a mark).
-_CLOSE = GUARDED["close_settled"]
-_CLOSE_MARKED = (
-    "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
-    "updated_at = :now, delivery_status = :mstate, delivery_code = :mcode, "
-    "delivery_updated_at = :now, version = version + 2 "
-    + close_guard(_mark, settle=True) + " AND delivery_required = 1"
-)
+# The closes of :attr:`End.if_queued <task_state_guard.store.attempts.End.if_queued>` close a
+# task only while it is still queued.
+_CLOSE = {False: GUARDED["close_settled"], True: close_settled_statement(_mark, if_queued=True)}
+_CLOSE_MARKED = {
+    queued: (
+        "UPDATE tsg_tasks SET status = :status, terminal_code = :code, ended_at = :now, "
+        "updated_at = :now, delivery_status = :mstate, delivery_code = :mcode, "
+        "delivery_updated_at = :now, version = version + 2 "
+        + close_guard(_mark, settle=True, if_queued=queued) + " AND delivery_required = 1"
+    )
+    for queued in (False, True)
+}
 
 
 # An attempt queued and closed by the same *end attempt* (a step's history, committed after
@@ -249,16 +254,18 @@ def sqlite_end(conn: sqlite3.Connection, spec: End, now: float) -> Ended:
                                                       "parent": parent, "name": name,
                                                       "timeout": timeout}, 1):
                     queued.add(attempt)
+        if_queued = spec.if_queued
         for task_id, status, code, mark in spec.closes:
             if task_id in closed:
                 continue
+            only = task_id in if_queued
             if mark is None:
-                done = _one(conn, _CLOSE, {"now": now, "id": task_id, "status": status,
-                                           "code": code})
+                done = _one(conn, _CLOSE[only], {"now": now, "id": task_id,
+                                                   "status": status, "code": code})
             else:
-                done = _one(conn, _CLOSE_MARKED, {"now": now, "id": task_id, "status": status,
-                                                  "code": code, "mstate": mark[0],
-                                                  "mcode": mark[1]})
+                done = _one(conn, _CLOSE_MARKED[only], {
+                    "now": now, "id": task_id, "status": status, "code": code,
+                    "mstate": mark[0], "mcode": mark[1]})
             if done:
                 closed.add(task_id)
                 if mark is not None:

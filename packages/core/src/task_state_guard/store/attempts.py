@@ -51,10 +51,14 @@ class End(NamedTuple):
     """*End attempt*: queue ``queue`` (``(id, parent_id, name, timeout_seconds)``: a scheduled
     retry's attempt, first), then close ``closes`` in order (``(id, status, code, mark)``:
     a task that owes no delivery has it closed ``not_applicable/internal_task`` with it; a
-    ``mark`` ``(state, code)`` closes a delivering task's delivery in the same change)."""
+    ``mark`` ``(state, code)`` closes a delivering task's delivery in the same change).
+
+    The closes of the tasks in ``if_queued`` (the first of ``closes``) apply only while the
+    task is still queued: one that started meanwhile is left running, as it was."""
 
     closes: tuple[tuple[str, str, str | None, tuple[str, str | None] | None], ...]
     queue: tuple[tuple[str, str, str | None, float | None], ...]
+    if_queued: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

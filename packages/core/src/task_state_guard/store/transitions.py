@@ -146,13 +146,34 @@ def create_values(v: Mark, parent: str) -> str:
             f"{v('hash')}, {v('timeout')}, {now}, {now}, {now}, {v('fid')}, {v('framework')}")
 
 
-def close_guard(v: Mark, *, settle: bool) -> str:
-    """The WHERE of a close of one task: still active, within its clock guard; ``settle``:
-    its delivery still pending too (the close settles it in the same change)."""
+def close_guard(v: Mark, *, settle: bool, if_queued: bool = False) -> str:
+    """The WHERE of a close of one task: still active (with ``if_queued``: still queued),
+    within its clock guard; ``settle``: its delivery still pending too (the close settles it in
+    the same change)."""
     pending = " AND delivery_status = 'pending'" if settle else ""
     name = "close_settled" if settle else "close"
-    return (f"WHERE id = {v('id')} AND status IN {rules.ACTIVE_SQL}{pending} "
+    source = "= 'queued'" if if_queued else f"IN {rules.ACTIVE_SQL}"
+    return (f"WHERE id = {v('id')} AND status {source}{pending} "
             f"AND {rules.clock_guard(name, v('now'))}")
+
+
+def close_settled_statement(v: Mark, *, if_queued: bool = False) -> str:
+    """A close that also settles the delivery of a task that owes none (delivery_required =
+    0): one statement, two events (closed and delivery), version + 2; with ``if_queued`` it
+    closes only a task still queued (:func:`close_guard`)."""
+    now = v("now")
+    return (
+        f"UPDATE tsg_tasks SET status = {v('status')}, terminal_code = {v('code')}, "
+        f"ended_at = {now}, updated_at = {now}, "
+        "delivery_status = CASE delivery_required WHEN 0 THEN 'not_applicable' "
+        "ELSE delivery_status END, "
+        "delivery_code = CASE delivery_required WHEN 0 THEN 'internal_task' "
+        "ELSE delivery_code END, "
+        f"delivery_updated_at = CASE delivery_required WHEN 0 THEN {now} "
+        "ELSE delivery_updated_at END, "
+        "version = version + 2 - delivery_required "
+        + close_guard(v, settle=True, if_queued=if_queued)
+    )
 
 
 #: The steps :func:`guarded` writes a statement for.
@@ -201,19 +222,7 @@ def guarded_statement(v: Mark, name: str) -> str:
             + close_guard(v, settle=False)
         )
     if name == "close_settled":
-        # A close that also settles the delivery of a task that owes none
-        # (delivery_required = 0): one statement, two events (closed and delivery), version + 2.
-        return (
-            f"UPDATE tsg_tasks SET status = {v('status')}, terminal_code = {v('code')}, "
-            f"ended_at = {now}, updated_at = {now}, "
-            "delivery_status = CASE delivery_required WHEN 0 THEN 'not_applicable' "
-            "ELSE delivery_status END, "
-            "delivery_code = CASE delivery_required WHEN 0 THEN 'internal_task' "
-            "ELSE delivery_code END, "
-            f"delivery_updated_at = CASE delivery_required WHEN 0 THEN {now} "
-            "ELSE delivery_updated_at END, "
-            "version = version + 2 - delivery_required " + close_guard(v, settle=True)
-        )
+        return close_settled_statement(v)
     if name == "deliver":
         return (
             f"UPDATE tsg_tasks SET delivery_status = {v('status')}, "
@@ -375,6 +384,7 @@ __all__ = [
     "Step",
     "bind",
     "close_guard",
+    "close_settled_statement",
     "create_values",
     "guarded",
     "guarded_statement",
