@@ -1,10 +1,12 @@
 """Real processes for the LangGraph recovery tests: the stores they share (a ledger and a
-checkpointer on SQLite or on PostgreSQL) and children of ``lg_crash_graph.py`` killed mid-node.
+checkpointer on SQLite or on PostgreSQL), children of ``lg_crash_graph.py`` killed mid-node, and
+uvicorn servers of this folder's applications.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +55,37 @@ def checkpoint_database() -> Iterator[str]:
 def child_env() -> dict[str, str]:
     paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+#: uvicorn's line once it listens (logged after the bind; "Application startup complete" comes
+#: before it), with the port the kernel gave it.
+_LISTENING = re.compile(rb"Uvicorn running on http://127\.0\.0\.1:(\d+) ")
+
+
+def serve(app: str, env: dict[str, str], log: Path, *options: str,
+          timeout: float = 90) -> tuple[subprocess.Popen[bytes], int]:
+    """Start uvicorn serving ``app`` (``module:attribute`` of this folder) with ``options``,
+    its output appended to ``log``; return the process and its port once it listens.
+
+    The kernel picks the port as uvicorn binds it (``--port 0``) and uvicorn's own line tells
+    it: no port is chosen beforehand, so no other process can take it in between, and a
+    request can never reach another process's server. uvicorn logs at ``info`` (its access
+    log off); the application's own loggers are not changed."""
+    start = log.stat().st_size if log.exists() else 0
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "0",
+             "--log-level", "info", "--no-access-log", *options],
+            env=env, cwd=str(HERE), stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while (found := _LISTENING.search(log.read_bytes()[start:])) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+            raise AssertionError(f"uvicorn did not start:\n{log.read_text(errors='replace')}")
+        time.sleep(0.05)
+    return proc, int(found.group(1))
 
 
 def start_child(stores: Stores, thread_id: str, invocation_id: str, mode: str = "",

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +15,7 @@ from typing import Any
 
 import pytest
 from lg_helpers import assert_healthy, shape, tree
+from lg_procs import serve
 from task_state_guard import Ledger
 from task_state_guard_langgraph import logical_task_id
 
@@ -35,12 +34,6 @@ print("released", flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, timeout: float = 60.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         assert response.status == 200
@@ -48,32 +41,16 @@ def _get(url: str, timeout: float = 60.0) -> Any:
 
 
 @pytest.fixture
-def server(db: str) -> Iterator[str]:
-    port = _free_port()
+def server(db: str, tmp_path: Path) -> Iterator[str]:
     env = {
         **os.environ,
         "TSG_DB": db,
         "TSG_BUSY_TIMEOUT_MS": str(BUSY_TIMEOUT_MS),
         "PYTHONPATH": str(HERE),
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "lg_async_server:app", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        env=env,
-        cwd=str(HERE),
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, port = serve("lg_async_server:app", env, tmp_path / "server.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _get(base + "/stats", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("the server did not start") from None
-                time.sleep(0.1)
-        yield base
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 from lg_crash_graph import builder, saver_at
 from lg_helpers import assert_healthy
-from lg_procs import HERE, Stores, child_env
+from lg_procs import Stores, child_env, serve
 from task_state_guard import Ledger
 from task_state_guard.integration import LostTask
 from task_state_guard_langgraph import Recovery, guard, logical_task_id, recovery_invocation_id
@@ -23,32 +21,17 @@ from task_state_guard_langgraph import Recovery, guard, logical_task_id, recover
 GRACE = 30  # uvicorn's --timeout-graceful-shutdown: the drain ends well within it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_sigterm_drains_the_requests_in_flight_and_the_next_start_resumes_them(
     stores: Stores,
 ) -> None:
-    port, marker, log = _free_port(), stores.work / "in-slow", stores.work / "server.log"
+    marker, log = stores.work / "in-slow", stores.work / "server.log"
     env = dict(child_env(), TSG_DB=stores.db, CHECKPOINTS=stores.checkpoints,
                MARKER=str(marker), DRAIN="1")
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "lg_stream_server:app", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning", "--timeout-graceful-shutdown",
-             str(GRACE)], env=env, cwd=str(HERE), stdout=out, stderr=subprocess.STDOUT)
+    proc, port = serve("lg_stream_server:app", env, log,
+                       "--timeout-graceful-shutdown", str(GRACE))
     try:
         deadline = time.monotonic() + 90
-        while True:
-            try:
-                client = socket.create_connection(("127.0.0.1", port), timeout=60)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.05)
+        client = socket.create_connection(("127.0.0.1", port), timeout=60)
         client.sendall(b"GET /run/t-drain HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
         while not marker.exists():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()

@@ -10,13 +10,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from lg_crash_graph import builder, saver_at
 from lg_helpers import assert_healthy
-from lg_procs import HERE, Stores, child_env
+from lg_procs import Stores, child_env, serve
 from task_state_guard import Ledger
 from task_state_guard.integration import LostTask
 from task_state_guard_langgraph import guard, logical_task_id
@@ -28,29 +27,10 @@ _UVICORN_CANCEL = re.compile(
     r"ERROR: +Cancel \d+ running task\(s\), timeout graceful shutdown exceeded")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(stores: Stores, marker: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
     env = dict(child_env(), TSG_DB=stores.db, CHECKPOINTS=stores.checkpoints,
                MARKER=str(marker))
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "lg_stream_server:app", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning", "--timeout-graceful-shutdown",
-             "1"], env=env, cwd=str(HERE), stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+    return serve("lg_stream_server:app", env, log, "--timeout-graceful-shutdown", "1")
 
 
 def _running(db: str, ids: list[str]) -> bool:

@@ -5,8 +5,6 @@ PostgreSQL, with a real uvicorn server and a real socket closed by the client.""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,35 +12,19 @@ from pathlib import Path
 import pytest
 from lg_crash_graph import builder, saver_at
 from lg_helpers import assert_healthy, shape, tree
-from lg_procs import HERE, Stores, child_env
+from lg_procs import Stores, child_env, serve
 from task_state_guard import Ledger
 from task_state_guard.integration import LostTask
 from task_state_guard_langgraph import guard, logical_task_id
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(stores: Stores) -> Iterator[tuple[int, Path]]:
-    port, marker = _free_port(), stores.work / "in-slow"
+    marker = stores.work / "in-slow"
     env = dict(child_env(), TSG_DB=stores.db, CHECKPOINTS=stores.checkpoints,
                MARKER=str(marker))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "lg_stream_server:app", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"], env=env, cwd=str(HERE))
+    proc, port = serve("lg_stream_server:app", env, stores.work / "server.log")
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "no server"
-                time.sleep(0.1)
         yield port, marker
     finally:
         proc.terminate()
