@@ -496,10 +496,11 @@ def _end_spec(
                 timeout, "timeout_seconds", allow_zero=True, maximum=None),
         ))
     only = frozenset(canonical_id(task_id) for task_id in if_queued)
-    if only:
-        rows = [row for row in rows if row[0] in only] + [
-            row for row in rows if row[0] not in only]
-    return attempts.End(tuple(rows), tuple(queued), only & {row[0] for row in rows})
+    if not only:
+        return attempts.End(tuple(rows), tuple(queued))
+    first = [row for row in rows if row[0] in only]
+    rest = [row for row in rows if row[0] not in only]
+    return attempts.End((*first, *rest), tuple(queued), frozenset(row[0] for row in first))
 
 
 __all__ = [
