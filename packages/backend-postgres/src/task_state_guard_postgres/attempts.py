@@ -373,16 +373,13 @@ def _end_params(spec: End) -> tuple[dict[str, Any], bool, bool, bool]:
     return params, bool(queue), marks, few
 
 
-def end(conn: Conn, spec: End, now: float) -> Ended:
-    """Run *end attempt* as one statement (``spec.if_queued`` aside: see
-    :func:`end_in_steps`)."""
+def end(conn: Conn, spec: End, now: float, *, if_queued: bool = False) -> Ended:
+    """Run *end attempt* as one statement; with ``if_queued`` (closes alone) it closes only
+    tasks still queued (``spec.if_queued`` itself is :func:`end_in_steps`'s to split)."""
     params, queue, marks, few = _end_params(spec)
     params["now"] = now
-    rows = conn.fetch_named(END[queue, marks, few], params)
-    return _ended(rows)
-
-
-def _ended(rows: list[tuple[Any, ...]]) -> Ended:
+    statement = END_IF_QUEUED[marks] if if_queued else END[queue, marks, few]
+    rows = conn.fetch_named(statement, params)
     closed = frozenset(str(r[0]) for r in rows if r[1])
     marked = frozenset(str(r[0]) for r in rows if r[1] and r[2])
     queued = frozenset(str(r[0]) for r in rows if not r[1])
@@ -409,21 +406,14 @@ def end_in_steps(conn: Conn, spec: End, now: float) -> Ended:
     queued: set[str] = set()
     for level in _levels(spec.queue):
         queued |= end(conn, End((), tuple(level)), now).queued
-    only = spec.if_queued
-    first = tuple(c for c in spec.closes if c[0] in only)
-    rest = tuple(c for c in spec.closes if c[0] not in only)
     closed: set[str] = set()
     marked: set[str] = set()
-    if first:
-        params, _, marks, _ = _end_params(End(first, ()))
-        params["now"] = now
-        done = _ended(conn.fetch_named(END_IF_QUEUED[marks], params))
-        closed |= done.closed
-        marked |= done.marked
-    if rest:
-        done = end(conn, End(rest, ()), now)
-        closed |= done.closed
-        marked |= done.marked
+    for only in (True, False):  # the queued-only closes first, as the spec lists them
+        part = tuple(c for c in spec.closes if (c[0] in spec.if_queued) is only)
+        if part:
+            done = end(conn, End(part, ()), now, if_queued=only)
+            closed |= done.closed
+            marked |= done.marked
     return Ended(frozenset(closed), frozenset(marked), frozenset(queued))
 
 

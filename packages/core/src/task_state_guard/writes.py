@@ -495,7 +495,7 @@ def _end_spec(
             None if timeout is None else check_seconds(
                 timeout, "timeout_seconds", allow_zero=True, maximum=None),
         ))
-    only = frozenset(canonical_id(task_id) for task_id in if_queued)
+    only = frozenset(canonical_id(task_id) for task_id in if_queued) if if_queued else None
     if not only:
         return attempts.End(tuple(rows), tuple(queued))
     first = [row for row in rows if row[0] in only]

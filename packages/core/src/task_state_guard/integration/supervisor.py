@@ -54,14 +54,13 @@ def end_if_open(
     """Close ``attempt_id`` with ``outcome`` (and its delivery ``not_applicable/internal_task``)
     while the ledger has it in one of ``states`` (queued or running by default); an attempt
     that is missing, ended already or in another state is left alone. True when closed.
-    With ``states`` queued alone the close itself applies only while it is still queued: one
-    that starts between the read and the write is left running."""
+    Without running among ``states`` the close itself applies only while it is still queued:
+    one that starts between the read and the write is left running."""
     if attempt_id is None or first_open(rt, (attempt_id,), states) is None:
         return False
-    if set(states) == {codes.QUEUED}:
-        closing = (attempt_id, outcome[0], outcome[1], True)
-        return rt.close_tasks((closing,), where=where, if_queued=(attempt_id,)) == 1
-    return rt.close_attempt(attempt_id, outcome[0], outcome[1], where=where)
+    only = () if codes.RUNNING in states else (attempt_id,)
+    closing = (attempt_id, outcome[0], outcome[1], True)
+    return rt.close_tasks((closing,), where=where, if_queued=only) == 1
 
 
 __all__ = ["attempt_ran_as", "end_if_open", "first_open"]
